@@ -1,0 +1,170 @@
+"""The `inference.GRPCInferenceService` servicer on `grpc.aio` (PROTOCOL.md section 4).
+
+Every handler is a coroutine on the server's event loop: health and metadata answer from the core's
+in-memory state without awaiting, and inference awaits the core, so neither blocks the other.
+Methods not implemented here answer UNIMPLEMENTED, from a coroutine too (see
+`_answer_unimplemented_on_the_loop`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Awaitable, Callable, TypeVar
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from backend.errors import ServerError, grpc_code
+from backend.frontends.grpc_codec import decode_infer_request, encode_infer_response
+from backend.inference import ServerCore
+
+__all__ = ["create_grpc_server", "InferenceServicer"]
+
+_log = logging.getLogger(__name__)
+
+_SERVER_OPTIONS = [
+    # grpc.aio caps messages at 4 MiB; Triton has no limit and perf_analyzer sends large batches.
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+    # gRPC sets SO_REUSEPORT by default, which lets a second server bind a busy port and
+    # silently take half the connections; a busy port must be an error instead.
+    ("grpc.so_reuseport", 0),
+]
+
+_Response = TypeVar("_Response")
+_Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[_Response]]
+
+
+def _rpc(handler: _Handler[_Response]) -> _Handler[_Response]:
+    """Turn a `ServerError` into its gRPC status and anything else into INTERNAL (logged).
+
+    `context.abort` raises, so the wrapper never returns normally after an error. Cancellation
+    (`asyncio.CancelledError`) is not an `Exception` and passes through to grpc untouched.
+    """
+
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> _Response:
+        try:
+            return await handler(self, request, context)
+        except ServerError as exc:
+            await context.abort(grpc_code(exc.status), exc.message)
+        except Exception as exc:
+            _log.exception("gRPC %s failed", handler.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, str(exc) or type(exc).__name__)
+        raise AssertionError("unreachable: context.abort returned")
+
+    return wrapper
+
+
+_TensorMetadata = service_pb2.ModelMetadataResponse.TensorMetadata
+
+
+def _tensor_metadata(items: list[dict[str, Any]]) -> list[Any]:
+    return [_TensorMetadata(name=item["name"], datatype=item["datatype"], shape=item["shape"])
+            for item in items]
+
+
+async def _unimplemented(self: Any, request: Any, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+
+
+def _answer_unimplemented_on_the_loop(cls: type) -> type:
+    """Replace every generated method the class does not define with an async UNIMPLEMENTED.
+
+    The generated ones are sync and raise NotImplementedError: grpc.aio would run them on a
+    thread pool it starts for the purpose and log each call as an unexpected servicer error.
+    """
+    service = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    for method in service.methods:
+        if method.name not in cls.__dict__:
+            setattr(cls, method.name, _unimplemented)
+    return cls
+
+
+@_answer_unimplemented_on_the_loop
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Answers the KServe v2 gRPC service from a `ServerCore`."""
+
+    def __init__(self, core: ServerCore) -> None:
+        self._core = core
+
+    @_rpc
+    async def ServerLive(self, request: Any, context: Any) -> service_pb2.ServerLiveResponse:
+        return service_pb2.ServerLiveResponse(live=self._core.is_live())
+
+    @_rpc
+    async def ServerReady(self, request: Any, context: Any) -> service_pb2.ServerReadyResponse:
+        return service_pb2.ServerReadyResponse(ready=self._core.is_ready())
+
+    @_rpc
+    async def ModelReady(self, request: Any, context: Any) -> service_pb2.ModelReadyResponse:
+        ready = await self._core.model_ready(request.name, request.version)
+        return service_pb2.ModelReadyResponse(ready=ready)
+
+    @_rpc
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        core = self._core
+        return service_pb2.ServerMetadataResponse(
+            name=core.server_name, version=core.server_version, extensions=core.extensions)
+
+    @_rpc
+    async def ModelMetadata(self, request: Any, context: Any) -> service_pb2.ModelMetadataResponse:
+        meta = self._core.model_metadata(request.name, request.version)
+        return service_pb2.ModelMetadataResponse(
+            name=meta["name"],
+            versions=[str(v) for v in meta.get("versions", [])],
+            platform=meta.get("platform", ""),
+            inputs=_tensor_metadata(meta.get("inputs", [])),
+            outputs=_tensor_metadata(meta.get("outputs", [])),
+        )
+
+    @_rpc
+    async def ModelConfig(self, request: Any, context: Any) -> service_pb2.ModelConfigResponse:
+        config = self._core.model_config(request.name, request.version)
+        return service_pb2.ModelConfigResponse(config=config)
+
+    @_rpc
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        # The core speaks the HTTP JSON form, whose names are the proto's (durations {count, ns}).
+        stats = self._core.statistics(request.name, request.version)
+        return json_format.ParseDict({"model_stats": stats},
+                                     service_pb2.ModelStatisticsResponse(),
+                                     ignore_unknown_fields=True)
+
+    @_rpc
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        models = self._core.repository_index(ready_only=request.ready)
+        return service_pb2.RepositoryIndexResponse(models=[
+            service_pb2.RepositoryIndexResponse.ModelIndex(
+                name=m["name"], version=m.get("version", ""),
+                state=m.get("state", ""), reason=m.get("reason", ""))
+            for m in models])
+
+    @_rpc
+    async def ModelInfer(self, request: Any, context: Any) -> service_pb2.ModelInferResponse:
+        response = await self._core.infer(decode_infer_request(request))
+        try:
+            return encode_infer_response(response)
+        finally:
+            # Output data may view a stub's arena: hand it back whatever happened while encoding.
+            response.release()
+
+
+def create_grpc_server(core: ServerCore, address: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """A `grpc.aio` server for `core`, bound but not started; returns it and the bound port.
+
+    Call it on the event loop that will run the server, then `await server.start()`. Port 0 binds
+    an ephemeral port. Raises OSError when the address cannot be bound.
+    """
+    server = grpc.aio.server(options=_SERVER_OPTIONS)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(core), server)
+    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as exc:  # grpcio reports a failed bind as RuntimeError
+        raise OSError(f"cannot bind gRPC listener to {host}:{port}: {exc}") from exc
+    if bound == 0:  # older grpcio returned 0 instead of raising
+        raise OSError(f"cannot bind gRPC listener to {host}:{port}")
+    return server, bound

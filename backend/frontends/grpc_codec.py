@@ -1,0 +1,273 @@
+"""Conversion between gRPC inference messages and the neutral `InferRequest`/`InferResponse`.
+
+Pure functions, no I/O (PROTOCOL.md sections 4, 7 and 11). Every rejection is a `ServerError` with
+status INVALID_ARG, so the servicer maps it to `INVALID_ARGUMENT` like Triton's gRPC frontend.
+
+Input data arrive either all in `raw_input_contents` (what tritonclient and perf_analyzer send;
+index-aligned with the inputs that are not in shared memory) or all in typed `contents`, which
+are turned into the little-endian bytes the core expects.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from backend.errors import ServerError, Status
+from backend.inference import (
+    Buffer,
+    InferRequest,
+    InferResponse,
+    ParameterValue,
+    RequestedOutput,
+    Tensor,
+)
+from ipc.bytes_codec import serialize_bytes
+from ipc.dtypes import numpy_dtype
+from tritonclient.grpc import service_pb2
+
+__all__ = [
+    "decode_infer_request",
+    "encode_infer_response",
+    "parameter_value",
+    "parameters_from_proto",
+    "parameters_to_proto",
+]
+
+_INT64_MAX = 2**63 - 1
+
+# The typed-contents field each datatype travels in; FP16 and BF16 have none (raw only).
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+_ALL_CONTENTS_FIELDS = frozenset(_CONTENTS_FIELD.values())
+
+# Request-level keys whose value kind Triton checks itself instead of forwarding them to the model.
+_RESERVED_KINDS = {
+    "sequence_id": ("int64_param", "uint64_param", "string_param"),
+    "sequence_start": ("bool_param",),
+    "sequence_end": ("bool_param",),
+    "priority": ("int64_param", "uint64_param"),
+    "timeout": ("int64_param",),
+}
+# Everything else a client sends at request level goes to the model, which cannot take a uint64.
+_CUSTOM_KINDS = ("bool_param", "int64_param", "string_param", "double_param")
+
+# Per-tensor shared-memory references the core interprets (PROTOCOL.md section 11).
+_SHM_KINDS = {
+    "shared_memory_region": ("string_param",),
+    "shared_memory_byte_size": ("int64_param", "uint64_param"),
+    "shared_memory_offset": ("int64_param", "uint64_param"),
+}
+# Per-tensor keys that only mean something on HTTP.
+_IGNORED_TENSOR_KEYS = frozenset({"binary_data", "binary_data_size"})
+
+
+def _invalid(message: str) -> ServerError:
+    return ServerError(message, Status.INVALID_ARG)
+
+
+# --- parameters ---------------------------------------------------------------------------------
+
+
+def parameter_value(param: service_pb2.InferParameter) -> ParameterValue | None:
+    """The Python value of an `InferParameter`, or None when no member of its oneof is set."""
+    kind = param.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(param, kind)
+
+
+def _checked_value(key: str, param: service_pb2.InferParameter, kinds: tuple[str, ...],
+                   where: str = "") -> ParameterValue:
+    kind = param.WhichOneof("parameter_choice")
+    if kind not in kinds:
+        raise _invalid(f"invalid value type for '{key}' parameter{where}, expected "
+                       f"{' or '.join(kinds)}.")
+    return getattr(param, kind)
+
+
+def parameters_from_proto(
+        params: Mapping[str, service_pb2.InferParameter]) -> dict[str, ParameterValue]:
+    """Request-level parameters, checked the way Triton's gRPC frontend checks them.
+
+    Raises ServerError(INVALID_ARG) for a reserved key of the wrong kind, a negative priority, or
+    a custom parameter that is unset or a uint64. `triton_*` keys pass with any kind: the core
+    decides which of them are allowed, for HTTP and gRPC alike.
+    """
+    result: dict[str, ParameterValue] = {}
+    for key, param in params.items():
+        if key.startswith("triton_"):
+            value = parameter_value(param)
+            if value is not None:
+                result[key] = value
+            continue
+        value = _checked_value(key, param, _RESERVED_KINDS.get(key, _CUSTOM_KINDS))
+        if key == "priority" and isinstance(value, int) and value < 0:
+            raise _invalid(f"invalid value for 'priority' parameter, expected a non-negative "
+                           f"integer, got {value}")
+        result[key] = value
+    return result
+
+
+def _tensor_parameters(params: Mapping[str, service_pb2.InferParameter],
+                       tensor: str) -> dict[str, ParameterValue]:
+    """Per-input/per-output parameters: shm references type-checked, HTTP-only keys dropped."""
+    result: dict[str, ParameterValue] = {}
+    for key, param in params.items():
+        if key in _IGNORED_TENSOR_KEYS:
+            continue
+        if key in _SHM_KINDS:
+            result[key] = _checked_value(key, param, _SHM_KINDS[key], f" for '{tensor}'")
+            continue
+        value = parameter_value(param)
+        if value is not None:
+            result[key] = value
+    return result
+
+
+def parameters_to_proto(params: Mapping[str, ParameterValue], target: Any) -> None:
+    """Fill a proto `map<string, InferParameter>` from Python values.
+
+    A bool is tested before int (it is one); ints beyond int64 go as uint64.
+    """
+    for key, value in params.items():
+        param = target[key]
+        if isinstance(value, bool):
+            param.bool_param = value
+        elif isinstance(value, int):
+            if value > _INT64_MAX:
+                param.uint64_param = value
+            else:
+                param.int64_param = value
+        elif isinstance(value, float):
+            param.double_param = value
+        else:
+            param.string_param = str(value)
+
+
+# --- request ------------------------------------------------------------------------------------
+
+
+def _element_count(shape: tuple[int, ...], name: str, model: str) -> int:
+    if any(dim < 0 for dim in shape):
+        raise _invalid(f"unexpected shape {list(shape)} for input '{name}' for model '{model}': "
+                       "dimensions must not be negative")
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _contents_to_bytes(tensor: service_pb2.ModelInferRequest.InferInputTensor,
+                       shape: tuple[int, ...], model: str) -> bytes:
+    """Typed contents as the little-endian (or length-prefixed BYTES) data the core expects."""
+    name, datatype = tensor.name, tensor.datatype
+    field = _CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise _invalid(f"typed contents are not supported for datatype '{datatype}' of input "
+                       f"'{name}' for model '{model}'; send it in raw_input_contents")
+    contents = tensor.contents
+    for other in _ALL_CONTENTS_FIELDS - {field}:
+        if len(getattr(contents, other)):
+            raise _invalid(f"unexpected {other} for '{datatype}' input '{name}' for model "
+                           f"'{model}', expected {field}")
+    values = getattr(contents, field)
+    expected = _element_count(shape, name, model)
+    if len(values) != expected:
+        raise _invalid(f"unexpected number of elements in {field} for input '{name}' for model "
+                       f"'{model}': shape {list(shape)} needs {expected}, got {len(values)}")
+    if datatype == "BYTES":
+        return serialize_bytes(values)
+    try:
+        # INT8/16 and UINT8/16 travel widened to 32 bits; narrowing must not wrap silently.
+        return np.array(values, dtype=numpy_dtype(datatype)).tobytes()
+    except OverflowError as exc:
+        raise _invalid(f"value out of range for '{datatype}' input '{name}' for model "
+                       f"'{model}': {exc}") from None
+
+
+def _decode_inputs(msg: service_pb2.ModelInferRequest) -> list[Tensor]:
+    model = msg.model_name
+    raw = msg.raw_input_contents
+    raw_count = len(raw)
+    raw_index = 0
+    inputs: list[Tensor] = []
+    for tensor in msg.inputs:
+        params = _tensor_parameters(tensor.parameters, tensor.name)
+        shape = tuple(tensor.shape)
+        data: Buffer = b""
+        if "shared_memory_region" in params:
+            pass  # the core reads the region; such an input has no raw_input_contents entry
+        elif raw_count and tensor.HasField("contents"):
+            raise _invalid(f"contents field must not be specified when using raw_input_contents "
+                           f"for '{tensor.name}' for model '{model}'")
+        elif raw_count:
+            if raw_index < raw_count:
+                data = raw[raw_index]  # one bytes object per access; passed on as it is
+            raw_index += 1
+        else:
+            data = _contents_to_bytes(tensor, shape, model)
+        inputs.append(Tensor(tensor.name, tensor.datatype, shape, data, params))
+    if raw_count and raw_index != raw_count:
+        raise _invalid(f"expected {raw_index} raw_input_contents (one per input not in shared "
+                       f"memory) but got {raw_count} for model '{model}'")
+    return inputs
+
+
+def decode_infer_request(msg: service_pb2.ModelInferRequest) -> InferRequest:
+    """The `InferRequest` a `ModelInferRequest` describes. Raises ServerError(INVALID_ARG)."""
+    outputs = [RequestedOutput(out.name, _tensor_parameters(out.parameters, out.name))
+               for out in msg.outputs]
+    return InferRequest(
+        model_name=msg.model_name,
+        model_version=msg.model_version,
+        id=msg.id,
+        inputs=_decode_inputs(msg),
+        outputs=outputs,
+        parameters=parameters_from_proto(msg.parameters),
+    )
+
+
+# --- response -----------------------------------------------------------------------------------
+
+
+def _output_bytes(tensor: Tensor) -> bytes:
+    """The one copy out of the (possibly shared-memory) buffer; empty for client-shm outputs."""
+    if "shared_memory_region" in tensor.parameters:
+        return b""
+    data = tensor.data
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, np.ndarray) and data.dtype.hasobject:
+        # numpy exports object arrays as raw pointers; BYTES must arrive serialized
+        raise TypeError(f"output '{tensor.name}' holds a numpy object array, not tensor bytes")
+    return memoryview(data).tobytes()
+
+
+def encode_infer_response(response: InferResponse) -> service_pb2.ModelInferResponse:
+    """A `ModelInferResponse` with one `raw_output_contents` entry per output, in output order.
+
+    Holds no reference to the response's buffers afterwards, so the caller may `release()` it.
+    Shared-memory parameters of outputs are not echoed (Triton's gRPC responses carry none).
+    """
+    msg = service_pb2.ModelInferResponse(
+        model_name=response.model_name,
+        model_version=response.model_version,
+        id=response.id,
+    )
+    parameters_to_proto(response.parameters, msg.parameters)
+    for tensor in response.outputs:
+        out = msg.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        parameters_to_proto({k: v for k, v in tensor.parameters.items()
+                             if k not in _SHM_KINDS and k not in _IGNORED_TENSOR_KEYS},
+                            out.parameters)
+        msg.raw_output_contents.append(_output_bytes(tensor))
+    return msg

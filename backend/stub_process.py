@@ -1,0 +1,449 @@
+"""The parent side of one stub incarnation: spawn, handshake, execute, stop.
+
+    StubProcess.spawn ──▶ control block, channel pair, p2s arena, `python -m
+                          pystub.triton_python_backend_stub` (subprocess, own session, umask 077)
+    .initialize        ──▶ INIT ... INIT_DONE, bounded by the init deadline or the stub's death
+    .execute(batch)    ──▶ inputs into p2s, EXECUTE; responses arrive as RESPONSE / EXECUTE_DONE
+    .stop()            ──▶ the shutdown ladder: FINALIZE (deadline) → SIGTERM → SIGKILL → reap →
+                          close channel → unlink every shm object of this incarnation
+
+The stub's death is seen at once, as EOF on the channel; every request in flight then fails with
+`Stub process '<instance>' is not healthy.` and nothing it held leaks: its s2p arena is dropped
+whole and the p2s allocations of its requests are freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+from backend.errors import ServerError
+from backend.inference import InferRequest, InferResponse, Tensor
+from backend.statistics import BatchTiming
+from backend.stub_settings import StubSettings
+from backend.validation import model_parameters
+from ipc import messages as msg
+from ipc import names, tensors
+from ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
+from ipc.channel import AsyncChannel, ChannelClosedError, ChannelTimeoutError, make_pair
+from ipc.control_block import ControlBlock
+from ipc.status import Status
+
+__all__ = ["StubProcess", "StubStartError", "PROJECT_ROOT"]
+
+log = logging.getLogger("pystub.stub")
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+
+class StubStartError(Exception):
+    """The stub could not start or its model failed to initialize; the message says why."""
+
+
+class _Pending:
+    """One request in flight: its response (unary) and the future the scheduler awaits."""
+
+    __slots__ = ("future", "response", "input_handles", "request")
+
+    def __init__(self, future: asyncio.Future, request: InferRequest) -> None:
+        self.future = future
+        self.request = request
+        self.response: list[Any] | None = None
+        self.input_handles: list[list[int]] = []
+
+
+class StubProcess:
+    def __init__(self, instance_name: str, settings: StubSettings, model_name: str = "") -> None:
+        self.instance_name = instance_name
+        self.model_name = model_name
+        self.settings = settings
+        self.base = names.stub_base_name(settings.shm_prefix)
+        self.process: subprocess.Popen | None = None
+        self.control: ControlBlock | None = None
+        self.channel: AsyncChannel | None = None
+        self.p2s: ArenaWriter | None = None
+        self.s2p: ArenaReader | None = None
+        self.started_at = time.monotonic()
+        self.served = 0
+        self.failed = 0
+        self._loop = asyncio.get_running_loop()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._batches: dict[int, tuple[asyncio.Future, list[int]]] = {}
+        self._waiters: dict[type, asyncio.Future] = {}
+        self._releases: list[list[int]] = []
+        self._release_scheduled = False
+        self._dead = False
+        self.on_death: Callable[["StubProcess"], None] | None = None
+
+    # -- life cycle ----------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return not self._dead and self.process is not None and self.process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def unhealthy_error(self) -> ServerError:
+        return ServerError(f"Stub process '{self.instance_name}' is not healthy.", Status.UNAVAILABLE)
+
+    def spawn(self, python: str | None = None) -> None:
+        """Create the shared objects and start the process. Raises StubStartError."""
+        parent_end, child_end = make_pair()
+        try:
+            self.control = ControlBlock.create(self.base + "_ctl")
+            self.p2s = ArenaWriter(self.base, "p2s", self.settings.shm_default_byte_size,
+                                   self.settings.shm_growth_byte_size)
+            self.s2p = ArenaReader(self.base, "s2p")
+            self.process = subprocess.Popen(
+                self._command(python, child_end.fileno()), pass_fds=(child_end.fileno(),), close_fds=True,
+                start_new_session=True, umask=0o077, env=self._environment())
+        except Exception as exc:
+            parent_end.close()
+            self._release_shared_objects()
+            raise StubStartError(f"failed to start stub process '{self.instance_name}': {exc}") from exc
+        finally:
+            child_end.close()
+        self.started_at = time.monotonic()
+        self.channel = AsyncChannel(parent_end, self._on_frame, self._on_channel_closed)
+
+    def _command(self, python: str | None, fd: int) -> list[str]:
+        heartbeat = min(1.0, self.settings.heartbeat_timeout_seconds / 4)
+        return [python or sys.executable, "-m", "pystub.triton_python_backend_stub", self.instance_name,
+                "--base", self.base, "--fd", str(fd), "--parent-pid", str(os.getpid()),
+                "--shm-default", str(self.settings.shm_default_byte_size),
+                "--shm-growth", str(self.settings.shm_growth_byte_size),
+                "--heartbeat-interval", str(heartbeat),
+                "--send-timeout", str(self.settings.stub_timeout_seconds)]
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # The stub imports pystub and ipc from this checkout even when it is not installed.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
+        return env
+
+    async def _await_reply(self, kind: type, timeout: float, what: str) -> Any:
+        future = self._loop.create_future()
+        self._waiters[kind] = future
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            raise StubStartError(f"timed out after {timeout:.0f} s waiting for {what} from stub "
+                                 f"'{self.instance_name}'") from None
+        finally:
+            self._waiters.pop(kind, None)
+
+    async def _request_reply(self, message: Any, reply: type, timeout: float, what: str) -> Any:
+        if self._dead or self.channel is None:
+            raise StubStartError(self._death_text(what))
+        waiter = asyncio.ensure_future(self._await_reply(reply, timeout, what))
+        await asyncio.sleep(0)  # register the waiter before the reply can arrive
+        try:
+            await self.channel.send(msg.encode(message), self.settings.stub_timeout_seconds, what)
+        except (ChannelClosedError, ChannelTimeoutError) as exc:
+            waiter.cancel()
+            raise StubStartError(f"{self._death_text(what)} ({exc})") from exc
+        return await waiter
+
+    def _death_text(self, what: str) -> str:
+        code = self.process.poll() if self.process else None
+        how = f"exited with code {code}" if code is not None and code >= 0 else (
+            f"was killed by signal {-code}" if code is not None else "closed its channel")
+        return f"stub process '{self.instance_name}' {how} while waiting for {what}"
+
+    async def initialize(self, model_path: str, args: dict[str, str], settings: dict[str, Any]) -> None:
+        """Run the model's initialize. Raises StubStartError with the model's error text."""
+        reply = await self._request_reply(msg.Init(model_path, args, settings), msg.InitDone,
+                                          self.settings.stub_init_timeout_seconds, "initialize")
+        if reply.error is not None:
+            raise StubStartError(reply.error + (f"\n{reply.traceback}" if reply.traceback else ""))
+
+    async def auto_complete(self, model_path: str, config_json: str) -> str:
+        """Run `auto_complete_config`; returns the completed config JSON. Raises StubStartError."""
+        reply = await self._request_reply(msg.AutoComplete(model_path, config_json), msg.AutoCompleteDone,
+                                          self.settings.stub_init_timeout_seconds, "auto_complete_config")
+        if reply.error is not None:
+            raise StubStartError(reply.error)
+        return reply.config_json
+
+    # -- frames from the stub ------------------------------------------------------------------
+    def _on_frame(self, frame: bytes) -> None:
+        try:
+            message = msg.decode(frame)
+        except msg.MessageDecodeError as exc:
+            log.error("dropped a corrupt frame from stub '%s': %s", self.instance_name, exc)
+            return
+        kind = type(message)
+        if kind is msg.Response:
+            self._on_response(message.response)
+        elif kind is msg.ExecuteDone:
+            self._on_execute_done(message)
+        elif kind is msg.Log:
+            self._on_log(message)
+        elif kind is msg.Release:
+            self._free_p2s(message.handles)
+        else:
+            waiter = self._waiters.get(kind)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(message)
+            else:
+                log.warning("unexpected %s from stub '%s'", kind.__name__, self.instance_name)
+
+    def _on_log(self, message: msg.Log) -> None:
+        level = _LOG_LEVELS.get(message.level, logging.INFO)
+        where = f"{os.path.basename(message.filename)}:{message.lineno}" if message.lineno else message.filename
+        log.log(level, "[%s] %s] %s", self.instance_name, where, message.message)
+
+    def _on_response(self, wire: list[Any]) -> None:
+        rid, flags, error, outputs, parameters_json = wire
+        pending = self._pending.get(rid)
+        if pending is None:
+            log.warning("stub '%s' answered unknown request %s", self.instance_name, rid)
+            self._queue_release([t[3] for t in outputs])
+            return
+        if pending.response is not None and (outputs or error):
+            # A second data response on a unary path: keep the first, free this one.
+            self._queue_release([t[3] for t in outputs])
+        elif outputs or error is not None:
+            pending.response = wire
+        if flags & msg.RESPONSE_FINAL:
+            self._finish(rid)
+
+    def _finish(self, rid: int) -> None:
+        pending = self._pending.pop(rid)
+        if pending.future.done():
+            if pending.response is not None:
+                self._queue_release([t[3] for t in pending.response[3]])
+            return
+        wire = pending.response
+        if wire is None:
+            pending.future.set_result(InferResponse(pending.request.model_name, "", pending.request.id))
+            return
+        error = wire[2]
+        if error is not None:
+            self.failed += 1
+            pending.future.set_result(ServerError(error[1], Status.coerce(error[0])))
+        else:
+            self.served += 1
+            pending.future.set_result(self._make_response(pending.request, wire))
+
+    def _make_response(self, request: InferRequest, wire: list[Any]) -> InferResponse:
+        assert self.s2p is not None
+        outputs = [Tensor(name, datatype, tuple(shape), self.s2p.view(handle))
+                   for name, datatype, shape, handle in wire[3]]
+        handles = [t[3] for t in wire[3]]
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                for tensor in outputs:
+                    if isinstance(tensor.data, memoryview):
+                        tensor.data.release()
+                self._queue_release(handles)
+
+        parameters = json.loads(wire[4]) if wire[4] and wire[4] != "{}" else {}
+        return InferResponse(request.model_name, "", request.id, outputs, parameters, release)
+
+    def _on_execute_done(self, message: msg.ExecuteDone) -> None:
+        entry = self._batches.pop(message.batch_id, None)
+        for response in message.responses:
+            self._on_response(response)
+        if entry is None:
+            return
+        future, rids = entry
+        for rid in rids:
+            pending = self._pending.get(rid)
+            if pending is None:
+                continue
+            # execute returned: the stub released the batch's requests, so their inputs go back
+            self._free_p2s(pending.input_handles)
+            pending.input_handles = []
+            if message.error is not None:
+                self._pending.pop(rid)
+                if pending.response is not None:
+                    self._queue_release([t[3] for t in pending.response[3]])
+                if not pending.future.done():
+                    self.failed += 1
+                    pending.future.set_result(ServerError(message.error[1], Status.coerce(message.error[0])))
+        if not future.done():
+            future.set_result(None)
+
+    def _free_p2s(self, handles: list[list[int]]) -> None:
+        if self.p2s is None:
+            return
+        for handle in handles:
+            try:
+                self.p2s.free(handle)
+            except (KeyError, IndexError, TypeError, ValueError):
+                log.error("stub '%s' released an unknown p2s handle %s", self.instance_name, handle)
+
+    # -- releases of s2p memory ------------------------------------------------------------------
+    def _queue_release(self, handles: list[list[int]]) -> None:
+        handles = [h for h in handles if h[0] >= 0]
+        if not handles or self._dead:
+            return
+        self._releases.extend(handles)
+        if not self._release_scheduled:
+            self._release_scheduled = True
+            self._loop.call_soon(self._flush_releases)
+
+    def _flush_releases(self) -> None:
+        self._release_scheduled = False
+        if not self._releases or self._dead or self.channel is None:
+            self._releases.clear()
+            return
+        frame = msg.encode(msg.Release(self._releases))
+        try:
+            sent = self.channel.try_send(frame)
+        except ChannelClosedError:
+            self._releases.clear()
+            return
+        if sent:
+            self._releases = []
+        else:  # the stub's queue is full: try again shortly
+            self._release_scheduled = True
+            self._loop.call_later(0.001, self._flush_releases)
+
+    # -- execute -------------------------------------------------------------------------------
+    async def execute(self, requests: list[InferRequest]) -> list[Any]:
+        """Run one batch; returns, per request, an InferResponse or a ServerError (never raises)."""
+        results, _ = await self.execute_timed(requests)
+        return results
+
+    async def execute_timed(self, requests: list[InferRequest]) -> tuple[list[Any], BatchTiming]:
+        """`execute`, plus where the time went: staging inputs, the stub round trip, outputs."""
+        timing = BatchTiming()
+        results: list[Any] = [None] * len(requests)
+        if not self.alive:
+            return [self.unhealthy_error()] * len(requests), timing
+        assert self.p2s is not None and self.channel is not None
+        started = time.monotonic_ns()
+        batch_id = next(self._ids)
+        wire_requests, rids, futures = [], [], []
+        for index, request in enumerate(requests):
+            try:
+                wire, pending = self._place_request(request)
+            except ArenaFullError as exc:
+                results[index] = ServerError(str(exc), Status.INTERNAL)
+                continue
+            self._pending[wire[0]] = pending
+            wire_requests.append(wire)
+            rids.append(wire[0])
+            futures.append((index, pending.future))
+        staged = time.monotonic_ns()
+        timing.compute_input_ns = staged - started
+        if wire_requests:
+            done = self._loop.create_future()
+            self._batches[batch_id] = (done, rids)
+            releases, self._releases = self._releases, []
+            frame = msg.encode(msg.Execute(batch_id, wire_requests, releases))
+            try:
+                await self.channel.send(frame, self.settings.stub_timeout_seconds, "EXECUTE")
+            except (ChannelClosedError, ChannelTimeoutError) as exc:
+                log.error("stub '%s': %s", self.instance_name, exc)
+                self._fail_all(self.unhealthy_error())
+            for index, future in futures:
+                results[index] = await future
+        timing.compute_infer_ns = time.monotonic_ns() - staged
+        return results, timing
+
+    def _place_request(self, request: InferRequest) -> tuple[list[Any], _Pending]:
+        assert self.p2s is not None
+        rid = next(self._ids)
+        pending = _Pending(self._loop.create_future(), request)
+        wire_inputs = []
+        try:
+            for tensor in request.inputs:
+                placed = tensors.place(self.p2s, tensor.name, tensor.datatype, tensor.shape, tensor.data)
+                wire_inputs.append(placed)
+                pending.input_handles.append(placed[3])
+        except ArenaFullError:
+            self._free_p2s(pending.input_handles)
+            raise
+        wire = [rid, request.id, wire_inputs, [o.name for o in request.outputs],
+                _parameters_json(request), request.parameters.get("sequence_id", 0) or 0, 0,
+                int(request.parameters.get("timeout", 0) or 0)]
+        return wire, pending
+
+    # -- death and stop --------------------------------------------------------------------------
+    def _on_channel_closed(self) -> None:
+        self._dead = True
+        self._fail_all(self.unhealthy_error())
+        for waiter in self._waiters.values():
+            if not waiter.done():
+                waiter.set_exception(StubStartError(self._death_text("a reply")))
+        if self.on_death is not None:
+            self.on_death(self)
+
+    def _fail_all(self, error: ServerError) -> None:
+        pending, self._pending = self._pending, {}
+        for entry in pending.values():
+            self._free_p2s(entry.input_handles)
+            if not entry.future.done():
+                self.failed += 1
+                entry.future.set_result(error)
+        batches, self._batches = self._batches, {}
+        for future, _ in batches.values():
+            if not future.done():
+                future.set_result(None)
+
+    async def stop(self, finalize_timeout: float) -> None:
+        """The shutdown ladder. Never raises; every step is bounded. `finalize_timeout=0` skips
+        FINALIZE (for a stub that exits by itself, like the auto-complete one)."""
+        if finalize_timeout > 0 and self.alive and self.channel is not None:
+            try:
+                reply = await self._request_reply(msg.Finalize(), msg.FinalizeDone, finalize_timeout, "finalize")
+                if reply.error:
+                    log.warning("finalize of '%s' raised: %s", self.instance_name, reply.error)
+            except StubStartError as exc:
+                log.warning("%s", exc)
+        await self._terminate()
+        self._fail_all(self.unhealthy_error())
+        self._release_shared_objects()
+
+    async def _terminate(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        for sig, grace in ((None, 2.0), (signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
+            if sig is not None and process.poll() is None:
+                log.info("sending %s to stub '%s' (pid %d)", sig.name, self.instance_name, process.pid)
+                try:
+                    os.killpg(process.pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + grace
+            while process.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            if process.poll() is not None:
+                return
+        log.error("stub '%s' (pid %d) did not exit after SIGKILL", self.instance_name, process.pid)
+
+    def _release_shared_objects(self) -> None:
+        self._dead = True
+        if self.channel is not None:
+            self.channel.close()
+        for resource in (self.p2s, self.s2p, self.control):
+            if resource is not None:
+                resource.close()
+        names.unlink_entries(names.owned_entries(self.base))
+
+
+def _parameters_json(request: InferRequest) -> str:
+    parameters = model_parameters(request)
+    return json.dumps(parameters) if parameters else "{}"

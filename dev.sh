@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One entry point for newcomers and CI:
+#   ./dev.sh serve [pystub-backend flags...]   set up .venv, start the backend on examples/models
+#   ./dev.sh test  [pytest args...]            set up .venv, run the whole test suite
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=.venv
+setup() {
+    local stamp=$VENV/.installed
+    if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
+        python3 -m venv "$VENV"
+        "$VENV/bin/pip" install --quiet --upgrade pip
+        "$VENV/bin/pip" install --quiet -e '.[test]'
+        touch "$stamp"
+    fi
+}
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+    serve)
+        setup
+        exec "$VENV/bin/pystub-backend" --model-repository examples/models "$@"
+        ;;
+    test)
+        setup
+        set +e
+        "$VENV/bin/python" -m pytest "$@"
+        rc=$?
+        # pytest exits 5 when it collected no tests: not a failure of the project
+        [ $rc -eq 5 ] && { echo "pytest collected no tests"; rc=0; }
+        exit $rc
+        ;;
+    *)
+        echo "usage: ./dev.sh serve [flags] | ./dev.sh test [pytest args]" >&2
+        exit 2
+        ;;
+esac

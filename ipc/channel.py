@@ -1,0 +1,192 @@
+"""The message queues between backend and stub: a SOCK_SEQPACKET socket pair.
+
+DESIGN.md offers kernel POSIX message queues or a shm ring buffer with semaphores. A SEQPACKET
+Unix socket pair does the job of both directions' queues with none of their costs:
+- no per-user caps: mqueues allow ~10 queues of 8 KiB x 10 messages under default limits, far
+  short of 64 stubs; a socket pair is limited only by the file-descriptor table;
+- frames are atomic: one send is one message, never torn, never merged, even with several
+  sending threads;
+- a full queue blocks the sender (or, non-blocking, says EAGAIN), so we wait with a deadline;
+- the peer's death is seen at once: its end closes and the reader gets EOF;
+- nothing is named, so nothing can leak in /dev/shm, and asyncio can watch the fd directly.
+
+Frames are at most MAX_FRAME bytes; anything large goes in an arena, never in a frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import select
+import socket
+import threading
+import time
+from typing import Callable
+
+__all__ = ["MAX_FRAME", "ChannelClosedError", "ChannelTimeoutError", "FrameTooLargeError",
+           "make_pair", "BlockingChannel", "AsyncChannel"]
+
+MAX_FRAME = 128 * 1024
+_BUFFER_BYTES = 1 << 20  # asked for; the kernel caps it at net.core.{w,r}mem_max
+
+
+class ChannelClosedError(ConnectionError):
+    """The peer closed its end: it exited or died."""
+
+
+class ChannelTimeoutError(TimeoutError):
+    """A send or receive did not complete before its deadline; the message names what waited."""
+
+
+class FrameTooLargeError(ValueError):
+    pass
+
+
+def make_pair() -> tuple[socket.socket, socket.socket]:
+    """(backend end, stub end); the stub end is inheritable for passing to the child."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for sock in (parent, child):
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, _BUFFER_BYTES)
+            except OSError:
+                pass
+    child.set_inheritable(True)
+    return parent, child
+
+
+def _check_size(frame: bytes) -> None:
+    if len(frame) > MAX_FRAME:
+        raise FrameTooLargeError(f"frame of {len(frame)} bytes exceeds the {MAX_FRAME}-byte limit")
+
+
+class BlockingChannel:
+    """The stub's end: blocking calls with deadlines, usable from several threads."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._sock.setblocking(False)
+        self._send_lock = threading.Lock()
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def send(self, frame: bytes, timeout: float, what: str = "frame") -> None:
+        """Send one frame, waiting at most `timeout` s for room in the queue.
+
+        Raises ChannelTimeoutError naming `what`, ChannelClosedError, FrameTooLargeError.
+        """
+        _check_size(frame)
+        deadline = time.monotonic() + timeout
+        with self._send_lock:
+            while True:
+                try:
+                    self._sock.send(frame)
+                    return
+                except BlockingIOError:
+                    pass
+                except (BrokenPipeError, ConnectionResetError) as exc:
+                    raise ChannelClosedError(f"peer closed the channel while sending {what}") from exc
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ChannelTimeoutError(f"timed out after {timeout:.1f} s waiting to send {what}: "
+                                              f"the peer is not reading its queue")
+                select.select([], [self._sock], [], min(remaining, 0.5))
+
+    def recv(self, timeout: float) -> bytes | None:
+        """One frame, or None when none arrived within `timeout` s. Raises ChannelClosedError."""
+        readable, _, _ = select.select([self._sock], [], [], timeout)
+        if not readable:
+            return None
+        try:
+            frame = self._sock.recv(MAX_FRAME)
+        except BlockingIOError:
+            return None
+        except ConnectionResetError as exc:
+            raise ChannelClosedError("peer reset the channel") from exc
+        if not frame:
+            raise ChannelClosedError("peer closed the channel")
+        return frame
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class AsyncChannel:
+    """The backend's end, driven by the event loop: frames are delivered to `on_frame` as they
+    arrive; `on_closed` runs once when the peer's end closes."""
+
+    def __init__(self, sock: socket.socket, on_frame: Callable[[bytes], None],
+                 on_closed: Callable[[], None]) -> None:
+        self._sock = sock
+        self._sock.setblocking(False)
+        self._on_frame = on_frame
+        self._on_closed = on_closed
+        self._loop = asyncio.get_running_loop()
+        self._closed = False
+        self._loop.add_reader(sock.fileno(), self._readable)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _readable(self) -> None:
+        while not self._closed:
+            try:
+                frame = self._sock.recv(MAX_FRAME)
+            except BlockingIOError:
+                return
+            except OSError:
+                frame = b""
+            if not frame:
+                self._mark_closed()
+                return
+            self._on_frame(frame)
+
+    def _mark_closed(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.remove_reader(self._sock.fileno())
+        self._on_closed()
+
+    def try_send(self, frame: bytes) -> bool:
+        """Send now if the queue has room; False if it is full. Raises ChannelClosedError."""
+        _check_size(frame)
+        if self._closed:
+            raise ChannelClosedError("channel is closed")
+        try:
+            self._sock.send(frame)
+            return True
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                raise ChannelClosedError(f"peer closed the channel: {exc}") from exc
+            raise
+
+    async def send(self, frame: bytes, timeout: float, what: str = "frame") -> None:
+        """Send one frame, waiting at most `timeout` s for room. Raises ChannelTimeoutError naming
+        `what`, ChannelClosedError."""
+        if self.try_send(frame):
+            return
+        deadline = self._loop.time() + timeout
+        while True:
+            writable = self._loop.create_future()
+            fd = self._sock.fileno()
+            self._loop.add_writer(fd, lambda: writable.done() or writable.set_result(None))
+            try:
+                await asyncio.wait_for(writable, max(0.0, deadline - self._loop.time()))
+            except asyncio.TimeoutError:
+                raise ChannelTimeoutError(f"timed out after {timeout:.1f} s waiting to send {what}: "
+                                          f"the stub is not reading its queue") from None
+            finally:
+                self._loop.remove_writer(fd)
+            if self.try_send(frame):
+                return
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()

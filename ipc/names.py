@@ -1,0 +1,71 @@
+"""Names of shared-memory objects, and the sweep of stale ones.
+
+Every object is `/dev/shm/<prefix>_<owner pid>_<token>_<purpose>`: the owner pid lets a later
+backend recognise objects whose creator died without unlinking them, and the random token keeps
+two stubs (or two incarnations of one stub) apart. Only the backend unlinks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+
+__all__ = ["DEFAULT_PREFIX", "SHM_DIR", "stub_base_name", "validate_prefix", "sweep_stale", "owned_entries",
+           "unlink_entries"]
+
+DEFAULT_PREFIX = "pystub"
+SHM_DIR = "/dev/shm"
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def validate_prefix(prefix: str) -> str:
+    """Return `prefix`, or raise ValueError when it cannot be part of a shm name."""
+    if not _PREFIX_RE.match(prefix):
+        raise ValueError(f"invalid shared memory prefix {prefix!r}: use 1-64 of [A-Za-z0-9_.-]")
+    return prefix
+
+
+def stub_base_name(prefix: str, owner_pid: int | None = None) -> str:
+    """A fresh base name for one stub incarnation: `<prefix>_<pid>_<token>`."""
+    pid = os.getpid() if owner_pid is None else owner_pid
+    return f"{validate_prefix(prefix)}_{pid}_{secrets.token_hex(6)}"
+
+
+def owned_entries(base: str) -> list[str]:
+    """Names (without `/dev/shm/`) of the objects whose name starts with `base`."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    return [name for name in names if name.startswith(base)]
+
+
+def unlink_entries(names: list[str]) -> None:
+    for name in names:
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+        except FileNotFoundError:
+            pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(prefix: str) -> list[str]:
+    """Unlink `<prefix>_<pid>_...` objects whose owner pid is dead; return what was removed."""
+    pattern = re.compile(rf"^{re.escape(prefix)}_(\d+)_")
+    stale = []
+    for name in owned_entries(prefix + "_"):
+        match = pattern.match(name)
+        if match and not _pid_alive(int(match.group(1))):
+            stale.append(name)
+    unlink_entries(stale)
+    return stale

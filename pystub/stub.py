@@ -1,0 +1,258 @@
+"""The stub process: one model instance, driven by the backend over a channel and two arenas.
+
+Threads:
+    main       runs the work queue: AutoComplete, Init, Execute, Finalize (model code runs here)
+    receiver   reads frames; frees s2p handles on Release at once (even while execute runs),
+               queues everything else for main
+    heartbeat  liveness.Heartbeat
+    async      event_loop.InstanceLoop, on first `async def execute`
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import socket
+import sys
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from ipc import messages as msg
+from ipc.arena import ArenaReader, ArenaWriter
+from ipc.channel import BlockingChannel, ChannelClosedError
+from ipc.control_block import ControlBlock, StubState
+from ipc.status import Status
+from pystub import pb_utils
+from pystub.event_loop import InstanceLoop
+from pystub.executor import check_return, failure_text, format_traceback, run_execute
+from pystub.liveness import Heartbeat, ignore_termination_signals, set_parent_death_signal
+from pystub.loader import LoadError, load_model_class
+from pystub.pb_utils import _runtime
+from pystub.translate import build_request, error_to_wire, response_to_wire
+
+__all__ = ["StubOptions", "Stub"]
+
+_FINAL = msg.RESPONSE_FINAL
+_LOG_ERROR = 2
+
+
+@dataclass
+class StubOptions:
+    instance: str
+    base: str
+    fd: int
+    parent_pid: int
+    shm_default: int
+    shm_growth: int
+    heartbeat_interval: float
+    send_timeout: float
+
+
+@dataclass
+class _SenderState:
+    rid: int
+    final: bool = False
+
+
+class Stub:
+    def __init__(self, options: StubOptions) -> None:
+        self.options = options
+        self.instance = options.instance
+        self.control = ControlBlock.attach(options.base + "_ctl")
+        os.set_inheritable(options.fd, False)  # processes the model starts must not hold our channel
+        self.channel = BlockingChannel(socket.socket(fileno=options.fd))
+        self.p2s = ArenaReader(options.base, "p2s")
+        self.s2p = ArenaWriter(options.base, "s2p", options.shm_default, options.shm_growth)
+        self.work: queue.Queue[Any] = queue.Queue()
+        self.loop = InstanceLoop(self.log_error)
+        self.model: Any = None
+        self.model_name = ""
+        self.model_version = 0
+        self.decoupled = False
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def send(self, message: Any) -> None:
+        self.channel.send(msg.encode(message), self.options.send_timeout, type(message).__name__)
+
+    def log(self, level: int, text: str, filename: str = "stub", lineno: int = 0) -> None:
+        try:
+            self.send(msg.Log(level, text, filename, lineno))
+        except (ChannelClosedError, OSError):
+            sys.stderr.write(text + "\n")
+
+    def log_error(self, text: str) -> None:
+        self.log(_LOG_ERROR, text, "pb_stub", 0)
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                frame = self.channel.recv(1.0)
+            except ChannelClosedError:
+                self.work.put(None)
+                return
+            if frame is None:
+                continue
+            try:
+                message = msg.decode(frame)
+            except msg.MessageDecodeError as exc:
+                self.log_error(f"stub '{self.instance}' dropped a corrupt frame: {exc}")
+                continue
+            if isinstance(message, msg.Release):
+                self._free(message.handles)
+            else:
+                self.work.put(message)
+
+    def _free(self, handles: list[list[int]]) -> None:
+        for handle in handles:
+            try:
+                self.s2p.free(handle)
+            except (KeyError, IndexError, ValueError, TypeError):
+                self.log_error(f"stub '{self.instance}' was asked to free an unknown handle {handle}")
+
+    # -- main loop -----------------------------------------------------------------------------
+    def run(self) -> int:
+        self.control.set_pid(os.getpid())
+        heartbeat = Heartbeat(self.control, self.options.parent_pid, self.options.heartbeat_interval)
+        heartbeat.start()
+        threading.Thread(target=self._receive, name="pystub-receiver", daemon=True).start()
+        _runtime.set_log_sink(self._log_from_model)
+        handlers = {msg.AutoComplete: self._auto_complete, msg.Init: self._init,
+                    msg.Execute: self._execute, msg.Finalize: self._finalize}
+        while True:
+            message = self.work.get()
+            if message is None:  # the backend closed the channel: it is gone or gave up on us
+                sys.stderr.write("Non-graceful termination detected.\n")
+                return 1
+            handlers[type(message)](message)
+            if isinstance(message, (msg.Finalize, msg.AutoComplete)):
+                heartbeat.stop()
+                return 0
+
+    def _log_from_model(self, level: int, message: str, filename: str, lineno: int) -> None:
+        self.log(level, message, filename, lineno)
+
+    # -- commands ------------------------------------------------------------------------------
+    def _auto_complete(self, message: msg.AutoComplete) -> None:
+        config = json.loads(message.config_json)
+        try:
+            model_class = load_model_class(message.model_path)
+            hook = getattr(model_class, "auto_complete_config", None)
+            if hook is None:
+                self.send(msg.AutoCompleteDone(message.config_json, None))
+                return
+            result = hook(pb_utils.ModelConfig(message.config_json))
+            if not isinstance(result, pb_utils.ModelConfig):
+                raise LoadError(f"auto_complete_config function in model '{config.get('name', '')}' must "
+                                f"return a valid pb.ModelConfig object.")
+            self.send(msg.AutoCompleteDone(json.dumps(result._model_config), None))
+        except Exception as exc:
+            self.send(msg.AutoCompleteDone(None, self._describe(exc)))
+
+    def _describe(self, exc: BaseException) -> str:
+        if isinstance(exc, LoadError):
+            return str(exc)
+        return f"{type(exc).__name__}: {exc}\n\n{format_traceback(exc)}"
+
+    def _init(self, message: msg.Init) -> None:
+        args = message.args
+        self.model_name = args["model_name"]
+        self.model_version = int(args["model_version"])
+        self.decoupled = bool(message.settings.get("decoupled", False))
+        try:
+            model_class = load_model_class(message.model_path)
+            if not callable(getattr(model_class, "execute", None)):
+                raise LoadError(f"Python model {message.model_path} does not implement `execute` method.")
+            self.model = model_class()
+            initialize = getattr(self.model, "initialize", None)
+            if initialize is not None:
+                initialize(args)
+        except Exception as exc:
+            self.send(msg.InitDone(self._describe(exc).split("\n\n", 1)[0], format_traceback(exc)))
+            return
+        self.control.set_state(StubState.READY)
+        self.send(msg.InitDone(None, None))
+
+    def _finalize(self, message: msg.Finalize) -> None:
+        self.control.set_state(StubState.FINALIZING)
+        error = None
+        finalize = getattr(self.model, "finalize", None)
+        if finalize is not None:
+            try:
+                finalize()
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                self.log_error(f"finalize of '{self.instance}' failed: {error}\n{format_traceback(exc)}")
+        self.loop.stop()
+        self.send(msg.FinalizeDone(error))
+
+    # -- execute -------------------------------------------------------------------------------
+    def _make_sender(self, wire: list[Any]) -> tuple[Any, _SenderState]:
+        state = _SenderState(rid=wire[0])
+        requested = set(wire[3])
+
+        def send(response: Any, flags: int) -> None:
+            self.send(msg.Response(response_to_wire(state.rid, response, flags, requested, self.s2p)))
+            if flags & _FINAL:
+                state.final = True
+
+        sender = pb_utils.InferenceResponseSender(send, lambda: False, decoupled=self.decoupled)
+        # pystub goes further than Triton (API.md 7): a sender dropped before FINAL fails its
+        # request instead of leaving the client waiting forever.
+        weakref.finalize(sender, self._sender_dropped, state).atexit = False
+        return sender, state
+
+    def _sender_dropped(self, state: _SenderState) -> None:
+        if state.final:
+            return
+        state.final = True
+        text = (f"Response sender of model '{self.instance}' was destroyed before it sent the final "
+                f"response (TRITONSERVER_RESPONSE_COMPLETE_FINAL).")
+        try:
+            self.send(msg.Response([state.rid, _FINAL, error_to_wire(Status.INTERNAL, text), [], "{}"]))
+        except (ChannelClosedError, OSError):
+            pass
+
+    def _execute(self, message: msg.Execute) -> None:
+        self._free(message.releases)
+        requests: list[Any] = []
+        states: list[_SenderState] = []
+        responses: list[Any] = []
+        error = None
+        self.control.execute_started()
+        try:
+            for wire in message.requests:
+                sender, state = self._make_sender(wire)
+                states.append(state)
+                requests.append(build_request(wire, self.p2s, self.model_name, self.model_version, sender))
+            result = run_execute(self.model, requests, self.decoupled, self.loop, self.log_error)
+            entries = check_return(result, requests, self.decoupled, self.instance)
+            for wire, state, entry in zip(message.requests, states, entries):
+                if entry is not None and not state.final:
+                    state.final = True
+                    responses.append(response_to_wire(wire[0], entry, _FINAL, set(wire[3]), self.s2p))
+        except Exception as exc:
+            text = failure_text(self.instance, exc)
+            self.log_error(f"{text}\n{format_traceback(exc)}")
+            error = error_to_wire(Status.INTERNAL, text)
+            for state in states:
+                state.final = True  # the backend fails every request that is still open
+            for response in responses:
+                self._free([t[3] for t in response[3]])
+            responses = []
+        finally:
+            self.control.execute_finished()
+        self.send(msg.ExecuteDone(message.batch_id, error, responses))
+
+
+def main(options: StubOptions) -> int:
+    ignore_termination_signals()
+    set_parent_death_signal(options.parent_pid)
+    stub = Stub(options)
+    try:
+        return stub.run()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
