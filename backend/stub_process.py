@@ -203,9 +203,13 @@ class StubProcess:
                 log.warning("unexpected %s from stub '%s'", kind.__name__, self.instance_name)
 
     def _on_log(self, message: msg.Log) -> None:
+        """A record from the stub, logged once with the model's own file:line."""
         level = _LOG_LEVELS.get(message.level, logging.INFO)
-        where = f"{os.path.basename(message.filename)}:{message.lineno}" if message.lineno else message.filename
-        log.log(level, "[%s] %s] %s", self.instance_name, where, message.message)
+        if not log.isEnabledFor(level):
+            return
+        record = log.makeRecord(log.name, level, message.filename, message.lineno,
+                                "[%s] %s", (self.instance_name, message.message), None)
+        log.handle(record)
 
     def _on_response(self, wire: list[Any]) -> None:
         rid, flags, error, outputs, parameters_json = wire

@@ -11,7 +11,8 @@ import asyncio
 import functools
 import json
 import logging
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -23,7 +24,11 @@ from backend.frontends.http_codec import (
     decode_infer_request,
     parse_header_length,
 )
-from backend.frontends.http_compression import compress_body, decompress_body, response_encoding
+from backend.frontends.http_compression import (
+    compress_body,
+    decompress_body,
+    response_encoding,
+)
 from backend.frontends.http_encode import EncodedResponse, encode_infer_response
 from backend.frontends.http_raw import decode_raw_request, raw_input_spec
 from backend.inference import ServerCore
@@ -91,7 +96,7 @@ async def _error_middleware(request: web.Request, handler: _Handler) -> web.Stre
         if exc.status < 400:
             raise
         return _http_exception_error(exc)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure must still answer in JSON
         _log.exception("HTTP %s %s failed", request.method, request.path)
         return _error(500, str(exc) or type(exc).__name__)
 
@@ -109,7 +114,8 @@ def _http_exception_error(exc: web.HTTPException) -> web.Response:
 async def _offload(size: int, function: Callable[..., _T], *args: Any) -> _T:
     if size < _OFFLOAD_BYTES:
         return function(*args)
-    return await asyncio.get_running_loop().run_in_executor(None, functools.partial(function, *args))
+    call = functools.partial(function, *args)
+    return await asyncio.get_running_loop().run_in_executor(None, call)
 
 
 def _model_ref(request: web.Request) -> tuple[str, str]:
@@ -155,17 +161,7 @@ class _Routes:
         return _json({"model_stats": self._core.statistics(name, version)})
 
     async def repository_index(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        ready = False
-        if body.strip():
-            try:
-                document = json.loads(body)
-            except ValueError as exc:
-                raise ServerError(f"failed to parse the request JSON buffer: {exc}", Status.INVALID_ARG) from None
-            ready = document.get("ready", False) if isinstance(document, dict) else None
-            if not isinstance(ready, bool):
-                raise ServerError("'ready' must be a boolean", Status.INVALID_ARG)
-        return _json(self._core.repository_index(ready))
+        return _json(self._core.repository_index(_ready_only(await request.read())))
 
     async def infer(self, request: web.Request) -> web.Response:
         model, version = _model_ref(request)
@@ -193,19 +189,35 @@ class _Routes:
     async def _read_body(self, request: web.Request) -> bytes | bytearray:
         """The decompressed body, refused with 400 as soon as it passes the size limit."""
         limit = self._max_input_size
-        too_large = ServerError(
-            f"request body exceeds the maximum input size of {limit} bytes "
-            "(--http-max-input-size)", Status.INVALID_ARG,
-        )
         if request.content_length is not None and request.content_length > limit:
-            raise too_large
+            raise _too_large(limit)
         body = bytearray()
         while chunk := await request.content.readany():
             body += chunk
             if len(body) > limit:
-                raise too_large
+                raise _too_large(limit)
         encoding = request.headers.get("Content-Encoding")
         return await _offload(len(body), decompress_body, body, encoding, limit)
+
+
+def _too_large(limit: int) -> ServerError:
+    message = f"request body exceeds the maximum input size of {limit} bytes"
+    return ServerError(message, Status.INVALID_ARG)
+
+
+def _ready_only(body: bytes) -> bool:
+    """The `ready` flag of a repository index request body (empty means False)."""
+    if not body.strip():
+        return False
+    try:
+        document = json.loads(body)
+    except ValueError as exc:
+        message = f"failed to parse the request JSON buffer: {exc}"
+        raise ServerError(message, Status.INVALID_ARG) from None
+    ready = document.get("ready", False) if isinstance(document, dict) else None
+    if not isinstance(ready, bool):
+        raise ServerError("'ready' must be a boolean", Status.INVALID_ARG)
+    return ready
 
 
 async def _compress(encoded: EncodedResponse, encoding: str) -> EncodedResponse:

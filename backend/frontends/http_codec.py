@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from backend.errors import ServerError, Status
 from backend.frontends.json_tensors import json_to_tensor_bytes
@@ -32,15 +32,15 @@ __all__ = [
     "INFERENCE_HEADER",
     "SHM_REGION",
     "Body",
-    "OutputFormat",
     "DecodedRequest",
-    "parse_header_length",
+    "OutputFormat",
     "decode_infer_request",
+    "parse_header_length",
 ]
 
 INFERENCE_HEADER = "Inference-Header-Content-Length"
 SHM_REGION = "shared_memory_region"
-Body = Union[bytes, bytearray, memoryview]
+Body = bytes | bytearray | memoryview
 
 _INT32_MAX = 2**31 - 1
 _INT32_DIGITS = re.compile(r"[0-9]{1,10}")  # bounded, so int() never sees a huge string
@@ -101,8 +101,7 @@ def decode_infer_request(
     """
     view = memoryview(body).cast("B")
     header_end = len(view) if header_length is None else header_length
-    whole = header_end == len(view) and isinstance(body, (bytes, bytearray))
-    document = _load_json(body if whole else view[:header_end].tobytes())
+    document = _load_json(_json_text(body, view, header_end))
     if not isinstance(document, dict):
         raise _invalid("the inference request must be a JSON object")
     request_id = document.get("id", "")
@@ -118,6 +117,13 @@ def decode_infer_request(
     output_format.request_id = request_id if "id" in document else None
     request = InferRequest(model_name, model_version, request_id, inputs, outputs, parameters)
     return DecodedRequest(request, output_format)
+
+
+def _json_text(body: Body, view: memoryview, header_end: int) -> bytes | bytearray:
+    # json.loads takes bytes and bytearray: copy out the header only when binary data follow.
+    if isinstance(body, (bytes, bytearray)) and header_end == len(view):
+        return body
+    return view[:header_end].tobytes()
 
 
 def _load_json(text: bytes | bytearray) -> Any:

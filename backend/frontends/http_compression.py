@@ -11,7 +11,7 @@ import zlib
 
 from backend.errors import ServerError, Status
 
-__all__ = ["decompress_body", "response_encoding", "compress_body"]
+__all__ = ["compress_body", "decompress_body", "response_encoding"]
 
 # wbits: 16+MAX_WBITS reads a gzip wrapper, MAX_WBITS a zlib wrapper, -MAX_WBITS a bare stream.
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
@@ -43,15 +43,20 @@ def _inflate(body: bytes | bytearray, wbits: int, limit: int, name: str) -> byte
         # limit + 1 output bytes are enough to tell that the result is too large.
         result = inflater.decompress(body, limit + 1)
     except zlib.error as exc:
-        raise ServerError(f"failed to decompress the {name} request body: {exc}", Status.INVALID_ARG) from None
+        raise _corrupt(name, str(exc)) from None
     if len(result) > limit:
         raise ServerError(
             f"decompressed request body exceeds the maximum input size of {limit} bytes",
             Status.INVALID_ARG,
         )
     if not inflater.eof:
-        raise ServerError(f"failed to decompress the {name} request body: truncated data", Status.INVALID_ARG)
+        raise _corrupt(name, "truncated data")
     return result
+
+
+def _corrupt(name: str, reason: str) -> ServerError:
+    message = f"failed to decompress the {name} request body: {reason}"
+    return ServerError(message, Status.INVALID_ARG)
 
 
 def response_encoding(accept_encoding: str | None) -> str | None:

@@ -7,8 +7,9 @@ model's metadata and config, the batch size is 1, and every output is returned a
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from backend.errors import ServerError, Status
 from backend.frontends.http_codec import Body, DecodedRequest, OutputFormat
@@ -16,7 +17,7 @@ from backend.inference import InferRequest, Tensor
 from ipc.bytes_codec import BytesDecodeError, count_elements
 from ipc.dtypes import element_size
 
-__all__ = ["RawInputSpec", "raw_input_spec", "decode_raw_request"]
+__all__ = ["RawInputSpec", "decode_raw_request", "raw_input_spec"]
 
 
 def _invalid(message: str) -> ServerError:

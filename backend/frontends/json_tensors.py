@@ -13,7 +13,8 @@ binary data. A JSON input string may carry `\\udc80`..`\\udcff` escapes to send 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -103,7 +104,8 @@ def _floats(name: str, datatype: str, values: list[Any]) -> bytes:
         with np.errstate(over="ignore"):
             return np.array(values, dtype=numpy_dtype(datatype)).tobytes()
     except OverflowError:
-        raise _invalid(f"'data' of input '{name}' holds an integer too large for {datatype}") from None
+        message = f"'data' of input '{name}' holds an integer too large for {datatype}"
+        raise _invalid(message) from None
 
 
 def _strings(name: str, datatype: str, values: list[Any]) -> bytes:
@@ -111,7 +113,8 @@ def _strings(name: str, datatype: str, values: list[Any]) -> bytes:
     try:
         return serialize_bytes([value.encode("utf-8", "surrogateescape") for value in values])
     except UnicodeEncodeError:
-        raise _invalid(f"'data' of input '{name}' holds a string that is not valid Unicode") from None
+        message = f"'data' of input '{name}' holds a string that is not valid Unicode"
+        raise _invalid(message) from None
 
 
 _CONVERTERS: dict[str, Callable[[str, str, list[Any]], bytes]] = {
@@ -130,9 +133,11 @@ def tensor_to_json(tensor: Tensor) -> list[Any]:
     """
     if tensor.datatype == "BYTES":
         count = math.prod(tensor.shape)
-        return [item.decode("utf-8", "surrogateescape") for item in deserialize_bytes(tensor.data, count)]
+        data = memoryview(tensor.data).cast("B")  # type: ignore[arg-type]
+        items = deserialize_bytes(data, count)
+        return [item.decode("utf-8", "surrogateescape") for item in items]
     if tensor.datatype == "BF16":
         # bfloat16 is the upper half of a float32, so widening is exact.
         halves = np.frombuffer(tensor.data, dtype="<u2").astype("<u4")
-        return (halves << 16).view("<f4").tolist()  # type: ignore[no-any-return]
-    return np.frombuffer(tensor.data, dtype=numpy_dtype(tensor.datatype)).tolist()  # type: ignore[no-any-return]
+        return (halves << 16).view("<f4").tolist()
+    return np.frombuffer(tensor.data, dtype=numpy_dtype(tensor.datatype)).tolist()

@@ -143,16 +143,20 @@ def import_capsule(obj: object) -> DLPackImport:
     """Consume a DLPack capsule, or the capsule of an object implementing `__dlpack__`.
 
     Raises TritonModelException with the original's texts for unsupported objects, non-contiguous
-    tensors and unsupported devices, and for unsupported data types.
+    tensors and unsupported devices, and for unsupported data types. A refused capsule is left
+    unconsumed, so its producer still frees it.
     """
     capsule = _capsule_of(obj)
     for name, struct_type in ((b"dltensor", _DLManagedTensor), (b"dltensor_versioned", _DLManagedTensorVersioned)):
         if _api.PyCapsule_IsValid(capsule, name):
             address = _api.PyCapsule_GetPointer(capsule, name)
             managed = struct_type.from_address(address)
-            result = _consume(managed, address)
+            wire, shape, device_type = _validate(managed.dl_tensor)
+            # From here on the memory is ours: rename first so the producer's capsule destructor
+            # can never free it a second time.
             _api.PyCapsule_SetName(capsule, ctypes.addressof(_USED_NAMES[name]))
-            return result
+            owner = _Owner(address, managed.deleter)
+            return _build(managed, owner, wire, shape, device_type)
     raise TritonModelException(_NOT_SUPPORTED)
 
 
@@ -164,8 +168,8 @@ def _capsule_of(obj: object) -> object:
     raise TritonModelException(_NOT_SUPPORTED)
 
 
-def _consume(managed: Any, address: int) -> DLPackImport:
-    tensor = managed.dl_tensor
+def _validate(tensor: Any) -> tuple[str, list[int], int]:
+    """(wire, shape, device type) of a DLTensor the original would accept; raises otherwise."""
     shape = [int(tensor.shape[i]) for i in range(tensor.ndim)]
     strides = None if not tensor.strides else [int(tensor.strides[i]) for i in range(tensor.ndim)]
     if not _is_c_contiguous(shape, strides):
@@ -173,11 +177,14 @@ def _consume(managed: Any, address: int) -> DLPackImport:
     device_type = int(tensor.device.device_type)
     if device_type not in (KDL_CPU, KDL_CUDA, KDL_CUDA_HOST):
         raise TritonModelException(f"DLDevice type {device_type} is not support by Python backend.")
-    wire = _wire_of(tensor.dtype)
-    owner = _Owner(address, managed.deleter)
-    read_only = bool(getattr(managed, "flags", 0) & _READ_ONLY_FLAG)
+    return _wire_of(tensor.dtype), shape, device_type
+
+
+def _build(managed: Any, owner: "_Owner", wire: str, shape: list[int], device_type: int) -> DLPackImport:
+    tensor = managed.dl_tensor
     if device_type == KDL_CUDA:
         return DLPackImport(wire, shape, KDL_CUDA, int(tensor.device.device_id), None, owner)
+    read_only = bool(getattr(managed, "flags", 0) & _READ_ONLY_FLAG)
     array = _host_array(tensor, wire, shape, owner, read_only)
     return DLPackImport(wire, shape, KDL_CPU, 0, array, owner)
 
@@ -185,7 +192,7 @@ def _consume(managed: Any, address: int) -> DLPackImport:
 def _is_c_contiguous(shape: list[int], strides: list[int] | None) -> bool:
     # Strides are in elements; dims of size 1 may carry any stride. The original skips dim 0
     # here, which would accept e.g. `a[::2]`; every dim is checked instead.
-    if strides is None:
+    if strides is None or 0 in shape:
         return True
     expected = 1
     for dim, stride in zip(reversed(shape), reversed(strides)):
@@ -227,14 +234,24 @@ def _storage_dtype(wire: str) -> np.dtype:
     return numpy_dtype(wire)
 
 
-def export_capsule(array: np.ndarray, wire: str) -> object:
-    """A legacy `"dltensor"` capsule over `array` (C-contiguous, writable) typed as `wire`."""
+def export_capsule(array: np.ndarray, wire: str, max_version: tuple[int, int] | None = None) -> object:
+    """A capsule over `array` (C-contiguous, writable) typed as `wire`.
+
+    Legacy `"dltensor"` unless `max_version` allows DLPack 1.x and numpy can produce it, in which
+    case `"dltensor_versioned"` (numpy imports those as writable, legacy ones as read-only).
+    """
     code, bits = _WIRE_TO_DL[wire]
     if wire == "BOOL":
         # numpy < 1.25 cannot export bool; export the bytes and retype them.
         array = array.view(np.uint8)
-    capsule = array.__dlpack__()
-    managed = _DLManagedTensor.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor"))
+    capsule, struct_type, name = array.__dlpack__(), _DLManagedTensor, b"dltensor"
+    if max_version is not None and tuple(max_version) >= (1, 0):
+        try:
+            capsule = array.__dlpack__(max_version=(1, 0))
+            struct_type, name = _DLManagedTensorVersioned, b"dltensor_versioned"
+        except TypeError:
+            pass  # numpy 1.x: legacy only
+    managed = struct_type.from_address(_api.PyCapsule_GetPointer(capsule, name))
     managed.dl_tensor.dtype.code = code
     managed.dl_tensor.dtype.bits = bits
     return capsule

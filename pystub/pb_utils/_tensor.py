@@ -115,11 +115,14 @@ class Tensor:
 
         Raises TritonModelException for BYTES tensors, and for GPU tensors (pystub has no CUDA).
         """
+        return self._export(None)
+
+    def _export(self, max_version: tuple[int, int] | None) -> object:
         if self._wire == "BYTES":
             raise TritonModelException("DLPack does not have support for string tensors.")
         if not self.is_cpu():
             raise TritonModelException("pystub cannot export GPU tensors: it has no CUDA support.")
-        return _dlpack.export_capsule(self._exportable_array(), self._wire)
+        return _dlpack.export_capsule(self._exportable_array(), self._wire, max_version)
 
     def _exportable_array(self) -> np.ndarray:
         assert self._array is not None
@@ -130,8 +133,20 @@ class Tensor:
             self._exported = self._array.copy()
         return self._exported
 
-    def __dlpack__(self, stream: object = None) -> object:
-        return self.to_dlpack()
+    def __dlpack__(self, stream: object = None, *, max_version: tuple[int, int] | None = None,
+                   dl_device: object = None, copy: bool | None = None) -> object:
+        """The DLPack protocol. The original takes `stream` only; the DLPack 1.x keywords are
+        accepted too so that current consumers get a versioned (writable) capsule."""
+        if copy:
+            return Tensor._from_array(self._name, self._storage().copy(), self._wire)._export(max_version)
+        return self._export(max_version)
+
+    def _storage(self) -> np.ndarray:
+        """The stored array (BF16 as uint16 bits) for CPU tensors; raises like `as_numpy` on GPU."""
+        if not self.is_cpu():
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
+        assert self._array is not None
+        return self._array
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self._device

@@ -11,18 +11,21 @@ import gzip
 import json
 import logging
 import zlib
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+import gevent
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
-
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
+from aiohttp.test_utils import TestClient, TestServer
+from tritonclient.utils import InferenceServerException
+
 from backend.errors import ServerError, Status
 from backend.frontends.http import create_http_app
+from backend.frontends.http_codec import INFERENCE_HEADER
 from backend.inference import InferRequest, InferResponse, Tensor
-from tritonclient.utils import InferenceServerException
 
 _T = TypeVar("_T")
 
@@ -41,11 +44,10 @@ _CONFIG = {
 class EchoCore:
     """A `ServerCore` with models `identity` (version 1), `boom` (raises) and `busy` (503)."""
 
-    server_name = "pystub-test"
-    server_version = "0.0.1"
-    extensions = ["binary_tensor_data", "statistics", "model_repository"]
-
     def __init__(self) -> None:
+        self.server_name = "pystub-test"
+        self.server_version = "0.0.1"
+        self.extensions = ["binary_tensor_data", "statistics", "model_repository"]
         self.live = True
         self.ready = True
         self.requests: list[InferRequest] = []
@@ -226,7 +228,7 @@ def test_statistics_routes() -> None:
 
 def test_repository_index() -> None:
     async def scenario(client: TestClient, core: EchoCore) -> list[Any]:
-        results = []
+        results: list[Any] = []
         for path, body in (("/v2/repository/index", b""),
                            ("/v2/repository/index", b'{"ready": true}'),
                            ("/v2/repository/models/index", b"{}")):
@@ -332,8 +334,8 @@ def test_compressed_request_and_response(encoding: str) -> None:
     "body, headers, expected",
     [
         (b"{nope", {}, (400, "failed to parse the request JSON buffer")),
-        (_infer_json(), {"Inference-Header-Content-Length": "9999"}, (400, "exceeds the request body")),
-        (_infer_json(), {"Inference-Header-Content-Length": "-3"}, (400, "invalid Inference-Header")),
+        (_infer_json(), {INFERENCE_HEADER: "9999"}, (400, "exceeds the request body")),
+        (_infer_json(), {INFERENCE_HEADER: "-3"}, (400, "invalid Inference-Header")),
         (b"garbage", {"Content-Encoding": "gzip"}, (400, "failed to decompress")),
         (_infer_json(), {"Content-Encoding": "br"}, (501, "unsupported Content-Encoding")),
     ],
@@ -377,7 +379,8 @@ def test_body_above_the_limit_is_refused(chunked: bool) -> None:
 
         data: Any = chunks() if chunked else body
         async with client.post("/v2/models/identity/infer", data=data) as response:
-            return _error_of(response.status, await response.read(), response.headers), core.requests
+            error = _error_of(response.status, await response.read(), response.headers)
+            return error, core.requests
 
     (status, message), requests = _serve(scenario, max_input_size=1024)
     assert status == 400 and "maximum input size of 1024 bytes" in message and requests == []
@@ -462,9 +465,14 @@ def test_sync_tritonclient_in_a_thread() -> None:
                 triton.get_model_metadata("identity", "3")  # 404 from the core
         finally:
             triton.close()
+            # geventhttpclient made a gevent hub for this thread; its epoll and eventfd would
+            # outlive the thread (and fail the fd leak check) unless the loop is destroyed.
+            gevent.get_hub().destroy(destroy_loop=True)
 
     async def scenario(client: TestClient, core: EchoCore) -> None:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, use_client, client.port)
+        port = client.port
+        assert port is not None
+        await loop.run_in_executor(None, use_client, port)
 
     _serve(scenario)

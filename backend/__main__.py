@@ -1,0 +1,5 @@
+"""`python -m backend` is `pystub-backend`."""
+
+from backend.cli import main
+
+main()

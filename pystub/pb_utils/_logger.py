@@ -1,0 +1,107 @@
+"""`Logger` (API.md 6.10 and 10).
+
+Records carry the caller's file and line. Once the stub installs a log sink they go to the server
+log through it; before that (auto-complete, stub start-up) they are written to stderr in glog
+format, as the original's stub does before its log channel is up:
+
+    I1121 17:41:00.123456 4242 model.py:17] message
+    ^ level (VERBOSE prints as I), UTC month/day and time, pid, basename:line
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+import time
+
+from . import _runtime
+from ._errors import require_str
+
+__all__ = ["Logger", "LogLevel", "format_glog"]
+
+
+class LogLevel(enum.IntEnum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+_LEADING_CHAR = {LogLevel.INFO: "I", LogLevel.WARNING: "W", LogLevel.ERROR: "E", LogLevel.VERBOSE: "I"}
+
+
+class Logger:
+    """Static logging methods; raise TypeError for a non-str message or an unknown level."""
+
+    LogLevel = LogLevel
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
+    @staticmethod
+    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
+        _emit(message, level)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _emit(message, LogLevel.INFO)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _emit(message, LogLevel.WARNING)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _emit(message, LogLevel.ERROR)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _emit(message, LogLevel.VERBOSE)
+
+
+def _emit(message: object, level: object) -> None:
+    text = require_str("message", message)
+    log_level = _level(level)
+    # Two frames up: past _emit and the Logger method, to the model code that logged.
+    caller = sys._getframe(2)
+    filename, lineno = caller.f_code.co_filename, caller.f_lineno
+    sink = _runtime.log_sink()
+    if sink is not None:
+        try:
+            sink(int(log_level), text, filename, lineno)
+            return
+        except Exception:  # noqa: BLE001 - a broken channel must not lose the record
+            pass
+    _write_stderr(format_glog(log_level, text, filename, lineno))
+
+
+def _level(level: object) -> LogLevel:
+    if isinstance(level, int) and not isinstance(level, bool):
+        try:
+            return LogLevel(level)
+        except ValueError:
+            pass
+    raise TypeError(f"level must be a Logger.LogLevel, got {level!r}")
+
+
+def format_glog(level: int, message: str, filename: str, lineno: int, now: float | None = None) -> str:
+    """One glog-style line (without newline) as the original's stub writes it to stderr."""
+    now = time.time() if now is None else now
+    seconds = int(now)
+    micros = int(round((now - seconds) * 1_000_000))
+    if micros == 1_000_000:
+        seconds, micros = seconds + 1, 0
+    stamp = time.strftime("%m%d %H:%M:%S", time.gmtime(seconds))
+    leading = _LEADING_CHAR.get(LogLevel(level), "I")
+    return f"{leading}{stamp}.{micros:06d} {os.getpid()} {os.path.basename(filename)}:{lineno}] {message}"
+
+
+def _write_stderr(line: str) -> None:
+    # One write per record so lines from several threads never interleave.
+    stream = sys.stderr
+    if stream is None:
+        return
+    stream.write(line + "\n")
+    stream.flush()

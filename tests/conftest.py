@@ -1,0 +1,40 @@
+"""Fixtures shared by every test: the leak check (autouse) and real backends."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from harness import EXAMPLES, Backend, LeakSnapshot, check_no_leaks, module_backend
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_up_client_libraries() -> None:
+    """Create the process-wide state that gRPC keeps after first use (pollers, wakeup fds), so the
+    per-test leak check does not mistake it for a leak of the first test that uses gRPC."""
+    import grpc
+
+    channel = grpc.insecure_channel("127.0.0.1:1")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=0.2)
+    except grpc.FutureTimeoutError:
+        pass  # nothing listens there; the attempt is what starts gRPC's pollers
+    channel.close()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """Fail a test that leaves /dev/shm entries, child processes or file descriptors behind."""
+    before = LeakSnapshot.take()
+    yield
+    problems = check_no_leaks(before)
+    if problems:
+        pytest.fail("leak check: " + "; ".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def examples_backend() -> Iterator[Backend]:
+    """One backend on examples/models for a whole test module."""
+    with module_backend(Backend(EXAMPLES)) as backend:
+        yield backend
