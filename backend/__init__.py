@@ -1,0 +1,26 @@
+"""The parent process, `pystub-backend`: frontends, models, schedulers, stub supervision.
+
+How a request travels:
+
+    client ──HTTP/gRPC──▶ frontends/http.py, frontends/grpc.py      decode into inference.InferRequest
+                            │                                        (tensor data = views of the message)
+                            ▼
+                          core.Core.infer ── validation.validate_request
+                            │
+                            ▼
+                          model_version.ModelVersion ── scheduler.DefaultScheduler (next free instance)
+                            │
+                            ▼
+                          stub_process.StubProcess.execute   inputs → p2s arena (one copy), EXECUTE frame
+    ═══════════════════ process boundary: ipc/ arenas + SEQPACKET channel ═══════════════════
+                          pystub/stub.py: views of the arena → TritonPythonModel.execute → s2p arena
+    ═════════════════════════════════════════════════════════════════════════════════════════
+                          RESPONSE / EXECUTE_DONE frames → inference.InferResponse (views of s2p)
+                            │
+                            ▼
+                          frontend encodes (one copy out), then InferResponse.release() → RELEASE frame
+
+Public entry points: `backend.cli.main` (the `pystub-backend` command) and `backend.stubctl.main`.
+"""
+
+__all__ = ["cli", "core", "stubctl"]

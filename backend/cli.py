@@ -59,6 +59,18 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got '{text}'")
 
 
+def _turned_off(flag: str, values: list[str]) -> bool:
+    """`--allow-client-shm=false` and `--model-control-mode=none` ask for what pystub does today."""
+    if flag == "--model-control-mode":
+        return all(v == "none" for v in values)
+    if flag == "--allow-client-shm":
+        try:
+            return not any(parse_bool(v) for v in values)
+        except argparse.ArgumentTypeError:
+            return False
+    return False
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pystub-backend", allow_abbrev=False,
                                      description="Serve Triton Python-backend models over KServe v2.")
@@ -111,7 +123,7 @@ def parse_args(argv: list[str]) -> ServerOptions:
             options.ignored.append(flag)
     for flag in _NOT_SUPPORTED_YET:
         value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None:
+        if value is not None and not _turned_off(flag, value):
             options.not_supported[flag] = ",".join(value)
     return options
 

@@ -177,7 +177,6 @@ class Core:
         return [v.stats.as_dict() for _, entry in sorted(self._models.items())
                 for _, v in sorted(entry.versions.items())]
 
-    def instances(self) -> list[Any]:
-        """Every stub of every loaded version (for stubctl and metrics)."""
-        return [instance for entry in self._models.values() for v in entry.versions.values()
-                for instance in v.instances]
+    def model_versions(self) -> list[ModelVersion]:
+        """Every loaded model version, by name then version (for stubctl and metrics)."""
+        return [v for _, entry in sorted(self._models.items()) for _, v in sorted(entry.versions.items())]

@@ -58,6 +58,7 @@ class Listeners:
 
 
 async def _open_listeners(core: Core, options: ServerOptions, listeners: Listeners) -> None:
+    from backend.frontends.admin import admin_routes
     from backend.frontends.http import create_http_app
     from backend.frontends.metrics import create_metrics_app
 
@@ -65,6 +66,7 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
         await listeners.start_grpc(core, options.grpc_address, options.grpc_port, options.settings.exit_timeout_seconds)
     if options.allow_http:
         app = create_http_app(core, max_input_size=options.http_max_input_size)
+        app.add_routes(admin_routes(core))
         await listeners.start_http(app, options.http_address, options.http_port, "HTTPService")
     if options.allow_metrics:
         await listeners.start_http(create_metrics_app(core), options.metrics_address, options.metrics_port,

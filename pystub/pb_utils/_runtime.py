@@ -29,6 +29,7 @@ __all__ = [
     "model_dir",
     "set_shm_free_memory",
     "shm_free_memory",
+    "reset",
 ]
 
 LogSink = Callable[[int, str, str, int], None]
@@ -135,3 +136,13 @@ def set_shm_free_memory(fn: Callable[[], int] | None) -> None:
 def shm_free_memory() -> int:
     """Free bytes reported by the probe, 0 when none is set."""
     return int(_shm_free_memory()) if _shm_free_memory is not None else 0
+
+
+def reset() -> None:
+    """Remove every hook (stub shutdown, tests)."""
+    set_log_sink(None)
+    set_bls_handler(None)
+    set_model_control(None)
+    set_metric_reporter(None)
+    set_model_dir(None)
+    set_shm_free_memory(None)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import subprocess
+import sys
 import urllib.request
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from harness import Backend
+from harness import ROOT, Backend
 
 
 @pytest.fixture()
@@ -191,3 +193,19 @@ def test_stubs_are_direct_children_named_like_triton(examples_backend: Backend):
     for stub in stubs:
         assert stub.ppid() == examples_backend.pid
         assert "triton_python_backend_stub" in " ".join(stub.cmdline())
+
+
+def test_stubctl_lists_every_stub(examples_backend: Backend):
+    url = examples_backend.http_url
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "stubctl"), "--url", url],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:5] == ["MODEL", "VER", "INSTANCE", "PID", "STATE"]
+    pids = {str(p.pid) for p in examples_backend.stub_processes()}
+    assert {line.split()[3] for line in lines[1:]} == pids
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "stubctl"), "--url", url, "--json"],
+                            capture_output=True, text=True, timeout=30)
+    rows = json.loads(result.stdout)
+    assert {row["instance"] for row in rows} == {"add_sub_0_0", "identity_fp32_0_0", "string_identity_0_0"}
+    assert all(row["healthy"] and row["heartbeat_age_s"] < 5 for row in rows)

@@ -1,0 +1,62 @@
+"""The admin endpoint behind `stubctl`: per-stub facts, read from the supervisor and the OS.
+
+    GET /v2/pystub/stubs   -> {"stubs": [row, ...]}   (read-only)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psutil
+from aiohttp import web
+
+__all__ = ["stub_rows", "admin_routes"]
+
+
+def _process_facts(pid: int | None) -> dict[str, Any]:
+    if pid is None:
+        return {"rss_bytes": 0, "cpu_percent": 0.0}
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            return {"rss_bytes": process.memory_info().rss, "cpu_percent": process.cpu_percent(interval=None)}
+    except psutil.Error:
+        return {"rss_bytes": 0, "cpu_percent": 0.0}
+
+
+def _stub_row(model_version: Any, instance: Any) -> dict[str, Any]:
+    control = instance.control
+    heartbeat_age = control.heartbeat_age() if control is not None and instance.alive else None
+    p2s = instance.p2s
+    row = {
+        "model": model_version.name,
+        "version": str(model_version.version),
+        "instance": instance.instance_name,
+        "pid": instance.pid,
+        "state": "READY" if instance.alive else "DEAD",
+        "healthy": bool(instance.alive),
+        "uptime_s": round(time.monotonic() - instance.started_at, 3),
+        "heartbeat_age_s": None if heartbeat_age is None else round(heartbeat_age, 3),
+        "restarts": getattr(instance, "restarts", 0),
+        "in_flight": instance.in_flight,
+        "served": instance.served,
+        "failed": instance.failed,
+        "arena_used_bytes": p2s.used if p2s is not None else 0,
+        "arena_total_bytes": p2s.total if p2s is not None else 0,
+        "queue_depth": model_version.scheduler.queued if model_version.scheduler is not None else 0,
+    }
+    row.update(_process_facts(instance.pid if instance.alive else None))
+    return row
+
+
+def stub_rows(core: Any) -> list[dict[str, Any]]:
+    """One row per stub of every loaded model version."""
+    return [_stub_row(version, instance) for version in core.model_versions() for instance in version.instances]
+
+
+def admin_routes(core: Any) -> list[web.RouteDef]:
+    async def stubs(_: web.Request) -> web.Response:
+        return web.json_response({"stubs": stub_rows(core)})
+
+    return [web.get("/v2/pystub/stubs", stubs)]

@@ -1,0 +1,65 @@
+"""`stubctl`: per-stub health of a running pystub-backend, from its admin endpoint.
+
+    stubctl [status] [--url URL] [--json]
+
+Exit status 1 when any stub is unhealthy (usable as a probe), 2 when the backend cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+__all__ = ["main", "fetch_stubs", "format_table"]
+
+_COLUMNS = (
+    ("MODEL", "model"), ("VER", "version"), ("INSTANCE", "instance"), ("PID", "pid"), ("STATE", "state"),
+    ("UPTIME", "uptime_s"), ("HB_AGE", "heartbeat_age_s"), ("RESTARTS", "restarts"), ("INFLIGHT", "in_flight"),
+    ("SERVED", "served"), ("FAILED", "failed"), ("RSS_MB", "rss_bytes"), ("CPU%", "cpu_percent"),
+    ("ARENA", "arena"), ("QUEUE", "queue_depth"),
+)
+
+
+def fetch_stubs(url: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+    """The backend's stub rows. Raises OSError (URLError) when it cannot be reached."""
+    with urllib.request.urlopen(url.rstrip("/") + "/v2/pystub/stubs", timeout=timeout) as response:
+        return json.loads(response.read())["stubs"]
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    if key == "arena":
+        return f"{row['arena_used_bytes'] / 2**20:.1f}/{row['arena_total_bytes'] / 2**20:.1f}M"
+    value = row.get(key)
+    if value is None:
+        return "-"
+    if key == "rss_bytes":
+        return f"{value / 2**20:.1f}"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return str(value)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    table = [[title for title, _ in _COLUMNS]] + [[_cell(row, key) for _, key in _COLUMNS] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(_COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="stubctl", description="Per-stub health of a pystub-backend.")
+    parser.add_argument("command", nargs="?", default="status", choices=("status",))
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the backend's HTTP endpoint")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = parser.parse_args(argv)
+    url = args.url if "://" in args.url else "http://" + args.url
+    try:
+        rows = fetch_stubs(url)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"stubctl: cannot read stubs from {url}: {exc}", file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+    sys.exit(0 if all(row["healthy"] for row in rows) else 1)

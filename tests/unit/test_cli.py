@@ -1,0 +1,96 @@
+"""The command line: tritonserver-compatible flags, and clear errors for the rest."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from backend.cli import parse_args
+from harness import ROOT
+
+
+def test_defaults_bind_loopback():
+    options = parse_args(["--model-repository", "/m"])
+    assert options.repositories == ["/m"]
+    assert (options.http_address, options.grpc_address, options.metrics_address) == ("127.0.0.1",) * 3
+    assert (options.http_port, options.grpc_port, options.metrics_port) == (8000, 8001, 8002)
+    assert options.exit_on_error and options.strict_readiness and options.auto_complete
+    assert options.http_max_input_size == 64 * 2**20
+
+
+def test_both_flag_forms_and_booleans():
+    options = parse_args(["--model-repository=/a", "--model-repository", "/b", "--http-port=9000",
+                          "--grpc-port", "9001", "--exit-on-error=false", "--strict-readiness", "0",
+                          "--allow-metrics=no", "--log-verbose=2", "--exit-timeout-secs=5"])
+    assert options.repositories == ["/a", "/b"]
+    assert (options.http_port, options.grpc_port) == (9000, 9001)
+    assert not options.exit_on_error and not options.strict_readiness and not options.allow_metrics
+    assert options.log.log_verbose_level == 2
+    assert options.settings.exit_timeout_seconds == 5
+
+
+def test_auto_complete_switches():
+    assert not parse_args(["--model-repository=/m", "--disable-auto-complete-config"]).auto_complete
+    assert not parse_args(["--model-repository=/m", "--strict-model-config=true"]).auto_complete
+    assert parse_args(["--model-repository=/m", "--strict-model-config=false"]).auto_complete
+
+
+def test_backend_config():
+    options = parse_args(["--model-repository=/m", "--backend-config=python,shm-default-byte-size=4194304",
+                          "--backend-config", "python,shm-growth-byte-size=2097152",
+                          "--backend-config=onnxruntime,whatever=1"])
+    assert options.settings.shm_default_byte_size == 4194304
+    assert options.settings.shm_growth_byte_size == 2097152
+
+
+@pytest.mark.parametrize("entry, text", [
+    ("python,shm-default-byte-size=1000", "shm-default-byte-size can't be smaller than 4 MiBs"),
+    ("python,shm-growth-byte-size=0", "must be positive"),
+    ("python,no-such-key=1", "unknown python backend config 'no-such-key'"),
+    ("python-no-equals", "--backend-config option format"),
+])
+def test_bad_backend_config_is_a_usage_error(entry, text, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--model-repository=/m", f"--backend-config={entry}"])
+    assert info.value.code == 2
+    assert text in capsys.readouterr().err
+
+
+def test_gpu_only_and_noop_flags_are_accepted_and_recorded():
+    options = parse_args(["--model-repository=/m", "--cuda-memory-pool-byte-size=0:1024",
+                          "--pinned-memory-pool-byte-size", "0", "--http-thread-count=4"])
+    assert set(options.ignored) == {"--cuda-memory-pool-byte-size", "--pinned-memory-pool-byte-size",
+                                    "--http-thread-count"}
+
+
+def test_features_of_later_issues_are_named():
+    options = parse_args(["--model-repository=/m", "--model-control-mode=explicit", "--allow-client-shm=true"])
+    assert set(options.not_supported) == {"--model-control-mode", "--allow-client-shm"}
+    options = parse_args(["--model-repository=/m", "--model-control-mode=none", "--allow-client-shm=false"])
+    assert options.not_supported == {}
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "backend", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_unknown_flag_is_a_usage_error_naming_it():
+    result = _run_cli("--model-repository=/m", "--no-such-flag=1")
+    assert result.returncode == 2
+    assert "--no-such-flag" in result.stderr
+
+
+def test_not_supported_yet_exits_with_its_name():
+    result = _run_cli("--model-repository=/m", "--load-model=add_sub")
+    assert result.returncode == 2
+    assert "not supported yet: --load-model" in result.stderr
+
+
+def test_missing_repository_exits_nonzero(tmp_path):
+    result = _run_cli(f"--model-repository={tmp_path / 'absent'}", "--http-port=0", "--grpc-port=0",
+                      "--metrics-port=0")
+    assert result.returncode == 1
+    assert "does not exist" in result.stderr
