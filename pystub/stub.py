@@ -161,6 +161,7 @@ class Stub:
         self.model_name = args["model_name"]
         self.model_version = int(args["model_version"])
         self.decoupled = bool(message.settings.get("decoupled", False))
+        _runtime.set_model_dir(os.path.dirname(message.model_path))
         try:
             model_class = load_model_class(message.model_path)
             if not callable(getattr(model_class, "execute", None)):

@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""IPC benchmark: a backend → stub → backend round trip through the real code path, against
+baselines measured in the same run.
+
+    pystub   StubProcess.execute([InferRequest]) on an identity model, then response.release():
+             input copied into the p2s arena, EXECUTE frame, the stub copies the output into
+             its s2p arena, EXECUTE_DONE frame, the backend views the output in place.
+    (a) raw  ping-pong of 64-byte frames over a SOCK_SEQPACKET socket pair between two processes
+             (the queue primitive of ipc/channel.py), no payload.
+    (b) copy one single-threaded numpy copy of the same bytes (np.copyto, warm buffers).
+    (c) pipe multiprocessing.Pipe round trip of the numpy array (pickled both ways).
+
+Times are medians of N rounds (N adapts to the size unless --rounds is given). The pystub
+bandwidth counts each direction's bytes once (2 × size per round trip) and is compared with the
+bandwidth of (b).
+
+    tools/bench_ipc.py                      # 16 B, 4 KiB, 1 MiB, 64 MiB, 256 MiB
+    tools/bench_ipc.py --quick              # fewer rounds, no 256 MiB
+    tools/bench_ipc.py --sizes 16,1M --rounds 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import multiprocessing
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from backend.inference import InferRequest, Tensor  # noqa: E402
+from backend.stub_process import StubProcess  # noqa: E402
+from backend.stub_settings import StubSettings  # noqa: E402
+
+DEFAULT_SIZES = "16,4K,1M,64M,256M"
+QUICK_SIZES = "16,4K,1M,64M"
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+
+_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+                for r in requests]
+'''
+_CONFIG = '{"name": "bench_identity", "backend": "python", "max_batch_size": 0}'
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper()
+    digits = text.rstrip("BKMGI")
+    unit = text[len(digits):]
+    if not digits.isdigit() or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: use e.g. 16, 4K, 1M, 64M")
+    return int(digits) * _UNITS[unit]
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def rounds_for(nbytes: int, fixed: int | None, quick: bool) -> int:
+    """Enough rounds for a stable median within a time budget: many for small payloads."""
+    if fixed:
+        return fixed
+    budget = 2 << 30 if not quick else 512 << 20  # bytes moved per measurement
+    return max(5 if not quick else 3, min(2000 if not quick else 300, budget // max(nbytes, 1)))
+
+
+def median_seconds(samples: list[int]) -> float:
+    return statistics.median(samples) / 1e9
+
+
+# -- (a) raw SEQPACKET ping-pong -------------------------------------------------------------------
+def _echo_frames(sock: socket.socket) -> None:
+    while True:
+        frame = sock.recv(256)
+        if not frame:
+            return
+        sock.send(frame)
+
+
+def bench_raw_pingpong(rounds: int) -> float:
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:  # the echo process
+        try:
+            parent.close()
+            _echo_frames(child)
+        finally:
+            os._exit(0)
+    child.close()
+    frame = b"x" * 64
+    samples = []
+    try:
+        for _ in range(rounds // 10 + 10):  # warm-up
+            parent.send(frame)
+            parent.recv(256)
+        for _ in range(rounds):
+            start = time.perf_counter_ns()
+            parent.send(frame)
+            parent.recv(256)
+            samples.append(time.perf_counter_ns() - start)
+    finally:
+        parent.close()
+        os.waitpid(pid, 0)
+    return median_seconds(samples)
+
+
+# -- (b) numpy copy ------------------------------------------------------------------------------
+def bench_numpy_copy(nbytes: int, rounds: int) -> float:
+    source = np.ones(nbytes, dtype=np.uint8)
+    target = np.empty_like(source)
+    np.copyto(target, source)  # touch every page first
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter_ns()
+        np.copyto(target, source)
+        samples.append(time.perf_counter_ns() - start)
+    return median_seconds(samples)
+
+
+# -- (c) multiprocessing.Pipe + pickle -----------------------------------------------------------
+def _echo_pipe(conn: Any) -> None:
+    try:
+        while True:
+            conn.send(conn.recv())
+    except EOFError:
+        pass
+
+
+def bench_pipe(nbytes: int, rounds: int) -> float:
+    context = multiprocessing.get_context("fork")
+    here, there = context.Pipe()
+    process = context.Process(target=_echo_pipe, args=(there,), daemon=True)
+    process.start()
+    there.close()
+    data = np.ones(nbytes, dtype=np.uint8)
+    samples = []
+    try:
+        here.send(data)
+        here.recv()
+        for _ in range(rounds):
+            start = time.perf_counter_ns()
+            here.send(data)
+            echoed = here.recv()
+            samples.append(time.perf_counter_ns() - start)
+            del echoed
+    finally:
+        here.close()
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    return median_seconds(samples)
+
+
+# -- pystub round trip -----------------------------------------------------------------------------
+class StubBench:
+    """One identity stub driven through backend.stub_process.StubProcess."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.stub: StubProcess | None = None
+
+    async def start(self) -> None:
+        model_path = os.path.join(self.directory, "1", "model.py")
+        os.makedirs(os.path.dirname(model_path))
+        with open(model_path, "w") as file:
+            file.write(_MODEL)
+        self.stub = StubProcess("bench_identity_0", StubSettings(), "bench_identity")
+        self.stub.spawn()
+        args = {"model_config": _CONFIG, "model_instance_kind": "CPU", "model_instance_name": "bench_identity_0",
+                "model_instance_device_id": "0", "model_repository": self.directory, "model_version": "1",
+                "model_name": "bench_identity"}
+        await self.stub.initialize(model_path, args, {"decoupled": False})
+
+    async def round_trip(self, data: np.ndarray) -> int:
+        """One request; returns its duration in ns. Raises RuntimeError for a wrong answer."""
+        assert self.stub is not None
+        request = InferRequest("bench_identity", inputs=[Tensor("INPUT0", "UINT8", (data.size,), data)])
+        start = time.perf_counter_ns()
+        (response,) = await self.stub.execute([request])
+        elapsed = time.perf_counter_ns() - start
+        if not hasattr(response, "outputs"):
+            raise RuntimeError(f"stub failed: {response}")
+        output = response.outputs[0].data
+        if len(output) != data.nbytes or (data.nbytes and output[-1] != data[-1]):
+            raise RuntimeError("identity returned different bytes")
+        response.release()
+        return elapsed
+
+    async def measure(self, nbytes: int, rounds: int) -> float:
+        data = np.arange(nbytes, dtype=np.uint64).astype(np.uint8) if nbytes else np.empty(0, np.uint8)
+        for _ in range(min(3, rounds)):  # warm-up: map segments, fault pages in
+            await self.round_trip(data)
+        gc.collect()
+        gc.disable()
+        try:
+            samples = [await self.round_trip(data) for _ in range(rounds)]
+        finally:
+            gc.enable()
+        return median_seconds(samples)
+
+    async def stop(self) -> None:
+        if self.stub is not None:
+            await self.stub.stop(finalize_timeout=10.0)
+
+
+async def bench_stub(sizes: list[int], rounds: Callable[[int], int]) -> dict[int, float]:
+    with tempfile.TemporaryDirectory(prefix="pystub-bench-") as directory:
+        bench = StubBench(os.path.join(directory, "bench_identity"))
+        try:
+            await bench.start()
+            return {size: await bench.measure(size, rounds(size)) for size in sizes}
+        finally:
+            await bench.stop()
+
+
+# -- report --------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", help=f"comma-separated payload sizes (default {DEFAULT_SIZES})")
+    parser.add_argument("--rounds", type=int, help="rounds per measurement (default: adaptive by size)")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and no 256 MiB")
+    options = parser.parse_args(argv)
+    sizes = [parse_size(s) for s in (options.sizes or (QUICK_SIZES if options.quick else DEFAULT_SIZES)).split(",")]
+
+    def rounds(nbytes: int) -> int:
+        return rounds_for(nbytes, options.rounds, options.quick)
+
+    raw = bench_raw_pingpong(rounds(0) * 5)
+    stub = asyncio.run(bench_stub(sizes, rounds))
+    print(f"(a) raw SEQPACKET ping-pong, 64-byte frames: {fmt_time(raw)} per round trip\n")
+    header = (f"{'size':>9} {'rounds':>6} {'pystub rt':>11} {'vs (a)':>7} {'pystub BW':>11} "
+              f"{'(b) copy':>10} {'(b) BW':>11} {'BW ratio':>8} {'(c) pipe':>10} {'(c)/pystub':>10}")
+    print(header)
+    print("-" * len(header))
+    for size in sizes:
+        copy = bench_numpy_copy(size, rounds(size)) if size else 0.0
+        pipe = bench_pipe(size, rounds(size))
+        rt = stub[size]
+        stub_bw = 2 * size / rt / 1e9
+        copy_bw = size / copy / 1e9 if copy else 0.0
+        print(f"{human(size):>9} {rounds(size):>6} {fmt_time(rt):>11} {rt / raw:>6.1f}x {stub_bw:>7.2f} GB/s "
+              f"{fmt_time(copy):>10} {copy_bw:>7.2f} GB/s {(stub_bw / copy_bw if copy_bw else 0):>7.0%} "
+              f"{fmt_time(pipe):>10} {pipe / rt:>9.1f}x")
+    print("\npystub BW counts each direction's bytes once (2 x size per round trip); "
+          "BW ratio = pystub BW / (b) BW.\nTargets: small round trip <= 2x (a); 64 MiB BW ratio >= 50%; "
+          "(c)/pystub >= 10x at 64 MiB.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
