@@ -23,8 +23,7 @@ _GPU_ONLY = ("--cuda-memory-pool-byte-size", "--pinned-memory-pool-byte-size",
              "--min-supported-compute-capability")
 _NO_OPS = ("--grpc-infer-allocation-pool-size", "--http-thread-count")
 # Flags whose features arrive with later work; they fail clearly instead of being ignored.
-_NOT_SUPPORTED_YET = ("--model-control-mode", "--load-model", "--repository-poll-secs", "--backend-directory",
-                      "--allow-client-shm")
+_NOT_SUPPORTED_YET = ("--backend-directory", "--allow-client-shm")
 
 
 @dataclass
@@ -44,6 +43,9 @@ class ServerOptions:
     strict_readiness: bool = True
     auto_complete: bool = True
     server_id: str = "pystub"
+    model_control_mode: str = "none"
+    load_models: list[str] = field(default_factory=list)
+    repository_poll_secs: float = 15.0
     settings: StubSettings = field(default_factory=StubSettings)
     log: LogSettings = field(default_factory=LogSettings)
     ignored: list[str] = field(default_factory=list)
@@ -59,10 +61,18 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got '{text}'")
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got '{text}'")
+    return value
+
+
 def _turned_off(flag: str, values: list[str]) -> bool:
-    """`--allow-client-shm=false` and `--model-control-mode=none` ask for what pystub does today."""
-    if flag == "--model-control-mode":
-        return all(v == "none" for v in values)
+    """`--allow-client-shm=false` asks for what pystub does today."""
     if flag == "--allow-client-shm":
         try:
             return not any(parse_bool(v) for v in values)
@@ -89,6 +99,10 @@ def _build_parser() -> argparse.ArgumentParser:
     add("--strict-model-config", type=parse_bool, default=None, metavar="BOOL")
     add("--disable-auto-complete-config", action="store_true")
     add("--backend-config", action="append", default=[], metavar="python,KEY=VALUE")
+    add("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
+    add("--load-model", dest="load_models", action="append", default=[], metavar="NAME",
+        help="model to load at start-up in explicit mode (repeatable; '*' loads all)")
+    add("--repository-poll-secs", type=_positive_seconds, default=15.0, metavar="N")
     add("--log-verbose", type=int, default=0)
     add("--log-info", type=parse_bool, default=True, metavar="BOOL")
     add("--log-warning", type=parse_bool, default=True, metavar="BOOL")
@@ -115,7 +129,8 @@ def parse_args(argv: list[str]) -> ServerOptions:
         metrics_port=args.metrics_port, allow_http=args.allow_http, allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics, http_max_input_size=args.http_max_input_size,
         exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness, auto_complete=auto_complete,
-        server_id=args.server_id, settings=settings,
+        server_id=args.server_id, model_control_mode=args.model_control_mode, load_models=args.load_models,
+        repository_poll_secs=args.repository_poll_secs, settings=settings,
         log=LogSettings(log_file=args.log_file, log_info=args.log_info, log_warning=args.log_warning,
                         log_error=args.log_error, log_verbose_level=args.log_verbose, log_format=args.log_format))
     for flag in _GPU_ONLY + _NO_OPS:
@@ -133,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(options.log)
     for flag in options.ignored:
         log.info("%s is accepted and ignored: it has no effect in pystub (no GPU, or not applicable)", flag)
+    if options.load_models and options.model_control_mode != "explicit":
+        log.warning("--load-model is ignored: it applies only with --model-control-mode=explicit")
     if options.not_supported:
         flags = ", ".join(options.not_supported)
         log.error("not supported yet: %s", flags)

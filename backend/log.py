@@ -13,8 +13,13 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Any, Mapping
 
-__all__ = ["LogSettings", "configure_logging", "settings"]
+from backend.errors import ServerError, Status
+
+__all__ = ["LogSettings", "configure_logging", "settings", "update_settings", "LOG_FORMATS"]
+
+LOG_FORMATS = ("default", "ISO8601")
 
 
 @dataclass
@@ -40,6 +45,39 @@ class LogSettings:
 
 
 settings = LogSettings()
+
+_BOOLEAN_KEYS = ("log_info", "log_warning", "log_error")
+
+
+def _checked(key: str, value: Any) -> Any:
+    """The value if it suits `key`; raises ServerError (INVALID_ARG) otherwise."""
+    if key in _BOOLEAN_KEYS:
+        if not isinstance(value, bool):
+            raise ServerError(f"log setting '{key}' must be a boolean, got {value!r}", Status.INVALID_ARG)
+    elif key == "log_verbose_level":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ServerError(f"log setting 'log_verbose_level' must be an integer >= 0, got {value!r}",
+                              Status.INVALID_ARG)
+    elif key == "log_format":
+        if value not in LOG_FORMATS:
+            raise ServerError(f"log setting 'log_format' must be 'default' or 'ISO8601', got {value!r}",
+                              Status.INVALID_ARG)
+    return value
+
+
+def update_settings(updates: Mapping[str, Any]) -> dict[str, object]:
+    """Apply a logging-extension update (PROTOCOL.md section 9) and return every setting.
+
+    All or nothing: every value is checked before any is applied. Omitted keys stay as they are;
+    unknown keys are ignored, as Triton does. Raises ServerError: UNSUPPORTED for `log_file`,
+    INVALID_ARG for a value of the wrong type or range.
+    """
+    if "log_file" in updates:
+        raise ServerError("log file location can not be updated through network protocol", Status.UNSUPPORTED)
+    checked = {key: _checked(key, value) for key, value in updates.items() if hasattr(settings, key)}
+    for key, value in checked.items():
+        setattr(settings, key, value)
+    return settings.as_dict()
 
 _LETTER = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E", logging.CRITICAL: "E"}
 

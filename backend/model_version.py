@@ -1,4 +1,4 @@
-"""One loaded version of a model: its config, its instances (stubs), its scheduler, its statistics."""
+"""One loaded version of a model: its config, its supervised instances, scheduler and statistics."""
 
 from __future__ import annotations
 
@@ -6,20 +6,27 @@ import asyncio
 import json
 import logging
 import os
+import time
 from typing import Any
 
 from backend.errors import ServerError
+from backend.execution_env import ExecutionEnvError, interpreter_command, resolve_execution_env
 from backend.inference import InferRequest, InferResponse
-from backend.model_config import ModelConfig, config_to_json, instance_names, is_decoupled
+from backend.model_config import ModelConfig, config_parameters, config_to_json, instance_names, is_decoupled
+from backend.model_instance import InstanceSpec, InstanceState, ModelInstance
 from backend.scheduler import DefaultScheduler
 from backend.statistics import ModelStatistics
-from backend.stub_process import StubProcess, StubStartError
+from backend.stub_process import StubStartError
 from backend.stub_settings import StubSettings
 from ipc.status import Status
 
-__all__ = ["ModelVersion", "ModelLoadError", "instance_args"]
+__all__ = ["ModelVersion", "ModelLoadError", "instance_args", "RLIMIT_PARAMETERS"]
 
 log = logging.getLogger("pystub.model")
+
+# Config parameters that limit each stub (pystub extension): parameter name -> rlimit name.
+RLIMIT_PARAMETERS = {"STUB_MEMORY_LIMIT_BYTES": "as", "STUB_CPU_LIMIT_SECONDS": "cpu", "STUB_MAX_OPEN_FILES": "nofile"}
+EXECUTE_TIMEOUT_PARAMETER = "EXECUTE_TIMEOUT_SECONDS"
 
 
 class ModelLoadError(Exception):
@@ -40,6 +47,19 @@ def instance_args(config: ModelConfig, config_json: str, instance_name: str, kin
     }
 
 
+def _parameter_number(parameters: dict[str, str], name: str, kind: type) -> Any:
+    value = parameters.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        number = kind(value)
+    except ValueError:
+        raise ModelLoadError(f"config parameter {name} must be a number, got '{value}'") from None
+    if number <= 0:
+        raise ModelLoadError(f"config parameter {name} must be positive, got '{value}'")
+    return number
+
+
 class ModelVersion:
     def __init__(self, config: ModelConfig, version: int, model_dir: str, model_path: str,
                  settings: StubSettings) -> None:
@@ -52,64 +72,123 @@ class ModelVersion:
         self.config_json = config_to_json(config)
         self.decoupled = is_decoupled(config)
         self.stats = ModelStatistics(self.name, str(version))
-        self.instances: list[StubProcess] = []
+        self.instances: list[ModelInstance] = []
         self.scheduler: DefaultScheduler | None = None
         self.state = "UNAVAILABLE"
         self.reason = ""
+        self._monitor: asyncio.Task | None = None
+
+    # -- readiness -------------------------------------------------------------------------------
+    @property
+    def loaded(self) -> bool:
+        return self.state == "READY"
 
     @property
     def ready(self) -> bool:
-        return self.state == "READY" and any(instance.alive for instance in self.instances)
+        """Loaded, with at least one healthy instance."""
+        return self.loaded and any(instance.healthy for instance in self.instances)
+
+    def health_error(self) -> ServerError | None:
+        """Why no instance can serve now, or None when one can."""
+        if any(instance.healthy for instance in self.instances):
+            return None
+        unhealthy = self.instances[0] if self.instances else None
+        if unhealthy is None:
+            return ServerError(f"Model '{self.name}' version {self.version} has no instances", Status.UNAVAILABLE)
+        return unhealthy.unhealthy_error()
+
+    async def check_ready(self) -> str | None:
+        """None when the version can serve and its model says it is ready (`is_ready`), else why not."""
+        if not self.loaded:
+            return f"Model '{self.name}' version {self.version} is not loaded"
+        error = self.health_error()
+        if error is not None:
+            return error.message
+        reasons = await asyncio.gather(*(i.stub.check_ready() for i in self.instances if i.healthy and i.stub))
+        return None if any(reason is None for reason in reasons) else next(r for r in reasons if r)
+
+    # -- loading -------------------------------------------------------------------------------------
+    def _spec(self, instance_name: str, kind: str, config_json: str) -> InstanceSpec:
+        parameters = config_parameters(self.config)
+        rlimits = {limit: _parameter_number(parameters, name, int) for name, limit in RLIMIT_PARAMETERS.items()}
+        python = None
+        if parameters.get("EXECUTION_ENV_PATH"):
+            try:
+                python = interpreter_command(resolve_execution_env(parameters["EXECUTION_ENV_PATH"],
+                                                                   self.model_dir))
+            except ExecutionEnvError as exc:
+                raise ModelLoadError(str(exc)) from exc
+        return InstanceSpec(
+            model_name=self.name, model_path=self.model_path,
+            args=instance_args(self.config, config_json, instance_name, "CPU" if kind == "GPU" else kind,
+                               self.model_dir, self.version),
+            stub_settings={"decoupled": self.decoupled}, settings=self.settings,
+            execute_timeout=_parameter_number(parameters, EXECUTE_TIMEOUT_PARAMETER, float),
+            rlimits={k: v for k, v in rlimits.items() if v is not None}, python=python)
 
     async def load(self) -> None:
         """Start and initialize every instance. Raises ModelLoadError (and stops what started)."""
         self.state = "LOADING"
         config_json = json.dumps(self.config_json)
         try:
-            await asyncio.gather(*(self._start_instance(name, kind, config_json)
-                                   for _, name, kind in instance_names(self.config)))
-        except (StubStartError, OSError) as exc:
+            if not os.path.isfile(self.model_path):
+                raise ModelLoadError(f"Failed to preinitialize Python stub: Python model file not found in "
+                                     f"'{os.path.abspath(self.model_path)}'")
+            self.instances = [ModelInstance(name, self._spec(name, kind, config_json))
+                              for _, name, kind in instance_names(self.config)]
+            await asyncio.gather(*(instance.start() for instance in self.instances))
+        except (StubStartError, ModelLoadError, OSError) as exc:
             await self._stop_instances(self.settings.stub_timeout_seconds)
             self.state, self.reason = "UNAVAILABLE", str(exc)
             raise ModelLoadError(str(exc)) from exc
         self.scheduler = DefaultScheduler(self.instances, self.stats)
         self.scheduler.start()
+        self._monitor = asyncio.ensure_future(self._watch_health())
         self.state, self.reason = "READY", ""
 
-    async def _start_instance(self, instance_name: str, kind: str, config_json: str) -> None:
-        if not os.path.isfile(self.model_path):
-            raise StubStartError(f"Failed to preinitialize Python stub: Python model file not found in "
-                                 f"'{os.path.abspath(self.model_path)}'")
-        instance = StubProcess(instance_name, self.settings, self.name)
-        self.instances.append(instance)
-        instance.spawn()
-        args = instance_args(self.config, config_json, instance_name, "CPU" if kind == "GPU" else kind,
-                             self.model_dir, self.version)
-        await instance.initialize(self.model_path, args, {"decoupled": self.decoupled})
+    async def _watch_health(self) -> None:
+        """Replace stubs that froze (no heartbeat) or overran the execute deadline. Death is seen
+        at once through the channel; this loop catches the hangs."""
+        interval = min(0.5, self.settings.heartbeat_timeout_seconds / 4)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for instance in self.instances:
+                reason = instance.check_health(now)
+                if reason is not None:
+                    instance.fail(reason)
 
+    # -- serving -------------------------------------------------------------------------------------
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
         """Schedule the (validated) request. Raises ServerError."""
-        if self.scheduler is None or self.state != "READY":
+        if self.scheduler is None or not self.loaded:
             raise ServerError(f"Request for unknown model: '{self.name}' version {self.version} is not at "
                               f"ready state", Status.UNAVAILABLE)
+        if not any(instance.usable for instance in self.instances):
+            raise self.health_error() or ServerError(f"Model '{self.name}' has no usable instance",
+                                                     Status.UNAVAILABLE)
+        # An instance that is restarting is expected back: its requests wait in the queue for it.
         response = await self.scheduler.schedule(request, batch_size)
         response.model_version = str(self.version)
         return response
 
+    def instance(self, name: str) -> ModelInstance | None:
+        return next((i for i in self.instances if i.name == name), None)
+
     async def unload(self, timeout: float) -> None:
         """Fail queued requests, finalize and stop every instance."""
         self.state = "UNLOADING"
+        if self._monitor is not None:
+            self._monitor.cancel()
+            await asyncio.gather(self._monitor, return_exceptions=True)
         if self.scheduler is not None:
             await self.scheduler.stop(f"Model '{self.name}' version {self.version} is unloading.")
         await self._stop_instances(timeout)
         self.state, self.reason = "UNAVAILABLE", "unloaded"
 
     async def _stop_instances(self, timeout: float) -> None:
-        instances, self.instances = self.instances, []
-        await asyncio.gather(*(instance.stop(timeout) for instance in instances))
-
-    def metadata_versions(self) -> list[str]:
-        return [str(self.version)]
+        await asyncio.gather(*(instance.stop(timeout) for instance in self.instances))
+        self.instances = [i for i in self.instances if i.state is not InstanceState.STOPPED]
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "version": str(self.version), "state": self.state, "reason": self.reason}

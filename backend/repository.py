@@ -3,6 +3,9 @@ choosing versions (PROTOCOL.md section 5, API.md sections 1 and 15).
 
     <repo>/<model>/config.pbtxt            optional when auto-complete can fill it in
     <repo>/<model>/<version>/model.py      or `default_model_filename`
+
+Model and instance names become stub names, which Triton refuses when they contain shell
+metacharacters (`check_stub_name`). `model_fingerprint` is what repository polling compares.
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ import logging
 import os
 from dataclasses import dataclass
 
-from backend.model_config import (ConfigError, ModelConfig, config_from_json, config_to_json, load_config_file,
-                                  normalize)
+from backend.model_config import (ConfigError, ModelConfig, config_from_json, config_to_json, instance_names,
+                                  load_config_file, normalize)
 from backend.stub_process import StubProcess, StubStartError
 from backend.stub_settings import StubSettings
 
-__all__ = ["ModelSource", "RepositoryError", "find_models", "prepare_model", "select_versions", "model_file"]
+__all__ = ["ModelSource", "RepositoryError", "find_models", "prepare_model", "select_versions", "model_file",
+           "check_stub_name", "model_fingerprint", "INVALID_STUB_NAME"]
 
 log = logging.getLogger("pystub.repository")
 
@@ -35,6 +39,17 @@ class ModelSource:
 
     def model_path(self, version: int) -> str:
         return os.path.join(self.model_dir, str(version), model_file(self.config))
+
+
+# Triton's python backend (stub_launcher.cc) refuses stub names holding any of these.
+_INVALID_CHARS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
+INVALID_STUB_NAME = "Invalid stub name: contains invalid characters"
+
+
+def check_stub_name(name: str) -> None:
+    """Raise RepositoryError with Triton's text when `name` cannot name a stub."""
+    if not name or not _INVALID_CHARS.isdisjoint(name):
+        raise RepositoryError(INVALID_STUB_NAME)
 
 
 def model_file(config: ModelConfig) -> str:
@@ -100,6 +115,7 @@ async def _auto_complete(config: ModelConfig, model_path: str, settings: StubSet
 async def prepare_model(name: str, model_dir: str, settings: StubSettings, auto_complete: bool = True,
                         config_override: ModelConfig | None = None) -> ModelSource:
     """Read, complete and normalize a model's config. Raises RepositoryError."""
+    check_stub_name(name)
     try:
         if config_override is not None:
             config = config_override
@@ -116,4 +132,27 @@ async def prepare_model(name: str, model_dir: str, settings: StubSettings, auto_
         config = normalize(config, name)
     except (ConfigError, StubStartError, OSError) as exc:
         raise RepositoryError(str(exc)) from exc
+    for _, instance_name, _ in instance_names(config):
+        check_stub_name(instance_name)
     return ModelSource(name, model_dir, config, select_versions(config, model_dir))
+
+
+def model_fingerprint(model_dir: str) -> frozenset[tuple[str, int, int]]:
+    """What a change to a model directory changes: `(relative path, mtime_ns, size)` of every file
+    and `(relative path, -1, -1)` of every directory below it. `__pycache__` (written when the stub
+    imports the model) and hidden entries do not count. A missing directory is empty."""
+    entries: set[tuple[str, int, int]] = set()
+    for root, dirs, files in os.walk(model_dir):
+        dirs[:] = [d for d in dirs if d != "__pycache__" and not d.startswith(".")]
+        relative_root = os.path.relpath(root, model_dir)
+        for name in dirs:
+            entries.add((os.path.join(relative_root, name), -1, -1))
+        for name in files:
+            if name.startswith("."):
+                continue
+            try:
+                stat = os.stat(os.path.join(root, name))
+            except OSError:  # removed while we walk: the next poll sees the result
+                continue
+            entries.add((os.path.join(relative_root, name), stat.st_mtime_ns, stat.st_size))
+    return frozenset(entries)

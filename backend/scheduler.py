@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from typing import Any
 
 from backend.errors import ServerError
 from backend.inference import InferRequest
@@ -32,11 +32,9 @@ class _Work:
 
 
 class DefaultScheduler:
-    def __init__(self, instances: list[Any], stats: ModelStatistics,
-                 is_available: Callable[[Any], bool] = lambda instance: instance.alive) -> None:
+    def __init__(self, instances: list[Any], stats: ModelStatistics) -> None:
         self._instances = instances
         self._stats = stats
-        self._is_available = is_available
         self._queue: asyncio.Queue[_Work] = asyncio.Queue()
         self._workers: list[asyncio.Task] = []
         self._stopped: ServerError | None = None
@@ -62,23 +60,41 @@ class DefaultScheduler:
         return result
 
     async def _work(self, instance: Any) -> None:
-        while True:
+        # A worker serves while its instance is READY, waits while it restarts, and ends when it
+        # is FAILED or stopped.
+        while await instance.wait_ready():
             work = await self._queue.get()
             if work.future.done():
                 continue
-            started = time.monotonic_ns()
-            (result,), timing = await instance.execute_timed([work.request])
-            finished = time.monotonic_ns()
-            self._stats.record_execution(work.batch_size, timing)
-            if isinstance(result, ServerError):
-                self._stats.record_failure(finished - work.enqueued_ns)
-            else:
-                self._stats.record_success(work.batch_size, finished - work.enqueued_ns,
-                                           started - work.enqueued_ns, timing)
+            if not instance.healthy:  # it died while we waited: leave the work to another instance
+                self._queue.put_nowait(work)
+                continue
+            await self._run(instance, work)
+        self._fail_queue_if_no_instance_left(instance)
+
+    async def _run(self, instance: Any, work: _Work) -> None:
+        started = time.monotonic_ns()
+        (result,), timing = await instance.execute_timed([work.request])
+        finished = time.monotonic_ns()
+        self._stats.record_execution(work.batch_size, timing)
+        if isinstance(result, ServerError):
+            self._stats.record_failure(finished - work.enqueued_ns)
+        else:
+            self._stats.record_success(work.batch_size, finished - work.enqueued_ns,
+                                       started - work.enqueued_ns, timing)
+        if not work.future.done():
+            work.future.set_result(result)
+        elif not isinstance(result, ServerError):
+            result.release()
+
+    def _fail_queue_if_no_instance_left(self, instance: Any) -> None:
+        if any(other.usable for other in self._instances):
+            return
+        error = instance.unhealthy_error()
+        while not self._queue.empty():
+            work = self._queue.get_nowait()
             if not work.future.done():
-                work.future.set_result(result)
-            elif not isinstance(result, ServerError):
-                result.release()
+                work.future.set_result(error)
 
     async def stop(self, reason: str) -> None:
         """Fail what is still queued with `reason` and stop the workers."""

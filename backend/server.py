@@ -89,7 +89,8 @@ async def serve(options: ServerOptions) -> int:
         log.info("removed %d stale shared memory objects of dead processes", len(removed))
     core = Core(CoreOptions(repositories=options.repositories, settings=options.settings,
                             auto_complete=options.auto_complete, strict_readiness=options.strict_readiness,
-                            server_id=options.server_id))
+                            server_id=options.server_id, model_control_mode=options.model_control_mode,
+                            startup_models=options.load_models, poll_seconds=options.repository_poll_secs))
     listeners = Listeners()
     try:
         try:

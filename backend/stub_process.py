@@ -28,6 +28,7 @@ from typing import Any, Callable
 from backend.errors import ServerError
 from backend.inference import InferRequest, InferResponse, Tensor
 from backend.statistics import BatchTiming
+from backend.stub_output import OutputForwarder
 from backend.stub_settings import StubSettings
 from backend.validation import model_parameters
 from ipc import messages as msg
@@ -82,6 +83,9 @@ class StubProcess:
         self._releases: list[list[int]] = []
         self._release_scheduled = False
         self._dead = False
+        self._output: OutputForwarder | None = None
+        self._ready_check: asyncio.Future | None = None
+        self.has_is_ready = False
         self.on_death: Callable[["StubProcess"], None] | None = None
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -100,8 +104,12 @@ class StubProcess:
     def unhealthy_error(self) -> ServerError:
         return ServerError(f"Stub process '{self.instance_name}' is not healthy.", Status.UNAVAILABLE)
 
-    def spawn(self, python: str | None = None) -> None:
-        """Create the shared objects and start the process. Raises StubStartError."""
+    def spawn(self, python: list[str] | None = None, rlimits: dict[str, int] | None = None) -> None:
+        """Create the shared objects and start the process. Raises StubStartError.
+
+        `python` is the interpreter command (an execution environment's), default ours; `rlimits`
+        maps `as`/`cpu`/`nofile` to limits the stub applies to itself before loading the model.
+        """
         parent_end, child_end = make_pair()
         try:
             self.control = ControlBlock.create(self.base + "_ctl")
@@ -109,8 +117,9 @@ class StubProcess:
                                    self.settings.shm_growth_byte_size)
             self.s2p = ArenaReader(self.base, "s2p")
             self.process = subprocess.Popen(
-                self._command(python, child_end.fileno()), pass_fds=(child_end.fileno(),), close_fds=True,
-                start_new_session=True, umask=0o077, env=self._environment())
+                self._command(python, child_end.fileno(), rlimits or {}), pass_fds=(child_end.fileno(),),
+                close_fds=True, start_new_session=True, umask=0o077, env=self._environment(),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except Exception as exc:
             parent_end.close()
             self._release_shared_objects()
@@ -118,16 +127,18 @@ class StubProcess:
         finally:
             child_end.close()
         self.started_at = time.monotonic()
+        self._output = OutputForwarder(self.instance_name, self.process.stdout, self.process.stderr)
         self.channel = AsyncChannel(parent_end, self._on_frame, self._on_channel_closed)
 
-    def _command(self, python: str | None, fd: int) -> list[str]:
+    def _command(self, python: list[str] | None, fd: int, rlimits: dict[str, int]) -> list[str]:
         heartbeat = min(1.0, self.settings.heartbeat_timeout_seconds / 4)
-        return [python or sys.executable, "-m", "pystub.triton_python_backend_stub", self.instance_name,
+        limits = [f"--rlimit={name}={value}" for name, value in sorted(rlimits.items())]
+        return [*(python or [sys.executable]), "-m", "pystub.triton_python_backend_stub", self.instance_name,
                 "--base", self.base, "--fd", str(fd), "--parent-pid", str(os.getpid()),
                 "--shm-default", str(self.settings.shm_default_byte_size),
                 "--shm-growth", str(self.settings.shm_growth_byte_size),
                 "--heartbeat-interval", str(heartbeat),
-                "--send-timeout", str(self.settings.stub_timeout_seconds)]
+                "--send-timeout", str(self.settings.stub_timeout_seconds), *limits]
 
     def _environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -158,11 +169,28 @@ class StubProcess:
             raise StubStartError(f"{self._death_text(what)} ({exc})") from exc
         return await waiter
 
-    def _death_text(self, what: str) -> str:
+    def death_reason(self) -> str:
+        """How the process ended: exit code, signal, or (still running) a closed channel."""
         code = self.process.poll() if self.process else None
-        how = f"exited with code {code}" if code is not None and code >= 0 else (
-            f"was killed by signal {-code}" if code is not None else "closed its channel")
-        return f"stub process '{self.instance_name}' {how} while waiting for {what}"
+        if code is None:
+            return "closed its channel"
+        if code < 0:
+            try:
+                return f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with code {code}"
+
+    def _death_text(self, what: str) -> str:
+        return f"stub process '{self.instance_name}' {self.death_reason()} while waiting for {what}"
+
+    def kill(self) -> None:
+        """SIGKILL the stub's process group now (a hung or doomed stub); its channel then closes."""
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     async def initialize(self, model_path: str, args: dict[str, str], settings: dict[str, Any]) -> None:
         """Run the model's initialize. Raises StubStartError with the model's error text."""
@@ -170,6 +198,27 @@ class StubProcess:
                                           self.settings.stub_init_timeout_seconds, "initialize")
         if reply.error is not None:
             raise StubStartError(reply.error + (f"\n{reply.traceback}" if reply.traceback else ""))
+        self.has_is_ready = bool(reply.has_is_ready)
+
+    async def check_ready(self, timeout: float = 5.0) -> str | None:
+        """The model's own readiness (API.md 2.3): None when ready, else why not. Concurrent checks
+        share one call; a model without `is_ready` is ready while its stub lives."""
+        if not self.alive:
+            return self.unhealthy_error().message
+        if not self.has_is_ready:
+            return None
+        if self._ready_check is None or self._ready_check.done():
+            self._ready_check = asyncio.ensure_future(self._ask_ready(timeout))
+        return await asyncio.shield(self._ready_check)
+
+    async def _ask_ready(self, timeout: float) -> str | None:
+        try:
+            reply = await self._request_reply(msg.IsReady(next(self._ids)), msg.IsReadyDone, timeout, "is_ready")
+        except StubStartError as exc:
+            if "timed out" in str(exc):
+                return "Timed out waiting for user-defined is_ready() response"
+            return self.unhealthy_error().message
+        return None if reply.ready else reply.error
 
     async def auto_complete(self, model_path: str, config_json: str) -> str:
         """Run `auto_complete_config`; returns the completed config JSON. Raises StubStartError."""
@@ -418,6 +467,8 @@ class StubProcess:
                 log.warning("%s", exc)
         await self._terminate()
         self._fail_all(self.unhealthy_error())
+        if self._output is not None:
+            await self._output.drain(timeout=1.0)
         self._release_shared_objects()
 
     async def _terminate(self) -> None:

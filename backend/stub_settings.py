@@ -26,6 +26,12 @@ class StubSettings:
     stub_init_timeout_seconds: float = 600.0  # initialize() may load large weights
     heartbeat_timeout_seconds: float = 5.0
     exit_timeout_seconds: float = 30.0
+    # Restart policy: back-off doubling from `restart_backoff_seconds`; more than `max_restarts`
+    # failures within `restart_window_seconds` marks the instance FAILED (no respawn loop).
+    max_restarts: int = 5
+    restart_window_seconds: float = 60.0
+    restart_backoff_seconds: float = 0.1
+    restart_backoff_max_seconds: float = 5.0
 
 
 def _positive_int(key: str, value: str) -> int:
@@ -91,5 +97,9 @@ def _apply(settings: StubSettings, key: str, value: str) -> None:
         settings.stub_init_timeout_seconds = _positive_float(key, value)
     elif key == "stub-heartbeat-timeout-seconds":
         settings.heartbeat_timeout_seconds = _positive_float(key, value)
+    elif key == "stub-max-restarts":
+        settings.max_restarts = _positive_int(key, value)
+    elif key == "stub-restart-window-seconds":
+        settings.restart_window_seconds = _positive_float(key, value)
     else:
         raise BackendConfigError(f"unknown python backend config '{key}'")

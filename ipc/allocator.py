@@ -75,6 +75,10 @@ class Allocator:
     def is_allocated(self, offset: int) -> bool:
         return offset in self._allocated
 
+    def block_size(self, offset: int) -> int:
+        """The (aligned) size of the allocation at `offset`. Raises KeyError if there is none."""
+        return self._allocated[offset]
+
     @property
     def free_bytes(self) -> int:
         return self.size - self.used

@@ -19,6 +19,7 @@ import threading
 from typing import Any, Tuple
 
 from ipc.allocator import ALIGNMENT, Allocator
+from ipc.names import unlink_entries
 from ipc.segment import Segment, SegmentCreateError
 
 __all__ = ["Handle", "EMPTY_HANDLE", "ArenaWriter", "ArenaReader", "ArenaFullError", "segment_name"]
@@ -40,6 +41,14 @@ def _round_up(value: int, step: int) -> int:
     return (value + step - 1) // step * step
 
 
+def _address(view: memoryview) -> int:
+    """The address of the first byte of `view` (the temporary array is dropped at once, so the
+    mapping keeps no export that would block closing it)."""
+    import numpy as np
+
+    return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
+
+
 class ArenaWriter:
     """The single writer of an arena. Thread-safe within its process."""
 
@@ -52,6 +61,10 @@ class ArenaWriter:
         self.max_size = max_size
         self._segments: list[Segment] = []
         self._allocators: list[Allocator] = []
+        # For owns(): each segment's start address, and the ids of the mmaps behind the segments'
+        # views (a cheap first test that rejects foreign buffers without computing addresses).
+        self._addresses: list[int] = []
+        self._exporters: set[int] = set()
         self._lock = threading.Lock()
 
     # -- sizes ---------------------------------------------------------------------------------
@@ -69,8 +82,11 @@ class ArenaWriter:
 
     # -- allocation ------------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> Handle:
-        """Reserve `nbytes`; grows the arena when needed. Raises ArenaFullError."""
-        if nbytes == 0:
+        """Reserve `nbytes`; grows the arena when needed. Raises ArenaFullError, and ValueError for a
+        negative size."""
+        if nbytes <= 0:
+            if nbytes < 0:
+                raise ValueError(f"cannot allocate {nbytes} bytes")
             return EMPTY_HANDLE
         with self._lock:
             for index, allocator in enumerate(self._allocators):
@@ -96,14 +112,25 @@ class ArenaWriter:
             raise ArenaFullError(
                 f"Failed to increase the shared memory pool size for key '{name}' to {size} bytes. "
                 f"If you are running inside a container, give /dev/shm more space. Error: {exc}") from exc
+        try:
+            allocator, address = Allocator(size), _address(segment.view)
+        except BaseException:
+            segment.close()  # crash-safe: the writer created it, so nothing half-built may stay
+            unlink_entries([name])
+            raise
         self._segments.append(segment)
-        self._allocators.append(Allocator(size))
+        self._allocators.append(allocator)
+        self._addresses.append(address)
+        self._exporters.add(id(segment.view.obj))
         return len(self._segments) - 1
 
     def free(self, handle: Handle | list[int]) -> None:
-        """Free a handle. Raises KeyError for a handle that is not allocated (double free)."""
+        """Free a handle. Raises KeyError for a handle that is not allocated (double free) and
+        IndexError for a segment this arena does not have."""
         index, offset, _ = handle
         if index < 0:
+            if tuple(handle) != EMPTY_HANDLE:
+                raise KeyError(f"handle {tuple(handle)} names no segment")
             return
         with self._lock:
             self._allocators[index].free(offset)
@@ -116,39 +143,66 @@ class ArenaWriter:
         return self._segments[index].view[offset : offset + nbytes]
 
     def write(self, data: Any) -> Handle:
-        """Allocate and copy `data` (any buffer) in; returns its handle. Raises ArenaFullError."""
-        source = memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else data
+        """Allocate and copy `data` (any buffer, contiguous or not) in; returns its handle.
+
+        Raises ArenaFullError, and TypeError for an object that is not a buffer.
+        """
+        if isinstance(data, (bytes, bytearray)):
+            source: Any = data
+        else:
+            source = memoryview(data)
+            if source.nbytes == 0:
+                return EMPTY_HANDLE  # cast() refuses zeros in a shape such as (0, 5)
+            # cast() accepts only C-contiguous views; anything else is gathered into bytes first.
+            source = source.cast("B") if source.c_contiguous else memoryview(source.tobytes())
         nbytes = len(source)
         handle = self.allocate(nbytes)
         if nbytes:
-            self.view(handle)[:] = source
+            try:
+                self.view(handle)[:] = source
+            except BaseException:
+                self.free(handle)  # a failed copy must not leak the allocation
+                raise
         return handle
 
     def owns(self, buffer: Any) -> Handle | None:
-        """The handle of a live allocation that `buffer` (e.g. a numpy array) exactly occupies, if any.
+        """The handle of a live allocation that `buffer` (a numpy array) lies in from its start, if any.
 
-        Lets a caller skip a copy when the data already lives in this arena.
+        Lets a caller skip a copy when the data already lives in this arena. Only arrays that view
+        this arena's segments are considered (found through their `.base` chain, without touching
+        the data); anything else, and anything not C-contiguous or empty, is None.
         """
         import numpy as np  # local: the allocator side of ipc has no numpy dependency otherwise
 
-        array = np.asarray(buffer)
-        if not array.flags.c_contiguous or array.nbytes == 0:
+        if not isinstance(buffer, np.ndarray) or not self._exporters:
             return None
-        address = array.__array_interface__["data"][0]
-        for index, segment in enumerate(self._segments):
-            start = np.frombuffer(segment.view, dtype=np.uint8).__array_interface__["data"][0]
-            offset = address - start
-            if 0 <= offset < segment.size:
-                if self._allocators[index].is_allocated(offset):
-                    return (index, offset, array.nbytes)
-                return None
+        base: Any = buffer
+        while isinstance(base, np.ndarray) and base.base is not None:
+            base = base.base
+        if id(getattr(base, "obj", None)) not in self._exporters:
+            return None
+        if not buffer.flags.c_contiguous or buffer.nbytes == 0:
+            return None
+        address = buffer.__array_interface__["data"][0]
+        with self._lock:
+            for index, start in enumerate(self._addresses):
+                offset = address - start
+                if 0 <= offset < self._segments[index].size:
+                    allocator = self._allocators[index]
+                    if allocator.is_allocated(offset) and buffer.nbytes <= allocator.block_size(offset):
+                        return (index, offset, buffer.nbytes)
+                    return None
         return None
 
     def close(self) -> None:
-        for segment in self._segments:
-            segment.close()
-        self._segments.clear()
-        self._allocators.clear()
+        """Unmap every segment (views still exported keep theirs alive); never unlinks."""
+        with self._lock:
+            for segment in self._segments:
+                segment.close()
+            self._segments.clear()
+            self._allocators.clear()
+            self._addresses.clear()
+            self._exporters.clear()
 
 
 class ArenaReader:
@@ -166,6 +220,8 @@ class ArenaReader:
         and ValueError for a handle outside its segment (a corrupt frame)."""
         index, offset, nbytes = handle
         if index < 0:
+            if tuple(handle) != EMPTY_HANDLE:
+                raise ValueError(f"handle {tuple(handle)} names no segment")
             return memoryview(b"")
         segment = self._segments.get(index)
         if segment is None:

@@ -12,6 +12,7 @@ frames carry arena handles `[segment, offset, nbytes]`.
     Execute (requests, releases)          ExecuteDone (responses returned by execute)
     Release (s2p handles)                 Response (sent through a response sender)
     Finalize                              FinalizeDone
+    IsReady                               IsReadyDone
                                           Log
                                           Release (p2s handles; inputs the stub is done with)
 
@@ -32,7 +33,7 @@ import msgpack
 __all__ = [
     "Kind", "MessageDecodeError", "encode", "decode",
     "AutoComplete", "AutoCompleteDone", "Init", "InitDone", "Execute", "ExecuteDone",
-    "Response", "Release", "Log", "Finalize", "FinalizeDone",
+    "Response", "Release", "Log", "Finalize", "FinalizeDone", "IsReady", "IsReadyDone",
     "RESPONSE_FINAL",
 ]
 
@@ -51,6 +52,8 @@ class Kind(enum.IntEnum):
     LOG = 9
     FINALIZE = 10
     FINALIZE_DONE = 11
+    IS_READY = 12
+    IS_READY_DONE = 13
 
 
 class MessageDecodeError(ValueError):
@@ -76,6 +79,7 @@ class Init(NamedTuple):
 class InitDone(NamedTuple):
     error: str | None  # the exception text clients and logs match
     traceback: str | None
+    has_is_ready: bool
 
 
 class Execute(NamedTuple):
@@ -113,11 +117,21 @@ class FinalizeDone(NamedTuple):
     error: str | None
 
 
+class IsReady(NamedTuple):
+    token: int
+
+
+class IsReadyDone(NamedTuple):
+    token: int
+    ready: bool
+    error: str | None  # why not ready, in the text clients see
+
+
 _KIND_OF: dict[type, Kind] = {
     AutoComplete: Kind.AUTO_COMPLETE, AutoCompleteDone: Kind.AUTO_COMPLETE_DONE,
     Init: Kind.INIT, InitDone: Kind.INIT_DONE, Execute: Kind.EXECUTE, ExecuteDone: Kind.EXECUTE_DONE,
     Response: Kind.RESPONSE, Release: Kind.RELEASE, Log: Kind.LOG, Finalize: Kind.FINALIZE,
-    FinalizeDone: Kind.FINALIZE_DONE,
+    FinalizeDone: Kind.FINALIZE_DONE, IsReady: Kind.IS_READY, IsReadyDone: Kind.IS_READY_DONE,
 }
 _TYPE_OF: dict[int, type] = {int(kind): cls for cls, kind in _KIND_OF.items()}
 _ARITY: dict[int, int] = {int(kind): len(cls._fields) for cls, kind in _KIND_OF.items()}

@@ -10,9 +10,11 @@ Threads:
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import queue
+import resource
 import socket
 import sys
 import threading
@@ -49,6 +51,7 @@ class StubOptions:
     shm_growth: int
     heartbeat_interval: float
     send_timeout: float
+    rlimits: dict[str, int]
 
 
 @dataclass
@@ -102,6 +105,10 @@ class Stub:
                 continue
             if isinstance(message, msg.Release):
                 self._free(message.handles)
+            elif isinstance(message, msg.IsReady):
+                # Readiness is asked while execute may run: answer from a thread of its own.
+                threading.Thread(target=self._is_ready, args=(message.token,), daemon=True,
+                                 name="pystub-is-ready").start()
             else:
                 self.work.put(message)
 
@@ -171,10 +178,10 @@ class Stub:
             if initialize is not None:
                 initialize(args)
         except Exception as exc:
-            self.send(msg.InitDone(self._describe(exc).split("\n\n", 1)[0], format_traceback(exc)))
+            self.send(msg.InitDone(self._describe(exc).split("\n\n", 1)[0], format_traceback(exc), False))
             return
         self.control.set_state(StubState.READY)
-        self.send(msg.InitDone(None, None))
+        self.send(msg.InitDone(None, None, callable(getattr(self.model, "is_ready", None))))
 
     def _finalize(self, message: msg.Finalize) -> None:
         self.control.set_state(StubState.FINALIZING)
@@ -188,6 +195,26 @@ class Stub:
                 self.log_error(f"finalize of '{self.instance}' failed: {error}\n{format_traceback(exc)}")
         self.loop.stop()
         self.send(msg.FinalizeDone(error))
+
+    def _is_ready(self, token: int) -> None:
+        """Run the model's `is_ready()` (sync or async) and report it (API.md 2.3)."""
+        ready, error = False, None
+        try:
+            result = self.model.is_ready()
+            if inspect.isawaitable(result):
+                result = self.loop.submit(_await(result)).result()
+            if not isinstance(result, bool):
+                error = "is_ready() must return a boolean value"
+            elif result:
+                ready = True
+            else:
+                error = f"Model '{self.instance}' is not ready (user-defined check failed)."
+        except Exception as exc:
+            error = f"is_ready() of model '{self.instance}' raised {type(exc).__name__}: {exc}"
+        try:
+            self.send(msg.IsReadyDone(token, ready, error))
+        except (ChannelClosedError, OSError):
+            pass
 
     # -- execute -------------------------------------------------------------------------------
     def _make_sender(self, wire: list[Any]) -> tuple[Any, _SenderState]:
@@ -248,9 +275,25 @@ class Stub:
         self.send(msg.ExecuteDone(message.batch_id, error, responses))
 
 
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def apply_rlimits(limits: dict[str, int]) -> None:
+    """Limit this process (address space, CPU seconds, open files) before model code runs."""
+    names = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "nofile": resource.RLIMIT_NOFILE}
+    for name, value in limits.items():
+        which = names[name]
+        _, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY and value > hard:
+            value = hard
+        resource.setrlimit(which, (value, value))
+
+
 def main(options: StubOptions) -> int:
     ignore_termination_signals()
     set_parent_death_signal(options.parent_pid)
+    apply_rlimits(options.rlimits)
     stub = Stub(options)
     try:
         return stub.run()

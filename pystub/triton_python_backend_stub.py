@@ -25,10 +25,18 @@ def parse_args(argv: list[str]) -> "StubOptions":  # noqa: F821 - imported lazil
     parser.add_argument("--shm-growth", type=int, required=True)
     parser.add_argument("--heartbeat-interval", type=float, default=0.25)
     parser.add_argument("--send-timeout", type=float, default=30.0)
+    parser.add_argument("--rlimit", action="append", default=[], metavar="as|cpu|nofile=N")
     args = parser.parse_args(argv)
+    rlimits = {}
+    for entry in args.rlimit:
+        name, _, value = entry.partition("=")
+        if name not in ("as", "cpu", "nofile") or not value.isdigit():
+            parser.error(f"bad --rlimit {entry!r}")
+        rlimits[name] = int(value)
     return StubOptions(instance=args.instance, base=args.base, fd=args.fd, parent_pid=args.parent_pid,
                        shm_default=args.shm_default, shm_growth=args.shm_growth,
-                       heartbeat_interval=args.heartbeat_interval, send_timeout=args.send_timeout)
+                       heartbeat_interval=args.heartbeat_interval, send_timeout=args.send_timeout,
+                       rlimits=rlimits)
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import psutil
 
@@ -45,11 +45,14 @@ class Backend:
     """A `pystub-backend` subprocess. Use as a context manager or call start()/stop()."""
 
     def __init__(self, repository: str | Path = EXAMPLES, *args: str, env: dict[str, str] | None = None,
-                 expect_exit: bool = False) -> None:
+                 expect_exit: bool = False, wrapper: Sequence[str] = ()) -> None:
+        """`wrapper` is a command prefix that must end by exec'ing the backend command appended to it
+        (so `pid` stays the backend's), e.g. `unshare ... sh -c '... && exec "$@"' sh`."""
         self.repository = str(repository)
         self.args = list(args)
         self.env = env
         self.expect_exit = expect_exit
+        self.wrapper = list(wrapper)
         self.process: subprocess.Popen | None = None
         self.ports: dict[str, int] = {}
         self._log_file = tempfile.NamedTemporaryFile(prefix="pystub-backend-", suffix=".log", delete=False)
@@ -58,7 +61,8 @@ class Backend:
     # -- life cycle ----------------------------------------------------------------------------
     def command(self) -> list[str]:
         ports = [] if self.expect_exit else ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
-        return [sys.executable, "-m", "backend", "--model-repository", self.repository, *ports, *self.args]
+        return [*self.wrapper, sys.executable, "-m", "backend", "--model-repository", self.repository, *ports,
+                *self.args]
 
     def start(self, timeout: float = 90.0) -> "Backend":
         env = dict(os.environ, **(self.env or {}))

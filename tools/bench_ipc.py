@@ -149,11 +149,11 @@ def bench_numpy_copy(nbytes: int, rounds: int) -> float:
 
 # -- (c) multiprocessing.Pipe + pickle -----------------------------------------------------------
 def _echo_pipe(conn: Any) -> None:
-    try:
-        while True:
-            conn.send(conn.recv())
-    except EOFError:
-        pass
+    while True:
+        item = conn.recv()
+        if item is None:  # the parent's end is inherited too, so EOF never comes: stop on a sentinel
+            return
+        conn.send(item)
 
 
 def bench_pipe(nbytes: int, rounds: int) -> float:
@@ -174,6 +174,7 @@ def bench_pipe(nbytes: int, rounds: int) -> float:
             samples.append(time.perf_counter_ns() - start)
             del echoed
     finally:
+        here.send(None)
         here.close()
         process.join(10)
         if process.is_alive():

@@ -26,27 +26,30 @@ def _process_facts(pid: int | None) -> dict[str, Any]:
 
 
 def _stub_row(model_version: Any, instance: Any) -> dict[str, Any]:
-    control = instance.control
-    heartbeat_age = control.heartbeat_age() if control is not None and instance.alive else None
-    p2s = instance.p2s
+    stub = instance.stub
+    healthy = instance.healthy
+    control = stub.control if stub is not None else None
+    heartbeat_age = control.heartbeat_age() if control is not None and healthy else None
+    p2s = stub.p2s if stub is not None and healthy else None
     row = {
         "model": model_version.name,
         "version": str(model_version.version),
-        "instance": instance.instance_name,
-        "pid": instance.pid,
-        "state": "READY" if instance.alive else "DEAD",
-        "healthy": bool(instance.alive),
-        "uptime_s": round(time.monotonic() - instance.started_at, 3),
+        "instance": instance.name,
+        "pid": stub.pid if stub is not None else None,
+        "state": instance.state.value,
+        "healthy": healthy,
+        "uptime_s": round(time.monotonic() - stub.started_at, 3) if stub is not None and healthy else 0.0,
         "heartbeat_age_s": None if heartbeat_age is None else round(heartbeat_age, 3),
-        "restarts": getattr(instance, "restarts", 0),
-        "in_flight": instance.in_flight,
+        "restarts": instance.restarts,
+        "in_flight": stub.in_flight if stub is not None else 0,
         "served": instance.served,
         "failed": instance.failed,
         "arena_used_bytes": p2s.used if p2s is not None else 0,
         "arena_total_bytes": p2s.total if p2s is not None else 0,
         "queue_depth": model_version.scheduler.queued if model_version.scheduler is not None else 0,
+        "last_error": instance.last_error,
     }
-    row.update(_process_facts(instance.pid if instance.alive else None))
+    row.update(_process_facts(row["pid"] if healthy else None))
     return row
 
 

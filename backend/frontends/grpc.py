@@ -16,8 +16,15 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from backend.errors import ServerError, grpc_code
-from backend.frontends.grpc_codec import decode_infer_request, encode_infer_response
+from backend import log as backend_log
+from backend.errors import ServerError, Status, grpc_code
+from backend.frontends.grpc_codec import (
+    decode_infer_request,
+    encode_infer_response,
+    log_settings_from_proto,
+    log_settings_to_proto,
+    repository_parameters,
+)
 from backend.inference import ServerCore
 
 __all__ = ["create_grpc_server", "InferenceServicer"]
@@ -143,6 +150,26 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for m in models])
 
     @_rpc
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        _check_repository_name(request.repository_name)
+        parameters = repository_parameters(request.parameters)
+        await self._core.load_model(request.model_name, parameters)  # type: ignore[attr-defined]
+        return service_pb2.RepositoryModelLoadResponse()
+
+    @_rpc
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        _check_repository_name(request.repository_name)
+        parameters = repository_parameters(request.parameters)
+        await self._core.unload_model(request.model_name, parameters)  # type: ignore[attr-defined]
+        return service_pb2.RepositoryModelUnloadResponse()
+
+    @_rpc
+    async def LogSettings(self, request: Any, context: Any) -> service_pb2.LogSettingsResponse:
+        updates = log_settings_from_proto(request.settings)
+        settings = backend_log.update_settings(updates) if updates else backend_log.settings.as_dict()
+        return log_settings_to_proto(settings)
+
+    @_rpc
     async def ModelInfer(self, request: Any, context: Any) -> service_pb2.ModelInferResponse:
         response = await self._core.infer(decode_infer_request(request))
         try:
@@ -150,6 +177,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             # Output data may view a stub's arena: hand it back whatever happened while encoding.
             response.release()
+
+
+def _check_repository_name(name: str) -> None:
+    # Triton's gRPC frontend refuses a repository name: a model is looked up in every repository.
+    if name:
+        raise ServerError("'repository_name' specification is not supported", Status.UNSUPPORTED)
 
 
 def create_grpc_server(core: ServerCore, address: str, port: int) -> tuple[grpc.aio.Server, int]:

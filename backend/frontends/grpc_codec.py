@@ -33,6 +33,9 @@ __all__ = [
     "parameter_value",
     "parameters_from_proto",
     "parameters_to_proto",
+    "repository_parameters",
+    "log_settings_from_proto",
+    "log_settings_to_proto",
 ]
 
 _INT64_MAX = 2**63 - 1
@@ -271,3 +274,40 @@ def encode_infer_response(response: InferResponse) -> service_pb2.ModelInferResp
                             out.parameters)
         msg.raw_output_contents.append(_output_bytes(tensor))
     return msg
+
+
+# --- model repository and logging extensions -------------------------------------------------------
+
+
+def repository_parameters(params: Mapping[str, Any]) -> dict[str, Any]:
+    """`RepositoryModelLoad`/`Unload` parameters as Python values (bool, int, str or bytes); a
+    parameter with no member of its oneof set is left out."""
+    result: dict[str, Any] = {}
+    for key, param in params.items():
+        kind = param.WhichOneof("parameter_choice")
+        if kind is not None:
+            result[key] = getattr(param, kind)
+    return result
+
+
+def log_settings_from_proto(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A `LogSettingsRequest`'s settings as Python values; unset values mean "unchanged"."""
+    result: dict[str, Any] = {}
+    for key, value in settings.items():
+        kind = value.WhichOneof("parameter_choice")
+        if kind is not None:
+            result[key] = getattr(value, kind)
+    return result
+
+
+def log_settings_to_proto(settings: Mapping[str, Any]) -> service_pb2.LogSettingsResponse:
+    response = service_pb2.LogSettingsResponse()
+    for key, value in settings.items():
+        target = response.settings[key]
+        if isinstance(value, bool):
+            target.bool_param = value
+        elif isinstance(value, int):
+            target.uint32_param = value
+        else:
+            target.string_param = str(value)
+    return response

@@ -1,4 +1,4 @@
-"""The KServe v2 HTTP frontend on aiohttp (PROTOCOL.md sections 1, 2, 3, 8, 10).
+"""The KServe v2 HTTP frontend on aiohttp (PROTOCOL.md sections 1, 2, 3, 8, 9, 10).
 
 Routes translate HTTP into `ServerCore` calls; the inference body format lives in `http_codec`
 (decode), `http_raw` (raw requests), `http_encode` (responses) and `http_compression`. Every error
@@ -29,6 +29,7 @@ from backend.frontends.http_compression import (
     decompress_body,
     response_encoding,
 )
+from backend.frontends.http_control import control_routes
 from backend.frontends.http_encode import EncodedResponse, encode_infer_response
 from backend.frontends.http_raw import decode_raw_request, raw_input_spec
 from backend.inference import ServerCore
@@ -68,6 +69,7 @@ def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20) -> we
         router.add_post(prefix + "/infer", routes.infer)
     router.add_post("/v2/repository/index", routes.repository_index)
     router.add_post("/v2/repository/{repository}/index", routes.repository_index)
+    app.add_routes(control_routes(core))  # model control and logging
     return app
 
 

@@ -66,9 +66,9 @@ def test_gpu_only_and_noop_flags_are_accepted_and_recorded():
 
 
 def test_features_of_later_issues_are_named():
-    options = parse_args(["--model-repository=/m", "--model-control-mode=explicit", "--allow-client-shm=true"])
-    assert set(options.not_supported) == {"--model-control-mode", "--allow-client-shm"}
-    options = parse_args(["--model-repository=/m", "--model-control-mode=none", "--allow-client-shm=false"])
+    options = parse_args(["--model-repository=/m", "--backend-directory=/b", "--allow-client-shm=true"])
+    assert set(options.not_supported) == {"--backend-directory", "--allow-client-shm"}
+    options = parse_args(["--model-repository=/m", "--allow-client-shm=false"])
     assert options.not_supported == {}
 
 
@@ -84,9 +84,9 @@ def test_unknown_flag_is_a_usage_error_naming_it():
 
 
 def test_not_supported_yet_exits_with_its_name():
-    result = _run_cli("--model-repository=/m", "--load-model=add_sub")
+    result = _run_cli("--model-repository=/m", "--backend-directory=/b")
     assert result.returncode == 2
-    assert "not supported yet: --load-model" in result.stderr
+    assert "not supported yet: --backend-directory" in result.stderr
 
 
 def test_missing_repository_exits_nonzero(tmp_path):
