@@ -1,6 +1,7 @@
 """`stubctl`: per-stub health of a running pystub-backend, from its admin endpoint.
 
-    stubctl [status] [--url URL] [--json]
+    stubctl [status] [--url URL] [--json] [--watch [SECONDS]]
+    stubctl restart MODEL [INSTANCE] [--url URL]
 
 Exit status 1 when any stub is unhealthy (usable as a probe), 2 when the backend cannot be reached.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -49,17 +51,47 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table)
 
 
+def _restart(url: str, model: str, instance: str | None) -> int:
+    path = f"/v2/pystub/stubs/{model}/{instance + '/' if instance else ''}restart"
+    request = urllib.request.Request(url.rstrip("/") + path, data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            print("restarted: " + ", ".join(json.loads(response.read())["restarted"]))
+            return 0
+    except urllib.error.HTTPError as error:
+        print(f"stubctl: {json.loads(error.read() or b'{}').get('error', error.reason)}", file=sys.stderr)
+        return 1
+
+
+def _status(url: str, as_json: bool) -> int:
+    rows = fetch_stubs(url)
+    print(json.dumps(rows, indent=2) if as_json else format_table(rows), flush=True)
+    return 0 if all(row["healthy"] for row in rows) else 1
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="stubctl", description="Per-stub health of a pystub-backend.")
-    parser.add_argument("command", nargs="?", default="status", choices=("status",))
+    parser.add_argument("command", nargs="?", default="status", choices=("status", "restart"))
+    parser.add_argument("target", nargs="*", metavar="MODEL [INSTANCE]", help="for restart")
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the backend's HTTP endpoint")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--watch", nargs="?", type=float, const=2.0, metavar="SECONDS",
+                        help="print the table again every SECONDS (default 2) until interrupted")
     args = parser.parse_args(argv)
     url = args.url if "://" in args.url else "http://" + args.url
     try:
-        rows = fetch_stubs(url)
+        if args.command == "restart":
+            if not 1 <= len(args.target) <= 2:
+                parser.error("restart takes MODEL [INSTANCE]")
+            sys.exit(_restart(url, args.target[0], args.target[1] if len(args.target) > 1 else None))
+        while True:
+            code = _status(url, args.json)
+            if args.watch is None:
+                sys.exit(code)
+            time.sleep(args.watch)
+            print()
     except (OSError, ValueError, KeyError) as exc:
-        print(f"stubctl: cannot read stubs from {url}: {exc}", file=sys.stderr)
+        print(f"stubctl: cannot reach the backend at {url}: {exc}", file=sys.stderr)
         sys.exit(2)
-    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
-    sys.exit(0 if all(row["healthy"] for row in rows) else 1)
+    except KeyboardInterrupt:
+        sys.exit(0)

@@ -1,10 +1,17 @@
 """The admin endpoint behind `stubctl`: per-stub facts, read from the supervisor and the OS.
 
-    GET /v2/pystub/stubs   -> {"stubs": [row, ...]}   (read-only)
+    GET  /v2/pystub/stubs                          -> {"stubs": [row, ...]}   (read-only)
+    POST /v2/pystub/stubs/{model}/restart          restart every instance of the model
+    POST /v2/pystub/stubs/{model}/{instance}/restart
+
+Calls that change state are accepted from loopback peers only: anyone who can reach the port can
+look, only someone on the machine can act.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import time
 from typing import Any
 
@@ -58,8 +65,43 @@ def stub_rows(core: Any) -> list[dict[str, Any]]:
     return [_stub_row(version, instance) for version in core.model_versions() for instance in version.instances]
 
 
+def _is_loopback(request: web.Request) -> bool:
+    peer = (request.remote or "").split("%", 1)[0]
+    try:
+        return ipaddress.ip_address(peer).is_loopback
+    except ValueError:
+        return False
+
+
+def _error(status: int, text: str) -> web.Response:
+    return web.json_response({"error": text}, status=status)
+
+
+async def _restart(core: Any, request: web.Request) -> web.Response:
+    if not _is_loopback(request):
+        return _error(403, f"admin calls that change state are accepted from loopback only, not from "
+                           f"'{request.remote}'")
+    model = request.match_info["model"]
+    wanted = request.match_info.get("instance")
+    targets = [i for v in core.model_versions() if v.name == model for i in v.instances
+               if wanted is None or i.name == wanted]
+    if not targets:
+        what = f"instance '{wanted}' of model '{model}'" if wanted else f"model '{model}'"
+        return _error(404, f"no loaded {what}")
+    try:
+        await asyncio.gather(*(instance.restart() for instance in targets))
+    except Exception as exc:  # the instance records it; the operator sees it here
+        return _error(500, f"restart failed: {exc}")
+    return web.json_response({"restarted": [instance.name for instance in targets]})
+
+
 def admin_routes(core: Any) -> list[web.RouteDef]:
     async def stubs(_: web.Request) -> web.Response:
         return web.json_response({"stubs": stub_rows(core)})
 
-    return [web.get("/v2/pystub/stubs", stubs)]
+    async def restart(request: web.Request) -> web.Response:
+        return await _restart(core, request)
+
+    return [web.get("/v2/pystub/stubs", stubs),
+            web.post("/v2/pystub/stubs/{model}/restart", restart),
+            web.post("/v2/pystub/stubs/{model}/{instance}/restart", restart)]
