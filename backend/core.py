@@ -50,7 +50,8 @@ def _load_error(name: str, text: str) -> ServerError:
 
 
 def _version_failures(failed: dict[int, str]) -> str:
-    return "\n".join(f"version {v} is at UNAVAILABLE state: Internal: {reason};" for v, reason in sorted(failed.items()))
+    return "\n".join(f"version {v} is at UNAVAILABLE state: Internal: {reason};"
+                     for v, reason in sorted(failed.items()))
 
 
 class Core:
@@ -76,7 +77,9 @@ class Core:
         names = list(found)
         if self.options.model_control_mode == "explicit" and "*" not in self.options.startup_models:
             names = list(dict.fromkeys(self.options.startup_models))
-        fingerprints = await asyncio.to_thread(lambda: {n: model_fingerprint(p) for n, p in found.items()})
+        fingerprints: dict[str, frozenset[Any]] = {}
+        if self.options.model_control_mode == "poll":  # what the first poll compares against
+            fingerprints = await asyncio.to_thread(lambda: {n: model_fingerprint(p) for n, p in found.items()})
         results = await asyncio.gather(
             *(self._exclusive(name, self._load, name, found.get(name), None, fingerprints.get(name))
               for name in names), return_exceptions=True)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Protocol, Union
 
 import numpy as np
 
+from backend.errors import ServerError
 from ipc.dtypes import numpy_dtype
 from ipc.bytes_codec import deserialize_bytes
 
@@ -77,7 +78,12 @@ def _no_release() -> None:
 
 @dataclass
 class InferResponse:
-    """A model's answer. Output data may view shared memory: call `release()` once encoded."""
+    """A model's answer. Output data may view shared memory: call `release()` once encoded.
+
+    In a stream (decoupled models) `final` marks the last response of the request, `error`
+    carries an in-band error response, and `flags_only` marks a final that carries no response
+    (the model's `send(flags=FINAL)`), which a stream shows only on request.
+    """
 
     model_name: str
     model_version: str
@@ -85,6 +91,9 @@ class InferResponse:
     outputs: list[Tensor] = field(default_factory=list)
     parameters: dict[str, ParameterValue] = field(default_factory=dict)
     release: Callable[[], None] = _no_release
+    error: ServerError | None = None
+    final: bool = True
+    flags_only: bool = False
 
 
 def tensor_to_numpy(tensor: Tensor) -> np.ndarray:

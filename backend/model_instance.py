@@ -214,7 +214,27 @@ class ModelInstance:
             await self.stub.stop(timeout)
 
     # -- work ----------------------------------------------------------------------------------------
+    async def execute_streams(self, requests: list[Any]) -> tuple[list[Any], BatchTiming]:
+        """Run a batch on the current stub; per request its ResponseStream or a ServerError."""
+        stub = self.stub
+        if not self.healthy or stub is None:
+            return [self.unhealthy_error()] * len(requests), BatchTiming()
+        streams, timing = await stub.execute_streams(requests)
+        for stream in streams:
+            if isinstance(stream, ServerError):
+                self.failed += 1
+            else:
+                stream.when_final(self._count)
+        return streams, timing
+
+    def _count(self, stream: Any) -> None:
+        if stream.error is None:
+            self.served += 1
+        else:
+            self.failed += 1
+
     async def execute_timed(self, requests: list[Any]) -> tuple[list[Any], BatchTiming]:
+        """Run a batch to completion; per request an InferResponse or a ServerError."""
         stub = self.stub
         if not self.healthy or stub is None:
             return [self.unhealthy_error()] * len(requests), BatchTiming()

@@ -4,8 +4,9 @@
     {"config": "<ModelConfig JSON>", "file:1/model.py": b"...", ...}
         │
         ├─ config   → replaces config.pbtxt
-        └─ file:*   → <tmp>/pystub_override_XXXX/ (0700) / <model> / 1/model.py ...
-                      the model directory for this load; removed when the model is unloaded
+        └─ file:*   → <tmp>/pystub_override_<pid>_XXXX/ (0700) / <model> / 1/model.py ...
+                      the model directory for this load; removed when the model is unloaded,
+                      or at the next start-up if the server that made it was killed
 
 Paths come from the network, so they are checked before anything is written: relative, no `..`,
 no empty or `.` components, and the resolved file must stay inside the directory. Files are
@@ -22,9 +23,11 @@ from typing import Any, Mapping
 
 from backend.errors import ServerError, Status
 
-__all__ = ["FILE_PREFIX", "LoadRequest", "OverrideDir", "parse_load_parameters", "override_file_path"]
+__all__ = ["FILE_PREFIX", "LoadRequest", "OverrideDir", "parse_load_parameters", "override_file_path",
+           "sweep_stale_override_dirs"]
 
 FILE_PREFIX = "file:"
+_DIR_PREFIX = "pystub_override_"
 
 
 @dataclass
@@ -88,7 +91,7 @@ class OverrideDir:
     @classmethod
     def create(cls, model_name: str, files: Mapping[str, bytes]) -> "OverrideDir":
         """Write `files` below a new 0700 directory. Raises ServerError; leaves nothing behind."""
-        root = tempfile.mkdtemp(prefix="pystub_override_")  # mode 0700
+        root = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}_")  # mode 0700
         directory = cls(root, os.path.join(root, model_name))
         try:
             os.mkdir(directory.model_dir, 0o700)
@@ -114,3 +117,33 @@ class OverrideDir:
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_override_dirs() -> list[str]:
+    """Remove the override directories of servers that died without cleaning up (ours only: same
+    owner, dead pid). Returns the paths removed."""
+    removed = []
+    base = tempfile.gettempdir()
+    for name in os.listdir(base):
+        if not name.startswith(_DIR_PREFIX):
+            continue
+        pid_text = name[len(_DIR_PREFIX):].split("_", 1)[0]
+        path = os.path.join(base, name)
+        try:
+            owned = os.lstat(path).st_uid == os.getuid()
+        except OSError:
+            continue
+        if owned and pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed

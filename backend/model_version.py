@@ -14,6 +14,8 @@ from backend.execution_env import ExecutionEnvError, interpreter_command, resolv
 from backend.inference import InferRequest, InferResponse
 from backend.model_config import ModelConfig, config_parameters, config_to_json, instance_names, is_decoupled
 from backend.model_instance import InstanceSpec, InstanceState, ModelInstance
+from backend.response_stream import ResponseStream
+from backend.dynamic_batcher import DynamicBatcher
 from backend.scheduler import DefaultScheduler
 from backend.statistics import ModelStatistics
 from backend.stub_process import StubStartError
@@ -73,7 +75,7 @@ class ModelVersion:
         self.decoupled = is_decoupled(config)
         self.stats = ModelStatistics(self.name, str(version))
         self.instances: list[ModelInstance] = []
-        self.scheduler: DefaultScheduler | None = None
+        self.scheduler: DefaultScheduler | DynamicBatcher | None = None
         self.state = "UNAVAILABLE"
         self.reason = ""
         self._monitor: asyncio.Task | None = None
@@ -141,7 +143,9 @@ class ModelVersion:
             await self._stop_instances(self.settings.stub_timeout_seconds)
             self.state, self.reason = "UNAVAILABLE", str(exc)
             raise ModelLoadError(str(exc)) from exc
-        self.scheduler = DefaultScheduler(self.instances, self.stats)
+        self.scheduler = (DynamicBatcher(self.instances, self.stats, self.config)
+                          if self.config.WhichOneof("scheduling_choice") == "dynamic_batching"
+                          else DefaultScheduler(self.instances, self.stats))
         self.scheduler.start()
         self._monitor = asyncio.ensure_future(self._watch_health())
         self.state, self.reason = "READY", ""
@@ -160,17 +164,29 @@ class ModelVersion:
 
     # -- serving -------------------------------------------------------------------------------------
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
-        """Schedule the (validated) request. Raises ServerError."""
+        """Schedule the (validated) request. Raises ServerError.
+
+        An instance that is restarting is expected back: its requests wait in the queue for it.
+        """
+        self._check_serving()
+        response = await self.scheduler.schedule(request, batch_size)  # type: ignore[union-attr]
+        response.model_version = str(self.version)
+        return response
+
+    async def infer_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
+        """Schedule the (validated) request; its responses arrive on the stream. Raises ServerError."""
+        self._check_serving()
+        stream = await self.scheduler.schedule_stream(request, batch_size)  # type: ignore[union-attr]
+        stream.model_version = str(self.version)
+        return stream
+
+    def _check_serving(self) -> None:
         if self.scheduler is None or not self.loaded:
             raise ServerError(f"Request for unknown model: '{self.name}' version {self.version} is not at "
                               f"ready state", Status.UNAVAILABLE)
         if not any(instance.usable for instance in self.instances):
             raise self.health_error() or ServerError(f"Model '{self.name}' has no usable instance",
                                                      Status.UNAVAILABLE)
-        # An instance that is restarting is expected back: its requests wait in the queue for it.
-        response = await self.scheduler.schedule(request, batch_size)
-        response.model_version = str(self.version)
-        return response
 
     def instance(self, name: str) -> ModelInstance | None:
         return next((i for i in self.instances if i.name == name), None)

@@ -3,6 +3,10 @@
 Each instance runs `PIPELINE_DEPTH` workers, so while the stub executes one request the next one's
 inputs are already in its arena and its EXECUTE frame in its queue: the IPC round trip overlaps
 the model's compute instead of adding to it.
+
+A worker is free again when the model's `execute` returns, not when the request's last response
+arrives: a decoupled model (or an `async def execute`) keeps answering while the next request runs.
+The caller gets the request's ResponseStream; `schedule` waits for its single answer.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from typing import Any
 
 from backend.errors import ServerError
 from backend.inference import InferRequest
-from backend.statistics import ModelStatistics
+from backend.response_stream import ResponseStream
+from backend.statistics import BatchTiming, ModelStatistics
 from ipc.status import Status
 
 __all__ = ["DefaultScheduler", "PIPELINE_DEPTH"]
@@ -50,11 +55,24 @@ class DefaultScheduler:
 
     async def schedule(self, request: InferRequest, batch_size: int) -> Any:
         """The request's InferResponse. Raises ServerError."""
+        stream = await self.schedule_stream(request, batch_size)
+        try:
+            return await stream.single()
+        except asyncio.CancelledError:
+            stream.cancel()  # the client went away: the model sees is_cancelled()
+            raise
+
+    async def schedule_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
+        """The request's ResponseStream, once its execute has started. Raises ServerError."""
         if self._stopped is not None:
             raise self._stopped
         work = _Work(request, batch_size, asyncio.get_running_loop().create_future())
         self._queue.put_nowait(work)
-        result = await work.future
+        try:
+            result = await work.future
+        except asyncio.CancelledError:
+            work.future.cancel()
+            raise
         if isinstance(result, ServerError):
             raise result
         return result
@@ -74,18 +92,24 @@ class DefaultScheduler:
 
     async def _run(self, instance: Any, work: _Work) -> None:
         started = time.monotonic_ns()
-        (result,), timing = await instance.execute_timed([work.request])
-        finished = time.monotonic_ns()
+        (result,), timing = await instance.execute_streams([work.request])
         self._stats.record_execution(work.batch_size, timing)
         if isinstance(result, ServerError):
-            self._stats.record_failure(finished - work.enqueued_ns)
+            self._stats.record_failure(time.monotonic_ns() - work.enqueued_ns)
         else:
-            self._stats.record_success(work.batch_size, finished - work.enqueued_ns,
-                                       started - work.enqueued_ns, timing)
+            result.when_final(lambda stream: self._record(stream, work, started, timing))
         if not work.future.done():
             work.future.set_result(result)
         elif not isinstance(result, ServerError):
-            result.release()
+            result.cancel()  # nobody waits for it any more
+
+    def _record(self, stream: ResponseStream, work: _Work, started: int, timing: BatchTiming) -> None:
+        finished = time.monotonic_ns()
+        if stream.error is not None:
+            self._stats.record_failure(finished - work.enqueued_ns)
+        else:
+            self._stats.record_success(work.batch_size, finished - work.enqueued_ns, started - work.enqueued_ns,
+                                       timing)
 
     def _fail_queue_if_no_instance_left(self, instance: Any) -> None:
         if any(other.usable for other in self._instances):

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from backend.cli import ServerOptions
 from backend.core import Core, CoreOptions
+from backend.model_override import sweep_stale_override_dirs
 from backend.repository import RepositoryError
 from ipc.names import sweep_stale
 
@@ -87,6 +88,8 @@ async def serve(options: ServerOptions) -> int:
     removed = sweep_stale(options.settings.shm_prefix)
     if removed:
         log.info("removed %d stale shared memory objects of dead processes", len(removed))
+    for path in sweep_stale_override_dirs():
+        log.info("removed stale model override directory %s", path)
     core = Core(CoreOptions(repositories=options.repositories, settings=options.settings,
                             auto_complete=options.auto_complete, strict_readiness=options.strict_readiness,
                             server_id=options.server_id, model_control_mode=options.model_control_mode,

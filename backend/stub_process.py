@@ -28,7 +28,9 @@ from typing import Any, Callable
 from backend.errors import ServerError
 from backend.inference import InferRequest, InferResponse, Tensor
 from backend.statistics import BatchTiming
+from backend.response_stream import ResponseStream
 from backend.stub_output import OutputForwarder
+from backend.stub_outbox import StubOutbox
 from backend.stub_settings import StubSettings
 from backend.validation import model_parameters
 from ipc import messages as msg
@@ -50,14 +52,14 @@ class StubStartError(Exception):
 
 
 class _Pending:
-    """One request in flight: its response (unary) and the future the scheduler awaits."""
+    """One request in flight: its response stream and the p2s memory of its inputs."""
 
-    __slots__ = ("future", "response", "input_handles", "request")
+    __slots__ = ("rid", "request", "stream", "input_handles")
 
-    def __init__(self, future: asyncio.Future, request: InferRequest) -> None:
-        self.future = future
+    def __init__(self, rid: int, request: InferRequest, stream: ResponseStream) -> None:
+        self.rid = rid
         self.request = request
-        self.response: list[Any] | None = None
+        self.stream = stream
         self.input_handles: list[list[int]] = []
 
 
@@ -73,15 +75,12 @@ class StubProcess:
         self.p2s: ArenaWriter | None = None
         self.s2p: ArenaReader | None = None
         self.started_at = time.monotonic()
-        self.served = 0
-        self.failed = 0
         self._loop = asyncio.get_running_loop()
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._batches: dict[int, tuple[asyncio.Future, list[int]]] = {}
         self._waiters: dict[type, asyncio.Future] = {}
-        self._releases: list[list[int]] = []
-        self._release_scheduled = False
+        self._outbox = StubOutbox(lambda: self.channel)
         self._dead = False
         self._output: OutputForwarder | None = None
         self._ready_check: asyncio.Future | None = None
@@ -262,42 +261,34 @@ class StubProcess:
 
     def _on_response(self, wire: list[Any]) -> None:
         rid, flags, error, outputs, parameters_json = wire
+        final = bool(flags & msg.RESPONSE_FINAL)
         pending = self._pending.get(rid)
         if pending is None:
             log.warning("stub '%s' answered unknown request %s", self.instance_name, rid)
-            self._queue_release([t[3] for t in outputs])
+            self._outbox.release([t[3] for t in outputs], rid if outputs else None)
             return
-        if pending.response is not None and (outputs or error):
-            # A second data response on a unary path: keep the first, free this one.
-            self._queue_release([t[3] for t in outputs])
-        elif outputs or error is not None:
-            pending.response = wire
-        if flags & msg.RESPONSE_FINAL:
-            self._finish(rid)
+        if final:
+            del self._pending[rid]
+            self._free_p2s(pending.input_handles)  # harmless if execute already returned
+            pending.input_handles = []
+        if parameters_json is None:  # `send(flags=FINAL)` with no response: completes the request
+            if final:
+                request = pending.request
+                pending.stream.put(InferResponse(request.model_name, "", request.id, flags_only=True), True)
+            return
+        pending.stream.put(self._make_response(pending, wire), final)
 
-    def _finish(self, rid: int) -> None:
-        pending = self._pending.pop(rid)
-        if pending.future.done():
-            if pending.response is not None:
-                self._queue_release([t[3] for t in pending.response[3]])
-            return
-        wire = pending.response
-        if wire is None:
-            pending.future.set_result(InferResponse(pending.request.model_name, "", pending.request.id))
-            return
-        error = wire[2]
+    def _make_response(self, pending: _Pending, wire: list[Any]) -> InferResponse:
+        rid, _, error, outputs_wire, parameters_json = wire
+        request = pending.request
+        parameters = json.loads(parameters_json) if parameters_json and parameters_json != "{}" else {}
         if error is not None:
-            self.failed += 1
-            pending.future.set_result(ServerError(error[1], Status.coerce(error[0])))
-        else:
-            self.served += 1
-            pending.future.set_result(self._make_response(pending.request, wire))
-
-    def _make_response(self, request: InferRequest, wire: list[Any]) -> InferResponse:
+            return InferResponse(request.model_name, "", request.id, parameters=parameters,
+                                 error=ServerError(error[1], Status.coerce(error[0])))
         assert self.s2p is not None
         outputs = [Tensor(name, datatype, tuple(shape), self.s2p.view(handle))
-                   for name, datatype, shape, handle in wire[3]]
-        handles = [t[3] for t in wire[3]]
+                   for name, datatype, shape, handle in outputs_wire]
+        handles = [t[3] for t in outputs_wire]
         released = False
 
         def release() -> None:
@@ -307,18 +298,17 @@ class StubProcess:
                 for tensor in outputs:
                     if isinstance(tensor.data, memoryview):
                         tensor.data.release()
-                self._queue_release(handles)
+                self._outbox.release(handles, rid)  # frees the bytes and returns a send credit
 
-        parameters = json.loads(wire[4]) if wire[4] and wire[4] != "{}" else {}
         return InferResponse(request.model_name, "", request.id, outputs, parameters, release)
 
     def _on_execute_done(self, message: msg.ExecuteDone) -> None:
-        entry = self._batches.pop(message.batch_id, None)
         for response in message.responses:
             self._on_response(response)
+        entry = self._batches.pop(message.batch_id, None)
         if entry is None:
             return
-        future, rids = entry
+        done, rids = entry
         for rid in rids:
             pending = self._pending.get(rid)
             if pending is None:
@@ -327,14 +317,10 @@ class StubProcess:
             self._free_p2s(pending.input_handles)
             pending.input_handles = []
             if message.error is not None:
-                self._pending.pop(rid)
-                if pending.response is not None:
-                    self._queue_release([t[3] for t in pending.response[3]])
-                if not pending.future.done():
-                    self.failed += 1
-                    pending.future.set_result(ServerError(message.error[1], Status.coerce(message.error[0])))
-        if not future.done():
-            future.set_result(None)
+                del self._pending[rid]
+                pending.stream.fail(ServerError(message.error[1], Status.coerce(message.error[0])))
+        if not done.done():
+            done.set_result(None)
 
     def _free_p2s(self, handles: list[list[int]]) -> None:
         if self.p2s is None:
@@ -345,80 +331,72 @@ class StubProcess:
             except (KeyError, IndexError, TypeError, ValueError):
                 log.error("stub '%s' released an unknown p2s handle %s", self.instance_name, handle)
 
-    # -- releases of s2p memory ------------------------------------------------------------------
-    def _queue_release(self, handles: list[list[int]]) -> None:
-        handles = [h for h in handles if h[0] >= 0]
-        if not handles or self._dead:
-            return
-        self._releases.extend(handles)
-        if not self._release_scheduled:
-            self._release_scheduled = True
-            self._loop.call_soon(self._flush_releases)
-
-    def _flush_releases(self) -> None:
-        self._release_scheduled = False
-        if not self._releases or self._dead or self.channel is None:
-            self._releases.clear()
-            return
-        frame = msg.encode(msg.Release(self._releases))
-        try:
-            sent = self.channel.try_send(frame)
-        except ChannelClosedError:
-            self._releases.clear()
-            return
-        if sent:
-            self._releases = []
-        else:  # the stub's queue is full: try again shortly
-            self._release_scheduled = True
-            self._loop.call_later(0.001, self._flush_releases)
+    def _cancel(self, rid: int) -> None:
+        if rid in self._pending:
+            self._outbox.cancel(rid)
 
     # -- execute -------------------------------------------------------------------------------
-    async def execute(self, requests: list[InferRequest]) -> list[Any]:
-        """Run one batch; returns, per request, an InferResponse or a ServerError (never raises)."""
-        results, _ = await self.execute_timed(requests)
-        return results
-
-    async def execute_timed(self, requests: list[InferRequest]) -> tuple[list[Any], BatchTiming]:
-        """`execute`, plus where the time went: staging inputs, the stub round trip, outputs."""
+    async def execute_streams(self, requests: list[InferRequest]) -> tuple[list[Any], BatchTiming]:
+        """Send one batch; returns once the model's `execute` returned, with, per request, its
+        ResponseStream or a ServerError. Never raises."""
         timing = BatchTiming()
-        results: list[Any] = [None] * len(requests)
         if not self.alive:
             return [self.unhealthy_error()] * len(requests), timing
-        assert self.p2s is not None and self.channel is not None
+        assert self.channel is not None
         started = time.monotonic_ns()
         batch_id = next(self._ids)
-        wire_requests, rids, futures = [], [], []
-        for index, request in enumerate(requests):
+        results: list[Any] = []
+        wire_requests, rids = [], []
+        for request in requests:
             try:
                 wire, pending = self._place_request(request)
             except ArenaFullError as exc:
-                results[index] = ServerError(str(exc), Status.INTERNAL)
+                results.append(ServerError(str(exc), Status.INTERNAL))
                 continue
-            self._pending[wire[0]] = pending
+            self._pending[pending.rid] = pending
             wire_requests.append(wire)
-            rids.append(wire[0])
-            futures.append((index, pending.future))
+            rids.append(pending.rid)
+            results.append(pending.stream)
         staged = time.monotonic_ns()
         timing.compute_input_ns = staged - started
         if wire_requests:
             done = self._loop.create_future()
             self._batches[batch_id] = (done, rids)
-            releases, self._releases = self._releases, []
-            frame = msg.encode(msg.Execute(batch_id, wire_requests, releases))
+            frame = msg.encode(msg.Execute(batch_id, wire_requests, self._outbox.take_releases()))
             try:
                 await self.channel.send(frame, self.settings.stub_timeout_seconds, "EXECUTE")
             except (ChannelClosedError, ChannelTimeoutError) as exc:
                 log.error("stub '%s': %s", self.instance_name, exc)
                 self._fail_all(self.unhealthy_error())
-            for index, future in futures:
-                results[index] = await future
+            await done
         timing.compute_infer_ns = time.monotonic_ns() - staged
         return results, timing
+
+    async def execute_timed(self, requests: list[InferRequest]) -> tuple[list[Any], BatchTiming]:
+        """Run one batch to completion; per request an InferResponse or a ServerError (never raises)."""
+        started = time.monotonic_ns()
+        streams, timing = await self.execute_streams(requests)
+        results: list[Any] = []
+        for stream in streams:
+            if isinstance(stream, ServerError):
+                results.append(stream)
+                continue
+            try:
+                results.append(await stream.single())
+            except ServerError as error:
+                results.append(error)
+        timing.compute_infer_ns = time.monotonic_ns() - started - timing.compute_input_ns
+        return results, timing
+
+    async def execute(self, requests: list[InferRequest]) -> list[Any]:
+        results, _ = await self.execute_timed(requests)
+        return results
 
     def _place_request(self, request: InferRequest) -> tuple[list[Any], _Pending]:
         assert self.p2s is not None
         rid = next(self._ids)
-        pending = _Pending(self._loop.create_future(), request)
+        pending = _Pending(rid, request, ResponseStream(request.id, request.model_name,
+                                                        lambda: self._cancel(rid)))
         wire_inputs = []
         try:
             for tensor in request.inputs:
@@ -447,9 +425,7 @@ class StubProcess:
         pending, self._pending = self._pending, {}
         for entry in pending.values():
             self._free_p2s(entry.input_handles)
-            if not entry.future.done():
-                self.failed += 1
-                entry.future.set_result(error)
+            entry.stream.fail(error)
         batches, self._batches = self._batches, {}
         for future, _ in batches.values():
             if not future.done():

@@ -8,15 +8,16 @@ could leave held.
 
     Handle = (segment index, offset, nbytes)          segment -1: an empty tensor, nothing stored
 
-Growth adds a segment of `growth_size` bytes, or of the smallest multiple of it that fits the
-request; data never moves. A failure to reserve the new segment's pages (full /dev/shm) raises
+The first segment has `default_size` bytes (or the smallest multiple of it that fits the first
+request); growth adds a segment of `growth_size` bytes, or of the smallest multiple of it that fits
+the request; data never moves. A failure to reserve the new segment's pages (full /dev/shm) raises
 `ArenaFullError` with the text clients match, and leaves the arena as it was.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Tuple
+from typing import Any
 
 from ipc.allocator import ALIGNMENT, Allocator
 from ipc.names import unlink_entries
@@ -24,7 +25,7 @@ from ipc.segment import Segment, SegmentCreateError
 
 __all__ = ["Handle", "EMPTY_HANDLE", "ArenaWriter", "ArenaReader", "ArenaFullError", "segment_name"]
 
-Handle = Tuple[int, int, int]
+Handle = tuple[int, int, int]
 EMPTY_HANDLE: Handle = (-1, 0, 0)
 
 

@@ -10,7 +10,8 @@ frames carry arena handles `[segment, offset, nbytes]`.
     AutoComplete                          AutoCompleteDone
     Init                                  InitDone
     Execute (requests, releases)          ExecuteDone (responses returned by execute)
-    Release (s2p handles)                 Response (sent through a response sender)
+    Release (s2p handles, credits)        Response (sent through a response sender)
+    Cancel (request ids)
     Finalize                              FinalizeDone
     IsReady                               IsReadyDone
                                           Log
@@ -33,7 +34,7 @@ import msgpack
 __all__ = [
     "Kind", "MessageDecodeError", "encode", "decode",
     "AutoComplete", "AutoCompleteDone", "Init", "InitDone", "Execute", "ExecuteDone",
-    "Response", "Release", "Log", "Finalize", "FinalizeDone", "IsReady", "IsReadyDone",
+    "Response", "Release", "Log", "Finalize", "FinalizeDone", "IsReady", "IsReadyDone", "Cancel",
     "RESPONSE_FINAL",
 ]
 
@@ -54,6 +55,7 @@ class Kind(enum.IntEnum):
     FINALIZE_DONE = 11
     IS_READY = 12
     IS_READY_DONE = 13
+    CANCEL = 14
 
 
 class MessageDecodeError(ValueError):
@@ -100,6 +102,11 @@ class Response(NamedTuple):
 
 class Release(NamedTuple):
     handles: list[list[int]]
+    credits: list[int]  # request ids, one entry per consumed data response (flow control)
+
+
+class Cancel(NamedTuple):
+    rids: list[int]
 
 
 class Log(NamedTuple):
@@ -132,6 +139,7 @@ _KIND_OF: dict[type, Kind] = {
     Init: Kind.INIT, InitDone: Kind.INIT_DONE, Execute: Kind.EXECUTE, ExecuteDone: Kind.EXECUTE_DONE,
     Response: Kind.RESPONSE, Release: Kind.RELEASE, Log: Kind.LOG, Finalize: Kind.FINALIZE,
     FinalizeDone: Kind.FINALIZE_DONE, IsReady: Kind.IS_READY, IsReadyDone: Kind.IS_READY_DONE,
+    Cancel: Kind.CANCEL,
 }
 _TYPE_OF: dict[int, type] = {int(kind): cls for cls, kind in _KIND_OF.items()}
 _ARITY: dict[int, int] = {int(kind): len(cls._fields) for cls, kind in _KIND_OF.items()}

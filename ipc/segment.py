@@ -29,7 +29,7 @@ class Segment:
         self.view = memoryview(buffer)
 
     @classmethod
-    def create(cls, name: str, size: int) -> "Segment":
+    def create(cls, name: str, size: int) -> Segment:
         """Create, reserve and map `name` (without the leading slash). Raises SegmentCreateError."""
         try:
             shm = posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=0o600, size=0)
@@ -48,8 +48,9 @@ class Segment:
         return cls(name, buffer, size, writable=True)
 
     @classmethod
-    def attach(cls, name: str, writable: bool = False) -> "Segment":
-        """Map an existing segment. Raises SegmentCreateError when it does not exist."""
+    def attach(cls, name: str, writable: bool = False) -> Segment:
+        """Map an existing segment. Raises SegmentCreateError when it does not exist or cannot be
+        mapped (e.g. it is empty)."""
         try:
             shm = posix_ipc.SharedMemory("/" + name, read_only=not writable)
         except posix_ipc.Error as exc:
@@ -58,6 +59,8 @@ class Segment:
             size = os.fstat(shm.fd).st_size
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
             buffer = mmap.mmap(shm.fd, size, mmap.MAP_SHARED, prot)
+        except (OSError, ValueError) as exc:  # ValueError: an empty object cannot be mapped
+            raise SegmentCreateError(f"cannot map shared memory '{name}': {exc}") from exc
         finally:
             shm.close_fd()
         return cls(name, buffer, size, writable)

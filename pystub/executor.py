@@ -3,7 +3,8 @@
 Default mode: `execute` returns a list with one entry per request: an `InferenceResponse`, or None
 when the request's sender answered (or will answer) it. Decoupled mode: it returns None and every
 response goes through a sender. An exception, or a return that breaks the rules, fails every
-request of the batch that is not already closed, with Triton's texts.
+request of the batch that is not already closed, with Triton's texts. A model that defines
+`execute_batch` (pystub extension) runs through `pystub.batched` instead.
 """
 
 from __future__ import annotations
@@ -62,9 +63,16 @@ def failure_text(instance_name: str, exc: BaseException) -> str:
 
 
 def run_execute(model: Any, requests: list[Any], decoupled: bool, loop: InstanceLoop,
-                log_error: Callable[[str], None]) -> Any:
+                log_error: Callable[[str], None], batched: Any = None) -> Any:
     """Call execute. An `async def execute` runs on the instance loop: awaited in default mode,
-    fire-and-forget in decoupled mode (the next batch starts while it awaits)."""
+    fire-and-forget in decoupled mode (the next batch starts while it awaits).
+
+    `batched` (a `pystub.batched.BatchedExecute`, for models that define `execute_batch`) runs the
+    batch through `execute_batch` instead and returns one response per request.
+    """
+    if batched is not None:
+        return batched.run(model, requests, lambda awaitable: loop.submit(_as_coroutine(awaitable)).result(),
+                           log_error)
     result = model.execute(requests)
     if inspect.isawaitable(result):
         future = loop.submit(_as_coroutine(result))

@@ -18,7 +18,6 @@ import resource
 import socket
 import sys
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +27,13 @@ from ipc.channel import BlockingChannel, ChannelClosedError
 from ipc.control_block import ControlBlock, StubState
 from ipc.status import Status
 from pystub import pb_utils
+from pystub.batched import BatchedExecute, has_execute_batch
 from pystub.event_loop import InstanceLoop
 from pystub.executor import check_return, failure_text, format_traceback, run_execute
 from pystub.liveness import Heartbeat, ignore_termination_signals, set_parent_death_signal
 from pystub.loader import LoadError, load_model_class
 from pystub.pb_utils import _runtime
+from pystub.senders import RequestRegistry, RequestState
 from pystub.translate import build_request, error_to_wire, response_to_wire
 
 __all__ = ["StubOptions", "Stub"]
@@ -54,12 +55,6 @@ class StubOptions:
     rlimits: dict[str, int]
 
 
-@dataclass
-class _SenderState:
-    rid: int
-    final: bool = False
-
-
 class Stub:
     def __init__(self, options: StubOptions) -> None:
         self.options = options
@@ -75,6 +70,9 @@ class Stub:
         self.model_name = ""
         self.model_version = 0
         self.decoupled = False
+        self.batched: BatchedExecute | None = None  # pystub extension: the model's execute_batch
+        self.requests = RequestRegistry(self.instance, self.send, self.s2p, lambda: self.decoupled,
+                                        options.send_timeout)
 
     # -- plumbing ------------------------------------------------------------------------------
     def send(self, message: Any) -> None:
@@ -105,6 +103,9 @@ class Stub:
                 continue
             if isinstance(message, msg.Release):
                 self._free(message.handles)
+                self.requests.on_credits(message.credits)
+            elif isinstance(message, msg.Cancel):
+                self.requests.on_cancel(message.rids)
             elif isinstance(message, msg.IsReady):
                 # Readiness is asked while execute may run: answer from a thread of its own.
                 threading.Thread(target=self._is_ready, args=(message.token,), daemon=True,
@@ -171,8 +172,10 @@ class Stub:
         _runtime.set_model_dir(os.path.dirname(message.model_path))
         try:
             model_class = load_model_class(message.model_path)
-            if not callable(getattr(model_class, "execute", None)):
+            if not callable(getattr(model_class, "execute", None)) and not has_execute_batch(model_class):
                 raise LoadError(f"Python model {message.model_path} does not implement `execute` method.")
+            self.batched = BatchedExecute.create(model_class, args.get("model_config", "{}"), self.instance,
+                                                 self.decoupled)
             self.model = model_class()
             initialize = getattr(self.model, "initialize", None)
             if initialize is not None:
@@ -217,56 +220,30 @@ class Stub:
             pass
 
     # -- execute -------------------------------------------------------------------------------
-    def _make_sender(self, wire: list[Any]) -> tuple[Any, _SenderState]:
-        state = _SenderState(rid=wire[0])
-        requested = set(wire[3])
-
-        def send(response: Any, flags: int) -> None:
-            self.send(msg.Response(response_to_wire(state.rid, response, flags, requested, self.s2p)))
-            if flags & _FINAL:
-                state.final = True
-
-        sender = pb_utils.InferenceResponseSender(send, lambda: False, decoupled=self.decoupled)
-        # pystub goes further than Triton (API.md 7): a sender dropped before FINAL fails its
-        # request instead of leaving the client waiting forever.
-        weakref.finalize(sender, self._sender_dropped, state).atexit = False
-        return sender, state
-
-    def _sender_dropped(self, state: _SenderState) -> None:
-        if state.final:
-            return
-        state.final = True
-        text = (f"Response sender of model '{self.instance}' was destroyed before it sent the final "
-                f"response (TRITONSERVER_RESPONSE_COMPLETE_FINAL).")
-        try:
-            self.send(msg.Response([state.rid, _FINAL, error_to_wire(Status.INTERNAL, text), [], "{}"]))
-        except (ChannelClosedError, OSError):
-            pass
-
     def _execute(self, message: msg.Execute) -> None:
         self._free(message.releases)
         requests: list[Any] = []
-        states: list[_SenderState] = []
+        states: list[RequestState] = []
         responses: list[Any] = []
         error = None
         self.control.execute_started()
         try:
             for wire in message.requests:
-                sender, state = self._make_sender(wire)
+                sender, state = self.requests.make_sender(wire)
                 states.append(state)
                 requests.append(build_request(wire, self.p2s, self.model_name, self.model_version, sender))
-            result = run_execute(self.model, requests, self.decoupled, self.loop, self.log_error)
+            result = run_execute(self.model, requests, self.decoupled, self.loop, self.log_error, self.batched)
             entries = check_return(result, requests, self.decoupled, self.instance)
             for wire, state, entry in zip(message.requests, states, entries):
                 if entry is not None and not state.final:
-                    state.final = True
+                    self.requests.close(state)
                     responses.append(response_to_wire(wire[0], entry, _FINAL, set(wire[3]), self.s2p))
         except Exception as exc:
             text = failure_text(self.instance, exc)
             self.log_error(f"{text}\n{format_traceback(exc)}")
             error = error_to_wire(Status.INTERNAL, text)
             for state in states:
-                state.final = True  # the backend fails every request that is still open
+                self.requests.close(state)  # the backend fails every request that is still open
             for response in responses:
                 self._free([t[3] for t in response[3]])
             responses = []

@@ -47,8 +47,8 @@ def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
     Outputs are placed in the s2p arena; when the arena cannot grow, the already placed outputs
     are freed again and the response becomes an INTERNAL error carrying the text.
     """
-    if response is None:
-        return [rid, flags, None, [], "{}"]
+    if response is None:  # flags only: parameters nil tells it apart from a response with no outputs
+        return [rid, flags, None, [], None]
     if response.has_error():
         error = response.error()
         return [rid, flags, error_to_wire(error.code(), error.message()), [], _response_parameters(response)]

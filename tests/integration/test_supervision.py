@@ -227,10 +227,9 @@ def test_stubs_exit_when_the_backend_is_killed(tmp_path: Path):
         assert time.monotonic() < deadline, "a stub outlived its backend by 5 s"
         time.sleep(0.05)
     backend.stop(check=False)
-    # The next backend sweeps what the dead one could not unlink.
-    with Backend(make_repository(tmp_path / "again", "add_sub")) as second:
+    # The next backend sweeps what the dead one could not unlink (its pid is dead).
+    with Backend(make_repository(tmp_path / "again", "add_sub")):
         assert all(not os.path.exists(f"/dev/shm/{name}") for name in stale)
-        assert "removed" in second.log() and "stale shared memory" in second.log()
 
 
 def test_finalize_that_raises_is_logged_and_shutdown_is_clean(tmp_path: Path):

@@ -43,7 +43,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert largest_before < need
             return
         assert offset % ALIGNMENT == 0
-        assert 0 <= offset and offset + need <= self.allocator.size
+        assert offset >= 0 and offset + need <= self.allocator.size
         for other, size in self.live.items():
             assert offset + need <= other or other + size <= offset, "overlapping allocations"
         self.live[offset] = need

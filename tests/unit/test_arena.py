@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -290,3 +290,19 @@ class ArenaMachine(RuleBasedStateMachine):
 
 TestArenaMachine = ArenaMachine.TestCase
 TestArenaMachine.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
+
+
+def test_attaching_an_empty_object_is_a_segment_error() -> None:
+    """A half-made object (created, never sized) is refused with SegmentCreateError, not ValueError."""
+    import posix_ipc
+
+    base = names.stub_base_name("pystub")
+    name = segment_name(base, "p2s", 0)
+    posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=0o600, size=0).close_fd()
+    reader = ArenaReader(base, "p2s")
+    try:
+        with pytest.raises(SegmentCreateError, match="cannot map"):
+            reader.view((0, 0, 1))
+    finally:
+        reader.close()
+        names.unlink_entries(names.owned_entries(base))

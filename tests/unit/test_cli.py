@@ -72,6 +72,28 @@ def test_features_of_later_issues_are_named():
     assert options.not_supported == {}
 
 
+def test_model_control_flags():
+    options = parse_args(["--model-repository=/m"])
+    assert (options.model_control_mode, options.load_models, options.repository_poll_secs) == ("none", [], 15.0)
+    options = parse_args(["--model-repository=/m", "--model-control-mode=explicit", "--load-model=a",
+                          "--load-model", "b", "--repository-poll-secs", "0.5"])
+    assert (options.model_control_mode, options.load_models, options.repository_poll_secs) == (
+        "explicit", ["a", "b"], 0.5)
+    assert options.not_supported == {}
+
+
+@pytest.mark.parametrize("flag, text", [
+    ("--model-control-mode=auto", "invalid choice: 'auto'"),
+    ("--repository-poll-secs=0", "expected a number of seconds > 0"),
+    ("--repository-poll-secs=soon", "expected a number of seconds > 0"),
+])
+def test_bad_model_control_flags_are_usage_errors(flag, text, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--model-repository=/m", flag])
+    assert info.value.code == 2
+    assert text in capsys.readouterr().err
+
+
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "backend", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)

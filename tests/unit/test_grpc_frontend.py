@@ -260,7 +260,7 @@ def test_unexpected_error_is_internal_and_output_still_released(
 def test_unimplemented_rpcs(client: grpcclient.InferenceServerClient, server: _ServerThread,
                             caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(InferenceServerException) as info:
-        client.get_log_settings()
+        client.get_trace_settings()
     assert info.value.status() == "StatusCode.UNIMPLEMENTED"
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)

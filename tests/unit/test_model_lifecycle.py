@@ -102,7 +102,8 @@ def test_requests_past_the_timeout_fail_clearly():
     results, version = _run_retire([10.0, 10.0, 10.0], timeout=0.1)
     texts = _texts(results)
     running = len(version.instance.started)
-    assert texts[:running] == ["Model 'm' version 1 was unloaded before the request completed (waited 0.1 s)."] * running
+    abandoned = "Model 'm' version 1 was unloaded before the request completed (waited 0.1 s)."
+    assert texts[:running] == [abandoned] * running
     assert all("queued request was not executed" in text for text in texts[running:])
     assert version.unloaded_with == 1.0  # the finalize still gets at least a second
 

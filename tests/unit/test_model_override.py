@@ -103,3 +103,22 @@ def test_grpc_log_settings():
     assert response.settings["log_file"].string_param == ""
     assert response.settings["log_info"].bool_param is True
     assert response.settings["log_verbose_level"].uint32_param == 1
+
+
+def test_stale_override_dirs_of_dead_servers_are_swept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import subprocess
+    import sys
+
+    from backend.model_override import sweep_stale_override_dirs
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"pystub_override_{int(dead.stdout)}_abc"
+    stale.mkdir()
+    (stale / "m").mkdir()
+    mine = OverrideDir.create("m", {"file:1/model.py": b""})
+    other = tmp_path / "pystub_override_notapid"
+    other.mkdir()
+    assert sweep_stale_override_dirs() == [str(stale)]
+    assert not stale.exists() and Path(mine.root).exists() and other.exists()
+    mine.remove()
