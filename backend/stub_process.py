@@ -52,15 +52,21 @@ class StubStartError(Exception):
 
 
 class _Pending:
-    """One request in flight: its response stream and the p2s memory of its inputs."""
+    """One request in flight: its response stream and the p2s memory of its inputs.
 
-    __slots__ = ("rid", "request", "stream", "input_handles")
+    Inputs stay allocated until both `execute` has returned and the final response is in: a
+    decoupled model may read its inputs from another thread after `execute` returned, as
+    Triton's own examples do.
+    """
+
+    __slots__ = ("rid", "request", "stream", "input_handles", "executed")
 
     def __init__(self, rid: int, request: InferRequest, stream: ResponseStream) -> None:
         self.rid = rid
         self.request = request
         self.stream = stream
         self.input_handles: list[list[int]] = []
+        self.executed = False
 
 
 class StubProcess:
@@ -78,6 +84,7 @@ class StubProcess:
         self._loop = asyncio.get_running_loop()
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
+        self._finished_early: dict[int, _Pending] = {}  # final response in, execute not yet returned
         self._batches: dict[int, tuple[asyncio.Future, list[int]]] = {}
         self._waiters: dict[type, asyncio.Future] = {}
         self._outbox = StubOutbox(lambda: self.channel)
@@ -269,8 +276,10 @@ class StubProcess:
             return
         if final:
             del self._pending[rid]
-            self._free_p2s(pending.input_handles)  # harmless if execute already returned
-            pending.input_handles = []
+            if pending.executed:
+                self._release_inputs(pending)
+            else:  # execute has not returned yet: the batch entry frees them when it does
+                self._finished_early[rid] = pending
         if parameters_json is None:  # `send(flags=FINAL)` with no response: completes the request
             if final:
                 request = pending.request
@@ -310,17 +319,24 @@ class StubProcess:
             return
         done, rids = entry
         for rid in rids:
+            early = self._finished_early.pop(rid, None)
+            if early is not None:
+                self._release_inputs(early)
+                continue
             pending = self._pending.get(rid)
             if pending is None:
                 continue
-            # execute returned: the stub released the batch's requests, so their inputs go back
-            self._free_p2s(pending.input_handles)
-            pending.input_handles = []
+            pending.executed = True
             if message.error is not None:
                 del self._pending[rid]
+                self._release_inputs(pending)
                 pending.stream.fail(ServerError(message.error[1], Status.coerce(message.error[0])))
         if not done.done():
             done.set_result(None)
+
+    def _release_inputs(self, pending: _Pending) -> None:
+        self._free_p2s(pending.input_handles)
+        pending.input_handles = []
 
     def _free_p2s(self, handles: list[list[int]]) -> None:
         if self.p2s is None:
@@ -423,8 +439,9 @@ class StubProcess:
 
     def _fail_all(self, error: ServerError) -> None:
         pending, self._pending = self._pending, {}
-        for entry in pending.values():
-            self._free_p2s(entry.input_handles)
+        early, self._finished_early = self._finished_early, {}
+        for entry in [*pending.values(), *early.values()]:
+            self._release_inputs(entry)
             entry.stream.fail(error)
         batches, self._batches = self._batches, {}
         for future, _ in batches.values():

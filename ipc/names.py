@@ -42,10 +42,11 @@ def owned_entries(base: str) -> list[str]:
 
 
 def unlink_entries(names: list[str]) -> None:
+    """Unlink what exists and may be unlinked; another user's stale objects are left alone."""
     for name in names:
         try:
             os.unlink(os.path.join(SHM_DIR, name))
-        except FileNotFoundError:
+        except (FileNotFoundError, PermissionError):
             pass
 
 
