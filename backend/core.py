@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, TypeVar
 
 from backend.errors import ServerError
 from backend.inference import InferRequest, InferResponse
@@ -15,6 +15,7 @@ from backend.model_override import LoadRequest, OverrideDir, parse_load_paramete
 from backend.model_version import ModelVersion
 from backend.repository import (RepositoryError, check_stub_name, find_models, model_fingerprint,
                                 prepare_model)
+from backend.response_stream import ResponseStream
 from backend.stub_settings import StubSettings
 from backend.validation import validate_request
 from ipc.status import Status
@@ -22,6 +23,7 @@ from ipc.status import Status
 __all__ = ["Core", "CoreOptions", "SERVER_NAME", "SERVER_VERSION", "EXTENSIONS", "MODEL_CONTROL_MODES"]
 
 log = logging.getLogger("pystub.core")
+_T = TypeVar("_T")
 
 SERVER_NAME = "pystub"
 SERVER_VERSION = "0.1.0"
@@ -319,9 +321,29 @@ class Core:
     async def infer(self, request: InferRequest) -> InferResponse:
         model_version = self._lookup(request.model_name, request.model_version)
         batch_size = validate_request(request, model_version.config)
-        task = self._in_flight.enter(model_version)  # what unloading this version drains
+        return await self._tracked(model_version, model_version.infer(request, batch_size))
+
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        """Whether the model uses the decoupled transaction policy (False when it is unknown: the
+        request then fails with the lookup's own error)."""
         try:
-            return await model_version.infer(request, batch_size)
+            return self._lookup(name, version, require_ready=False).decoupled
+        except ServerError:
+            return False
+
+    async def infer_stream(self, request: InferRequest) -> ResponseStream:
+        """The request's responses, as they come (decoupled models, streaming frontends)."""
+        model_version = self._lookup(request.model_name, request.model_version)
+        batch_size = validate_request(request, model_version.config)
+        stream = await self._tracked(model_version, model_version.infer_stream(request, batch_size))
+        self._in_flight.enter_stream(model_version, stream)  # until its final response
+        return stream
+
+    async def _tracked(self, model_version: ModelVersion, call: Awaitable[_T]) -> _T:
+        """Await `call` as an in-flight request of `model_version`: what unloading it drains."""
+        task = self._in_flight.enter(model_version)
+        try:
+            return await call
         except asyncio.CancelledError:
             error = self._in_flight.abandoned_error(task)
             if error is None:

@@ -268,7 +268,7 @@ class DynamicBatcher:
                 BatchTiming()
         self._stats.record_execution(sum(item.batch_size for item in batch), timing)
         now = time.monotonic_ns()
-        for item, result in zip(batch, results):
+        for item, result in zip(batch, results, strict=True):
             if isinstance(result, ServerError):
                 self._fail(item, result, now)
                 continue

@@ -66,35 +66,44 @@ class ModelEntry:
 
 
 class InFlight:
-    """The requests inside `Core.infer`, per model version: what retiring a version waits for.
+    """The requests of each model version that are in flight: what retiring a version waits for.
 
-    Each request is the task serving it. A request still running when its version's drain times
-    out is "abandoned": its task is cancelled and `Core.infer` turns that cancellation into the
-    recorded error, so the client gets an answer instead of waiting on a stopped stub.
+    A request is tracked as the task serving it while it waits for the scheduler, then (for
+    streamed requests) as its `ResponseStream` until the final response is in. A request still
+    in flight when its version's drain times out is "abandoned": a task is cancelled and
+    `Core` turns that cancellation into the recorded error; a stream is ended with that error.
+    Either way the client gets an answer instead of waiting on a stopped stub.
     """
 
     def __init__(self) -> None:
-        self._tasks: dict[ModelVersion, set[asyncio.Task[Any]]] = {}
+        self._items: dict[ModelVersion, set[Any]] = {}
         self._abandoned: dict[asyncio.Task[Any], ServerError] = {}
 
     def enter(self, version: ModelVersion) -> asyncio.Task[Any] | None:
         task = asyncio.current_task()
         if task is not None:
-            self._tasks.setdefault(version, set()).add(task)
+            self._items.setdefault(version, set()).add(task)
         return task
 
     def leave(self, version: ModelVersion, task: asyncio.Task[Any] | None) -> None:
-        if task is None:
-            return
-        self._abandoned.pop(task, None)
-        tasks = self._tasks.get(version)
-        if tasks is not None:
-            tasks.discard(task)
-            if not tasks:
-                del self._tasks[version]
+        if task is not None:
+            self._abandoned.pop(task, None)
+            self._discard(version, task)
+
+    def enter_stream(self, version: ModelVersion, stream: Any) -> None:
+        """Track `stream` (a ResponseStream) until its final response."""
+        self._items.setdefault(version, set()).add(stream)
+        stream.when_final(lambda finished: self._discard(version, finished))
+
+    def _discard(self, version: ModelVersion, item: Any) -> None:
+        items = self._items.get(version)
+        if items is not None:
+            items.discard(item)
+            if not items:
+                del self._items[version]
 
     def count(self, version: ModelVersion) -> int:
-        return len(self._tasks.get(version, ()))
+        return len(self._items.get(version, ()))
 
     async def drain(self, version: ModelVersion, timeout: float) -> int:
         """Wait until no request of `version` is in flight, at most `timeout` s; returns how many
@@ -105,10 +114,13 @@ class InFlight:
         return self.count(version)
 
     def abandon(self, version: ModelVersion, error: ServerError) -> None:
-        for task in list(self._tasks.get(version, ())):
-            if not task.done():
-                self._abandoned[task] = error
-                task.cancel()
+        for item in list(self._items.get(version, ())):
+            if isinstance(item, asyncio.Task):
+                if not item.done():
+                    self._abandoned[item] = error
+                    item.cancel()
+            else:
+                item.fail(error)
 
     def abandoned_error(self, task: asyncio.Task[Any] | None) -> ServerError | None:
         """The error to answer with if `task` was cancelled by `abandon` (None: a real cancel)."""
@@ -142,23 +154,8 @@ async def stop_versions(versions: dict[int, ModelVersion], timeout: float) -> No
 
 
 def _fail_queued(version: ModelVersion, error: ServerError) -> int:
-    """Fail the requests still waiting in the version's scheduler queue; returns how many.
-
-    DefaultScheduler has no public way to fail its queue while letting the running requests
-    finish (its `stop` cancels the workers of those too), so this reaches into `_queue`. If the
-    scheduler changes shape, nothing is failed here and the drain simply waits for all requests.
-    """
-    queue = getattr(version.scheduler, "_queue", None)
-    if not isinstance(queue, asyncio.Queue):
-        return 0
-    failed = 0
-    while not queue.empty():
-        work = queue.get_nowait()
-        future = getattr(work, "future", None)
-        if future is not None and not future.done():
-            future.set_result(error)
-            failed += 1
-    return failed
+    """Fail the requests still waiting in the version's scheduler; returns how many."""
+    return version.scheduler.fail_queued(error) if version.scheduler is not None else 0
 
 
 async def retire(version: ModelVersion, in_flight: InFlight, timeout: float) -> None:

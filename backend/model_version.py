@@ -9,13 +9,13 @@ import os
 import time
 from typing import Any
 
+from backend.dynamic_batcher import DynamicBatcher
 from backend.errors import ServerError
 from backend.execution_env import ExecutionEnvError, interpreter_command, resolve_execution_env
 from backend.inference import InferRequest, InferResponse
 from backend.model_config import ModelConfig, config_parameters, config_to_json, instance_names, is_decoupled
 from backend.model_instance import InstanceSpec, InstanceState, ModelInstance
 from backend.response_stream import ResponseStream
-from backend.dynamic_batcher import DynamicBatcher
 from backend.scheduler import DefaultScheduler
 from backend.statistics import ModelStatistics
 from backend.stub_process import StubStartError
@@ -169,16 +169,14 @@ class ModelVersion:
         An instance that is restarting is expected back: its requests wait in the queue for it.
         """
         self._check_serving()
-        response = await self.scheduler.schedule(request, batch_size)  # type: ignore[union-attr]
-        response.model_version = str(self.version)
-        return response
+        request.model_version = str(self.version)
+        return await self.scheduler.schedule(request, batch_size)  # type: ignore[union-attr]
 
     async def infer_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         """Schedule the (validated) request; its responses arrive on the stream. Raises ServerError."""
         self._check_serving()
-        stream = await self.scheduler.schedule_stream(request, batch_size)  # type: ignore[union-attr]
-        stream.model_version = str(self.version)
-        return stream
+        request.model_version = str(self.version)  # responses name the version that served them
+        return await self.scheduler.schedule_stream(request, batch_size)  # type: ignore[union-attr]
 
     def _check_serving(self) -> None:
         if self.scheduler is None or not self.loaded:

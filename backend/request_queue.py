@@ -61,7 +61,7 @@ class QueuePolicy:
     max_queue_size: int = 0
 
     @classmethod
-    def from_proto(cls, policy: Any) -> "QueuePolicy":
+    def from_proto(cls, policy: Any) -> QueuePolicy:
         return cls(int(policy.timeout_action), int(policy.default_timeout_microseconds),
                    bool(policy.allow_timeout_override), int(policy.max_queue_size))
 
@@ -101,7 +101,7 @@ class PriorityQueue:
         self._size = 0
 
     @classmethod
-    def from_config(cls, batching: Any) -> "PriorityQueue":
+    def from_config(cls, batching: Any) -> PriorityQueue:
         """From a `ModelDynamicBatching` proto."""
         return cls(int(batching.priority_levels), int(batching.default_priority_level),
                    QueuePolicy.from_proto(batching.default_queue_policy),
@@ -209,7 +209,7 @@ class BatchLimits:
     delay_ns: int = 0
 
     @classmethod
-    def from_config(cls, config: Any) -> "BatchLimits":
+    def from_config(cls, config: Any) -> BatchLimits:
         """From a `ModelConfig` with `dynamic_batching`. Preferred sizes above max_batch_size
         (which Triton refuses at load) are ignored."""
         batching = config.dynamic_batching

@@ -47,6 +47,7 @@ class ResponseStream:
             return
         if response.error is not None:
             self.error = response.error
+        response.final = final
         response.model_version = self.model_version or response.model_version
         if self.cancelled:
             response.release()
@@ -63,8 +64,6 @@ class ResponseStream:
 
     def _finish(self) -> None:
         self._final = True
-        if self._queue:
-            self._queue[-1].final = True
         callbacks, self._on_final = self._on_final, []
         for callback in callbacks:
             callback(self)

@@ -120,13 +120,20 @@ class DefaultScheduler:
             if not work.future.done():
                 work.future.set_result(error)
 
-    async def stop(self, reason: str) -> None:
-        """Fail what is still queued with `reason` and stop the workers."""
-        self._stopped = ServerError(reason, Status.UNAVAILABLE)
+    def fail_queued(self, error: ServerError) -> int:
+        """Fail every request still waiting in the queue; running ones go on. Returns how many."""
+        failed = 0
         while not self._queue.empty():
             work = self._queue.get_nowait()
             if not work.future.done():
-                work.future.set_result(self._stopped)
+                work.future.set_result(error)
+                failed += 1
+        return failed
+
+    async def stop(self, reason: str) -> None:
+        """Fail what is still queued with `reason` and stop the workers."""
+        self._stopped = ServerError(reason, Status.UNAVAILABLE)
+        self.fail_queued(self._stopped)
         for worker in self._workers:
             worker.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)

@@ -411,8 +411,9 @@ class StubProcess:
     def _place_request(self, request: InferRequest) -> tuple[list[Any], _Pending]:
         assert self.p2s is not None
         rid = next(self._ids)
-        pending = _Pending(rid, request, ResponseStream(request.id, request.model_name,
-                                                        lambda: self._cancel(rid)))
+        stream = ResponseStream(request.id, request.model_name, lambda: self._cancel(rid))
+        stream.model_version = request.model_version
+        pending = _Pending(rid, request, stream)
         wire_inputs = []
         try:
             for tensor in request.inputs:

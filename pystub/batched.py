@@ -80,7 +80,7 @@ def _default_array(text: str, dtype: Any, dims: list[int], where: str) -> np.nda
         if array.ndim != len(dims):
             raise BatchConfigError(f"{where}: dims {dims} have a variable dim, so the default must have "
                                    f"{len(dims)} dim(s); got shape {list(array.shape)}")
-        shape = [size if dim == -1 else dim for size, dim in zip(array.shape, dims)]
+        shape = [size if dim == -1 else dim for size, dim in zip(array.shape, dims, strict=True)]
     try:
         return np.ascontiguousarray(np.broadcast_to(array, shape))
     except ValueError:
@@ -127,7 +127,7 @@ class BatchedExecute:
                        for e in config.get("input", [])]
 
     @classmethod
-    def create(cls, model_class: Any, config_json: str, instance: str, decoupled: bool) -> "BatchedExecute | None":
+    def create(cls, model_class: Any, config_json: str, instance: str, decoupled: bool) -> BatchedExecute | None:
         """None for a model without execute_batch. Raises BatchConfigError."""
         if not has_execute_batch(model_class):
             return None
@@ -191,20 +191,24 @@ class BatchedExecute:
             outputs = model.execute_batch(inputs)
             if inspect.isawaitable(outputs):
                 outputs = submit(outputs)
-            outputs = self._check_outputs(outputs, sum(sizes))
+            split = self._split(self._check_outputs(outputs, sum(sizes)), sizes)
         except Exception as exc:
             text = failure_text(self.instance, exc)
             log_error(f"{text}\n{format_traceback(exc)}")
-            for index, _ in members:
-                responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(text, Status.INTERNAL))
-            return
-        start = 0
-        for (index, _), size in zip(members, sizes):
-            end = start + size if self.batching else start
-            tensors = [pb_utils.Tensor(name, array[start:end] if self.batching else array)
-                       for name, array in outputs.items()]
-            responses[index] = pb_utils.InferenceResponse(tensors)
-            start = end
+            split = [pb_utils.InferenceResponse(error=pb_utils.TritonError(text, Status.INTERNAL))] * len(members)
+        for (index, _), response in zip(members, split, strict=True):
+            responses[index] = response
+
+    def _split(self, outputs: dict[str, np.ndarray], sizes: list[int]) -> list[Any]:
+        """One response per request: its rows of every output."""
+        if not self.batching:
+            return [pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in outputs.items()])]
+        responses, start = [], 0
+        for size in sizes:
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor(name, array[start:start + size]) for name, array in outputs.items()]))
+            start += size
+        return responses
 
     def _check_outputs(self, outputs: Any, total: int) -> dict[str, np.ndarray]:
         if not isinstance(outputs, dict):

@@ -80,11 +80,14 @@ class RequestRegistry:
         return sender, state
 
     def _send_response(self, state: RequestState, response: Any, flags: int) -> None:
+        if state.final:  # failed on the model's behalf (stalled client), or already answered
+            raise pb_utils.TritonModelException("Unable to send response. Response sender has been closed.")
         carries_data = response is not None and not response.has_error() and not state.cancelled
         if carries_data and not state.credits.acquire(timeout=self._send_timeout):
-            raise pb_utils.TritonModelException(
-                f"Unable to send response: the client has not read the last {CREDIT_WINDOW} responses of this "
-                f"request for {self._send_timeout:g} s.")
+            text = (f"Unable to send response: the client has not read the last {CREDIT_WINDOW} responses of "
+                    f"this request for {self._send_timeout:g} s.")
+            self._fail(state, text)  # the client learns why, whatever the model does next
+            raise pb_utils.TritonModelException(text)
         self._send(msg.Response(response_to_wire(state.rid, response, flags, state.requested, self._writer)))
         if flags & _FINAL:
             self.close(state)
@@ -96,11 +99,13 @@ class RequestRegistry:
             self._states.pop(state.rid, None)
 
     def _sender_dropped(self, state: RequestState) -> None:
-        if state.final:
-            return
+        if not state.final:
+            self._fail(state, f"Response sender of model '{self._instance}' was destroyed before it sent the "
+                              f"final response (TRITONSERVER_RESPONSE_COMPLETE_FINAL).")
+
+    def _fail(self, state: RequestState, text: str) -> None:
+        """End the request with an INTERNAL error response carrying `text`."""
         self.close(state)
-        text = (f"Response sender of model '{self._instance}' was destroyed before it sent the final "
-                f"response (TRITONSERVER_RESPONSE_COMPLETE_FINAL).")
         try:
             self._send(msg.Response([state.rid, _FINAL, error_to_wire(Status.INTERNAL, text), [], "{}"]))
         except OSError:

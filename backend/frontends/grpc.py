@@ -18,6 +18,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from backend import log as backend_log
 from backend.errors import ServerError, Status, grpc_code
+from backend.frontends.grpc_stream import stream_infer
 from backend.frontends.grpc_codec import (
     decode_infer_request,
     encode_infer_response,
@@ -169,8 +170,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         settings = backend_log.update_settings(updates) if updates else backend_log.settings.as_dict()
         return log_settings_to_proto(settings)
 
+    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
+        async for response in stream_infer(self._core, request_iterator, context):
+            yield response
+
     @_rpc
     async def ModelInfer(self, request: Any, context: Any) -> service_pb2.ModelInferResponse:
+        if self._core.is_decoupled(request.model_name, request.model_version):
+            raise ServerError("ModelInfer RPC doesn't support models with decoupled transaction policy",
+                              Status.UNSUPPORTED)
         response = await self._core.infer(decode_infer_request(request))
         try:
             return encode_infer_response(response)

@@ -29,6 +29,7 @@ __all__ = ["stream_infer", "EMPTY_FINAL_KEY"]
 log = logging.getLogger("pystub.grpc")
 EMPTY_FINAL_KEY = "triton_enable_empty_final_response"
 _DONE = object()
+_OUT_QUEUE = 64
 
 
 def _wants_grpc_errors(context: grpc.aio.ServicerContext) -> bool:
@@ -53,7 +54,10 @@ class _StreamSession:
     def __init__(self, core: ServerCore, grpc_errors: bool) -> None:
         self.core = core
         self.grpc_errors = grpc_errors
-        self.out: asyncio.Queue[Any] = asyncio.Queue()
+        # Bounded: a client that does not read stops our reading of the model's responses, which
+        # stops returning credits, which makes the model's sender wait (and, past its deadline,
+        # fail the request). Memory stays bounded at every step.
+        self.out: asyncio.Queue[Any] = asyncio.Queue(maxsize=_OUT_QUEUE)
         self.tasks: set[asyncio.Task] = set()
         self.streams: set[Any] = set()
         self._previous_in_order: asyncio.Future | None = None
@@ -76,7 +80,7 @@ class _StreamSession:
             stream = await self.core.infer_stream(request)
         except ServerError as error:
             await self._wait(turn)
-            self.out.put_nowait(("error", request_id, error))
+            await self.out.put(("error", request_id, error))
             done.set_result(None)
             return
         self.streams.add(stream)
@@ -85,7 +89,7 @@ class _StreamSession:
             if not decoupled:
                 await self._wait(turn)  # default-mode models answer in request order
             async for response in stream:
-                self._emit(response, empty_final, request)
+                await self._emit(response, empty_final, request)
         finally:
             self.streams.discard(stream)
             if not done.done():
@@ -96,17 +100,18 @@ class _StreamSession:
         if turn is not None:
             await asyncio.shield(turn)
 
-    def _emit(self, response: InferResponse, empty_final: bool, request: Any) -> None:
-        try:
+    async def _emit(self, response: InferResponse, empty_final: bool, request: Any) -> None:
+        try:  # encoding copies the outputs out of the arena: release before waiting for room
             if response.error is not None:
-                self.out.put_nowait(("error", response.id or request.id, response.error))
+                item: tuple[Any, ...] | None = ("error", response.id or request.id, response.error)
             elif response.flags_only:
-                if empty_final:
-                    self.out.put_nowait(("message", _message(response, True)))
+                item = ("message", _message(response, True)) if empty_final else None
             else:
-                self.out.put_nowait(("message", _message(response, response.final)))
+                item = ("message", _message(response, response.final))
         finally:
             response.release()
+        if item is not None:
+            await self.out.put(item)
 
     def cancel_all(self) -> None:
         for stream in list(self.streams):
@@ -125,7 +130,7 @@ async def stream_infer(core: ServerCore, request_iterator: AsyncIterator[Any],
                 session.start(message)
             await asyncio.gather(*list(session.tasks), return_exceptions=True)
         finally:
-            session.out.put_nowait((_DONE,))
+            await session.out.put((_DONE,))
 
     reader = asyncio.ensure_future(read())
     try:

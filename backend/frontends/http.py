@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from backend.errors import ServerError, Status, http_status
+from backend.frontends.http_generate import generate, generate_stream
 from backend.frontends.http_codec import (
     INFERENCE_HEADER,
     Body,
@@ -67,6 +68,8 @@ def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20) -> we
         router.add_get(prefix + "/config", routes.model_config)
         router.add_get(prefix + "/stats", routes.statistics)
         router.add_post(prefix + "/infer", routes.infer)
+        router.add_post(prefix + "/generate", routes.generate)
+        router.add_post(prefix + "/generate_stream", routes.generate_stream)
     router.add_post("/v2/repository/index", routes.repository_index)
     router.add_post("/v2/repository/{repository}/index", routes.repository_index)
     app.add_routes(control_routes(core))  # model control and logging
@@ -165,8 +168,17 @@ class _Routes:
     async def repository_index(self, request: web.Request) -> web.Response:
         return _json(self._core.repository_index(_ready_only(await request.read())))
 
+    async def generate(self, request: web.Request) -> web.Response:
+        return await generate(self._core, request)
+
+    async def generate_stream(self, request: web.Request) -> web.StreamResponse:
+        return await generate_stream(self._core, request)
+
     async def infer(self, request: web.Request) -> web.Response:
         model, version = _model_ref(request)
+        if self._core.is_decoupled(model, version):
+            raise ServerError("HTTP end point doesn't support models with decoupled transaction policy",
+                              Status.UNSUPPORTED)
         body = await self._read_body(request)
         decoded = self._decode(body, request, model, version)
         response = await self._core.infer(decoded.request)

@@ -20,9 +20,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from harness import TEST_MODELS, Backend, make_repository, module_backend
+from tritonclient.utils import InferenceServerException
 
 OUTPUTS = """output [
   { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] },
@@ -34,7 +33,7 @@ OUTPUTS = """output [
 PROBES = {
     "probe_preferred": "max_batch_size: 8\ndynamic_batching { preferred_batch_size: [ 4 ] "
                        "max_queue_delay_microseconds: 2000000 }",
-    "probe_delay": "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 400000 }",
+    "probe_delay": "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 500000 }",
     "probe_max": "max_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 300000 }",
     "probe_priority": "max_batch_size: 2\ndynamic_batching { priority_levels: 2 default_priority_level: 2 }",
     "probe_policy": """max_batch_size: 1
@@ -44,7 +43,7 @@ dynamic_batching {
   default_queue_policy { max_queue_size: 2 allow_timeout_override: true }
   priority_queue_policy {
     key: 2
-    value: { timeout_action: DELAY default_timeout_microseconds: 100000 }
+    value: { timeout_action: DELAY allow_timeout_override: true }
   }
 }""",
     "probe_order": "max_batch_size: 1\ninstance_group [ { count: 2 } ]\ndynamic_batching { preserve_ordering: true }",
@@ -138,7 +137,7 @@ def test_the_queue_delay_gathers_requests_sent_apart(backend: Backend) -> None:
     answers = together(*[lambda: probe(backend, "probe_delay")] * 3, stagger=0.1)
     assert [a.first("REQUESTS") for a in answers] == [3, 3, 3]
     assert len({a.first("CALL") for a in answers}) == 1
-    assert all(a.done_at - started >= 0.35 for a in answers)
+    assert all(a.done_at - started >= 0.45 for a in answers)
 
 
 def test_batches_never_exceed_max_batch_size(backend: Backend) -> None:
@@ -152,11 +151,10 @@ def test_batches_never_exceed_max_batch_size(backend: Backend) -> None:
 
 def test_requests_of_different_shapes_are_not_batched_together(backend: Backend) -> None:
     # As in Triton, a request that cannot join the batch ends it: the batch goes without waiting.
-    started = time.monotonic()
-    answers = together(*[lambda w=w: probe(backend, "probe_delay", width=w) for w in (2, 2, 3)], stagger=0.05)
+    answers = together(*[lambda w=w: probe(backend, "probe_delay", width=w) for w in (2, 2, 3)], stagger=0.15)
     assert [a.first("REQUESTS") for a in answers] == [2, 2, 1]
     assert answers[0].first("CALL") == answers[1].first("CALL") != answers[2].first("CALL")
-    assert answers[0].done_at - started < 0.35 <= answers[2].done_at - started
+    assert answers[2].done_at - answers[0].done_at >= 0.3  # the pair left when the third came
     np.testing.assert_array_equal(answers[2].out("OUTPUT0"), np.full((1, 3), 2.0, np.float32))
 
 
@@ -168,7 +166,7 @@ def test_higher_priority_requests_run_first(backend: Backend, protocol: str) -> 
     def call(priority: int) -> Callable[[], Answer]:
         return lambda: probe(backend, "probe_priority", protocol=protocol, priority=priority)
 
-    blocker = lambda: probe(backend, "probe_priority", value=1400, rows=2)  # noqa: E731 (fills a batch)
+    blocker = lambda: probe(backend, "probe_priority", value=1700, rows=2)  # noqa: E731 (fills a batch)
     answers = together(blocker, call(2), call(2), call(1), call(1), stagger=0.05)
     calls = [a.first("CALL") for a in answers]
     assert calls[3] == calls[4] == calls[0] + 1, calls  # the two high ones form the next batch
@@ -187,17 +185,17 @@ def test_a_request_timeout_rejects_it_in_the_queue(backend: Backend, protocol: s
 
 
 def test_a_delayed_request_runs_after_the_ones_that_did_not_time_out(backend: Backend) -> None:
-    blocker, delayed, fresh = together(lambda: probe(backend, "probe_policy", value=1600),
-                                       lambda: probe(backend, "probe_policy", priority=2),
+    blocker, delayed, fresh = together(lambda: probe(backend, "probe_policy", value=2000),
+                                       lambda: probe(backend, "probe_policy", priority=2, timeout=100_000),
                                        lambda: probe(backend, "probe_policy", priority=2), stagger=0.25)
-    # `delayed` timed out (100 ms) while the blocker ran: DELAY keeps it, behind `fresh`
+    # `delayed` timed out (100 ms) while the blocker ran: DELAY keeps it, behind `fresh` (no timeout)
     assert delayed.error is None and fresh.error is None
     assert blocker.first("CALL") + 1 == fresh.first("CALL") == delayed.first("CALL") - 1
 
 
 def test_a_full_queue_answers_unavailable(backend: Backend) -> None:
-    answers = together(lambda: probe(backend, "probe_policy", value=1600),
-                       *[lambda: probe(backend, "probe_policy")] * 3, stagger=0.1)
+    answers = together(lambda: probe(backend, "probe_policy", value=1900),
+                       *[lambda: probe(backend, "probe_policy")] * 3, stagger=0.15)
     assert [a.error is None for a in answers] == [True, True, True, False]
     assert "Exceeds maximum queue size" in answers[3].error.message()
     assert answers[3].error.status() == "StatusCode.UNAVAILABLE"
@@ -297,16 +295,15 @@ def test_execute_batch_failures_stay_in_their_batch(backend: Backend) -> None:
         "failed on purpose")
     # (validation counts inputs only, so the stub is what refuses this one)
     assert missing.error is not None and missing.error.status() == "StatusCode.INVALID_ARGUMENT"
-    assert missing.error.message() == "input 'X' is required by model 'batch_author' but the request does not provide it"
+    assert missing.error.message() == ("input 'X' is required by model 'batch_author' but the request does not "
+                                       "provide it")
     np.testing.assert_allclose(author(backend, [[1, 1]]).out("Y"), [[2.5, 1.5]])
 
 
 @pytest.mark.parametrize(("parameter", "message"), [
     ('key: "default:X" value: { string_value: "1" }', "input 'X' is not optional"),
-    ('key: "default:SCALE" value: { string_value: "[1, 2" }', "'default:SCALE' of model 'bad_author' is not valid JSON"),
-    ('key: "default:BIAS" value: { string_value: "[1, 2, 3]" }', "does not fit dims [2]"),
-    ('key: "default:NOPE" value: { string_value: "1" }', "names no input of the model"),
-])
+    ('key: "default:SCALE" value: { string_value: "[1, 2" }', "'default:SCALE' of model 'bad_author' is not valid"),
+])  # (tests/unit/test_batched_execute.py checks every other refusal)
 def test_a_bad_default_fails_the_load(backend: Backend, parameter: str, message: str) -> None:
     repository = Path(backend.repository)
     target = repository / "bad_author"
@@ -340,10 +337,12 @@ def test_unload_fails_queued_requests_and_finishes_the_running_batch(backend: Ba
             client.unload_model("probe_unload")
             answers = [future.result(timeout=30) for future in queued]
         assert running.result().first("BATCH") == 8
-        for answer in answers:
+        for answer in answers:  # failed at once, while the running batch still finishes
             assert answer.error is not None and answer.error.status() == "StatusCode.UNAVAILABLE"
-            assert "unload" in answer.error.message(), answer.error.message()
-        assert time.monotonic() - started < 15
-        assert "probe_unload" not in {m["name"] for m in client.get_model_repository_index() if m.get("state") == "READY"}
+            assert answer.error.message() == ("Model 'probe_unload' version 1 is unloading; the queued request "
+                                              "was not executed."), answer.error.message()
+            assert answer.done_at - started < 0.8
+        ready = {m["name"] for m in client.get_model_repository_index() if m.get("state") == "READY"}
+        assert "probe_unload" not in ready
     finally:
         client.close()

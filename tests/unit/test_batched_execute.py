@@ -65,7 +65,8 @@ X2 = np.array([[3, 4], [5, 6]], np.float32)
 def test_defaults_are_filled_and_the_batch_runs_in_one_call() -> None:
     batched = BatchedExecute(config(defaults={"S": "2", "T": '"dflt"'}), "m_0_0")
     model = Model()
-    responses, errors = run(batched, model, [request(X=X1), request(X=X2), request(X=X1, S=np.array([[10]], np.float32), T=np.array([[b"x"]], object))])
+    given = request(X=X1, S=np.array([[10]], np.float32), T=np.array([[b"x"]], object))
+    responses, errors = run(batched, model, [request(X=X1), request(X=X2), given])
     assert not errors and len(model.calls) == 1
     np.testing.assert_array_equal(model.calls[0]["S"], [[2], [2], [2], [10]])
     assert model.calls[0]["T"].tolist() == [[b"dflt"]] * 3 + [[b"x"]]
@@ -105,6 +106,7 @@ def test_an_exception_fails_only_its_group_with_the_batch_failure_text() -> None
     ([1, 2], "must return a dict of output name to numpy array, found type '<class 'list'>'"),
     ({"Y": [1]}, "found str -> list"),
     ({"Y": np.zeros((2, 1))}, "output 'Y' of execute_batch has shape [2, 1], but the batch has 3 element(s)"),
+    ({"Y": np.array(["a", "b", "c"])}, "NumPy dtype is not supported."),
 ])
 def test_a_malformed_return_fails_the_group(result: Any, message: str) -> None:
     class Bad:
@@ -136,7 +138,8 @@ def test_async_execute_batch_and_run_execute_dispatch() -> None:
 def test_without_a_batch_dimension_each_request_runs_alone() -> None:
     batched = BatchedExecute(config(max_batch_size=0, defaults={"S": "3"}), "m_0_0")
     model = Model()
-    responses, _ = run(batched, model, [request(X=np.array([1, 2], np.float32)), request(X=np.array([3, 4], np.float32))])
+    responses, _ = run(batched, model, [request(X=np.array([1, 2], np.float32)),
+                                        request(X=np.array([3, 4], np.float32))])
     assert len(model.calls) == 2 and model.calls[0]["S"].tolist() == [3.0]
     np.testing.assert_array_equal(outputs(responses[1])["Y"], [9.0, 12.0])
 

@@ -7,8 +7,16 @@ from __future__ import annotations
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from backend.request_queue import (DELAY, REJECT, BatchLimits, PriorityQueue, QueueEntry, QueueFullError,
-                                   QueuePolicy, form_batch)
+from backend.request_queue import (
+    DELAY,
+    REJECT,
+    BatchLimits,
+    PriorityQueue,
+    QueueEntry,
+    QueueFullError,
+    QueuePolicy,
+    form_batch,
+)
 
 MS = 1_000_000
 

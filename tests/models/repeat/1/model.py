@@ -11,8 +11,16 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def execute(self, requests):
         counts = [int(pb_utils.get_input_tensor_by_name(r, "COUNT").as_numpy()[0]) for r in requests]
-        if min(counts) < 0:
+        if min(counts) == -1:
             return [None] * len(requests)  # breaks the decoupled rule on purpose
+        if min(counts) == -2:  # sends after FINAL on purpose
+            sender = requests[0].get_response_sender()
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            try:
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([0], np.int32))]))
+            except pb_utils.TritonModelException as error:
+                print(f"repeat: {error}", flush=True)
+            return None
         for request in requests:
             threading.Thread(target=self._stream, args=(request,), daemon=True).start()
         return None
