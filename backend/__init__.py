@@ -9,13 +9,15 @@ How a request travels:
                             │
                             ▼
                           model_version.ModelVersion ── scheduler.DefaultScheduler (next free instance)
-                            │
+                            │                           └─ dynamic_batcher.DynamicBatcher (gathers batches)
                             ▼
-                          stub_process.StubProcess.execute   inputs → p2s arena (one copy), EXECUTE frame
+                          model_instance.ModelInstance (supervision: restart, health) ──▶
+                          stub_process.StubProcess.execute_streams   inputs → p2s arena (one copy), EXECUTE
     ═══════════════════ process boundary: ipc/ arenas + SEQPACKET channel ═══════════════════
                           pystub/stub.py: views of the arena → TritonPythonModel.execute → s2p arena
     ═════════════════════════════════════════════════════════════════════════════════════════
-                          RESPONSE / EXECUTE_DONE frames → inference.InferResponse (views of s2p)
+                          RESPONSE / EXECUTE_DONE frames → response_stream.ResponseStream of
+                          inference.InferResponse (views of s2p; credits bound what is buffered)
                             │
                             ▼
                           frontend encodes (one copy out), then InferResponse.release() → RELEASE frame

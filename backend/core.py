@@ -69,6 +69,7 @@ class Core:
         self._poller: asyncio.Task[None] | None = None
         self._closing = False
         self._live = True
+        self._shutting_down = False
 
     # -- start-up and shutdown -------------------------------------------------------------------
     async def load_repository(self) -> list[str]:
@@ -89,6 +90,14 @@ class Core:
         if self.options.model_control_mode == "poll":
             self._poller = asyncio.ensure_future(self._poll_forever())
         return [name for name, result in zip(names, results) if result is not None]
+
+    def begin_shutdown(self) -> None:
+        """Refuse new inference and fail what waits in queues; running requests go on."""
+        self._shutting_down = True
+        error = ServerError("Server is shutting down; the queued request was not executed.", Status.UNAVAILABLE)
+        for version in self.model_versions():
+            if version.scheduler is not None:
+                version.scheduler.fail_queued(error)
 
     async def unload_all(self) -> None:
         """Stop polling, let running loads finish, then drain and unload every model."""
@@ -289,7 +298,7 @@ class Core:
         return self._live
 
     def is_ready(self) -> bool:
-        if not self._live:
+        if not self._live or self._shutting_down:
             return False
         if not self.options.strict_readiness:
             return True
@@ -318,7 +327,12 @@ class Core:
     def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
         return self._lookup(name, version, require_ready=False).config_json
 
+    def _check_accepting(self) -> None:
+        if self._shutting_down:
+            raise ServerError("Server is shutting down; it accepts no new inference requests.", Status.UNAVAILABLE)
+
     async def infer(self, request: InferRequest) -> InferResponse:
+        self._check_accepting()
         model_version = self._lookup(request.model_name, request.model_version)
         batch_size = validate_request(request, model_version.config)
         return await self._tracked(model_version, model_version.infer(request, batch_size))
@@ -333,6 +347,7 @@ class Core:
 
     async def infer_stream(self, request: InferRequest) -> ResponseStream:
         """The request's responses, as they come (decoupled models, streaming frontends)."""
+        self._check_accepting()
         model_version = self._lookup(request.model_name, request.model_version)
         batch_size = validate_request(request, model_version.config)
         stream = await self._tracked(model_version, model_version.infer_stream(request, batch_size))

@@ -183,6 +183,19 @@ def validate_config(config: ModelConfig) -> None:
         raise ConfigError(f"'max_batch_size' must be non-negative value for {config.name}")
     _validate_io(config.input, "input", config.name)
     _validate_io(config.output, "output", config.name)
+    if config.WhichOneof("scheduling_choice") == "dynamic_batching":
+        _validate_dynamic_batching(config)
+
+
+def _validate_dynamic_batching(config: ModelConfig) -> None:
+    batching = config.dynamic_batching
+    for size in batching.preferred_batch_size:
+        if size < 1 or (config.max_batch_size > 0 and size > config.max_batch_size):
+            raise ConfigError(f"dynamic batching preferred size must be positive and <= max batch size "
+                              f"{config.max_batch_size} for {config.name}, got {size}")
+    levels = batching.priority_levels
+    if levels and not 1 <= batching.default_priority_level <= levels:
+        raise ConfigError(f"default priority level must be in range [1, {levels}] for {config.name}")
 
 
 def _validate_io(tensors: Iterable[Any], kind: str, model: str) -> None:

@@ -114,6 +114,7 @@ async def serve(options: ServerOptions) -> int:
         log.info("shutting down")
         return 0
     finally:
+        core.begin_shutdown()
         await listeners.stop()
         await core.unload_all()
         log.info("all stubs stopped")

@@ -133,9 +133,9 @@ def _triton_name_list(names: list[str]) -> str:
 def _check_input_count(request: InferRequest, config: ModelConfig) -> None:
     given = [tensor.name for tensor in request.inputs]
     required = [tensor.name for tensor in config.input if not tensor.optional]
-    if len(required) <= len(given) <= len(config.input):
-        return
     missing = [name for name in required if name not in given]
+    if len(required) <= len(given) <= len(config.input) and (not missing or not _all_known(given, config)):
+        return  # an unknown name is reported by the per-input check, as Triton does
     got = _triton_name_list(given) if given else "[]"
     if len(required) == len(config.input):
         expected = f"expected {len(config.input)} inputs"
@@ -146,6 +146,11 @@ def _check_input_count(request: InferRequest, config: ModelConfig) -> None:
         f"Got input(s) {got}, but missing required input(s) {_triton_name_list(missing)}. "
         "Please provide all required input(s)."
     )
+
+
+def _all_known(names: list[str], config: ModelConfig) -> bool:
+    known = {tensor.name for tensor in config.input}
+    return all(name in known for name in names)
 
 
 def _known_input(model: str, configs: dict[str, Any], name: str) -> Any:

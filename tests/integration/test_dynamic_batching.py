@@ -205,7 +205,9 @@ def test_preserve_ordering_answers_in_arrival_order(backend: Backend) -> None:
     slow, fast = together(lambda: probe(backend, "probe_order", value=1500),
                           lambda: probe(backend, "probe_order"), stagger=0.1)
     assert slow.error is None and fast.error is None
-    assert fast.done_at >= slow.done_at
+    # The fast request (sent 0.1 s after a 1.5 s one) was held back until the slow one was answered;
+    # 0.2 s absorbs the jitter of two client threads noting their finish times.
+    assert fast.done_at + 0.2 >= slow.done_at
     assert slow.first("REQUESTS") == fast.first("REQUESTS") == 1  # two instances: executed side by side
 
 
@@ -293,10 +295,9 @@ def test_execute_batch_failures_stay_in_their_batch(backend: Backend) -> None:
     assert failed.error is not None and failed.error.message() == (
         "Failed to process the request(s) for model 'batch_author_0_0', message: RuntimeError: execute_batch "
         "failed on purpose")
-    # (validation counts inputs only, so the stub is what refuses this one)
+    # validation refuses it before it is queued, alone, with Triton's text
     assert missing.error is not None and missing.error.status() == "StatusCode.INVALID_ARGUMENT"
-    assert missing.error.message() == ("input 'X' is required by model 'batch_author' but the request does not "
-                                       "provide it")
+    assert "missing required input(s) ['X']" in missing.error.message()
     np.testing.assert_allclose(author(backend, [[1, 1]]).out("Y"), [[2.5, 1.5]])
 
 

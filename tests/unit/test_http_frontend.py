@@ -66,6 +66,9 @@ class EchoCore:
     def is_live(self) -> bool:
         return self.live
 
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        return False
+
     def is_ready(self) -> bool:
         return self.ready
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import re
+
 import pytest
 from tritonclient.grpc import model_config_pb2
 
@@ -457,3 +459,17 @@ def test_config_from_json_does_not_mutate_input() -> None:
 def test_config_from_json_errors(bad: object) -> None:
     with pytest.raises(ConfigError, match="failed to parse model configuration JSON"):
         config_from_json(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("batching, text", [
+    ("preferred_batch_size: [ 16 ]", "preferred size must be positive and <= max batch size 8"),
+    ("priority_levels: 2 default_priority_level: 3", "default priority level must be in range [1, 2]"),
+])
+def test_dynamic_batching_config_is_checked(batching, text):
+    from backend.model_config import ConfigError, normalize, parse_config_text
+
+    config = parse_config_text(
+        'max_batch_size: 8 input [ { name: "A" data_type: TYPE_INT32 dims: [1] } ] '
+        'output [ { name: "O" data_type: TYPE_INT32 dims: [1] } ] dynamic_batching { ' + batching + " }", "t")
+    with pytest.raises(ConfigError, match=re.escape(text)):
+        normalize(config, "m")

@@ -407,3 +407,22 @@ def test_model_parameters_strip_reserved() -> None:
     })
     assert model_parameters(request) == {"custom": "v", "n": 2, "f": 0.5, "flag": False}
     assert model_parameters(InferRequest("m")) == {}
+
+
+def test_a_required_input_left_out_for_an_optional_one_is_refused():
+    from backend.inference import InferRequest, Tensor
+    from backend.model_config import parse_config_text
+    from backend.validation import validate_request
+    from backend.errors import ServerError
+
+    config = parse_config_text(
+        'name: "m" input [ { name: "A" data_type: TYPE_INT32 dims: [1] }, '
+        '{ name: "B" data_type: TYPE_INT32 dims: [1] optional: true } ] '
+        'output [ { name: "O" data_type: TYPE_INT32 dims: [1] } ]', "test")
+    request = InferRequest("m", inputs=[Tensor("B", "INT32", (1,), b"\0" * 4)])
+    try:
+        validate_request(request, config)
+    except ServerError as error:
+        assert "missing required input(s) ['A']" in error.message
+    else:
+        raise AssertionError("a request without its required input was accepted")
