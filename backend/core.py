@@ -196,7 +196,7 @@ class Core:
             if not entry.versions:
                 entry.state, entry.reason, entry.failed, entry.unloaded = "UNAVAILABLE", text, {}, []
             raise _load_error(name, text) from None
-        loaded, failed = await start_versions(source, self.options.settings)
+        loaded, failed = await start_versions(source, self.options.settings, self)
         if failed and (entry.versions or not loaded):
             await stop_versions(loaded, self.options.settings.stub_timeout_seconds)
             if override is not None:

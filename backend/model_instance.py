@@ -51,6 +51,7 @@ class InstanceSpec:
     execute_timeout: float | None = None
     rlimits: dict[str, int] = field(default_factory=dict)
     python: list[str] | None = None  # interpreter command (an execution environment's), None = ours
+    context: Any = None  # the server core, handed to each stub for feature frame handlers
 
 
 class ModelInstance:
@@ -99,7 +100,7 @@ class ModelInstance:
         await self._spawn()
 
     async def _spawn(self) -> None:
-        stub = StubProcess(self.name, self.spec.settings, self.spec.model_name)
+        stub = StubProcess(self.name, self.spec.settings, self.spec.model_name, self.spec.context)
         stub.on_death = self._on_stub_death
         self.stub = stub
         stub.spawn(self.spec.python, self.spec.rlimits)

@@ -127,13 +127,15 @@ class InFlight:
         return self._abandoned.get(task) if task is not None else None
 
 
-async def start_versions(source: ModelSource, settings: StubSettings) -> tuple[dict[int, ModelVersion],
-                                                                                dict[int, str]]:
+async def start_versions(source: ModelSource, settings: StubSettings, context: Any = None
+                         ) -> tuple[dict[int, ModelVersion], dict[int, str]]:
     """Load every version `source` selects, concurrently. Returns the loaded versions and the
-    reasons of those that failed (already logged)."""
+    reasons of those that failed (already logged). `context` (the core) reaches the stubs'
+    feature handlers."""
 
     async def start(version: int) -> ModelVersion | str:
-        model_version = ModelVersion(source.config, version, source.model_dir, source.model_path(version), settings)
+        model_version = ModelVersion(source.config, version, source.model_dir, source.model_path(version), settings,
+                                     context)
         try:
             await model_version.load()
         except ModelLoadError as exc:

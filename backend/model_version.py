@@ -64,8 +64,9 @@ def _parameter_number(parameters: dict[str, str], name: str, kind: type) -> Any:
 
 class ModelVersion:
     def __init__(self, config: ModelConfig, version: int, model_dir: str, model_path: str,
-                 settings: StubSettings) -> None:
+                 settings: StubSettings, context: Any = None) -> None:
         self.config = config
+        self.context = context
         self.name = config.name
         self.version = version
         self.model_dir = model_dir
@@ -126,7 +127,7 @@ class ModelVersion:
                                self.model_dir, self.version),
             stub_settings={"decoupled": self.decoupled}, settings=self.settings,
             execute_timeout=_parameter_number(parameters, EXECUTE_TIMEOUT_PARAMETER, float),
-            rlimits={k: v for k, v in rlimits.items() if v is not None}, python=python)
+            rlimits={k: v for k, v in rlimits.items() if v is not None}, python=python, context=self.context)
 
     async def load(self) -> None:
         """Start and initialize every instance. Raises ModelLoadError (and stops what started)."""

@@ -25,10 +25,12 @@ import sys
 import time
 from typing import Any, Callable
 
+from backend import features  # noqa: F401 - registers the features' frame handlers
 from backend.errors import ServerError
 from backend.inference import InferRequest, InferResponse, Tensor
 from backend.statistics import BatchTiming
 from backend.response_stream import ResponseStream
+from backend.stub_features import handler_for
 from backend.stub_output import OutputForwarder
 from backend.stub_outbox import StubOutbox
 from backend.stub_settings import StubSettings
@@ -70,8 +72,10 @@ class _Pending:
 
 
 class StubProcess:
-    def __init__(self, instance_name: str, settings: StubSettings, model_name: str = "") -> None:
+    def __init__(self, instance_name: str, settings: StubSettings, model_name: str = "",
+                 context: Any = None) -> None:
         self.instance_name = instance_name
+        self.context = context  # the server core, for feature handlers (backend.stub_features)
         self.model_name = model_name
         self.settings = settings
         self.base = names.stub_base_name(settings.shm_prefix)
@@ -250,6 +254,8 @@ class StubProcess:
             self._on_log(message)
         elif kind is msg.Release:
             self._free_p2s(message.handles)
+        elif (feature := handler_for(kind)) is not None:
+            feature(self, message)
         else:
             waiter = self._waiters.get(kind)
             if waiter is not None and not waiter.done():

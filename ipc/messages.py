@@ -1,9 +1,8 @@
-"""The message catalogue and its msgpack wire form.
+"""The core message catalogue (kinds 1-19); the wire form and the kind registry are in `ipc.wire`.
 
-A frame is a msgpack array `[kind, field, ...]`; each kind is a NamedTuple below, so a frame
-decodes straight into a typed value and a frame with the wrong arity or an unknown kind is
-rejected as corrupt (`MessageDecodeError`), never half-used. Tensor bytes never travel in frames:
-frames carry arena handles `[segment, offset, nbytes]`.
+Tensor bytes never travel in frames: frames carry arena handles `[segment, offset, nbytes]`.
+Features keep their own catalogues (`ipc/messages_<feature>.py`, kinds by range, see ipc.wire);
+they are imported at the bottom of this module so that every process can decode every kind.
 
     backend -> stub                       stub -> backend
     ---------------                       ---------------
@@ -26,13 +25,12 @@ Wire tuples inside messages (plain lists, for speed):
 
 from __future__ import annotations
 
-import enum
 from typing import Any, NamedTuple
 
-import msgpack
+from ipc.wire import MessageDecodeError, decode, encode, message
 
 __all__ = [
-    "Kind", "MessageDecodeError", "encode", "decode",
+    "MessageDecodeError", "encode", "decode",
     "AutoComplete", "AutoCompleteDone", "Init", "InitDone", "Execute", "ExecuteDone",
     "Response", "Release", "Log", "Finalize", "FinalizeDone", "IsReady", "IsReadyDone", "Cancel",
     "RESPONSE_FINAL",
@@ -41,74 +39,63 @@ __all__ = [
 RESPONSE_FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-class Kind(enum.IntEnum):
-    AUTO_COMPLETE = 1
-    AUTO_COMPLETE_DONE = 2
-    INIT = 3
-    INIT_DONE = 4
-    EXECUTE = 5
-    EXECUTE_DONE = 6
-    RESPONSE = 7
-    RELEASE = 8
-    LOG = 9
-    FINALIZE = 10
-    FINALIZE_DONE = 11
-    IS_READY = 12
-    IS_READY_DONE = 13
-    CANCEL = 14
-
-
-class MessageDecodeError(ValueError):
-    """A frame that is not a valid message; the receiver drops it and logs this."""
-
-
+@message(1)
 class AutoComplete(NamedTuple):
     model_path: str
     config_json: str
 
 
+@message(2)
 class AutoCompleteDone(NamedTuple):
     config_json: str | None
     error: str | None
 
 
+@message(3)
 class Init(NamedTuple):
     model_path: str
     args: dict[str, str]
     settings: dict[str, Any]
 
 
+@message(4)
 class InitDone(NamedTuple):
     error: str | None  # the exception text clients and logs match
     traceback: str | None
     has_is_ready: bool
 
 
+@message(5)
 class Execute(NamedTuple):
     batch_id: int
     requests: list[list[Any]]
     releases: list[list[int]]
 
 
+@message(6)
 class ExecuteDone(NamedTuple):
     batch_id: int
     error: list[Any] | None
     responses: list[list[Any]]
 
 
+@message(7)
 class Response(NamedTuple):
     response: list[Any]
 
 
+@message(8)
 class Release(NamedTuple):
     handles: list[list[int]]
     credits: list[int]  # request ids, one entry per consumed data response (flow control)
 
 
+@message(14)
 class Cancel(NamedTuple):
     rids: list[int]
 
 
+@message(9)
 class Log(NamedTuple):
     level: int
     message: str
@@ -116,52 +103,23 @@ class Log(NamedTuple):
     lineno: int
 
 
+@message(10)
 class Finalize(NamedTuple):
     pass
 
 
+@message(11)
 class FinalizeDone(NamedTuple):
     error: str | None
 
 
+@message(12)
 class IsReady(NamedTuple):
     token: int
 
 
+@message(13)
 class IsReadyDone(NamedTuple):
     token: int
     ready: bool
     error: str | None  # why not ready, in the text clients see
-
-
-_KIND_OF: dict[type, Kind] = {
-    AutoComplete: Kind.AUTO_COMPLETE, AutoCompleteDone: Kind.AUTO_COMPLETE_DONE,
-    Init: Kind.INIT, InitDone: Kind.INIT_DONE, Execute: Kind.EXECUTE, ExecuteDone: Kind.EXECUTE_DONE,
-    Response: Kind.RESPONSE, Release: Kind.RELEASE, Log: Kind.LOG, Finalize: Kind.FINALIZE,
-    FinalizeDone: Kind.FINALIZE_DONE, IsReady: Kind.IS_READY, IsReadyDone: Kind.IS_READY_DONE,
-    Cancel: Kind.CANCEL,
-}
-_TYPE_OF: dict[int, type] = {int(kind): cls for cls, kind in _KIND_OF.items()}
-_ARITY: dict[int, int] = {int(kind): len(cls._fields) for cls, kind in _KIND_OF.items()}
-
-
-def encode(message: NamedTuple) -> bytes:
-    """The frame for `message`."""
-    return msgpack.packb((_KIND_OF[type(message)], *message), use_bin_type=True)
-
-
-def decode(frame: bytes) -> Any:
-    """The message in `frame`. Raises MessageDecodeError for anything that is not a valid frame."""
-    try:
-        items = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types for corrupt input
-        raise MessageDecodeError(f"undecodable frame of {len(frame)} bytes: {exc}") from exc
-    if not isinstance(items, list) or not items or not isinstance(items[0], int):
-        raise MessageDecodeError(f"frame of {len(frame)} bytes is not a message array")
-    kind = items[0]
-    cls = _TYPE_OF.get(kind)
-    if cls is None:
-        raise MessageDecodeError(f"unknown message kind {kind}")
-    if len(items) - 1 != _ARITY[kind]:
-        raise MessageDecodeError(f"message {cls.__name__} has {len(items) - 1} fields, expected {_ARITY[kind]}")
-    return cls(*items[1:])

@@ -33,7 +33,9 @@ from pystub.executor import check_return, failure_text, format_traceback, run_ex
 from pystub.liveness import Heartbeat, ignore_termination_signals, set_parent_death_signal
 from pystub.loader import LoadError, load_model_class
 from pystub.pb_utils import _runtime
+from pystub import features  # noqa: F401 - registers the features' frame handlers
 from pystub.senders import RequestRegistry, RequestState
+from pystub.stub_features import main_handler, receiver_handler
 from pystub.translate import build_request, error_to_wire, response_to_wire
 
 __all__ = ["StubOptions", "Stub"]
@@ -106,6 +108,8 @@ class Stub:
                 self.requests.on_credits(message.credits)
             elif isinstance(message, msg.Cancel):
                 self.requests.on_cancel(message.rids)
+            elif (feature := receiver_handler(type(message))) is not None:
+                feature(self, message)
             elif isinstance(message, msg.IsReady):
                 # Readiness is asked while execute may run: answer from a thread of its own.
                 threading.Thread(target=self._is_ready, args=(message.token,), daemon=True,
@@ -134,7 +138,15 @@ class Stub:
             if message is None:  # the backend closed the channel: it is gone or gave up on us
                 sys.stderr.write("Non-graceful termination detected.\n")
                 return 1
-            handlers[type(message)](message)
+            handler = handlers.get(type(message))
+            if handler is not None:
+                handler(message)
+            else:
+                feature = main_handler(type(message))
+                if feature is None:
+                    self.log_error(f"stub '{self.instance}' has no handler for {type(message).__name__}")
+                else:
+                    feature(self, message)
             if isinstance(message, (msg.Finalize, msg.AutoComplete)):
                 heartbeat.stop()
                 return 0

@@ -1,0 +1,1 @@
+"""Imports every backend feature module that registers frame handlers (see stub_features)."""

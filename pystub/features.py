@@ -1,0 +1,1 @@
+"""Imports every stub feature module that registers frame handlers (see stub_features)."""
