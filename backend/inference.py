@@ -70,6 +70,10 @@ class InferRequest:
     inputs: list[Tensor] = field(default_factory=list)
     outputs: list[RequestedOutput] = field(default_factory=list)  # empty means every output
     parameters: dict[str, ParameterValue] = field(default_factory=dict)
+    # Set by the sequence batcher (from `sequence_id` / `sequence_start` / `sequence_end`); the
+    # model reads them as `correlation_id()` and `flags()`.
+    correlation_id: int | str = 0
+    flags: int = 0
 
 
 def _no_release() -> None:

@@ -9,14 +9,13 @@ import os
 import time
 from typing import Any
 
-from backend.dynamic_batcher import DynamicBatcher
 from backend.errors import ServerError
 from backend.execution_env import ExecutionEnvError, interpreter_command, resolve_execution_env
 from backend.inference import InferRequest, InferResponse
 from backend.model_config import ModelConfig, config_parameters, config_to_json, instance_names, is_decoupled
 from backend.model_instance import InstanceSpec, InstanceState, ModelInstance
 from backend.response_stream import ResponseStream
-from backend.scheduler import DefaultScheduler
+from backend.scheduling import make_scheduler
 from backend.statistics import ModelStatistics
 from backend.stub_process import StubStartError
 from backend.stub_settings import StubSettings
@@ -76,7 +75,7 @@ class ModelVersion:
         self.decoupled = is_decoupled(config)
         self.stats = ModelStatistics(self.name, str(version))
         self.instances: list[ModelInstance] = []
-        self.scheduler: DefaultScheduler | DynamicBatcher | None = None
+        self.scheduler: Any = None  # see backend.scheduling
         self.state = "UNAVAILABLE"
         self.reason = ""
         self._monitor: asyncio.Task | None = None
@@ -144,9 +143,7 @@ class ModelVersion:
             await self._stop_instances(self.settings.stub_timeout_seconds)
             self.state, self.reason = "UNAVAILABLE", str(exc)
             raise ModelLoadError(str(exc)) from exc
-        self.scheduler = (DynamicBatcher(self.instances, self.stats, self.config)
-                          if self.config.WhichOneof("scheduling_choice") == "dynamic_batching"
-                          else DefaultScheduler(self.instances, self.stats))
+        self.scheduler = make_scheduler(self.config, self.instances, self.stats)
         self.scheduler.start()
         self._monitor = asyncio.ensure_future(self._watch_health())
         self.state, self.reason = "READY", ""

@@ -430,7 +430,7 @@ class StubProcess:
             self._free_p2s(pending.input_handles)
             raise
         wire = [rid, request.id, wire_inputs, [o.name for o in request.outputs],
-                _parameters_json(request), request.parameters.get("sequence_id", 0) or 0, 0,
+                _parameters_json(request), request.correlation_id, request.flags,
                 int(request.parameters.get("timeout", 0) or 0)]
         return wire, pending
 
