@@ -233,16 +233,3 @@ class ModelInstance:
             self.served += 1
         else:
             self.failed += 1
-
-    async def execute_timed(self, requests: list[Any]) -> tuple[list[Any], BatchTiming]:
-        """Run a batch to completion; per request an InferResponse or a ServerError."""
-        stub = self.stub
-        if not self.healthy or stub is None:
-            return [self.unhealthy_error()] * len(requests), BatchTiming()
-        results, timing = await stub.execute_timed(requests)
-        for result in results:
-            if isinstance(result, ServerError):
-                self.failed += 1
-            else:
-                self.served += 1
-        return results, timing

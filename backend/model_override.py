@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from backend.errors import ServerError, Status
+from ipc.names import pid_alive
 
 __all__ = ["FILE_PREFIX", "LoadRequest", "OverrideDir", "parse_load_parameters", "override_file_path",
            "sweep_stale_override_dirs"]
@@ -119,16 +120,6 @@ class OverrideDir:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale_override_dirs() -> list[str]:
     """Remove the override directories of servers that died without cleaning up (ours only: same
     owner, dead pid). Returns the paths removed."""
@@ -143,7 +134,7 @@ def sweep_stale_override_dirs() -> list[str]:
             owned = os.lstat(path).st_uid == os.getuid()
         except OSError:
             continue
-        if owned and pid_text.isdigit() and not _pid_alive(int(pid_text)):
+        if owned and pid_text.isdigit() and not pid_alive(int(pid_text)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

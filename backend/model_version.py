@@ -18,7 +18,7 @@ from backend.response_stream import ResponseStream
 from backend.scheduling import make_scheduler
 from backend.statistics import ModelStatistics
 from backend.stub_process import StubStartError
-from backend.stub_settings import StubSettings
+from backend.stub_settings import StubSettings, positive_number
 from ipc.status import Status
 
 __all__ = ["ModelVersion", "ModelLoadError", "instance_args", "RLIMIT_PARAMETERS"]
@@ -53,12 +53,9 @@ def _parameter_number(parameters: dict[str, str], name: str, kind: type) -> Any:
     if value is None or value == "":
         return None
     try:
-        number = kind(value)
-    except ValueError:
-        raise ModelLoadError(f"config parameter {name} must be a number, got '{value}'") from None
-    if number <= 0:
-        raise ModelLoadError(f"config parameter {name} must be positive, got '{value}'")
-    return number
+        return positive_number(value, kind)
+    except ValueError as exc:
+        raise ModelLoadError(f"config parameter {name} {exc}") from None
 
 
 class ModelVersion:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ipc.names import DEFAULT_PREFIX, validate_prefix
 
-__all__ = ["StubSettings", "BackendConfigError", "parse_backend_config"]
+__all__ = ["StubSettings", "BackendConfigError", "parse_backend_config", "positive_number"]
 
 MIB = 1 << 20
 
@@ -34,24 +35,22 @@ class StubSettings:
     restart_backoff_max_seconds: float = 5.0
 
 
-def _positive_int(key: str, value: str) -> int:
+def positive_number(text: str, kind: type) -> Any:
+    """`text` as a positive int or float. Raises ValueError saying what is wrong with it."""
     try:
-        number = int(value)
+        number = kind(text)
     except ValueError:
-        raise BackendConfigError(f"backend config '{key}' must be an integer, got '{value}'") from None
+        raise ValueError(f"must be {'an integer' if kind is int else 'a number'}, got '{text}'") from None
     if number <= 0:
-        raise BackendConfigError(f"backend config '{key}' must be positive, got '{value}'")
+        raise ValueError(f"must be positive, got '{text}'")
     return number
 
 
-def _positive_float(key: str, value: str) -> float:
+def _positive(key: str, value: str, kind: type) -> Any:
     try:
-        number = float(value)
-    except ValueError:
-        raise BackendConfigError(f"backend config '{key}' must be a number, got '{value}'") from None
-    if number <= 0:
-        raise BackendConfigError(f"backend config '{key}' must be positive, got '{value}'")
-    return number
+        return positive_number(value, kind)
+    except ValueError as exc:
+        raise BackendConfigError(f"backend config '{key}' {exc}") from None
 
 
 def parse_backend_config(entries: list[str], settings: StubSettings | None = None) -> StubSettings:
@@ -74,12 +73,12 @@ def parse_backend_config(entries: list[str], settings: StubSettings | None = Non
 
 def _apply(settings: StubSettings, key: str, value: str) -> None:
     if key == "shm-default-byte-size":
-        size = _positive_int(key, value)
+        size = _positive(key, value, int)
         if size < MIB:
             raise BackendConfigError("shm-default-byte-size can't be smaller than 4 MiBs")
         settings.shm_default_byte_size = size
     elif key == "shm-growth-byte-size":
-        settings.shm_growth_byte_size = _positive_int(key, value)
+        settings.shm_growth_byte_size = _positive(key, value, int)
     elif key == "shm-region-prefix-name":
         if not value:
             raise BackendConfigError("shm-region-prefix-name must not be empty")
@@ -88,18 +87,18 @@ def _apply(settings: StubSettings, key: str, value: str) -> None:
         except ValueError as exc:
             raise BackendConfigError(str(exc)) from None
     elif key == "shm_message_queue_size":
-        settings.message_queue_size = _positive_int(key, value)
+        settings.message_queue_size = _positive(key, value, int)
     elif key == "thread-pool-size":
-        settings.thread_pool_size = _positive_int(key, value)
+        settings.thread_pool_size = _positive(key, value, int)
     elif key == "stub-timeout-seconds":
-        settings.stub_timeout_seconds = _positive_float(key, value)
+        settings.stub_timeout_seconds = _positive(key, value, float)
     elif key == "stub-init-timeout-seconds":
-        settings.stub_init_timeout_seconds = _positive_float(key, value)
+        settings.stub_init_timeout_seconds = _positive(key, value, float)
     elif key == "stub-heartbeat-timeout-seconds":
-        settings.heartbeat_timeout_seconds = _positive_float(key, value)
+        settings.heartbeat_timeout_seconds = _positive(key, value, float)
     elif key == "stub-max-restarts":
-        settings.max_restarts = _positive_int(key, value)
+        settings.max_restarts = _positive(key, value, int)
     elif key == "stub-restart-window-seconds":
-        settings.restart_window_seconds = _positive_float(key, value)
+        settings.restart_window_seconds = _positive(key, value, float)
     else:
         raise BackendConfigError(f"unknown python backend config '{key}'")

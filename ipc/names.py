@@ -12,7 +12,7 @@ import re
 import secrets
 
 __all__ = ["DEFAULT_PREFIX", "SHM_DIR", "stub_base_name", "validate_prefix", "sweep_stale", "owned_entries",
-           "unlink_entries"]
+           "unlink_entries", "pid_alive"]
 
 DEFAULT_PREFIX = "pystub"
 SHM_DIR = "/dev/shm"
@@ -50,7 +50,8 @@ def unlink_entries(names: list[str]) -> None:
             pass
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (it may belong to another user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -66,7 +67,7 @@ def sweep_stale(prefix: str) -> list[str]:
     stale = []
     for name in owned_entries(prefix + "_"):
         match = pattern.match(name)
-        if match and not _pid_alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             stale.append(name)
     unlink_entries(stale)
     return stale
