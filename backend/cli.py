@@ -20,10 +20,10 @@ __all__ = ["ServerOptions", "parse_args", "main"]
 log = logging.getLogger("pystub.cli")
 
 _GPU_ONLY = ("--cuda-memory-pool-byte-size", "--pinned-memory-pool-byte-size",
-             "--min-supported-compute-capability")
+             "--min-supported-compute-capability", "--allow-gpu-metrics")
 _NO_OPS = ("--grpc-infer-allocation-pool-size", "--http-thread-count")
 # Flags whose features arrive with later work; they fail clearly instead of being ignored.
-_NOT_SUPPORTED_YET = ("--backend-directory", "--allow-client-shm")
+_NOT_SUPPORTED_YET = ("--backend-directory",)
 
 
 @dataclass
@@ -38,6 +38,8 @@ class ServerOptions:
     allow_http: bool = True
     allow_grpc: bool = True
     allow_metrics: bool = True
+    metrics_interval_ms: int = 2000  # how often the polled gauges (CPU, memory, stub RSS) are sampled
+    allow_cpu_metrics: bool = True
     http_max_input_size: int = 64 * 2**20
     exit_on_error: bool = True
     strict_readiness: bool = True
@@ -46,6 +48,7 @@ class ServerOptions:
     model_control_mode: str = "none"
     load_models: list[str] = field(default_factory=list)
     repository_poll_secs: float = 15.0
+    allow_client_shm: bool = False
     settings: StubSettings = field(default_factory=StubSettings)
     log: LogSettings = field(default_factory=LogSettings)
     ignored: list[str] = field(default_factory=list)
@@ -71,14 +74,14 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def _turned_off(flag: str, values: list[str]) -> bool:
-    """`--allow-client-shm=false` asks for what pystub does today."""
-    if flag == "--allow-client-shm":
-        try:
-            return not any(parse_bool(v) for v in values)
-        except argparse.ArgumentTypeError:
-            return False
-    return False
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got '{text}'")
+    return value
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -92,6 +95,9 @@ def _build_parser() -> argparse.ArgumentParser:
         add(f"--{name}-port", type=int, default=default)
         add(f"--{name}-address", default="127.0.0.1")
         add(f"--allow-{name}", type=parse_bool, default=True, metavar="BOOL")
+    add("--metrics-interval-ms", type=_positive_int, default=2000, metavar="MS",
+        help="how often the polled metrics (CPU, memory, stub RSS) are sampled")
+    add("--allow-cpu-metrics", type=parse_bool, default=True, metavar="BOOL")
     add("--http-max-input-size", type=int, default=64 * 2**20)
     add("--exit-on-error", type=parse_bool, default=True, metavar="BOOL")
     add("--exit-timeout-secs", type=float, default=30.0)
@@ -103,6 +109,8 @@ def _build_parser() -> argparse.ArgumentParser:
     add("--load-model", dest="load_models", action="append", default=[], metavar="NAME",
         help="model to load at start-up in explicit mode (repeatable; '*' loads all)")
     add("--repository-poll-secs", type=_positive_seconds, default=15.0, metavar="N")
+    add("--allow-client-shm", type=parse_bool, default=False, metavar="BOOL",
+        help="enable the system shared memory extension (default false, as in Triton)")
     add("--log-verbose", type=int, default=0)
     add("--log-info", type=parse_bool, default=True, metavar="BOOL")
     add("--log-warning", type=parse_bool, default=True, metavar="BOOL")
@@ -130,15 +138,16 @@ def parse_args(argv: list[str]) -> ServerOptions:
         allow_metrics=args.allow_metrics, http_max_input_size=args.http_max_input_size,
         exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness, auto_complete=auto_complete,
         server_id=args.server_id, model_control_mode=args.model_control_mode, load_models=args.load_models,
-        repository_poll_secs=args.repository_poll_secs, settings=settings,
+        repository_poll_secs=args.repository_poll_secs, allow_client_shm=args.allow_client_shm, settings=settings,
         log=LogSettings(log_file=args.log_file, log_info=args.log_info, log_warning=args.log_warning,
                         log_error=args.log_error, log_verbose_level=args.log_verbose, log_format=args.log_format))
+    options.metrics_interval_ms, options.allow_cpu_metrics = args.metrics_interval_ms, args.allow_cpu_metrics
     for flag in _GPU_ONLY + _NO_OPS:
         if getattr(args, flag[2:].replace("-", "_")) is not None:
             options.ignored.append(flag)
     for flag in _NOT_SUPPORTED_YET:
         value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None and not _turned_off(flag, value):
+        if value is not None:
             options.not_supported[flag] = ",".join(value)
     return options
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, TypeVar
 
+from backend.client_shm import ClientShmRegistry
+from backend.ensemble_config import composes, ensemble_dependencies, ensemble_graph_models, load_waves
 from backend.errors import ServerError
 from backend.inference import InferRequest, InferResponse
 from backend.model_config import ConfigError, ModelConfig, config_from_json, model_metadata
@@ -16,6 +19,7 @@ from backend.model_version import ModelVersion
 from backend.repository import (RepositoryError, check_stub_name, find_models, model_fingerprint,
                                 prepare_model)
 from backend.response_stream import ResponseStream
+from backend.statistics import REJECTED
 from backend.stub_settings import StubSettings
 from backend.validation import validate_request
 from ipc.status import Status
@@ -30,6 +34,7 @@ SERVER_VERSION = "0.1.0"
 # Only what is implemented: perf_analyzer reads this list (PROTOCOL.md section 15).
 EXTENSIONS = ["binary_tensor_data", "parameters", "statistics", "model_configuration", "model_repository",
               "model_repository(unload_dependents)", "logging"]
+SYSTEM_SHARED_MEMORY = "system_shared_memory"  # listed only with --allow-client-shm=true
 MODEL_CONTROL_MODES = ("none", "poll", "explicit")
 # Triton's text (model_repository_manager.cc), in every mode but explicit.
 _NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"
@@ -45,6 +50,7 @@ class CoreOptions:
     model_control_mode: str = "none"
     startup_models: list[str] = field(default_factory=list)  # explicit mode; "*" means all
     poll_seconds: float = 15.0
+    allow_client_shm: bool = False  # the system shared memory extension (Triton's default: off)
 
 
 def _load_error(name: str, text: str) -> ServerError:
@@ -62,6 +68,9 @@ class Core:
         self.server_name = options.server_id
         self.server_version = SERVER_VERSION
         self.extensions = list(EXTENSIONS)
+        self.client_shm = ClientShmRegistry(options.allow_client_shm, options.settings.shm_prefix)
+        if self.client_shm.enabled:
+            self.extensions.append(SYSTEM_SHARED_MEMORY)
         self._models: dict[str, ModelEntry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._operations: set[asyncio.Task[Any]] = set()
@@ -83,13 +92,17 @@ class Core:
         fingerprints: dict[str, frozenset[Any]] = {}
         if self.options.model_control_mode == "poll":  # what the first poll compares against
             fingerprints = await asyncio.to_thread(lambda: {n: model_fingerprint(p) for n, p in found.items()})
-        results = await asyncio.gather(
-            *(self._exclusive(name, self._load, name, found.get(name), None, fingerprints.get(name))
-              for name in names), return_exceptions=True)
+        results: list[Any] = []
+        ordered: list[str] = []
+        for wave in load_waves(names, found):  # ensembles after the models they compose
+            ordered.extend(wave)
+            results.extend(await asyncio.gather(
+                *(self._exclusive(name, self._load, name, found.get(name), None, fingerprints.get(name))
+                  for name in wave), return_exceptions=True))
         self._raise_unexpected(results)
         if self.options.model_control_mode == "poll":
             self._poller = asyncio.ensure_future(self._poll_forever())
-        return [name for name, result in zip(names, results) if result is not None]
+        return [name for name, result in zip(ordered, results) if result is not None]
 
     def begin_shutdown(self) -> None:
         """Refuse new inference and fail what waits in queues; running requests go on."""
@@ -108,9 +121,11 @@ class Core:
             await asyncio.gather(self._poller, return_exceptions=True)
         await asyncio.gather(*list(self._operations), return_exceptions=True)
         await asyncio.gather(*(self._unload(name) for name in list(self._models)))
+        self.client_shm.close()  # the stubs are gone: unmap the clients' regions (never unlink)
 
     # -- model control (PROTOCOL.md section 10) ---------------------------------------------------
-    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None,
+                         _seen: frozenset[str] = frozenset()) -> None:
         """Load (or reload) a model; explicit mode only. `parameters`: `config` (str) and
         `file:<path>` (bytes). Raises ServerError."""
         self._require_explicit()
@@ -127,16 +142,40 @@ class Core:
                 model_dir = find_models(self.options.repositories).get(name)
             except RepositoryError as exc:
                 raise ServerError(str(exc), Status.INTERNAL) from None
+        await self._load_composing_models(name, model_dir, request, _seen)
         await self._exclusive(name, self._load, name, model_dir, request, None)
 
+    async def _load_composing_models(self, name: str, model_dir: str | None, request: LoadRequest,
+                                     seen: frozenset[str]) -> None:
+        """An ensemble's composing models that are not loaded yet load first (as in Triton)."""
+        try:
+            config = config_from_json(request.config) if request.config else None
+        except ConfigError:
+            return  # the load itself reports the bad config
+        composing = ensemble_graph_models(config) if config is not None else ensemble_dependencies(model_dir)
+        if not composing:
+            return
+        try:
+            found = find_models(self.options.repositories)
+        except RepositoryError:
+            found = {}
+        for dependency in composing:  # one that is nowhere fails the ensemble's load, which says so
+            entry = self._models.get(dependency)
+            loaded = entry is not None and any(v.loaded for v in entry.versions.values())
+            if dependency in found and dependency not in seen and not loaded:
+                await self.load_model(dependency, None, seen | {name})
+
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
-        """Drain and unload a model; explicit mode only. `unload_dependents` is accepted (pystub
-        has no ensembles, so a model has no dependents). Unloading what is not loaded succeeds."""
+        """Drain and unload a model; explicit mode only. With `unload_dependents`, the loaded
+        ensembles that compose it are unloaded too. Unloading what is not loaded succeeds."""
         self._require_explicit()
         dependents = (parameters or {}).get("unload_dependents", False)
         if not isinstance(dependents, bool):
             raise ServerError("Unload parameter 'unload_dependents' must be a boolean", Status.INVALID_ARG)
         await self._exclusive(name, self._unload, name)
+        if dependents:
+            for ensemble in [e.name for e in self._models.values() if composes(e.versions.values(), name)]:
+                await self.unload_model(ensemble, {"unload_dependents": True})
 
     def _require_explicit(self) -> None:
         if self.options.model_control_mode != "explicit":
@@ -197,6 +236,8 @@ class Core:
                 entry.state, entry.reason, entry.failed, entry.unloaded = "UNAVAILABLE", text, {}, []
             raise _load_error(name, text) from None
         loaded, failed = await start_versions(source, self.options.settings, self)
+        for version in loaded.values():
+            version.stats.loaded()  # nv_model_load_duration_secs
         if failed and (entry.versions or not loaded):
             await stop_versions(loaded, self.options.settings.stub_timeout_seconds)
             if override is not None:
@@ -334,8 +375,20 @@ class Core:
     async def infer(self, request: InferRequest) -> InferResponse:
         self._check_accepting()
         model_version = self._lookup(request.model_name, request.model_version)
-        batch_size = validate_request(request, model_version.config)
-        return await self._tracked(model_version, model_version.infer(request, batch_size))
+        with self.client_shm.resolve(request):  # before validation: shm inputs get their data
+            batch_size = self._validate(model_version, request)
+            return await self._tracked(model_version, model_version.infer(request, batch_size))
+
+    @staticmethod
+    def _validate(model_version: ModelVersion, request: InferRequest) -> int:
+        """The request's batch size. Raises ServerError, counted (as in Triton) as a REJECTED
+        failure of the model version."""
+        started = time.monotonic_ns()
+        try:
+            return validate_request(request, model_version.config)
+        except ServerError:
+            model_version.stats.record_failure(time.monotonic_ns() - started, REJECTED)
+            raise
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model uses the decoupled transaction policy (False when it is unknown: the
@@ -349,8 +402,14 @@ class Core:
         """The request's responses, as they come (decoupled models, streaming frontends)."""
         self._check_accepting()
         model_version = self._lookup(request.model_name, request.model_version)
-        batch_size = validate_request(request, model_version.config)
-        stream = await self._tracked(model_version, model_version.infer_stream(request, batch_size))
+        lease = self.client_shm.resolve(request)  # before validation: shm inputs get their data
+        try:
+            batch_size = self._validate(model_version, request)
+            stream = await self._tracked(model_version, model_version.infer_stream(request, batch_size))
+        except BaseException:
+            lease.release()
+            raise
+        stream.when_final(lambda _: lease.release())
         self._in_flight.enter_stream(model_version, stream)  # until its final response
         return stream
 

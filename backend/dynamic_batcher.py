@@ -31,7 +31,7 @@ from backend.errors import ServerError
 from backend.inference import InferRequest
 from backend.request_queue import BatchLimits, PriorityQueue, QueueEntry, QueueFullError, form_batch
 from backend.response_stream import ResponseStream
-from backend.statistics import BatchTiming, ModelStatistics
+from backend.statistics import BACKEND, CANCELED, OTHER, REJECTED, BatchTiming, ModelStatistics, reason_for
 from ipc.status import Status
 
 __all__ = ["DynamicBatcher", "TIMEOUT_MESSAGE"]
@@ -126,7 +126,7 @@ class DynamicBatcher:
             self._requests.push(item, int(parameters.get("priority", 0) or 0),
                                 int(parameters.get("timeout", 0) or 0), item.enqueued_ns)
         except QueueFullError as exc:
-            self._stats.record_failure(0)
+            self._stats.record_failure(0, REJECTED)
             raise ServerError(str(exc), Status.UNAVAILABLE) from None
         if ordered:
             item.turn = self._loop.create_future()
@@ -152,6 +152,7 @@ class DynamicBatcher:
     def _abandon(self, item: _Item, result: Any) -> None:
         """The caller went away: take the request out of the queue, cancel or free its answer."""
         if self._requests.discard(item):
+            self._stats.record_failure(time.monotonic_ns() - item.enqueued_ns, CANCELED)
             self._schedule_kick()
         if item.future.done() and not item.future.cancelled() and result is None:
             result = item.future.result()
@@ -188,7 +189,7 @@ class DynamicBatcher:
             return
         now = time.monotonic_ns()
         for entry in self._requests.expire(now):
-            self._fail(entry, ServerError(TIMEOUT_MESSAGE, Status.UNAVAILABLE), now)  # type: ignore[arg-type]
+            self._fail(entry, ServerError(TIMEOUT_MESSAGE, Status.UNAVAILABLE), now, REJECTED)  # type: ignore[arg-type]
         wake = None
         while self._idle:
             if self._idle[0].done():  # its worker was cancelled
@@ -216,8 +217,8 @@ class DynamicBatcher:
         self._timer = None
         self._kick()
 
-    def _fail(self, item: _Item, error: ServerError, now_ns: int) -> None:
-        self._stats.record_failure(now_ns - item.enqueued_ns)
+    def _fail(self, item: _Item, error: ServerError, now_ns: int, reason: str) -> None:
+        self._stats.record_failure(now_ns - item.enqueued_ns, reason)
         self._resolve(item, error)
 
     # -- workers ---------------------------------------------------------------------------------
@@ -227,7 +228,9 @@ class DynamicBatcher:
         # never cuts a batch in half: its requests still get their answers.
         while await instance.wait_ready():
             batch = await self._next_batch()
-            if not instance.healthy:  # it died while we waited: leave the batch to another instance
+            # Died while we waited, or an execute on it now waits for a BLS call (the batch could only
+            # queue behind it): leave the batch to another instance.
+            if not instance.healthy or getattr(instance, "held", False):
                 self._give_back(batch)
                 continue
             task = asyncio.ensure_future(self._run(instance, batch))
@@ -252,7 +255,7 @@ class DynamicBatcher:
         if self._stopped is not None:
             now = time.monotonic_ns()
             for item in batch:
-                self._fail(item, self._stopped, now)
+                self._fail(item, self._stopped, now, OTHER)
             return
         self._requests.push_front(batch)  # type: ignore[arg-type]
         self._schedule_kick()
@@ -266,11 +269,13 @@ class DynamicBatcher:
             log.exception("dynamic batcher: executing a batch of %d failed", len(batch))
             results, timing = [ServerError(f"failed to execute the batch: {exc}", Status.INTERNAL)] * len(batch), \
                 BatchTiming()
-        self._stats.record_execution(sum(item.batch_size for item in batch), timing)
+        executed = sum(item.batch_size for item, result in zip(batch, results) if not isinstance(result, ServerError))
+        if executed:  # requests that never reached the model (stub gone, arena full) are no execution
+            self._stats.record_execution(executed, timing)
         now = time.monotonic_ns()
         for item, result in zip(batch, results, strict=True):
             if isinstance(result, ServerError):
-                self._fail(item, result, now)
+                self._fail(item, result, now, BACKEND)
                 continue
             result.when_final(lambda stream, item=item: self._record(stream, item, started, timing))
             self._resolve(item, result)
@@ -278,23 +283,26 @@ class DynamicBatcher:
     def _record(self, stream: ResponseStream, item: _Item, started: int, timing: BatchTiming) -> None:
         finished = time.monotonic_ns()
         if stream.error is not None:
-            self._stats.record_failure(finished - item.enqueued_ns)
+            self._stats.record_failure(finished - item.enqueued_ns, reason_for(stream.error))
         else:
             self._stats.record_success(item.batch_size, finished - item.enqueued_ns, started - item.enqueued_ns,
                                        timing)
 
     def _fail_queue_if_no_instance_left(self, instance: Any) -> None:
         if not any(other.usable for other in self._instances):
-            self.fail_queued(instance.unhealthy_error())
+            self._fail_all_queued(instance.unhealthy_error(), BACKEND)
 
     # -- stopping --------------------------------------------------------------------------------
     def fail_queued(self, error: ServerError) -> int:
         """Answer every queued request with `error` (batches already sent run on); returns how
         many."""
+        return self._fail_all_queued(error, OTHER)
+
+    def _fail_all_queued(self, error: ServerError, reason: str) -> int:
         now = time.monotonic_ns()
         entries = self._requests.drain()
         for entry in entries:
-            self._fail(entry, error, now)  # type: ignore[arg-type]
+            self._fail(entry, error, now, reason)  # type: ignore[arg-type]
         return len(entries)
 
     async def stop(self, reason: str) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Union
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
+from backend.sequence_controls import check_config as check_sequence_batching
 from ipc.dtypes import config_to_wire
 
 __all__ = [
@@ -185,6 +186,11 @@ def validate_config(config: ModelConfig) -> None:
     _validate_io(config.output, "output", config.name)
     if config.WhichOneof("scheduling_choice") == "dynamic_batching":
         _validate_dynamic_batching(config)
+    if config.WhichOneof("scheduling_choice") == "sequence_batching":
+        try:  # control inputs and strategy (backend.sequence_controls)
+            check_sequence_batching(config)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def _validate_dynamic_batching(config: ModelConfig) -> None:

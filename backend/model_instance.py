@@ -67,6 +67,9 @@ class ModelInstance:
         self._failures: collections.deque[float] = collections.deque()
         self._ready = asyncio.Event()
         self._restart_task: asyncio.Task | None = None
+        # BLS calls an execute of the current stub waits for (backend.bls_call): see hold().
+        self._holds = 0
+        self._held_stub: StubProcess | None = None
 
     # -- facts -------------------------------------------------------------------------------------
     @property
@@ -86,13 +89,34 @@ class ModelInstance:
         return ServerError(f"Stub process '{self.name}' is not healthy.", Status.UNAVAILABLE)
 
     async def wait_ready(self) -> bool:
-        """Wait until READY; False when the instance will not come back (FAILED or STOPPED)."""
-        while not self.healthy:
+        """Wait until READY and not held by a BLS call; False when the instance will not come back
+        (FAILED or STOPPED)."""
+        while not self.healthy or self.held:
             if not self.usable:
                 return False
             self._ready.clear()
             await self._ready.wait()
         return True
+
+    # -- BLS holds -------------------------------------------------------------------------------------
+    @property
+    def held(self) -> bool:
+        return self._holds > 0 and self._held_stub is self.stub
+
+    def hold(self, stub: StubProcess) -> None:
+        """An execute running on `stub` waits for a BLS call: pipeline no new work to this instance
+        until the call ends. The stub could only queue that work behind the waiting execute, and
+        when the call needs this very model (a cycle) the work would never run while another
+        instance might be free (Triton's instances take work only when idle)."""
+        if stub is not self._held_stub:
+            self._held_stub, self._holds = stub, 0
+        self._holds += 1
+
+    def release_hold(self, stub: StubProcess) -> None:
+        if stub is self._held_stub and self._holds:
+            self._holds -= 1
+            if not self._holds:
+                self._ready.set()
 
     # -- life cycle ----------------------------------------------------------------------------------
     async def start(self) -> None:

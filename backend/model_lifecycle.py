@@ -17,6 +17,8 @@ import logging
 import time
 from typing import Any
 
+from backend.ensemble import EnsembleVersion
+from backend.ensemble_config import is_ensemble
 from backend.errors import ServerError, Status
 from backend.model_override import OverrideDir
 from backend.model_version import ModelLoadError, ModelVersion
@@ -133,9 +135,8 @@ async def start_versions(source: ModelSource, settings: StubSettings, context: A
     reasons of those that failed (already logged). `context` (the core) reaches the stubs'
     feature handlers."""
 
-    async def start(version: int) -> ModelVersion | str:
-        model_version = ModelVersion(source.config, version, source.model_dir, source.model_path(version), settings,
-                                     context)
+    async def start(version: int) -> Any:
+        model_version = _make_version(source, version, settings, context)
         try:
             await model_version.load()
         except ModelLoadError as exc:
@@ -145,9 +146,15 @@ async def start_versions(source: ModelSource, settings: StubSettings, context: A
         return model_version
 
     results = await asyncio.gather(*(start(version) for version in source.versions))
-    loaded = {v: r for v, r in zip(source.versions, results) if isinstance(r, ModelVersion)}
+    loaded = {v: r for v, r in zip(source.versions, results) if not isinstance(r, str)}
     failed = {v: r for v, r in zip(source.versions, results) if isinstance(r, str)}
     return loaded, failed
+
+
+def _make_version(source: ModelSource, version: int, settings: StubSettings, context: Any) -> Any:
+    if is_ensemble(source.config):  # no model.py and no instances: the steps run on other models
+        return EnsembleVersion(source.config, version, source.model_dir, context)
+    return ModelVersion(source.config, version, source.model_dir, source.model_path(version), settings, context)
 
 
 async def stop_versions(versions: dict[int, ModelVersion], timeout: float) -> None:

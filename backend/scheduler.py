@@ -18,7 +18,7 @@ from typing import Any
 from backend.errors import ServerError
 from backend.inference import InferRequest
 from backend.response_stream import ResponseStream
-from backend.statistics import BatchTiming, ModelStatistics
+from backend.statistics import BACKEND, CANCELED, OTHER, BatchTiming, ModelStatistics, reason_for
 from ipc.status import Status
 
 __all__ = ["DefaultScheduler", "PIPELINE_DEPTH"]
@@ -27,13 +27,14 @@ PIPELINE_DEPTH = 2
 
 
 class _Work:
-    __slots__ = ("request", "batch_size", "future", "enqueued_ns")
+    __slots__ = ("request", "batch_size", "future", "enqueued_ns", "started")
 
     def __init__(self, request: InferRequest, batch_size: int, future: asyncio.Future) -> None:
         self.request = request
         self.batch_size = batch_size
         self.future = future
         self.enqueued_ns = time.monotonic_ns()
+        self.started = False  # handed to an instance: its statistics are recorded when it ends
 
 
 class DefaultScheduler:
@@ -71,6 +72,9 @@ class DefaultScheduler:
         try:
             result = await work.future
         except asyncio.CancelledError:
+            # Cancelled while queued (awaiting it, the task's cancel cancels the future too).
+            if not work.started and (work.future.cancelled() or not work.future.done()):
+                self._stats.record_failure(time.monotonic_ns() - work.enqueued_ns, CANCELED)
             work.future.cancel()
             raise
         if isinstance(result, ServerError):
@@ -81,22 +85,30 @@ class DefaultScheduler:
         # A worker serves while its instance is READY, waits while it restarts, and ends when it
         # is FAILED or stopped.
         while await instance.wait_ready():
-            work = await self._queue.get()
+            work = await self._next_work(instance)
             if work.future.done():
                 continue
-            if not instance.healthy:  # it died while we waited: leave the work to another instance
+            # Died while we waited, or an execute on it now waits for a BLS call (the work could only
+            # queue behind it): leave the work to another instance.
+            if not instance.healthy or getattr(instance, "held", False):
                 self._queue.put_nowait(work)
                 continue
             await self._run(instance, work)
         self._fail_queue_if_no_instance_left(instance)
 
+    async def _next_work(self, instance: Any) -> _Work:
+        """The work a free worker of `instance` runs next: the oldest. A hook for schedulers that
+        route (multiplex_router.MultiplexScheduler picks work whose sub-model the instance holds)."""
+        return await self._queue.get()
+
     async def _run(self, instance: Any, work: _Work) -> None:
+        work.started = True
         started = time.monotonic_ns()
         (result,), timing = await instance.execute_streams([work.request])
-        self._stats.record_execution(work.batch_size, timing)
-        if isinstance(result, ServerError):
-            self._stats.record_failure(time.monotonic_ns() - work.enqueued_ns)
+        if isinstance(result, ServerError):  # it never reached the model (stub gone, arena full)
+            self._stats.record_failure(time.monotonic_ns() - work.enqueued_ns, BACKEND)
         else:
+            self._stats.record_execution(work.batch_size, timing)
             result.when_final(lambda stream: self._record(stream, work, started, timing))
         if not work.future.done():
             work.future.set_result(result)
@@ -106,7 +118,7 @@ class DefaultScheduler:
     def _record(self, stream: ResponseStream, work: _Work, started: int, timing: BatchTiming) -> None:
         finished = time.monotonic_ns()
         if stream.error is not None:
-            self._stats.record_failure(finished - work.enqueued_ns)
+            self._stats.record_failure(finished - work.enqueued_ns, reason_for(stream.error))
         else:
             self._stats.record_success(work.batch_size, finished - work.enqueued_ns, started - work.enqueued_ns,
                                        timing)
@@ -118,6 +130,7 @@ class DefaultScheduler:
         while not self._queue.empty():
             work = self._queue.get_nowait()
             if not work.future.done():
+                self._stats.record_failure(time.monotonic_ns() - work.enqueued_ns, BACKEND)
                 work.future.set_result(error)
 
     def fail_queued(self, error: ServerError) -> int:
@@ -126,6 +139,7 @@ class DefaultScheduler:
         while not self._queue.empty():
             work = self._queue.get_nowait()
             if not work.future.done():
+                self._stats.record_failure(time.monotonic_ns() - work.enqueued_ns, OTHER)
                 work.future.set_result(error)
                 failed += 1
         return failed

@@ -1,7 +1,9 @@
 """Which scheduler a model version gets, from its config's `scheduling_choice`.
 
     dynamic_batching  → dynamic_batcher.DynamicBatcher
+    sequence_batching → sequence_batcher.SequenceBatcher (slots per sequence, eviction hooks)
     (none)            → scheduler.DefaultScheduler (next free instance)
+                        multiplex_router.MultiplexScheduler when the model multiplexes (it routes)
 
 Every scheduler has the same face: `start()`, `schedule(request, batch_size)`,
 `schedule_stream(request, batch_size)`, `fail_queued(error)`, `stop(reason)`, `queued`.
@@ -13,14 +15,23 @@ from typing import Any
 
 from backend.dynamic_batcher import DynamicBatcher
 from backend.model_config import ModelConfig
+from backend.multiplex_router import MultiplexScheduler, multiplex_state
 from backend.scheduler import DefaultScheduler
+from backend.sequence_batcher import SequenceBatcher
 from backend.statistics import ModelStatistics
 
 __all__ = ["make_scheduler"]
 
 
 def make_scheduler(config: ModelConfig, instances: list[Any], stats: ModelStatistics) -> Any:
+    multiplexed = multiplex_state(config, instances, stats)  # MAX_MULTIPLEXED_MODELS
+    if multiplexed is not None:
+        instances = multiplexed.instances  # they set up each stub's sub-model cache
     choice = config.WhichOneof("scheduling_choice")
     if choice == "dynamic_batching":
         return DynamicBatcher(instances, stats, config)
+    if choice == "sequence_batching":
+        return SequenceBatcher(instances, stats, config)
+    if multiplexed is not None:
+        return MultiplexScheduler(multiplexed, stats)
     return DefaultScheduler(instances, stats)

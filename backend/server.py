@@ -70,8 +70,8 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
         app.add_routes(admin_routes(core))
         await listeners.start_http(app, options.http_address, options.http_port, "HTTPService")
     if options.allow_metrics:
-        await listeners.start_http(create_metrics_app(core), options.metrics_address, options.metrics_port,
-                                   "Metrics Service")
+        metrics_app = create_metrics_app(core, options.metrics_interval_ms, options.allow_cpu_metrics)
+        await listeners.start_http(metrics_app, options.metrics_address, options.metrics_port, "Metrics Service")
 
 
 def _install_signal_handlers(stop: asyncio.Event) -> None:
@@ -93,7 +93,8 @@ async def serve(options: ServerOptions) -> int:
     core = Core(CoreOptions(repositories=options.repositories, settings=options.settings,
                             auto_complete=options.auto_complete, strict_readiness=options.strict_readiness,
                             server_id=options.server_id, model_control_mode=options.model_control_mode,
-                            startup_models=options.load_models, poll_seconds=options.repository_poll_secs))
+                            startup_models=options.load_models, poll_seconds=options.repository_poll_secs,
+                            allow_client_shm=options.allow_client_shm))
     listeners = Listeners()
     try:
         try:

@@ -25,6 +25,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from backend import client_shm
 from backend import features  # noqa: F401 - registers the features' frame handlers
 from backend.errors import ServerError
 from backend.inference import InferRequest, InferResponse, Tensor
@@ -61,7 +62,7 @@ class _Pending:
     Triton's own examples do.
     """
 
-    __slots__ = ("rid", "request", "stream", "input_handles", "executed")
+    __slots__ = ("rid", "request", "stream", "input_handles", "executed", "wire")
 
     def __init__(self, rid: int, request: InferRequest, stream: ResponseStream) -> None:
         self.rid = rid
@@ -69,6 +70,7 @@ class _Pending:
         self.stream = stream
         self.input_handles: list[list[int]] = []
         self.executed = False
+        self.wire: list[Any] = []  # what EXECUTE carried; sent again if the model reschedules it
 
 
 class StubProcess:
@@ -90,6 +92,7 @@ class StubProcess:
         self._pending: dict[int, _Pending] = {}
         self._finished_early: dict[int, _Pending] = {}  # final response in, execute not yet returned
         self._batches: dict[int, tuple[asyncio.Future, list[int]]] = {}
+        self._rescheduled: dict[int, int] = {}  # pystub sequences: id(request) -> rid, to run again
         self._waiters: dict[type, asyncio.Future] = {}
         self._outbox = StubOutbox(lambda: self.channel)
         self._dead = False
@@ -370,6 +373,13 @@ class StubProcess:
         results: list[Any] = []
         wire_requests, rids = [], []
         for request in requests:
+            again = self._pending.get(self._rescheduled.pop(id(request), 0)) if self._rescheduled else None
+            if again is not None:  # pystub sequences: a rescheduled request runs again as itself
+                again.executed = False
+                wire_requests.append(again.wire)
+                rids.append(again.rid)
+                results.append(again.stream)
+                continue
             try:
                 wire, pending = self._place_request(request)
             except ArenaFullError as exc:
@@ -423,6 +433,10 @@ class StubProcess:
         wire_inputs = []
         try:
             for tensor in request.inputs:
+                region = client_shm.region_handle(tensor)
+                if region is not None:  # in a client's shm region: the stub maps it, nothing is copied
+                    wire_inputs.append([tensor.name, tensor.datatype, list(tensor.shape), region])
+                    continue
                 placed = tensors.place(self.p2s, tensor.name, tensor.datatype, tensor.shape, tensor.data)
                 wire_inputs.append(placed)
                 pending.input_handles.append(placed[3])
@@ -432,7 +446,21 @@ class StubProcess:
         wire = [rid, request.id, wire_inputs, [o.name for o in request.outputs],
                 _parameters_json(request), request.correlation_id, request.flags,
                 int(request.parameters.get("timeout", 0) or 0)]
+        output_regions = client_shm.attach_regions(request, self, stream)
+        if output_regions:
+            wire.append(output_regions)  # outputs the stub writes straight into client regions
+        pending.wire = wire
         return wire, pending
+
+    def reschedule(self, rid: int) -> InferRequest | None:
+        """pystub sequences (iterative_sequence): the model rescheduled request `rid`. The next
+        `execute_streams` given the returned request runs it again under the same rid, stream and
+        inputs. None when it is no longer in flight."""
+        pending = self._pending.get(rid)
+        if pending is None:
+            return None
+        self._rescheduled[id(pending.request)] = rid
+        return pending.request
 
     # -- death and stop --------------------------------------------------------------------------
     def _on_channel_closed(self) -> None:

@@ -24,6 +24,8 @@ _COLUMNS = (
     ("SERVED", "served"), ("FAILED", "failed"), ("RSS_MB", "rss_bytes"), ("CPU%", "cpu_percent"),
     ("ARENA", "arena"), ("QUEUE", "queue_depth"),
 )
+_MULTIPLEXED = ("SUB-MODELS", "multiplexed_models")  # shown when any stub holds sub-models
+_MAX_IDS_CELL = 40
 
 
 def fetch_stubs(url: str, timeout: float = 5.0) -> list[dict[str, Any]]:
@@ -33,6 +35,8 @@ def fetch_stubs(url: str, timeout: float = 5.0) -> list[dict[str, Any]]:
 
 
 def _cell(row: dict[str, Any], key: str) -> str:
+    if key == "multiplexed_models":
+        return _ids_cell(row.get(key) or [])
     if key == "arena":
         return f"{row['arena_used_bytes'] / 2**20:.1f}/{row['arena_total_bytes'] / 2**20:.1f}M"
     value = row.get(key)
@@ -45,9 +49,21 @@ def _cell(row: dict[str, Any], key: str) -> str:
     return str(value)
 
 
+def _ids_cell(ids: list[str]) -> str:
+    """Multiplexed sub-model ids, most recently used first, cut to fit (`--json` has them all)."""
+    cell = ""
+    for shown, model_id in enumerate(reversed(ids)):
+        more = f"{',' if cell else ''}{model_id}"
+        if len(cell) + len(more) > _MAX_IDS_CELL:
+            return f"{cell}(+{len(ids) - shown})" if cell else f"{model_id[:_MAX_IDS_CELL]}…(+{len(ids) - 1})"
+        cell += more
+    return cell or "-"
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    table = [[title for title, _ in _COLUMNS]] + [[_cell(row, key) for _, key in _COLUMNS] for row in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(_COLUMNS))]
+    columns = _COLUMNS + ((_MULTIPLEXED,) if any(row.get("multiplexed_models") for row in rows) else ())
+    table = [[title for title, _ in columns]] + [[_cell(row, key) for _, key in columns] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table)
 
 

@@ -123,3 +123,10 @@ class IsReadyDone(NamedTuple):
     token: int
     ready: bool
     error: str | None  # why not ready, in the text clients see
+
+
+from ipc import messages_multiplex  # noqa: E402,F401 - multiplexing (50-59)
+from ipc import messages_client_shm  # noqa: E402,F401 - client shared memory (60-69)
+from ipc import messages_metrics  # noqa: E402,F401 - custom metrics (30-39)
+from ipc import messages_bls  # noqa: E402,F401 - BLS and model control (20-29)
+from ipc import messages_sequences  # noqa: E402,F401 - sequences (40-49)

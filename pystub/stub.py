@@ -35,7 +35,8 @@ from pystub.loader import LoadError, load_model_class
 from pystub.pb_utils import _runtime
 from pystub import features  # noqa: F401 - registers the features' frame handlers
 from pystub.senders import RequestRegistry, RequestState
-from pystub.stub_features import main_handler, receiver_handler
+from pystub.sequences import keep_rescheduled, take_rescheduled
+from pystub.stub_features import main_handler, notify_phase, receiver_handler, send_hooks
 from pystub.translate import build_request, error_to_wire, response_to_wire
 
 __all__ = ["StubOptions", "Stub"]
@@ -73,11 +74,14 @@ class Stub:
         self.model_version = 0
         self.decoupled = False
         self.batched: BatchedExecute | None = None  # pystub extension: the model's execute_batch
+        self._send_hooks = tuple(send_hooks())
         self.requests = RequestRegistry(self.instance, self.send, self.s2p, lambda: self.decoupled,
                                         options.send_timeout)
 
     # -- plumbing ------------------------------------------------------------------------------
     def send(self, message: Any) -> None:
+        for hook in self._send_hooks:  # e.g. buffered metric changes go out before this frame
+            hook(self, message)
         self.channel.send(msg.encode(message), self.options.send_timeout, type(message).__name__)
 
     def log(self, level: int, text: str, filename: str = "stub", lineno: int = 0) -> None:
@@ -182,6 +186,7 @@ class Stub:
         self.model_version = int(args["model_version"])
         self.decoupled = bool(message.settings.get("decoupled", False))
         _runtime.set_model_dir(os.path.dirname(message.model_path))
+        notify_phase(self, "initializing")
         try:
             model_class = load_model_class(message.model_path)
             if not callable(getattr(model_class, "execute", None)) and not has_execute_batch(model_class):
@@ -196,10 +201,12 @@ class Stub:
             self.send(msg.InitDone(self._describe(exc).split("\n\n", 1)[0], format_traceback(exc), False))
             return
         self.control.set_state(StubState.READY)
+        notify_phase(self, "ready")
         self.send(msg.InitDone(None, None, callable(getattr(self.model, "is_ready", None))))
 
     def _finalize(self, message: msg.Finalize) -> None:
         self.control.set_state(StubState.FINALIZING)
+        notify_phase(self, "finalizing")
         error = None
         finalize = getattr(self.model, "finalize", None)
         if finalize is not None:
@@ -241,15 +248,19 @@ class Stub:
         self.control.execute_started()
         try:
             for wire in message.requests:
-                sender, state = self.requests.make_sender(wire)
-                states.append(state)
-                requests.append(build_request(wire, self.p2s, self.model_name, self.model_version, sender))
+                kept = take_rescheduled(wire[0])  # pystub sequences: a rescheduled request runs as itself
+                if kept is None:
+                    sender, state = self.requests.make_sender(wire)
+                    kept = build_request(wire, self.p2s, self.model_name, self.model_version, sender), state
+                requests.append(kept[0])
+                states.append(kept[1])
             result = run_execute(self.model, requests, self.decoupled, self.loop, self.log_error, self.batched)
             entries = check_return(result, requests, self.decoupled, self.instance)
             for wire, state, entry in zip(message.requests, states, entries):
                 if entry is not None and not state.final:
                     self.requests.close(state)
                     responses.append(response_to_wire(wire[0], entry, _FINAL, set(wire[3]), self.s2p))
+            keep_rescheduled(self, requests, states)  # pystub sequences: report them before EXECUTE_DONE
         except Exception as exc:
             text = failure_text(self.instance, exc)
             self.log_error(f"{text}\n{format_traceback(exc)}")

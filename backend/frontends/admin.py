@@ -18,6 +18,8 @@ from typing import Any
 import psutil
 from aiohttp import web
 
+from backend.multiplex_router import held_ids
+
 __all__ = ["stub_rows", "admin_routes"]
 
 
@@ -55,6 +57,7 @@ def _stub_row(model_version: Any, instance: Any) -> dict[str, Any]:
         "arena_total_bytes": p2s.total if p2s is not None else 0,
         "queue_depth": model_version.scheduler.queued if model_version.scheduler is not None else 0,
         "last_error": instance.last_error,
+        "multiplexed_models": held_ids(instance),  # sub-model ids the stub holds, LRU first
     }
     row.update(_process_facts(row["pid"] if healthy else None))
     return row

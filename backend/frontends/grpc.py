@@ -17,6 +17,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from backend import log as backend_log
+from backend.frontends import grpc_shm
 from backend.errors import ServerError, Status, grpc_code
 from backend.frontends.grpc_stream import stream_infer
 from backend.frontends.grpc_codec import (
@@ -169,6 +170,31 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         updates = log_settings_from_proto(request.settings)
         settings = backend_log.update_settings(updates) if updates else backend_log.settings.as_dict()
         return log_settings_to_proto(settings)
+
+    # -- shared memory extensions (grpc_shm) ------------------------------------------------------
+    @_rpc
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        return grpc_shm.system_status(self._core.client_shm, request)  # type: ignore[attr-defined]
+
+    @_rpc
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        return grpc_shm.system_register(self._core.client_shm, request)  # type: ignore[attr-defined]
+
+    @_rpc
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return grpc_shm.system_unregister(self._core.client_shm, request)  # type: ignore[attr-defined]
+
+    @_rpc
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        return grpc_shm.cuda_status(self._core.client_shm, request)  # type: ignore[attr-defined]
+
+    @_rpc
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        return grpc_shm.cuda_register(self._core.client_shm, request)  # type: ignore[attr-defined]
+
+    @_rpc
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        return grpc_shm.cuda_unregister(self._core.client_shm, request)  # type: ignore[attr-defined]
 
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
         async for response in stream_infer(self._core, request_iterator, context):

@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator
 import grpc
 from tritonclient.grpc import service_pb2
 
+from backend import client_link
 from backend.errors import ServerError, grpc_code
 from backend.frontends.grpc_codec import decode_infer_request, encode_infer_response
 from backend.inference import InferResponse, ServerCore
@@ -123,6 +124,7 @@ class _StreamSession:
 async def stream_infer(core: ServerCore, request_iterator: AsyncIterator[Any],
                        context: grpc.aio.ServicerContext) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
     session = _StreamSession(core, _wants_grpc_errors(context))
+    link = client_link.open_link()  # pystub sequences: sequences left open on this stream end with it
 
     async def read() -> None:
         try:
@@ -147,6 +149,7 @@ async def stream_infer(core: ServerCore, request_iterator: AsyncIterator[Any],
                 yield item[1]
     finally:
         # The client cancelled or closed the stream, or we are done: nothing may keep running.
+        link.close()
         session.cancel_all()
         reader.cancel()
         await asyncio.gather(reader, *list(session.tasks), return_exceptions=True)

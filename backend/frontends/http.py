@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from backend.client_link import http_request_link
 from backend.errors import ServerError, Status, http_status
 from backend.frontends.http_generate import generate, generate_stream
 from backend.frontends.http_codec import (
@@ -33,7 +34,9 @@ from backend.frontends.http_compression import (
 from backend.frontends.http_control import control_routes
 from backend.frontends.http_encode import EncodedResponse, encode_infer_response
 from backend.frontends.http_raw import decode_raw_request, raw_input_spec
+from backend.frontends.http_shm import shm_routes
 from backend.inference import ServerCore
+from ipc.messages_multiplex import MODEL_ID_HEADER, MODEL_ID_PARAMETER
 
 __all__ = ["create_http_app"]
 
@@ -73,6 +76,8 @@ def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20) -> we
     router.add_post("/v2/repository/index", routes.repository_index)
     router.add_post("/v2/repository/{repository}/index", routes.repository_index)
     app.add_routes(control_routes(core))  # model control and logging
+    if hasattr(core, "client_shm"):
+        app.add_routes(shm_routes(core))  # system and CUDA shared memory
     return app
 
 
@@ -181,7 +186,9 @@ class _Routes:
                               Status.UNSUPPORTED)
         body = await self._read_body(request)
         decoded = self._decode(body, request, model, version)
-        response = await self._core.infer(decoded.request)
+        _copy_multiplexed_model_id(request, decoded.request)
+        with http_request_link(request):  # pystub sequences: a client gone mid-request evicts its sequence
+            response = await self._core.infer(decoded.request)
         try:
             encoded = encode_infer_response(response, decoded.output_format)
         finally:
@@ -212,6 +219,19 @@ class _Routes:
                 raise _too_large(limit)
         encoding = request.headers.get("Content-Encoding")
         return await _offload(len(body), decompress_body, body, encoding, limit)
+
+
+def _copy_multiplexed_model_id(request: web.Request, infer_request: Any) -> None:
+    """Model multiplexing: the header `serve_multiplexed_model_id` (Ray Serve's name) sets the
+    request parameter `multiplexed_model_id`; both given and different is an error."""
+    value = request.headers.get(MODEL_ID_HEADER)
+    if value is None:
+        return
+    given = infer_request.parameters.get(MODEL_ID_PARAMETER)
+    if given is not None and given != value:
+        raise ServerError(f"the header '{MODEL_ID_HEADER}' ('{value}') and the parameter '{MODEL_ID_PARAMETER}' "
+                          f"('{given}') name different models", Status.INVALID_ARG)
+    infer_request.parameters[MODEL_ID_PARAMETER] = value
 
 
 def _too_large(limit: int) -> ServerError:

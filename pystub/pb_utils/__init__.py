@@ -35,6 +35,7 @@ from ._logger import Logger
 from ._metrics import Metric, MetricFamily
 from ._model_config import ModelConfig
 from ._model_control import is_model_ready, load_model, unload_model
+from ._multiplex import async_get_multiplexed_model, get_multiplexed_model, get_multiplexed_model_id
 from ._request import InferenceRequest
 from ._request_options import InferenceTrace, PreferredMemory
 from ._response import InferenceResponse
@@ -72,10 +73,13 @@ __all__ = [
     "Tensor",
     "TritonError",
     "TritonModelException",
+    "async_get_multiplexed_model",
     "deserialize_bytes_tensor",
     "get_input_config_by_name",
     "get_input_tensor_by_name",
     "get_model_dir",
+    "get_multiplexed_model",
+    "get_multiplexed_model_id",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
     "is_model_ready",

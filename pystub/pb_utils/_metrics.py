@@ -1,7 +1,8 @@
 """Custom metrics: `MetricFamily` and `Metric` (API.md 6.11).
 
 Values are kept here, in the stub, with the server's semantics; when the stub has installed a
-metric reporter every change is also forwarded to it, synchronously, so that `/metrics` shows it.
+metric reporter every change is also forwarded to it, in order, so that `/metrics` shows it, and
+`value()` reads the server's value back through it.
 
 Lifetimes follow the server's: families are never removed from the registry (re-creating a name
 with the same kind reuses it), metrics with the same labels in one family share one value and
@@ -92,10 +93,16 @@ class MetricFamily:
         _require_str("name", name)
         _require_str("description", description)
         kind = _kind(kind)
+        known = _families.get(name)
         try:
             self._record = _register_family(name, description, kind)
+        except Exception as exc:  # noqa: BLE001
+            raise TritonModelException(f"Error when creating MetricFamily: {exc}") from None
+        try:
             _report("family_created", name, description, int(kind))
         except Exception as exc:  # noqa: BLE001 - a reporter failure is a creation failure too
+            if known is None:  # the server refused a new family: a later attempt must ask again
+                _forget_if_unused(self._record)
             raise TritonModelException(f"Error when creating MetricFamily: {exc}") from None
         self._liveness = _Liveness()
         weakref.finalize(self, _invalidate, self._liveness)
@@ -171,10 +178,17 @@ class Metric:
         self._operate("observe", "Observe", value, (MetricKind.HISTOGRAM,))
 
     def value(self) -> float:
-        """The current value of a COUNTER or GAUGE."""
+        """The current value of a COUNTER or GAUGE: the server's, when a reporter that can read
+        it back (`metric_value`) is installed, else the local one."""
         try:
             self._check_usable("Value", (MetricKind.COUNTER, MetricKind.GAUGE))
-        except TritonModelException as exc:
+            reporter = _runtime.metric_reporter()
+            read_back = getattr(reporter, "metric_value", None) if reporter is not None else None
+            if read_back is not None:
+                # The server's series may hold more than this process did: changes made before a
+                # stub restart, or by other instances that share the series.
+                return float(read_back(self._record.name, dict(self._labels)))
+        except Exception as exc:  # noqa: BLE001 - every failure gets the operation's prefix
             raise TritonModelException(f"Failed to get metric value: {exc}") from None
         with _lock:
             return float(self._series.value)
@@ -234,6 +248,12 @@ def _register_family(name: str, description: str, kind: MetricKind) -> _FamilyRe
         elif record.kind != kind:
             raise TritonModelException("Family name already exists with different type")
         return record
+
+
+def _forget_if_unused(record: _FamilyRecord) -> None:
+    with _lock:
+        if not record.series and _families.get(record.name) is record:
+            del _families[record.name]
 
 
 def _invalidate(liveness: _Liveness) -> None:

@@ -29,6 +29,9 @@ __all__ = [
     "model_dir",
     "set_shm_free_memory",
     "shm_free_memory",
+    "Multiplexer",
+    "set_multiplexer",
+    "multiplexer",
     "reset",
 ]
 
@@ -68,6 +71,19 @@ class MetricReporter(Protocol):
 
     def metric_deleted(self, family: str, labels: dict[str, str]) -> None: ...
 
+    def metric_value(self, family: str, labels: dict[str, str]) -> float:
+        """The server's value of a COUNTER or GAUGE series (`Metric.value()`); when missing,
+        `value()` answers from local state."""
+        ...
+
+
+class Multiplexer(Protocol):
+    """The instance's sub-model cache (model multiplexing); both raise TritonModelException."""
+
+    def get(self, model_id: str) -> Any: ...
+
+    async def async_get(self, model_id: str) -> Any: ...
+
 
 _log_sink: LogSink | None = None
 _bls_handler: BlsHandler | None = None
@@ -75,6 +91,7 @@ _model_control: ModelControl | None = None
 _metric_reporter: MetricReporter | None = None
 _model_dir: str | None = None
 _shm_free_memory: Callable[[], int] | None = None
+_multiplexer: Multiplexer | None = None
 
 
 def set_log_sink(fn: LogSink | None) -> None:
@@ -138,6 +155,16 @@ def shm_free_memory() -> int:
     return int(_shm_free_memory()) if _shm_free_memory is not None else 0
 
 
+def set_multiplexer(cache: Multiplexer | None) -> None:
+    """The cache behind `pb_utils.get_multiplexed_model`; `None` disables multiplexing."""
+    global _multiplexer
+    _multiplexer = cache
+
+
+def multiplexer() -> Multiplexer | None:
+    return _multiplexer
+
+
 def reset() -> None:
     """Remove every hook (stub shutdown, tests)."""
     set_log_sink(None)
@@ -146,3 +173,4 @@ def reset() -> None:
     set_metric_reporter(None)
     set_model_dir(None)
     set_shm_free_memory(None)
+    set_multiplexer(None)

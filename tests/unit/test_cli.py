@@ -66,10 +66,15 @@ def test_gpu_only_and_noop_flags_are_accepted_and_recorded():
 
 
 def test_features_of_later_issues_are_named():
-    options = parse_args(["--model-repository=/m", "--backend-directory=/b", "--allow-client-shm=true"])
-    assert set(options.not_supported) == {"--backend-directory", "--allow-client-shm"}
-    options = parse_args(["--model-repository=/m", "--allow-client-shm=false"])
-    assert options.not_supported == {}
+    options = parse_args(["--model-repository=/m", "--backend-directory=/b"])
+    assert set(options.not_supported) == {"--backend-directory"}
+
+
+def test_allow_client_shm_is_off_by_default_as_in_triton():
+    assert parse_args(["--model-repository=/m"]).allow_client_shm is False
+    assert parse_args(["--model-repository=/m", "--allow-client-shm=true"]).allow_client_shm is True
+    assert parse_args(["--model-repository=/m", "--allow-client-shm", "false"]).allow_client_shm is False
+    assert parse_args(["--model-repository=/m", "--allow-client-shm=true"]).not_supported == {}
 
 
 def test_model_control_flags():

@@ -152,6 +152,8 @@ def test_public_api_names():
         "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END", "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
         "TRITONSERVER_REQUEST_RELEASE_ALL", "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
         "TRITONSERVER_MEMORY_GPU", "TRITONSERVER_MEMORY_CPU",
+        # pystub extension: model multiplexing
+        "get_multiplexed_model", "async_get_multiplexed_model", "get_multiplexed_model_id",
     }
     assert set(pb_utils.__all__) == expected
     assert all(hasattr(pb_utils, name) for name in expected)

@@ -1,0 +1,105 @@
+"""Which client connection a request came from, so that a scheduler learns when that client is gone.
+
+A frontend opens a link where a client's connection has a life of its own, and sets it as the
+current link of the task serving it (a context variable: tasks that task starts inherit it):
+
+    gRPC ModelStreamInfer   one link per stream; closed when the stream ends (the client closed it,
+                            cancelled it, or its connection dropped)
+    HTTP /infer             one link per request; closed only if the connection drops while the
+                            request is in flight (aiohttp does not cancel the handler, so a watcher
+                            polls the transport, started only once someone watches the link)
+
+A scheduler reads `current()` while admitting a request and `watch`es the link; `close()` runs the
+watchers' callbacks once, on the event loop. `detach()` drops them silently (the request ended
+normally; the client may come back on another connection). The sequence batcher uses this to evict
+a sequence whose client went away without sending END.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
+
+__all__ = ["ClientLink", "current", "open_link", "http_request_link", "HTTP_POLL_SECONDS"]
+
+log = logging.getLogger("pystub.scheduler")
+
+HTTP_POLL_SECONDS = 0.1
+_CURRENT: contextvars.ContextVar[ClientLink | None] = contextvars.ContextVar("pystub_client_link", default=None)
+
+
+class ClientLink:
+    def __init__(self, on_first_watch: Callable[[], None] | None = None) -> None:
+        self._watchers: dict[Hashable, Callable[[], None]] = {}
+        self._on_first_watch = on_first_watch
+        self.closed = False
+
+    def watch(self, key: Hashable, callback: Callable[[], None]) -> None:
+        """Call `callback()` when the client goes away (now, if it already has)."""
+        if self.closed:
+            callback()
+            return
+        self._watchers[key] = callback
+        if self._on_first_watch is not None:
+            start, self._on_first_watch = self._on_first_watch, None
+            start()
+
+    def unwatch(self, key: Hashable) -> None:
+        self._watchers.pop(key, None)
+
+    def close(self) -> None:
+        """The client is gone: run every watcher's callback once."""
+        if self.closed:
+            return
+        self.closed = True
+        watchers, self._watchers = self._watchers, {}
+        for callback in watchers.values():
+            try:
+                callback()
+            except Exception:  # one watcher's bug must not keep the others from hearing it
+                log.exception("a client-link watcher failed")
+
+    def detach(self) -> None:
+        """The link's work ended normally: forget the watchers without calling them."""
+        self._watchers.clear()
+        self._on_first_watch = None
+
+
+def current() -> ClientLink | None:
+    """The link of the client whose request the running task serves, if its frontend set one."""
+    return _CURRENT.get()
+
+
+def open_link() -> ClientLink:
+    """A new link, current for the rest of the running task and for the tasks it starts from now
+    on. The caller closes it when the client is gone. (No context reset: an async generator may be
+    finalized in another task, where a reset would fail; the task's context dies with it.)"""
+    link = ClientLink()
+    _CURRENT.set(link)
+    return link
+
+
+@contextlib.contextmanager
+def http_request_link(request: Any, poll_seconds: float = HTTP_POLL_SECONDS) -> Iterator[ClientLink]:
+    """A link for one aiohttp request: closed if its connection drops before the block ends,
+    detached when the block ends. The transport is polled only once the link is watched."""
+    poller: list[asyncio.Task[None]] = []
+
+    async def poll() -> None:
+        while request.transport is not None:
+            await asyncio.sleep(poll_seconds)
+        link.close()
+
+    link = ClientLink(on_first_watch=lambda: poller.append(asyncio.ensure_future(poll())))
+    token = _CURRENT.set(link)
+    try:
+        yield link
+    finally:
+        _CURRENT.reset(token)
+        for task in poller:
+            task.cancel()
+        link.detach()

@@ -1,0 +1,89 @@
+"""The infer-payload registry: every request the backend issued on a stub's behalf (BLS) and has not
+finished, by id.
+
+    key = (caller stub's shm base name, the stub's call id)      unique per stub incarnation
+
+python_be keeps the same table (`infer_payload_`) behind a mutex because its frontends, its event
+loop and its queue-receiver threads all touch it; pystub's frame handlers run on the event loop,
+but the registry is also read from other threads (admin facts, tests), so it keeps the lock and
+every method is thread-safe.
+
+An entry is added when the BLS request frame arrives and removed when its final response has been
+sent, when the stub cancels it and it has wound down, or when the calling stub died (the sweeper
+notices within `SWEEP_SECONDS` and tells the payload, which cancels its target request). A payload
+is any object with a `caller` (the StubProcess) and a `caller_died()` method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any, Iterator
+
+__all__ = ["PayloadRegistry", "PayloadKey", "REGISTRY", "SWEEP_SECONDS"]
+
+log = logging.getLogger("pystub.bls")
+
+PayloadKey = tuple[str, int]
+SWEEP_SECONDS = 0.25
+
+
+class PayloadRegistry:
+    def __init__(self) -> None:
+        self._entries: dict[PayloadKey, Any] = {}
+        self._lock = threading.Lock()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def add(self, key: PayloadKey, payload: Any) -> None:
+        """Register `payload`. Raises KeyError when the key is taken (a stub reused a call id)."""
+        with self._lock:
+            if key in self._entries:
+                raise KeyError(f"BLS call {key[1]} of stub '{key[0]}' is already in flight")
+            self._entries[key] = payload
+        self._ensure_sweeper()
+
+    def get(self, key: PayloadKey) -> Any | None:
+        with self._lock:
+            return self._entries.get(key)
+
+    def remove(self, key: PayloadKey, payload: Any = None) -> None:
+        """Drop the entry (only if it is still `payload`, when given)."""
+        with self._lock:
+            if payload is None or self._entries.get(key) is payload:
+                self._entries.pop(key, None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def payloads(self) -> list[Any]:
+        with self._lock:
+            return list(self._entries.values())
+
+    def of_caller(self, caller: Any) -> Iterator[Any]:
+        return (payload for payload in self.payloads() if payload.caller is caller)
+
+    # -- the sweeper: callers that died ------------------------------------------------------------
+    def _ensure_sweeper(self) -> None:
+        if self._sweeper is not None and not self._sweeper.done():
+            return
+        try:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        except RuntimeError:  # no loop (unit tests of the table alone): nothing to sweep for
+            self._sweeper = None
+
+    async def _sweep(self) -> None:
+        # Runs while entries exist. A stub's death is seen at once by its own channel, but that
+        # news goes to its supervisor; polling `alive` keeps the registry independent of it.
+        while len(self):
+            await asyncio.sleep(SWEEP_SECONDS)
+            for payload in self.payloads():
+                if not payload.caller.alive:
+                    try:
+                        payload.caller_died()
+                    except Exception:  # one broken payload must not stop the sweep
+                        log.exception("failed to end a BLS call of a dead stub")
+
+
+REGISTRY = PayloadRegistry()

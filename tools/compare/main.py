@@ -1,0 +1,150 @@
+"""Command line of tools/bench_compare.py: options, server start-up, the run, the report."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from compare import environment, report, servers, stopping, targets
+from compare.runner import Plan, run_rounds
+
+SERVERS = ("pystub", "triton", "mlserver")
+LOADGENS = ("asyncio", "perf_analyzer")
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20}
+
+
+def parse_size(text: str) -> int:
+    """'16', '1M', '16MiB' -> bytes; raises argparse.ArgumentTypeError."""
+    text = text.strip().upper()
+    digits = text.rstrip("KMIB")
+    try:
+        return int(digits) * _UNITS[text[len(digits):]]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: use e.g. 16, 64K, 1M") from None
+
+
+def _list(choices: tuple[str, ...] | None = None, convert=str):  # noqa: ANN001, ANN202 - argparse type factory
+    def parse(text: str) -> list:
+        values = [convert(v) for v in text.split(",") if v.strip()]
+        bad = [v for v in values if choices and v not in choices]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices or ())}: got {text!r}")
+        return values
+    return parse
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    doc = getattr(sys.modules.get("__main__"), "__doc__", None) or __doc__
+
+    parser = argparse.ArgumentParser(prog="bench_compare.py", description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--servers", type=_list(SERVERS), default=list(SERVERS), help="default: all three")
+    parser.add_argument("--sizes", type=_list(convert=parse_size), default=[16, 1 << 20, 16 << 20],
+                        help="bytes per input tensor (default 16,1M,16M)")
+    parser.add_argument("--concurrency", type=_list(convert=int), default=[1, 8, 32], help="default 1,8,32")
+    parser.add_argument("--protocols", type=_list(("grpc", "http")), default=["grpc", "http"])
+    parser.add_argument("--loadgen", type=_list(LOADGENS), default=list(LOADGENS),
+                        help="asyncio (all servers) and/or perf_analyzer (pystub, triton); default both")
+    parser.add_argument("--models", type=_list(servers.MODELS), default=list(servers.MODELS),
+                        help="identity_fp32 at every size; add_sub (fixed 4 x FP32) at 16 B only")
+    parser.add_argument("--rounds", type=int, help="rounds; medians are reported (default 3, --quick 1)")
+    parser.add_argument("--seconds", type=float, help="measurement window per point (default 3 s, --quick 1 s)")
+    parser.add_argument("--warmup", type=float, help="warm-up per point before the window (default 1 s, --quick 0.3 s)")
+    parser.add_argument("--quick", action="store_true", help="one round of 1 s windows: a smoke run")
+    parser.add_argument("--no-shm", action="store_true", help="skip the client shared-memory rows")
+    parser.add_argument("--no-probe", action="store_true", help="skip health/metadata under saturation")
+    parser.add_argument("--no-install", action="store_true", help="fail instead of installing the peers")
+    parser.add_argument("--json", type=Path, help="also write every sample here")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (server logs)")
+    args = parser.parse_args(argv)
+    rounds, seconds, warmup = (1, 1.0, 0.3) if args.quick else (3, 3.0, 1.0)
+    args.rounds = rounds if args.rounds is None else max(1, args.rounds)
+    args.seconds = seconds if args.seconds is None else args.seconds
+    args.warmup = warmup if args.warmup is None else args.warmup
+    return args
+
+
+def _start(args: argparse.Namespace, env: environment.BenchEnv | None, repositories: dict[str, Path],
+           workdir: Path, started: list[servers.Server]) -> None:
+    """Start every requested server into `started` (so a failure still stops the others)."""
+    for name in args.servers:
+        if name == "pystub":
+            started.append(servers.start_pystub(repositories, workdir, client_shm=True))
+        elif name == "triton":
+            started.append(servers.start_triton(env, repositories, workdir))
+        else:
+            started.append(servers.start_mlserver(env, repositories, workdir))
+    try:
+        servers.wait_ready(started)
+    except RuntimeError as error:
+        pystub = next((s for s in started if s.name == "pystub"), None)
+        if pystub is None or "allow-client-shm" not in str(error):
+            raise
+        # a pystub without the client-shm extension refuses the flag: run it without
+        servers.stop(pystub)
+        started[started.index(pystub)] = servers.start_pystub(repositories, workdir, client_shm=False)
+        servers.wait_ready(started)
+
+
+def _environment(args: argparse.Namespace, results: report.Results) -> environment.BenchEnv | None:
+    needs_env = any(s != "pystub" for s in args.servers) or "perf_analyzer" in args.loadgen
+    if not needs_env:
+        return None
+    env = environment.ensure(install=not args.no_install)
+    if "perf_analyzer" in args.loadgen:
+        problem = environment.perf_analyzer_works(env)
+        if problem:
+            results.notes.append(f"perf_analyzer does not run here ({problem}): asyncio load generator only")
+            args.loadgen = [g for g in args.loadgen if g != "perf_analyzer"]
+    return env
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    stopping.install()
+    results = report.Results(servers=list(args.servers))
+    env = _environment(args, results)
+    began = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        workdir = Path(tempfile.mkdtemp(prefix="pystub-bench-compare-")) if args.keep else \
+            Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pystub-bench-compare-")))
+        repositories = servers.write_repositories(workdir)
+        started: list[servers.Server] = []
+        try:
+            _start(args, env, repositories, workdir, started)
+            for server in started:
+                print(f"started {server.name} pid {server.process.pid} (http {server.http_port}, grpc "
+                      f"{server.grpc_port}; {', '.join(server.extensions)})", file=sys.stderr, flush=True)
+            plan = Plan.from_args(args, {s.name: s for s in started}, env, results)
+            run_rounds(plan)
+        except stopping.StopRequested as stop:
+            results.notes.append(f"{stop}: the results below are partial")
+        finally:
+            for server in reversed(started):
+                servers.stop(server)
+            servers.sweep_shm(started)  # again: a stub may have been mid-create when its group was killed
+        if args.keep:
+            print(f"work directory kept: {workdir}", file=sys.stderr)
+    _print(results, args, time.monotonic() - began)
+    if args.json:
+        args.json.write_text(json.dumps(results.as_json(), indent=1))
+    return 128 + signal_number if (signal_number := stopping.signal_number()) else 0
+
+
+def _print(results: report.Results, args: argparse.Namespace, elapsed: float) -> None:
+    print(f"pystub vs {', '.join(s for s in args.servers if s != 'pystub') or 'nobody'}: identity_fp32 "
+          f"(FP32 [1, n]) and add_sub, one instance / worker each, loopback, {args.warmup:g} s warm-up + "
+          f"{args.seconds:g} s window per point, {results.rounds} round(s), {elapsed / 60:.1f} min")
+    for loadgen in args.loadgen:
+        if any(key[0] == loadgen for key in results.samples):
+            print()
+            print("\n".join(report.table(results, loadgen)))
+    print()
+    for note in results.notes:
+        print(f"note: {note}")
+    print("\n".join(targets.summary(results)))

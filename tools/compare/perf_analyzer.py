@@ -1,0 +1,71 @@
+"""perf_analyzer (C++ load generator, tritonclient 2.50.0 wheel) for the servers it can drive.
+
+It reads the model configuration (`/v2/models/{m}/config`, gRPC ModelConfig), which MLServer does
+not serve, so it runs against pystub and Triton only. Time-window mode (its request-count mode
+misreports throughput); a stability band of 1000% makes it report after its first three windows
+instead of retrying for a stable window that a shared 2-core machine rarely gives.
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from compare import stopping
+from compare.environment import BenchEnv
+from compare.loadgen import Point, Sample
+
+
+def command(env: BenchEnv, url: str, point: Point, window_ms: int, csv_path: Path) -> list[str]:
+    """The perf_analyzer command line for one point."""
+    args = [str(env.perf_analyzer), "-m", point.model, "-u", url, "-i", "grpc" if point.protocol == "grpc" else "http",
+            "--concurrency-range", str(point.concurrency), "--measurement-mode", "time_windows",
+            "--measurement-interval", str(window_ms), "--stability-percentage", "1000", "--max-trials", "10",
+            "-f", str(csv_path)]
+    if point.model == "identity_fp32":
+        args += ["-b", "1", "--shape", f"INPUT0:{max(1, point.nbytes // 4)}"]
+    if point.shm:
+        args += ["--shared-memory", "system", "--output-shared-memory-size", str(max(64, point.nbytes))]
+    return args
+
+
+def _run(args: list[str], env: BenchEnv, output: Path, timeout: float) -> int:
+    """Run perf_analyzer to its end, or kill it on a stop request (StopRequested) or after
+    `timeout` (RuntimeError)."""
+    with open(output, "wb") as sink:
+        process = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=env.perf_analyzer_env())
+    deadline = time.monotonic() + timeout
+    try:
+        while process.poll() is None:
+            stopping.check()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"perf_analyzer gave no result within {timeout:.0f} s")
+            time.sleep(0.1)
+        return process.returncode
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def measure(env: BenchEnv, url: str, point: Point, window_ms: int) -> Sample:
+    """Run perf_analyzer for one point; raises RuntimeError with its output when it fails."""
+    with tempfile.TemporaryDirectory(prefix="pystub-bench-pa-") as tmp:
+        csv_path = Path(tmp) / "result.csv"
+        args = command(env, url, point, window_ms, csv_path)
+        output = Path(tmp) / "output.txt"
+        returncode = _run(args, env, output, 60 + 12 * window_ms / 1000)
+        if returncode != 0 or not csv_path.exists():
+            text = output.read_text(errors="replace").strip()[-400:]
+            raise RuntimeError(f"perf_analyzer exit {returncode}: {text}")
+        with open(csv_path, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    if not rows:
+        raise RuntimeError("perf_analyzer wrote no measurement")
+    row = rows[0]
+    return Sample(throughput=float(row["Inferences/Second"]), p50_ms=float(row["p50 latency"]) / 1000,
+                  p99_ms=float(row["p99 latency"]) / 1000, count=0)

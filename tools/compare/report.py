@@ -1,0 +1,117 @@
+"""Collects the rounds' samples and prints the comparison table, the ratios and the issue's targets."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from compare.loadgen import Point, Sample
+
+LOADGEN_TITLES = {"asyncio": "tritonclient asyncio clients (Python)", "perf_analyzer": "perf_analyzer 2.50 (C++)"}
+
+
+def size_text(nbytes: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+@dataclass
+class Results:
+    """Every sample of the run, keyed by (load generator, server, point)."""
+
+    servers: list[str]
+    rounds: int = 0
+    samples: dict[tuple[str, str, Point], list[Sample]] = field(default_factory=lambda: defaultdict(list))
+    failures: dict[tuple[str, str, Point], str] = field(default_factory=dict)
+    probes: dict[str, list[dict[str, float]]] = field(default_factory=lambda: defaultdict(list))
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, loadgen: str, server: str, point: Point, sample: Sample) -> None:
+        self.samples[(loadgen, server, point)].append(sample)
+
+    def fail(self, loadgen: str, server: str, point: Point, reason: str) -> None:
+        self.failures[(loadgen, server, point)] = reason.splitlines()[0][:160] if reason else "failed"
+
+    def median(self, loadgen: str, server: str, point: Point) -> Sample | None:
+        samples = self.samples.get((loadgen, server, point))
+        if not samples:
+            return None
+        return Sample(throughput=statistics.median(s.throughput for s in samples),
+                      p50_ms=statistics.median(s.p50_ms for s in samples),
+                      p99_ms=statistics.median(s.p99_ms for s in samples),
+                      count=sum(s.count for s in samples), errors=sum(s.errors for s in samples))
+
+    def points(self, loadgen: str) -> list[Point]:
+        seen = {_plain(key[2]) for key in list(self.samples) + list(self.failures) if key[0] == loadgen}
+        return sorted(seen, key=lambda p: (p.model != "identity_fp32", p.model, p.shm, p.nbytes, p.concurrency,
+                                           p.protocol.startswith("http")))
+
+    def as_json(self) -> dict[str, Any]:
+        return {"rounds": self.rounds, "notes": self.notes, "probes": dict(self.probes),
+                "samples": [{"loadgen": k[0], "server": k[1], **k[2].__dict__, "rounds": [s.as_dict() for s in v]}
+                            for k, v in self.samples.items()],
+                "failures": [{"loadgen": k[0], "server": k[1], **k[2].__dict__, "reason": v}
+                             for k, v in self.failures.items()]}
+
+
+def _plain(point: Point) -> Point:
+    """MLServer's JSON rows sit in the HTTP row of the table."""
+    if point.protocol == "http-json":
+        return Point(point.model, point.nbytes, point.concurrency, "http", point.shm)
+    return point
+
+
+def _cell(sample: Sample | None, failure: str | None) -> str:
+    if sample is None:
+        return f"{'failed' if failure else '-':>22}"
+    return f"{_num(sample.throughput, 8)} {_num(sample.p50_ms, 6)} {_num(sample.p99_ms, 6)}"
+
+
+def _num(value: float, width: int) -> str:
+    """Three significant digits at most, fixed width: 0.123, 1.23, 12.3, 1234."""
+    if value != value:  # NaN
+        return f"{'-':>{width}}"
+    text = f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+    return f"{text:>{width}}"
+
+
+def _ratio(ours: Sample | None, theirs: Sample | None) -> str:
+    if ours is None or theirs is None or not theirs.throughput or not theirs.p50_ms:
+        return f"{'':>17}"
+    return (f"{ours.throughput / theirs.throughput:5.2f}x {ours.p50_ms / theirs.p50_ms:5.2f} "
+            f"{ours.p99_ms / theirs.p99_ms if theirs.p99_ms else math.nan:5.2f}")
+
+
+def table(results: Results, loadgen: str) -> list[str]:
+    """One table: a row per point, a cell per server (infer/s, p50 ms, p99 ms), ratios pystub/peer."""
+    servers = [s for s in results.servers if any(k[0] == loadgen and k[1] == s for k in results.samples)]
+    peers = [s for s in servers if s != "pystub"]
+    head = f"{'model':13} {'size':>6} {'shm':3} {'conc':>4} {'proto':5} |"
+    head += "".join(f" {s + ': inf/s  p50  p99':>22} |" for s in servers)
+    head += "".join(f" {'pystub/' + p + ' thr p50 p99':>17} |" for p in peers if "pystub" in servers)
+    lines = [f"== load generator: {LOADGEN_TITLES[loadgen]}; median of {results.rounds} round(s); "
+             "inf/s, p50 and p99 in ms ==", head, "-" * len(head)]
+    for point in results.points(loadgen):
+        proto = "http" if point.protocol.startswith("http") else "grpc"
+        row = f"{point.model:13} {size_text(point.nbytes):>6} {'yes' if point.shm else '':3} " \
+              f"{point.concurrency:>4} {proto:5} |"
+        medians = {}
+        for server in servers:
+            key_point = point
+            if server == "mlserver" and point.protocol == "http":
+                key_point = Point(point.model, point.nbytes, point.concurrency, "http-json", point.shm)
+            medians[server] = results.median(loadgen, server, key_point)
+            row += f" {_cell(medians[server], results.failures.get((loadgen, server, key_point)))} |"
+        if "pystub" in servers:
+            row += "".join(f" {_ratio(medians['pystub'], medians[p])} |" for p in peers)
+        lines.append(row)
+    lines.append("ratios: thr = pystub throughput / peer's (higher is better); p50, p99 = pystub latency / "
+                 "peer's (lower is better). MLServer's HTTP rows are JSON (it has no binary tensor extension).")
+    failed = sorted({(k[1], v) for k, v in results.failures.items() if k[0] == loadgen})
+    lines += [f"  failed on {server}: {reason}" for server, reason in failed[:12]]
+    return lines

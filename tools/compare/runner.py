@@ -1,0 +1,130 @@
+"""The rounds: every point on every server with every load generator that can drive it, interleaved."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from compare import loadgen, perf_analyzer, stopping
+from compare.environment import BenchEnv
+from compare.loadgen import Point
+from compare.report import Results, size_text
+from compare.servers import Server
+
+SHM_EXTENSION = "system_shared_memory"
+_PROBE = Path(__file__).with_name("probe.py")
+
+
+@dataclass
+class Plan:
+    """What to measure, where and how."""
+
+    servers: dict[str, Server]
+    env: BenchEnv | None
+    results: Results
+    points: list[Point]
+    loadgens: list[str]
+    rounds: int
+    warmup: float
+    seconds: float
+    probe: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, servers: dict[str, Server], env: BenchEnv | None,
+                  results: Results) -> Plan:
+        points = [Point("identity_fp32", size, c, proto)
+                  for size in args.sizes for c in args.concurrency for proto in args.protocols
+                  if "identity_fp32" in args.models]
+        if "add_sub" in args.models:
+            points += [Point("add_sub", 16, c, proto) for c in args.concurrency for proto in args.protocols]
+        if not args.no_shm and args.sizes:
+            largest = max(args.sizes)
+            points += [Point("identity_fp32", largest, c, proto, shm=True)
+                       for c in args.concurrency for proto in args.protocols]
+            pystub = servers.get("pystub")
+            if pystub is not None and SHM_EXTENSION not in pystub.extensions:
+                results.notes.append(f"pystub's server metadata does not list {SHM_EXTENSION}: its client "
+                                     "shared-memory rows are skipped")
+        return cls(servers=servers, env=env, results=results, points=points, loadgens=list(args.loadgen),
+                   rounds=args.rounds, warmup=args.warmup, seconds=args.seconds, probe=not args.no_probe)
+
+    def applies(self, loadgen_name: str, server: Server, point: Point) -> bool:
+        if point.shm and SHM_EXTENSION not in server.extensions:
+            return False
+        if loadgen_name == "perf_analyzer":
+            return server.name in ("pystub", "triton")
+        return True
+
+
+def _protocol(server: Server, point: Point) -> Point:
+    """MLServer has no binary tensor extension over HTTP: its HTTP points send JSON tensors."""
+    if server.name == "mlserver" and point.protocol == "http":
+        return Point(point.model, point.nbytes, point.concurrency, "http-json", point.shm)
+    return point
+
+
+def _measure(plan: Plan, loadgen_name: str, server: Server, point: Point) -> None:
+    stopping.check()
+    point = _protocol(server, point)
+    try:
+        if loadgen_name == "perf_analyzer":
+            window_ms = max(500, int(1000 * plan.seconds / 2))
+            sample = perf_analyzer.measure(plan.env, server.url(point.protocol), point, window_ms)
+        else:
+            sample = asyncio.run(loadgen.measure(server.url(point.protocol), point, plan.warmup, plan.seconds))
+    except stopping.StopRequested:
+        raise
+    except Exception as error:  # one failed point (e.g. a size a peer refuses) must not end the run
+        plan.results.fail(loadgen_name, server.name, point, f"{type(error).__name__}: {error}")
+        reason = str(error).splitlines()[0][:200] if str(error) else repr(error)
+        print(f"    {server.name:8} {loadgen_name:13} failed: {reason}", file=sys.stderr, flush=True)
+        return
+    plan.results.add(loadgen_name, server.name, point, sample)
+    print(f"    {server.name:8} {loadgen_name:13} {sample.throughput:9.1f}/s p50 {sample.p50_ms:8.2f} ms "
+          f"p99 {sample.p99_ms:8.2f} ms", file=sys.stderr, flush=True)
+
+
+def _probe(plan: Plan, server: Server) -> None:
+    """Health/metadata latency from another process while 32 small gRPC inferences are in flight."""
+    stopping.check()
+    seconds = plan.warmup + plan.seconds
+    probe = subprocess.Popen([sys.executable, str(_PROBE), server.url("http"), "identity_fp32", str(seconds)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        asyncio.run(loadgen.measure(server.url("grpc"), Point("identity_fp32", 16, 32, "grpc"), 0.0, seconds))
+        out, err = probe.communicate(timeout=seconds + 60)
+        plan.results.probes[server.name].append(json.loads(out))
+        print(f"    {server.name:8} probe         {out.strip()}", file=sys.stderr, flush=True)
+    except stopping.StopRequested:
+        raise
+    except Exception as error:  # reported, not fatal
+        plan.results.notes.append(f"probe on {server.name} failed: {error!r}")
+    finally:
+        if probe.poll() is None:
+            probe.kill()
+            probe.wait()
+
+
+def run_rounds(plan: Plan) -> None:
+    """All rounds; each round rotates the server order so none always goes first."""
+    names = list(plan.servers)
+    for index in range(plan.rounds):
+        order = names[index % len(names):] + names[:index % len(names)]
+        print(f"round {index + 1}/{plan.rounds}", file=sys.stderr, flush=True)
+        for point in plan.points:
+            print(f"  {point.model} {size_text(point.nbytes)}{' shm' if point.shm else ''} c={point.concurrency} "
+                  f"{point.protocol}", file=sys.stderr, flush=True)
+            for name in order:
+                for loadgen_name in plan.loadgens:
+                    if plan.applies(loadgen_name, plan.servers[name], point):
+                        _measure(plan, loadgen_name, plan.servers[name], point)
+        if plan.probe:
+            print("  health/metadata under saturation", file=sys.stderr, flush=True)
+            for name in order:
+                _probe(plan, plan.servers[name])
+        plan.results.rounds = index + 1

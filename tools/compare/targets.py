@@ -1,0 +1,114 @@
+"""The issue's targets, judged on the medians of this run (ratios within the same run only)."""
+
+from __future__ import annotations
+
+import statistics
+
+from compare.loadgen import Point, Sample
+from compare.report import Results, size_text
+
+MIB = 1 << 20
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("met" if ok else "NOT met")
+
+
+def _pick(results: Results, server: str, point: Point, prefer: tuple[str, ...]) -> tuple[Sample | None, str]:
+    """The median from the first load generator in `prefer` that measured this point on this server."""
+    for loadgen in prefer:
+        sample = results.median(loadgen, server, point)
+        if sample is not None:
+            return sample, loadgen
+    return None, ""
+
+
+def _throughput_16b(results: Results) -> list[str]:
+    point = Point("identity_fp32", 16, 8, "grpc")
+    lines = []
+    for peer, factor, prefer in (("mlserver", 5.0, ("asyncio",)), ("triton", 1.0, ("perf_analyzer", "asyncio"))):
+        ours, loadgen = _pick(results, "pystub", point, prefer)
+        theirs = results.median(loadgen, peer, point) if loadgen else None
+        if ours is None or theirs is None:
+            lines.append(f"  16 B c=8 gRPC throughput >= {factor:g}x {peer}: n/a (not measured)")
+            continue
+        ratio = ours.throughput / theirs.throughput
+        lines.append(f"  16 B c=8 gRPC throughput >= {factor:g}x {peer} ({loadgen}): pystub {ours.throughput:.0f}, "
+                     f"{peer} {theirs.throughput:.0f} infer/s = {ratio:.2f}x: {_verdict(ratio >= factor)}")
+    return lines
+
+
+def _p50_large(results: Results) -> list[str]:
+    lines = []
+    for nbytes in (MIB, 16 * MIB):
+        point = Point("identity_fp32", nbytes, 1, "grpc")
+        for peer, prefer in (("triton", ("perf_analyzer", "asyncio")), ("mlserver", ("asyncio",))):
+            ours, loadgen = _pick(results, "pystub", point, prefer)
+            theirs = results.median(loadgen, peer, point) if loadgen else None
+            if ours is None or theirs is None:
+                lines.append(f"  {size_text(nbytes)} c=1 gRPC p50 <= 1/2 {peer}: n/a (not measured)")
+                continue
+            ratio = ours.p50_ms / theirs.p50_ms
+            lines.append(f"  {size_text(nbytes)} c=1 gRPC p50 <= 1/2 {peer} ({loadgen}): pystub {ours.p50_ms:.2f} ms, "
+                         f"{peer} {theirs.p50_ms:.2f} ms = {ratio:.2f}x: {_verdict(ratio <= 0.5)}")
+    return lines
+
+
+def _shm(results: Results) -> list[str]:
+    point = Point("identity_fp32", 16 * MIB, 1, "grpc", shm=True)
+    ours, loadgen = _pick(results, "pystub", point, ("perf_analyzer", "asyncio"))
+    if ours is None:
+        return ["  16 MiB c=1 with client system shared memory p50 <= 3 ms: n/a (not measured; see notes)"]
+    return [f"  16 MiB c=1 with client system shared memory p50 <= 3 ms ({loadgen}): pystub {ours.p50_ms:.2f} ms: "
+            f"{_verdict(ours.p50_ms <= 3.0)}"]
+
+
+def _p99_c32(results: Results) -> list[str]:
+    lines = []
+    for loadgen in ("asyncio", "perf_analyzer"):
+        met, missed = 0, []
+        for point in results.points(loadgen):
+            if point.concurrency != 32:
+                continue
+            ours = results.median(loadgen, "pystub", point)
+            for peer in results.servers:
+                peer_point = point
+                if peer == "mlserver" and point.protocol == "http":
+                    peer_point = Point(point.model, point.nbytes, point.concurrency, "http-json", point.shm)
+                theirs = results.median(loadgen, peer, peer_point) if peer != "pystub" else None
+                if ours is None or theirs is None:
+                    continue
+                if ours.p99_ms <= theirs.p99_ms:
+                    met += 1
+                else:
+                    missed.append(f"{size_text(point.nbytes)}{' shm' if point.shm else ''} {point.protocol} vs {peer}"
+                                  f" ({ours.p99_ms:.1f} > {theirs.p99_ms:.1f} ms)")
+        if met or missed:
+            lines.append(f"  p99 at c=32 <= each peer's ({loadgen}): {met}/{met + len(missed)} comparisons: "
+                         f"{_verdict(not missed)}" + (f"; over: {'; '.join(missed)}" if missed else ""))
+    return lines or ["  p99 at c=32 <= each peer's: n/a (not measured)"]
+
+
+def _probes(results: Results) -> list[str]:
+    lines = []
+    for server, runs in results.probes.items():
+        if not runs:
+            continue
+        health = statistics.median(r["health_p99_ms"] for r in runs)
+        metadata = statistics.median(r["metadata_p99_ms"] for r in runs)
+        line = (f"health p99 {health:.1f} ms, metadata p99 {metadata:.1f} ms while 32 gRPC identity requests are "
+                f"in flight")
+        if server == "pystub":
+            lines.insert(0, f"  health/metadata p99 < 20 ms under saturation: pystub {line}: "
+                            f"{_verdict(max(health, metadata) < 20)}")
+        else:
+            lines.append(f"    ({server}: {line})")
+    return lines or ["  health/metadata p99 < 20 ms under saturation: n/a (not measured)"]
+
+
+def summary(results: Results) -> list[str]:
+    """The targets of the issue, each with its measurement and verdict."""
+    lines = ["Targets (medians of this run):"]
+    for part in (_throughput_16b, _p50_large, _shm, _p99_c32, _probes):
+        lines += part(results)
+    return lines

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Where a small request's time goes in pystub: py-spy samples of the backend and its stubs under load.
+
+Starts pystub-backend on examples/models, drives identity_fp32 with 16 B tensors (asyncio load
+generator of tools/compare, or perf_analyzer from .bench when present) at concurrency C for S
+seconds, while `py-spy record --subprocesses --format raw` samples the backend and the stub. Each
+sample is charged to the hot-path step of its innermost pystub frame:
+
+    grpc decode, http decode   frontends/*_codec: wire message -> InferRequest
+    validate                   backend/validation
+    core + schedule            core, model_version, scheduler, model_instance, statistics, ...
+    arena write                ipc/tensors, ipc/arena, ipc/allocator (inputs into p2s, views of s2p)
+    queue (frames)             ipc/channel, ipc/wire, msgpack: EXECUTE / RESPONSE / RELEASE frames
+    response                   stub_process, response_stream, stub_output (frames -> InferResponse)
+    grpc encode, http encode   InferResponse -> wire message
+    grpc runtime / aiohttp     grpc.aio and aiohttp internals (no pystub frame on the stack)
+    asyncio loop               the event loop itself (select, callbacks, tasks)
+    stub: ...                  the stub process: receive, translate, model execute, send
+
+and the step's CPU time per request is its share of samples x sampled CPU seconds / requests.
+Needs py-spy (installed into .bench/venv on first use; root or ptrace permission). Exits 0.
+
+    .venv/bin/python tools/profile_hot_path.py                       # gRPC, concurrency 1, 10 s
+    .venv/bin/python tools/profile_hot_path.py --protocol http --concurrency 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from compare import loadgen, servers  # noqa: E402
+from compare.environment import BENCH  # noqa: E402
+
+# (step, pattern on "function (path:line)"), first match from the innermost frame outwards wins
+_BACKEND_STEPS = [
+    ("grpc decode", r"frontends/grpc_codec\.py.*|decode_infer_request"),
+    ("http decode", r"frontends/(http_codec|json_tensors|http_raw)\.py"),
+    ("grpc encode", r"encode_infer_response"),
+    ("http encode", r"frontends/http_encode\.py"),
+    ("validate", r"backend/validation\.py"),
+    ("client shm", r"backend/client_shm\.py"),
+    ("arena write", r"ipc/(tensors|arena|allocator|segment)\.py"),
+    ("queue (frames)", r"ipc/(channel|wire|messages\w*)\.py|msgpack"),
+    ("response", r"backend/(stub_process|response_stream|stub_output|stub_outbox|stub_features)\.py"),
+    ("core + schedule", r"backend/(core|model_version|scheduler|scheduling|model_instance|statistics|inference|"
+                        r"request_queue|dynamic_batcher|model_lifecycle)\.py"),
+    ("grpc frontend", r"frontends/grpc\.py"),
+    ("http frontend", r"frontends/http\w*\.py"),
+    ("metrics/logging", r"prometheus|backend/log\.py|logging/"),
+    ("grpc runtime", r"grpc/|_cython|cygrpc"),
+    ("aiohttp", r"aiohttp|multidict|yarl"),
+    ("asyncio loop", r"asyncio/|selectors\.py"),
+]
+_STUB_STEPS = [
+    ("stub: model execute", r"model\.py"),
+    ("stub: translate", r"pystub/(translate|pb_utils/\w+)\.py|pb_utils"),
+    ("stub: arena", r"ipc/(tensors|arena|allocator|segment)\.py"),
+    ("stub: frames", r"ipc/(channel|wire|messages\w*)\.py|msgpack|socket"),
+    ("stub: executor", r"pystub/(executor|senders|batched)\.py"),
+    ("stub: main loop", r"pystub/\w+\.py"),
+]
+_FRAME = re.compile(r"^(?P<func>.*) \((?P<path>[^:()]*)(?::\d+)?\)$")
+
+
+def _py_spy() -> Path:
+    """py-spy from .bench/venv, installed there on first use."""
+    binary = BENCH / "venv" / "bin" / "py-spy"
+    if not binary.exists():
+        if not (BENCH / "venv" / "bin" / "python").exists():
+            subprocess.run([sys.executable, "-m", "venv", str(BENCH / "venv")], check=True, timeout=300)
+        subprocess.run([str(BENCH / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet", "py-spy"],
+                       check=True, timeout=600)
+    return binary
+
+
+def classify(stack: list[str], stub: bool) -> str:
+    """The step a sampled stack (outermost frame first) is charged to."""
+    steps = _STUB_STEPS if stub else _BACKEND_STEPS
+    for frame in reversed(stack):
+        for step, pattern in steps:
+            if re.search(pattern, frame):
+                return step
+    return "stub: other" if stub else "other"
+
+
+def parse_raw(text: str) -> tuple[Counter, Counter]:
+    """py-spy raw (collapsed) output -> samples per backend step and per stub step."""
+    backend, stub = Counter(), Counter()
+    for line in text.splitlines():
+        stack_text, _, count = line.rpartition(" ")
+        if not stack_text or not count.isdigit():
+            continue
+        frames = stack_text.split(";")
+        is_stub = bool(frames) and "triton_python_backend_stub" in frames[0]
+        frames = [f for f in frames if not f.startswith("process ")]
+        if any("thread" in f and "heartbeat" in f.lower() for f in frames):
+            continue
+        (stub if is_stub else backend)[classify(frames, is_stub)] += int(count)
+    return backend, stub
+
+
+async def _drive(server: servers.Server, protocol: str, concurrency: int, seconds: float) -> loadgen.Sample:
+    point = loadgen.Point("identity_fp32", 16, concurrency, protocol)
+    return await loadgen.measure(server.url(protocol), point, 0.0, seconds)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    args = parser.parse_args()
+    py_spy = _py_spy()
+    with tempfile.TemporaryDirectory(prefix="pystub-profile-") as tmp:
+        workdir = Path(tmp)
+        repositories = servers.write_repositories(workdir)
+        server = servers.start_pystub(repositories, workdir, client_shm=False)
+        try:
+            servers.wait_ready([server])
+            asyncio.run(_drive(server, args.protocol, args.concurrency, 1.0))  # warm-up
+            raw = workdir / "profile.txt"
+            spy = subprocess.Popen([str(py_spy), "record", "--pid", str(server.process.pid), "--subprocesses",
+                                    "--nonblocking", "--rate", str(args.rate), "--format", "raw", "--output", str(raw),
+                                    "--duration", str(int(args.seconds) + 1)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            time.sleep(0.5)
+            sample = asyncio.run(_drive(server, args.protocol, args.concurrency, args.seconds))
+            _, err = spy.communicate(timeout=args.seconds + 60)
+            if not raw.exists():
+                raise SystemExit(f"py-spy wrote nothing: {err[-2000:]}")
+            backend, stub = parse_raw(raw.read_text())
+        finally:
+            servers.stop(server)
+    _report(args, sample, backend, stub)
+    return 0
+
+
+def _report(args: argparse.Namespace, sample: loadgen.Sample, backend: Counter, stub: Counter) -> None:
+    requests = sample.throughput * args.seconds
+    print(f"identity_fp32 16 B over {args.protocol}, concurrency {args.concurrency}: {sample.throughput:.0f} infer/s, "
+          f"p50 {sample.p50_ms:.2f} ms, p99 {sample.p99_ms:.2f} ms (client: tritonclient asyncio)")
+    print(f"CPU per request by step (py-spy at {args.rate} Hz; samples / rate / {requests:.0f} requests):")
+    for title, counter in (("backend process", backend), ("stub process", stub)):
+        total = sum(counter.values())
+        print(f"  {title}: {total / args.rate / max(1, requests) * 1e6:7.0f} us/request")
+        for step, count in counter.most_common():
+            per_request = count / args.rate / max(1, requests) * 1e6
+            print(f"    {step:22} {per_request:7.1f} us  {100 * count / max(1, total):5.1f}%")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONPATH", str(ROOT))
+    sys.exit(main())
