@@ -18,7 +18,7 @@ import enum
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from backend.errors import ServerError
 from backend.statistics import BatchTiming
@@ -239,12 +239,14 @@ class ModelInstance:
             await self.stub.stop(timeout)
 
     # -- work ----------------------------------------------------------------------------------------
-    async def execute_streams(self, requests: list[Any]) -> tuple[list[Any], BatchTiming]:
-        """Run a batch on the current stub; per request its ResponseStream or a ServerError."""
+    async def execute_streams(self, requests: list[Any], on_sent: Callable[[list[Any]], None] | None = None
+                              ) -> tuple[list[Any], BatchTiming]:
+        """Run a batch on the current stub; per request its ResponseStream or a ServerError.
+        `on_sent` as in `StubProcess.execute_streams`."""
         stub = self.stub
         if not self.healthy or stub is None:
             return [self.unhealthy_error()] * len(requests), BatchTiming()
-        streams, timing = await stub.execute_streams(requests)
+        streams, timing = await stub.execute_streams(requests, on_sent)
         for stream in streams:
             if isinstance(stream, ServerError):
                 self.failed += 1

@@ -269,9 +269,9 @@ class MultiplexedInstance:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._instance, name)
 
-    async def execute_streams(self, requests: list[Any]) -> Any:
+    async def execute_streams(self, requests: list[Any], on_sent: Any = None) -> Any:
         await self._configure()
-        return await self._instance.execute_streams(requests)
+        return await self._instance.execute_streams(requests, on_sent)
 
     async def execute_timed(self, requests: list[Any]) -> Any:
         await self._configure()

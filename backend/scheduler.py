@@ -27,13 +27,14 @@ PIPELINE_DEPTH = 2
 
 
 class _Work:
-    __slots__ = ("request", "batch_size", "future", "enqueued_ns", "started")
+    __slots__ = ("request", "batch_size", "future", "enqueued_ns", "delivered", "started")
 
     def __init__(self, request: InferRequest, batch_size: int, future: asyncio.Future) -> None:
         self.request = request
         self.batch_size = batch_size
         self.future = future
         self.enqueued_ns = time.monotonic_ns()
+        self.delivered: Any = None
         self.started = False  # handed to an instance: its statistics are recorded when it ends
 
 
@@ -104,16 +105,23 @@ class DefaultScheduler:
     async def _run(self, instance: Any, work: _Work) -> None:
         work.started = True
         started = time.monotonic_ns()
-        (result,), timing = await instance.execute_streams([work.request])
+        (result,), timing = await instance.execute_streams([work.request], lambda sent: self._deliver(work, sent[0]))
         if isinstance(result, ServerError):  # it never reached the model (stub gone, arena full)
             self._stats.record_failure(time.monotonic_ns() - work.enqueued_ns, BACKEND)
         else:
             self._stats.record_execution(work.batch_size, timing)
             result.when_final(lambda stream: self._record(stream, work, started, timing))
+        self._deliver(work, result)
+
+    @staticmethod
+    def _deliver(work: _Work, result: Any) -> None:
+        """Hand the stream to the caller as soon as the request is on its way (so a client that
+        goes away cancels it while the model runs); cancel it when nobody waits any more."""
         if not work.future.done():
             work.future.set_result(result)
-        elif not isinstance(result, ServerError):
-            result.cancel()  # nobody waits for it any more
+        elif not isinstance(result, ServerError) and result is not work.delivered:
+            result.cancel()
+        work.delivered = result
 
     def _record(self, stream: ResponseStream, work: _Work, started: int, timing: BatchTiming) -> None:
         finished = time.monotonic_ns()

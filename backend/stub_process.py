@@ -361,9 +361,14 @@ class StubProcess:
             self._outbox.cancel(rid)
 
     # -- execute -------------------------------------------------------------------------------
-    async def execute_streams(self, requests: list[InferRequest]) -> tuple[list[Any], BatchTiming]:
+    async def execute_streams(self, requests: list[InferRequest],
+                              on_sent: Callable[[list[Any]], None] | None = None) -> tuple[list[Any], BatchTiming]:
         """Send one batch; returns once the model's `execute` returned, with, per request, its
-        ResponseStream or a ServerError. Never raises."""
+        ResponseStream or a ServerError. Never raises.
+
+        `on_sent(results)` is called as soon as the batch is on its way, before `execute`
+        returns: a caller that gets its stream then can cancel it while the model still runs.
+        """
         timing = BatchTiming()
         if not self.alive:
             return [self.unhealthy_error()] * len(requests), timing
@@ -400,6 +405,8 @@ class StubProcess:
             except (ChannelClosedError, ChannelTimeoutError) as exc:
                 log.error("stub '%s': %s", self.instance_name, exc)
                 self._fail_all(self.unhealthy_error())
+            if on_sent is not None:
+                on_sent(results)
             await done
         timing.compute_infer_ns = time.monotonic_ns() - staged
         return results, timing

@@ -87,6 +87,8 @@ class SubModelCache:
             self._unload_all(evicted)
             self._load(model_id, future)
             value = future
+        # No deadline: the load runs in this process; one that hangs hangs its execute, which the
+        # backend's execute deadline (EXECUTE_TIMEOUT_SECONDS) and heartbeat checks catch.
         return _result(value.result)
 
     async def async_get(self, model_id: str) -> Any:

@@ -13,7 +13,7 @@ rates, requests per instance, wall time; then the mean hit-rate ratio (target >=
 whether the target is met or not.
 
     tools/bench_multiplex.py
-    tools/bench_multiplex.py --requests 1000 --clients 6 --ids 10 --zipf 1.0 --rounds 3 --load-ms 20
+    tools/bench_multiplex.py --requests 500 --clients 6 --ids 10 --zipf 0.8 --rounds 3 --load-ms 20
 """
 
 from __future__ import annotations
@@ -121,10 +121,10 @@ async def run(args: argparse.Namespace, port: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--ids", type=int, default=10)
-    parser.add_argument("--zipf", type=float, default=1.0, help="skew: weight of rank r is 1/r^s")
+    parser.add_argument("--zipf", type=float, default=0.8, help="skew: weight of rank r is 1/r^s")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--load-ms", type=int, default=20)
     args = parser.parse_args()

@@ -26,7 +26,7 @@ FINAL_TIMEOUT = 60
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     repository = make_repository(tmp_path_factory.mktemp("decoupled"), "repeat", "async_sleep", "sender_rules",
-                                 "add_sub")
+                                 "add_sub", "unary_cancel")
     with module_backend(Backend(repository, "--backend-config=python,stub-timeout-seconds=3")) as server:
         yield server
 
@@ -313,3 +313,18 @@ def test_a_client_that_does_not_read_cannot_grow_memory(backend: Backend):
 def test_streams_leave_nothing_behind(backend: Backend):
     _wait_arena_free(backend)
     assert all(row["in_flight"] == 0 for row in stubs(backend).values())
+
+
+def test_unary_grpc_cancel_reaches_a_running_execute(backend: Backend):
+    client = grpcclient.InferenceServerClient(backend.grpc_url)
+    tensor = grpcclient.InferInput("INPUT0", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([7], np.int32))
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("unary_cancel", [tensor], client_timeout=0.5)
+        gave_up = time.monotonic()
+    finally:
+        client.close()
+    assert "Deadline" in info.value.message() or "DEADLINE" in str(info.value.status())
+    match = backend.wait_for_log(r"unary_cancel: cancelled at ([\d.]+)", timeout=10)
+    assert float(match.group(1)) - gave_up < 0.2
