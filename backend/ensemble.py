@@ -30,7 +30,7 @@ from backend.inference import InferRequest, InferResponse
 from backend.model_config import ConfigError, ModelConfig, config_to_json, is_decoupled
 from backend.model_version import ModelLoadError
 from backend.response_stream import ResponseStream
-from backend.statistics import BatchTiming, ModelStatistics
+from backend.statistics import BatchTiming, ModelStatistics, reason_for
 from ipc.status import Status
 
 __all__ = ["EnsembleVersion", "EnsembleScheduler"]
@@ -104,7 +104,7 @@ class EnsembleScheduler:
     def _record(self, stream: ResponseStream, batch_size: int, enqueued: int, started: int) -> None:
         stats, now = self._version.stats, time.monotonic_ns()
         if stream.error is not None:
-            stats.record_failure(now - enqueued)
+            stats.record_failure(now - enqueued, reason_for(stream.error))
             return
         timing = BatchTiming(compute_infer_ns=now - started)
         stats.record_execution(batch_size, timing)

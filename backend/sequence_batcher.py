@@ -222,7 +222,8 @@ class SequenceBatcher:
             self._running_items[id(item.request)] = item
         started = time.monotonic_ns()
         try:
-            results, timing = await lane.instance.execute_streams([item.request for item in batch])
+            results, timing = await lane.instance.execute_streams([item.request for item in batch],
+                                                                  lambda sent: self._sent(batch, sent))
         except Exception as exc:  # a bug below us must not leave callers waiting
             log.exception("sequence batcher: executing a batch of %d failed", len(batch))
             results, timing = [ServerError(f"failed to execute the batch: {exc}", Status.INTERNAL)] * len(batch), \
@@ -233,6 +234,12 @@ class SequenceBatcher:
         self._stats.record_execution(len(batch), timing)
         for item, result in zip(batch, results, strict=True):
             self._after(item, result, started, timing)
+
+    @staticmethod
+    def _sent(batch: list[SeqItem], results: list[Any]) -> None:
+        """The batch is on its way: an eviction may now cancel a request while the model runs it."""
+        for item, result in zip(batch, results, strict=True):
+            item.sent = None if isinstance(result, ServerError) else result
 
     def on_rescheduled(self, request: InferRequest, rid: int) -> bool:
         """The model rescheduled `request` of the running batch (sequence_frames); False when it
@@ -246,6 +253,7 @@ class SequenceBatcher:
     def _after(self, item: SeqItem, result: Any, started: int, timing: BatchTiming) -> None:
         sequence = item.sequence
         sequence.running = None
+        item.sent = None
         if isinstance(result, ServerError):
             self._fail(item, result)
         elif item.stream is None:
@@ -350,8 +358,9 @@ class SequenceBatcher:
         holder = sequence.stub if sequence.lane is not None and sequence.stub is sequence.lane.instance.stub else None
         failed = self._drop(sequence, error or self._evicted_error(sequence, reason))
         running = sequence.running
-        if running is not None and running.stream is not None and reason in _CANCELLED_REASONS:
-            running.stream.cancel()  # the model sees is_cancelled()
+        stream = running and (running.sent or running.stream)
+        if stream is not None and reason in _CANCELLED_REASONS:
+            stream.cancel()  # the model sees is_cancelled()
         told = holder is not None and holder.alive
         if told:
             sequence_frames.send_to_stub(holder, SequenceEvicted(sequence.correlation_id, reason))

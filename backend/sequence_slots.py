@@ -34,7 +34,7 @@ __all__ = ["SeqItem", "Sequence", "Lane", "SlotTable", "direct_batch", "oldest_b
 class SeqItem(QueueEntry):
     """A request of a sequence: queued, running, or queued again after the model rescheduled it."""
 
-    __slots__ = ("request", "fields", "sequence", "future", "stream", "rescheduled_rid")
+    __slots__ = ("request", "fields", "sequence", "future", "stream", "sent", "rescheduled_rid")
 
     def __init__(self, request: Any, fields: SequenceFields, sequence: Sequence, future: Any,
                  enqueued_ns: int) -> None:
@@ -44,6 +44,7 @@ class SeqItem(QueueEntry):
         self.sequence = sequence
         self.future = future  # resolves to the ResponseStream (first dispatch) or a ServerError
         self.stream: Any = None  # the ResponseStream once dispatched
+        self.sent: Any = None  # its ResponseStream while its execute runs (cancellable meanwhile)
         self.rescheduled_rid: int | None = None  # set while the model's reschedule is pending
 
 

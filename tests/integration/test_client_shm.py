@@ -382,7 +382,7 @@ def test_negative_or_missing_sizes_over_http(backend: Backend) -> None:
 
 
 def test_unregister_while_a_request_is_in_flight(backend: Backend, protocol: str) -> None:
-    delay = np.array([1200], dtype=np.int32)
+    delay = np.array([2000], dtype=np.int32)
     connection = client(backend, protocol)
     try:
         with region(8) as (handle, key):
@@ -408,9 +408,8 @@ def test_unregister_while_a_request_is_in_flight(backend: Backend, protocol: str
             while not any(row["in_flight"] for row in stub_rows(backend, "slow")):
                 assert time.monotonic() < deadline, "the request never reached the stub"
                 time.sleep(0.02)
-            started = time.monotonic()
             connection.unregister_system_shared_memory()
-            assert time.monotonic() - started < 1.0  # unregister does not wait for the request
+            assert thread.is_alive()  # unregister did not wait for the request
             status = connection.get_system_shared_memory_status()
             assert (status == []) if protocol == "http" else (len(status.regions) == 0)
             thread.join(30)
