@@ -114,19 +114,31 @@ def _close(mapping: mmap.mmap) -> None:
 
 REGIONS = ClientRegions()
 
-# request id -> {output name: region handle}, for as long as the request's sender lives.
-_OUTPUTS: dict[int, dict[str, list[Any]]] = {}
+# request id -> (registration token, {output name: region handle}), while the request's sender lives.
+_OUTPUTS: dict[int, tuple[object, dict[str, list[Any]]]] = {}
 
 
 def expect_outputs(rid: int, sender: Any, targets: dict[str, list[Any]]) -> None:
-    """Remember where request `rid` wants outputs written, until `sender` is collected."""
-    _OUTPUTS[rid] = targets
+    """Remember where request `rid` wants outputs written, until `sender` is collected.
+
+    A rescheduled request (iterative sequences) runs again under the same rid with a new sender;
+    the token keeps the old sender's collection from dropping the new registration.
+    """
+    token = object()
+    _OUTPUTS[rid] = (token, targets)
     if sender is not None:
-        weakref.finalize(sender, _OUTPUTS.pop, rid, None).atexit = False
+        weakref.finalize(sender, _forget_outputs, rid, token).atexit = False
+
+
+def _forget_outputs(rid: int, token: object) -> None:
+    entry = _OUTPUTS.get(rid)
+    if entry is not None and entry[0] is token:
+        del _OUTPUTS[rid]
 
 
 def output_targets(rid: int) -> dict[str, list[Any]] | None:
-    return _OUTPUTS.get(rid)
+    entry = _OUTPUTS.get(rid)
+    return None if entry is None else entry[1]
 
 
 @on_receiver(ClientShmForget)

@@ -9,7 +9,7 @@ from harness import ROOT
 
 
 def test_bench_client_shm_smoke() -> None:
-    run = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_client_shm.py"), "--size", "64K", "--rounds", "2"],
-                         capture_output=True, text=True, timeout=120, cwd="/")
+    command = [sys.executable, str(ROOT / "tools" / "bench_client_shm.py"), "--size", "64K", "--rounds", "2"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd="/")
     assert run.returncode == 0, run.stderr
     assert "client shm is" in run.stdout and "faster than the same request without shm" in run.stdout, run.stdout

@@ -336,6 +336,16 @@ def test_output_targets_live_as_long_as_the_sender() -> None:
     del sender
     gc.collect()
     assert stub_shm.output_targets(12345) is None
+    # a rescheduled request runs again under its rid with a new sender: the old one's end is harmless
+    first, second = Sender(), Sender()
+    stub_shm.expect_outputs(12346, first, {"O": [1, 0, 4, "/k", 1]})
+    stub_shm.expect_outputs(12346, second, {"O": [1, 0, 4, "/k", 1]})
+    del first
+    gc.collect()
+    assert stub_shm.output_targets(12346) is not None
+    del second
+    gc.collect()
+    assert stub_shm.output_targets(12346) is None
 
 
 def test_response_to_wire_writes_region_outputs_and_rolls_back_on_errors() -> None:
