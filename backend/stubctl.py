@@ -38,7 +38,9 @@ def _cell(row: dict[str, Any], key: str) -> str:
     if key == "multiplexed_models":
         return _ids_cell(row.get(key) or [])
     if key == "arena":
-        return f"{row['arena_used_bytes'] / 2**20:.1f}/{row['arena_total_bytes'] / 2**20:.1f}M"
+        used = row["arena_used_bytes"] + row.get("s2p_used_bytes", 0)  # both directions' arenas
+        total = row["arena_total_bytes"] + row.get("s2p_total_bytes", 0)
+        return f"{used / 2**20:.1f}/{total / 2**20:.1f}M"
     value = row.get(key)
     if value is None:
         return "-"

@@ -11,6 +11,8 @@ the backend creates it, reads it, and unlinks it.
     16     8     heartbeat: CLOCK_MONOTONIC seconds (float64; system-wide on Linux)
     24     8     start of the execute in progress, CLOCK_MONOTONIC seconds, 0 when idle (float64)
     32     8     executions completed (uint64)
+    40     8     s2p arena bytes in use (uint64), written with the heartbeat
+    48     8     s2p arena bytes reserved (uint64)
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from ipc.segment import Segment
 
 __all__ = ["ControlBlock", "StubState", "CONTROL_BLOCK_SIZE"]
 
-_LAYOUT = struct.Struct("<4sIIIddQ")
+_LAYOUT = struct.Struct("<4sIIIddQQQ")
 _MAGIC = b"PSCB"
-_VERSION = 1
+_VERSION = 2
 CONTROL_BLOCK_SIZE = 4096
 _PID = struct.Struct("<I")
 _STATE = struct.Struct("<I")
@@ -48,7 +50,7 @@ class ControlBlock:
     @classmethod
     def create(cls, name: str) -> "ControlBlock":
         block = cls(Segment.create(name, CONTROL_BLOCK_SIZE))
-        _LAYOUT.pack_into(block._view, 0, _MAGIC, _VERSION, 0, StubState.STARTING, 0.0, 0.0, 0)
+        _LAYOUT.pack_into(block._view, 0, _MAGIC, _VERSION, 0, StubState.STARTING, 0.0, 0.0, 0, 0, 0)
         return block
 
     @classmethod
@@ -70,6 +72,10 @@ class ControlBlock:
 
     def beat(self) -> None:
         _F64.pack_into(self._view, 16, time.monotonic())
+
+    def set_arena(self, used: int, total: int) -> None:
+        _U64.pack_into(self._view, 40, used)
+        _U64.pack_into(self._view, 48, total)
 
     def execute_started(self) -> None:
         _F64.pack_into(self._view, 24, time.monotonic())
@@ -98,6 +104,14 @@ class ControlBlock:
     @property
     def executions(self) -> int:
         return _U64.unpack_from(self._view, 32)[0]
+
+    @property
+    def s2p_used(self) -> int:
+        return _U64.unpack_from(self._view, 40)[0]
+
+    @property
+    def s2p_total(self) -> int:
+        return _U64.unpack_from(self._view, 48)[0]
 
     def heartbeat_age(self) -> float | None:
         """Seconds since the last heartbeat, or None before the first one."""

@@ -60,14 +60,12 @@ def is_region_handle(handle: list[Any]) -> bool:
 
 def place(writer: ArenaWriter, name: str, datatype: str, shape: list[int] | tuple[int, ...],
           buffer: Any) -> list[Any]:
-    """Write `buffer` into the arena (unless it already lives there) and return the wire tensor.
+    """Write `buffer` into the arena and return the wire tensor. (Data already in the arena, from
+    `pb_utils.new_output_array`, is claimed by the stub before this: pystub.output_buffers.)
 
     Raises ArenaFullError when the arena cannot hold it.
     """
-    handle = writer.owns(buffer) if isinstance(buffer, np.ndarray) else None
-    if handle is None:
-        handle = writer.write(buffer)
-    return [name, datatype, list(shape), list(handle)]
+    return [name, datatype, list(shape), list(writer.write(buffer))]
 
 
 def place_in_region(regions: RegionViews, name: str, datatype: str, shape: list[int] | tuple[int, ...],

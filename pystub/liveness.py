@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 
 from ipc.control_block import ControlBlock
 
@@ -45,9 +46,10 @@ def _exit_orphaned() -> None:
 
 
 class Heartbeat(threading.Thread):
-    def __init__(self, control: ControlBlock, parent_pid: int, interval: float) -> None:
+    def __init__(self, control: ControlBlock, parent_pid: int, interval: float, arena: Any = None) -> None:
         super().__init__(name="pystub-heartbeat", daemon=True)
         self._control = control
+        self._arena = arena  # the s2p ArenaWriter: its usage is published with each beat
         self._parent_pid = parent_pid
         self._interval = interval
         self._stop_event = threading.Event()
@@ -55,6 +57,8 @@ class Heartbeat(threading.Thread):
     def run(self) -> None:
         while not self._stop_event.is_set():
             self._control.beat()
+            if self._arena is not None:
+                self._control.set_arena(self._arena.used, self._arena.total)
             if os.getppid() != self._parent_pid:
                 _exit_orphaned()
             self._stop_event.wait(self._interval)

@@ -34,6 +34,7 @@ from pystub.liveness import Heartbeat, ignore_termination_signals, set_parent_de
 from pystub.loader import LoadError, load_model_class
 from pystub.pb_utils import _runtime
 from pystub import features  # noqa: F401 - registers the features' frame handlers
+from pystub import output_buffers
 from pystub.senders import RequestRegistry, RequestState
 from pystub.sequences import keep_rescheduled, take_rescheduled
 from pystub.stub_features import main_handler, notify_phase, receiver_handler, send_hooks
@@ -75,6 +76,7 @@ class Stub:
         self.decoupled = False
         self.batched: BatchedExecute | None = None  # pystub extension: the model's execute_batch
         self._send_hooks = tuple(send_hooks())
+        output_buffers.install(self.s2p)  # pb_utils.new_output_array
         self.requests = RequestRegistry(self.instance, self.send, self.s2p, lambda: self.decoupled,
                                         options.send_timeout)
 
@@ -131,7 +133,7 @@ class Stub:
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> int:
         self.control.set_pid(os.getpid())
-        heartbeat = Heartbeat(self.control, self.options.parent_pid, self.options.heartbeat_interval)
+        heartbeat = Heartbeat(self.control, self.options.parent_pid, self.options.heartbeat_interval, self.s2p)
         heartbeat.start()
         threading.Thread(target=self._receive, name="pystub-receiver", daemon=True).start()
         _runtime.set_log_sink(self._log_from_model)

@@ -19,7 +19,7 @@ from ipc import tensors
 from ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
 from ipc.status import Status
 from ipc.tensors import RegionTooSmallError
-from pystub import client_shm, pb_utils
+from pystub import client_shm, output_buffers, pb_utils
 
 __all__ = ["build_request", "response_to_wire", "error_to_wire"]
 
@@ -76,6 +76,8 @@ def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
             target = targets.get(name) if targets else None
             if target is not None:
                 outputs.append(tensors.place_in_region(client_shm.REGIONS, name, datatype, shape, buffer, target))
+            elif (handle := output_buffers.claim(buffer)) is not None:  # already in the arena: no copy
+                outputs.append([name, datatype, list(shape), list(handle)])
             else:
                 outputs.append(tensors.place(writer, name, datatype, shape, buffer))
     except (ArenaFullError, RegionTooSmallError, client_shm.RegionError) as exc:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a small request's time goes in pystub: py-spy samples of the backend and its stubs under load.
 
-Starts pystub-backend on examples/models, drives identity_fp32 with 16 B tensors (asyncio load
+Starts pystub-backend on examples/models, drives identity_fp32 with 16 B tensors (--size) (asyncio load
 generator of tools/compare, or perf_analyzer from .bench when present) at concurrency C for S
 seconds, while `py-spy record --subprocesses --format raw` samples the backend and the stub. Each
 sample is charged to the hot-path step of its innermost pystub frame:
@@ -111,8 +111,9 @@ def parse_raw(text: str) -> tuple[Counter, Counter]:
     return backend, stub
 
 
-async def _drive(server: servers.Server, protocol: str, concurrency: int, seconds: float) -> loadgen.Sample:
-    point = loadgen.Point("identity_fp32", 16, concurrency, protocol)
+async def _drive(server: servers.Server, protocol: str, concurrency: int, seconds: float,
+                 nbytes: int = 16) -> loadgen.Sample:
+    point = loadgen.Point("identity_fp32", nbytes, concurrency, protocol)
     return await loadgen.measure(server.url(protocol), point, 0.0, seconds)
 
 
@@ -122,6 +123,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--size", type=int, default=16, help="bytes per input tensor (default 16)")
     args = parser.parse_args()
     py_spy = _py_spy()
     with tempfile.TemporaryDirectory(prefix="pystub-profile-") as tmp:
@@ -130,14 +132,14 @@ def main() -> int:
         server = servers.start_pystub(repositories, workdir, client_shm=False)
         try:
             servers.wait_ready([server])
-            asyncio.run(_drive(server, args.protocol, args.concurrency, 1.0))  # warm-up
+            asyncio.run(_drive(server, args.protocol, args.concurrency, 1.0, args.size))  # warm-up
             raw = workdir / "profile.txt"
             spy = subprocess.Popen([str(py_spy), "record", "--pid", str(server.process.pid), "--subprocesses",
                                     "--nonblocking", "--rate", str(args.rate), "--format", "raw", "--output", str(raw),
                                     "--duration", str(int(args.seconds) + 1)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             time.sleep(0.5)
-            sample = asyncio.run(_drive(server, args.protocol, args.concurrency, args.seconds))
+            sample = asyncio.run(_drive(server, args.protocol, args.concurrency, args.seconds, args.size))
             _, err = spy.communicate(timeout=args.seconds + 60)
             if not raw.exists():
                 raise SystemExit(f"py-spy wrote nothing: {err[-2000:]}")
@@ -150,8 +152,9 @@ def main() -> int:
 
 def _report(args: argparse.Namespace, sample: loadgen.Sample, backend: Counter, stub: Counter) -> None:
     requests = sample.throughput * args.seconds
-    print(f"identity_fp32 16 B over {args.protocol}, concurrency {args.concurrency}: {sample.throughput:.0f} infer/s, "
-          f"p50 {sample.p50_ms:.2f} ms, p99 {sample.p99_ms:.2f} ms (client: tritonclient asyncio)")
+    print(f"identity_fp32 {args.size} B over {args.protocol}, concurrency {args.concurrency}: "
+          f"{sample.throughput:.0f} infer/s, p50 {sample.p50_ms:.2f} ms, p99 {sample.p99_ms:.2f} ms "
+          "(client: tritonclient asyncio)")
     print(f"CPU per request by step (py-spy at {args.rate} Hz; samples / rate / {requests:.0f} requests):")
     for title, counter in (("backend process", backend), ("stub process", stub)):
         total = sum(counter.values())

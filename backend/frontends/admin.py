@@ -55,6 +55,8 @@ def _stub_row(model_version: Any, instance: Any) -> dict[str, Any]:
         "failed": instance.failed,
         "arena_used_bytes": p2s.used if p2s is not None else 0,
         "arena_total_bytes": p2s.total if p2s is not None else 0,
+        "s2p_used_bytes": control.s2p_used if control is not None and healthy else 0,
+        "s2p_total_bytes": control.s2p_total if control is not None and healthy else 0,
         "queue_depth": model_version.scheduler.queued if model_version.scheduler is not None else 0,
         "last_error": instance.last_error,
         "multiplexed_models": held_ids(instance),  # sub-model ids the stub holds, LRU first

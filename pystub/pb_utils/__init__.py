@@ -36,6 +36,7 @@ from ._metrics import Metric, MetricFamily
 from ._model_config import ModelConfig
 from ._model_control import is_model_ready, load_model, unload_model
 from ._multiplex import async_get_multiplexed_model, get_multiplexed_model, get_multiplexed_model_id
+from ._output_arrays import new_output_array
 from ._request import InferenceRequest
 from ._request_options import InferenceTrace, PreferredMemory
 from ._response import InferenceResponse
@@ -80,6 +81,7 @@ __all__ = [
     "get_model_dir",
     "get_multiplexed_model",
     "get_multiplexed_model_id",
+    "new_output_array",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
     "is_model_ready",

@@ -20,6 +20,8 @@ __all__ = [
     "set_log_sink",
     "log_sink",
     "set_bls_handler",
+    "set_output_allocator",
+    "output_allocator",
     "bls_handler",
     "set_model_control",
     "model_control",
@@ -92,6 +94,7 @@ _metric_reporter: MetricReporter | None = None
 _model_dir: str | None = None
 _shm_free_memory: Callable[[], int] | None = None
 _multiplexer: Multiplexer | None = None
+_output_allocator: Callable[[Any, Any], Any] | None = None
 
 
 def set_log_sink(fn: LogSink | None) -> None:
@@ -155,6 +158,16 @@ def shm_free_memory() -> int:
     return int(_shm_free_memory()) if _shm_free_memory is not None else 0
 
 
+def set_output_allocator(fn: Callable[[Any, Any], Any] | None) -> None:
+    """Install the stub's arena allocator behind `pb_utils.new_output_array`."""
+    global _output_allocator
+    _output_allocator = fn
+
+
+def output_allocator() -> Callable[[Any, Any], Any] | None:
+    return _output_allocator
+
+
 def set_multiplexer(cache: Multiplexer | None) -> None:
     """The cache behind `pb_utils.get_multiplexed_model`; `None` disables multiplexing."""
     global _multiplexer
@@ -171,6 +184,7 @@ def reset() -> None:
     set_bls_handler(None)
     set_model_control(None)
     set_metric_reporter(None)
+    set_output_allocator(None)
     set_model_dir(None)
     set_shm_free_memory(None)
     set_multiplexer(None)

@@ -153,7 +153,7 @@ def test_public_api_names():
         "TRITONSERVER_REQUEST_RELEASE_ALL", "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
         "TRITONSERVER_MEMORY_GPU", "TRITONSERVER_MEMORY_CPU",
         # pystub extension: model multiplexing
-        "get_multiplexed_model", "async_get_multiplexed_model", "get_multiplexed_model_id",
+        "get_multiplexed_model", "async_get_multiplexed_model", "get_multiplexed_model_id", "new_output_array",
     }
     assert set(pb_utils.__all__) == expected
     assert all(hasattr(pb_utils, name) for name in expected)
