@@ -12,6 +12,7 @@ The caller gets the request's ResponseStream; `schedule` waits for its single an
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -24,6 +25,7 @@ from ipc.status import Status
 __all__ = ["DefaultScheduler", "PIPELINE_DEPTH"]
 
 PIPELINE_DEPTH = 2
+log = logging.getLogger("pystub.scheduler")
 
 
 class _Work:
@@ -105,7 +107,12 @@ class DefaultScheduler:
     async def _run(self, instance: Any, work: _Work) -> None:
         work.started = True
         started = time.monotonic_ns()
-        (result,), timing = await instance.execute_streams([work.request], lambda sent: self._deliver(work, sent[0]))
+        try:
+            (result,), timing = await instance.execute_streams([work.request],
+                                                               lambda sent: self._deliver(work, sent[0]))
+        except Exception as exc:  # a bug below us must fail this request, not end the worker
+            log.exception("scheduler: executing a request on '%s' failed", getattr(instance, "name", "?"))
+            result, timing = ServerError(f"failed to execute the request: {exc}", Status.INTERNAL), BatchTiming()
         if isinstance(result, ServerError):  # it never reached the model (stub gone, arena full)
             self._stats.record_failure(time.monotonic_ns() - work.enqueued_ns, BACKEND)
         else:

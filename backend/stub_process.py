@@ -248,6 +248,13 @@ class StubProcess:
         except msg.MessageDecodeError as exc:
             log.error("dropped a corrupt frame from stub '%s': %s", self.instance_name, exc)
             return
+        try:
+            self._dispatch(message)
+        except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the channel's reader
+            log.error("dropped a malformed %s frame from stub '%s': %s: %s", type(message).__name__,
+                      self.instance_name, type(exc).__name__, exc)
+
+    def _dispatch(self, message: Any) -> None:
         kind = type(message)
         if kind is msg.Response:
             self._on_response(message.response)
@@ -294,7 +301,13 @@ class StubProcess:
                 request = pending.request
                 pending.stream.put(InferResponse(request.model_name, "", request.id, flags_only=True), True)
             return
-        pending.stream.put(self._make_response(pending, wire), final)
+        try:
+            response = self._make_response(pending, wire)
+        except Exception as exc:  # noqa: BLE001 - a malformed response still ends its request
+            request = pending.request
+            response = InferResponse(request.model_name, "", request.id, error=ServerError(
+                f"stub '{self.instance_name}' sent a malformed response: {type(exc).__name__}: {exc}"))
+        pending.stream.put(response, final)
 
     def _make_response(self, pending: _Pending, wire: list[Any]) -> InferResponse:
         rid, _, error, outputs_wire, parameters_json = wire
@@ -397,9 +410,18 @@ class StubProcess:
         staged = time.monotonic_ns()
         timing.compute_input_ns = staged - started
         if wire_requests:
+            releases = self._outbox.take_releases()
+            try:
+                frame = msg.encode(msg.Execute(batch_id, wire_requests, releases))
+            except (TypeError, ValueError, OverflowError) as exc:
+                # A value the wire cannot carry (validation should have refused it): fail this
+                # batch alone; the caller (a scheduler worker) must go on serving.
+                self._outbox.release(releases)
+                self._fail_unsent(rids, ServerError(f"the request could not be sent to stub "
+                                                    f"'{self.instance_name}': {exc}", Status.INVALID_ARG))
+                return results, timing
             done = self._loop.create_future()
             self._batches[batch_id] = (done, rids)
-            frame = msg.encode(msg.Execute(batch_id, wire_requests, self._outbox.take_releases()))
             try:
                 await self.channel.send(frame, self.settings.stub_timeout_seconds, "EXECUTE")
             except (ChannelClosedError, ChannelTimeoutError) as exc:
@@ -478,6 +500,13 @@ class StubProcess:
                 waiter.set_exception(StubStartError(self._death_text("a reply")))
         if self.on_death is not None:
             self.on_death(self)
+
+    def _fail_unsent(self, rids: list[int], error: ServerError) -> None:
+        for rid in rids:
+            pending = self._pending.pop(rid, None)
+            if pending is not None:
+                self._release_inputs(pending)
+                pending.stream.fail(error)
 
     def _fail_all(self, error: ServerError) -> None:
         pending, self._pending = self._pending, {}

@@ -34,6 +34,8 @@ RESERVED_PARAMETERS = frozenset({
     "binary_data_output",
 })
 _ALLOWED_TRITON_KEY = "triton_enable_empty_final_response"
+# What the wire to the stub can carry (uint64), and Triton reads: `timeout` (µs) and `priority`.
+_COUNT_LIMITS = {"timeout": 2**64 - 1, "priority": 2**64 - 1}
 _RESERVED_KEY_MESSAGE = (
     "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
     f"keys starting with 'triton_' are allowed: {_ALLOWED_TRITON_KEY}"
@@ -52,6 +54,7 @@ def validate_request(request: InferRequest, config: ModelConfig) -> int:
     The batch size is `shape[0]` of the first input for batching models, 1 otherwise.
     Raises ServerError(INVALID_ARG) on the first problem found.
     """
+    _check_text(request.id, "request id")
     _check_parameters(request.parameters)
     configs = {tensor.name: tensor for tensor in config.input}
     _check_duplicates(request)
@@ -101,11 +104,27 @@ def _check_parameters(parameters: dict[str, ParameterValue]) -> None:
     for key, value in parameters.items():
         if key.startswith("triton_") and key != _ALLOWED_TRITON_KEY:
             raise _invalid(_RESERVED_KEY_MESSAGE)
-        if key in ("priority", "timeout") and not _is_count(value):
+        if key in _COUNT_LIMITS and not (_is_count(value) and value <= _COUNT_LIMITS[key]):
             raise _invalid(
-                f"invalid value for '{key}' parameter, expected a non-negative integer, "
-                f"got {value!r}"
+                f"invalid value for '{key}' parameter, expected a non-negative integer below "
+                f"2**{_COUNT_LIMITS[key].bit_length()}, got {value!r}"
             )
+        _check_text(key, "parameter name")
+        if isinstance(value, str):
+            _check_text(value, f"value of parameter '{_printable(key)}'")
+
+
+def _check_text(text: str, what: str) -> None:
+    """Strings travel to the stub as UTF-8: a lone surrogate (JSON `\\ud800`) cannot."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _invalid(f"the {what} is not valid Unicode (it holds a lone surrogate)") from None
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _check_duplicates(request: InferRequest) -> None:

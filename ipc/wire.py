@@ -1,8 +1,11 @@
 """The wire form of messages: msgpack arrays `[kind, field, ...]`, and the registry of kinds.
 
 Every message is a NamedTuple registered with `@message(kind)`; a frame decodes straight into a
-typed value, and a frame with an unknown kind or the wrong arity is rejected as corrupt
-(`MessageDecodeError`), never half-used. Kind numbers are allocated by range so that each
+typed value, and a frame with an unknown kind, the wrong arity or a field of the wrong type is
+rejected as corrupt (`MessageDecodeError`), never half-used. Field types are read from the
+class's annotations and checked one level deep (a `list[list[int]]` must be a list of lists; what
+those hold is the handler's business), leniently where msgpack may blur them (an int is accepted
+for a float or a bool). Kind numbers are allocated by range so that each
 feature keeps its catalogue in a module of its own:
 
     1-19   core (ipc/messages.py)          40-49  sequences
@@ -12,7 +15,9 @@ feature keeps its catalogue in a module of its own:
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, TypeVar
+import types
+import typing
+from typing import Any, Callable, NamedTuple, TypeVar, Union
 
 import msgpack
 
@@ -22,6 +27,8 @@ _T = TypeVar("_T")
 _KIND_OF: dict[type, int] = {}
 _TYPE_OF: dict[int, type] = {}
 _ARITY: dict[int, int] = {}
+_Check = Callable[[Any], bool]
+_CHECKS: dict[int, list[tuple[str, _Check]]] = {}  # per kind, built on first decode
 
 
 class MessageDecodeError(ValueError):
@@ -63,4 +70,52 @@ def decode(frame: bytes) -> Any:
         raise MessageDecodeError(f"unknown message kind {kind}")
     if len(items) - 1 != _ARITY[kind]:
         raise MessageDecodeError(f"message {cls.__name__} has {len(items) - 1} fields, expected {_ARITY[kind]}")
+    checks = _CHECKS.get(kind)
+    if checks is None:
+        checks = _CHECKS[kind] = _field_checks(cls)
+    for index, (name, check) in enumerate(checks, 1):
+        if not check(items[index]):
+            raise MessageDecodeError(f"message {cls.__name__} has a field '{name}' of type "
+                                     f"{type(items[index]).__name__}")
     return cls(*items[1:])
+
+
+def _field_checks(cls: type) -> list[tuple[str, _Check]]:
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve is simply not checked
+        hints = {}
+    checks: list[tuple[str, _Check]] = []
+    for name in cls._fields:  # type: ignore[attr-defined]
+        check = _check_for(hints.get(name, Any))
+        checks.append((name, check if check is not None else _anything))
+    return checks
+
+
+def _anything(value: Any) -> bool:
+    return True
+
+
+_SCALARS: dict[Any, tuple[type, ...]] = {int: (int,), bool: (bool, int), float: (float, int), str: (str,),
+                                         bytes: (bytes,), type(None): (type(None),)}
+
+
+def _check_for(annotation: Any) -> _Check | None:
+    """A shallow type test for one annotation, or None for "anything"."""
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        parts = [_check_for(arg) for arg in typing.get_args(annotation)]
+        if any(part is None for part in parts):
+            return None
+        return lambda value: any(part(value) for part in parts)  # type: ignore[misc]
+    if origin is list:
+        args = typing.get_args(annotation)
+        if args and typing.get_origin(args[0]) is list:
+            return lambda value: type(value) is list and all(type(item) is list for item in value)
+        return lambda value: type(value) is list
+    if origin is dict:
+        return lambda value: type(value) is dict
+    allowed = _SCALARS.get(annotation)
+    if allowed is None:
+        return None
+    return lambda value: isinstance(value, allowed)

@@ -109,19 +109,27 @@ class Stub:
             except msg.MessageDecodeError as exc:
                 self.log_error(f"stub '{self.instance}' dropped a corrupt frame: {exc}")
                 continue
-            if isinstance(message, msg.Release):
-                self._free(message.handles)
-                self.requests.on_credits(message.credits)
-            elif isinstance(message, msg.Cancel):
-                self.requests.on_cancel(message.rids)
-            elif (feature := receiver_handler(type(message))) is not None:
-                feature(self, message)
-            elif isinstance(message, msg.IsReady):
-                # Readiness is asked while execute may run: answer from a thread of its own.
-                threading.Thread(target=self._is_ready, args=(message.token,), daemon=True,
-                                 name="pystub-is-ready").start()
-            else:
-                self.work.put(message)
+            try:
+                self._dispatch(message)
+            except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the receiver
+                self.log_error(f"stub '{self.instance}' dropped a malformed {type(message).__name__} frame: "
+                               f"{type(exc).__name__}: {exc}")
+
+    def _dispatch(self, message: Any) -> None:
+        """Act on one frame on the receiver thread, or queue it for the main thread."""
+        if isinstance(message, msg.Release):
+            self._free(message.handles)
+            self.requests.on_credits(message.credits)
+        elif isinstance(message, msg.Cancel):
+            self.requests.on_cancel(message.rids)
+        elif (feature := receiver_handler(type(message))) is not None:
+            feature(self, message)
+        elif isinstance(message, msg.IsReady):
+            # Readiness is asked while execute may run: answer from a thread of its own.
+            threading.Thread(target=self._is_ready, args=(message.token,), daemon=True,
+                             name="pystub-is-ready").start()
+        else:
+            self.work.put(message)
 
     def _free(self, handles: list[list[int]]) -> None:
         for handle in handles:
@@ -145,14 +153,18 @@ class Stub:
                 sys.stderr.write("Non-graceful termination detected.\n")
                 return 1
             handler = handlers.get(type(message))
-            if handler is not None:
-                handler(message)
-            else:
-                feature = main_handler(type(message))
-                if feature is None:
-                    self.log_error(f"stub '{self.instance}' has no handler for {type(message).__name__}")
+            try:
+                if handler is not None:
+                    handler(message)
                 else:
-                    feature(self, message)
+                    feature = main_handler(type(message))
+                    if feature is None:
+                        self.log_error(f"stub '{self.instance}' has no handler for {type(message).__name__}")
+                    else:
+                        feature(self, message)
+            except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the stub
+                self.log_error(f"stub '{self.instance}' dropped a malformed {type(message).__name__} frame: "
+                               f"{type(exc).__name__}: {exc}")
             if isinstance(message, (msg.Finalize, msg.AutoComplete)):
                 heartbeat.stop()
                 return 0

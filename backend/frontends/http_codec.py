@@ -43,6 +43,7 @@ SHM_REGION = "shared_memory_region"
 Body = bytes | bytearray | memoryview
 
 _INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1  # dims are int64, as in Triton and on the wire to the stub
 _INT32_DIGITS = re.compile(r"[0-9]{1,10}")  # bounded, so int() never sees a huge string
 _PARAMETER_TYPES = (bool, int, float, str)
 
@@ -163,8 +164,8 @@ def _tensor_name(item: dict[str, Any], kind: str) -> str:
 
 def _shape(item: dict[str, Any], name: str) -> tuple[int, ...]:
     shape = item.get("shape")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise _invalid(f"'shape' of input '{name}' must be an array of non-negative integers")
+    if not isinstance(shape, list) or not all(type(d) is int and 0 <= d <= _INT64_MAX for d in shape):
+        raise _invalid(f"'shape' of input '{name}' must be an array of non-negative int64 integers")
     return tuple(shape)
 
 
