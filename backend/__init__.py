@@ -8,13 +8,18 @@ How a request travels:
                           core.Core.infer ── validation.validate_request
                             │
                             ▼
-                          model_version.ModelVersion ── scheduler.DefaultScheduler (next free instance)
-                            │                           └─ dynamic_batcher.DynamicBatcher (gathers batches)
+                          model_version.ModelVersion ── scheduling.make_scheduler picks one of:
+                            │     scheduler.DefaultScheduler (next free instance)
+                            │     dynamic_batcher.DynamicBatcher (gathers batches)
+                            │     sequence_batcher.SequenceBatcher (correlation ids, slots, eviction)
+                            │     multiplex_router (routes to the instance holding the sub-model)
+                            │   (ensemble.py runs `platform: "ensemble"` steps through the core)
                             ▼
                           model_instance.ModelInstance (supervision: restart, health) ──▶
                           stub_process.StubProcess.execute_streams   inputs → p2s arena (one copy), EXECUTE
     ═══════════════════ process boundary: ipc/ arenas + SEQPACKET channel ═══════════════════
                           pystub/stub.py: views of the arena → TritonPythonModel.execute → s2p arena
+                          (BLS: pystub/bls.py → BLS frames → backend/bls.py → core.infer_stream → …)
     ═════════════════════════════════════════════════════════════════════════════════════════
                           RESPONSE / EXECUTE_DONE frames → response_stream.ResponseStream of
                           inference.InferResponse (views of s2p; credits bound what is buffered)

@@ -49,7 +49,8 @@ class FakeInstance:
             await self._ready.wait()
         return True
 
-    async def execute_streams(self, requests: list[InferRequest], on_sent: Any = None) -> tuple[list[Any], BatchTiming]:
+    async def execute_streams(self, requests: list[InferRequest],
+                              on_sent: Any = None) -> tuple[list[Any], BatchTiming]:
         self.batches.append([r.id for r in requests])
         self.started.set()
         if self.hold is not None:

@@ -37,7 +37,8 @@ class FakeInstance:
     async def wait_ready(self) -> bool:
         return True
 
-    async def execute_streams(self, requests: list[InferRequest], on_sent: Any = None) -> tuple[list[Any], BatchTiming]:
+    async def execute_streams(self, requests: list[InferRequest],
+                              on_sent: Any = None) -> tuple[list[Any], BatchTiming]:
         self.started.set()
         if self.hold is not None:
             await self.hold.wait()
