@@ -30,8 +30,11 @@ class Listeners:
     def __init__(self) -> None:
         self._stoppers: list[Callable[[], Awaitable[Any]]] = []
 
-    async def start_http(self, app: web.Application, address: str, port: int, label: str) -> int:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    async def start_http(self, app: web.Application, address: str, port: int, label: str,
+                         grace: float = 60.0) -> int:
+        # `grace` bounds how long stopping waits for running handlers (aiohttp's default is 60 s,
+        # whatever --exit-timeout-secs says).
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=grace)
         await runner.setup()
         site = web.TCPSite(runner, address, port, reuse_address=True)
         await site.start()
@@ -68,10 +71,12 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
     if options.allow_http:
         app = create_http_app(core, max_input_size=options.http_max_input_size)
         app.add_routes(admin_routes(core))
-        await listeners.start_http(app, options.http_address, options.http_port, "HTTPService")
+        await listeners.start_http(app, options.http_address, options.http_port, "HTTPService",
+                                   options.settings.exit_timeout_seconds)
     if options.allow_metrics:
         metrics_app = create_metrics_app(core, options.metrics_interval_ms, options.allow_cpu_metrics)
-        await listeners.start_http(metrics_app, options.metrics_address, options.metrics_port, "Metrics Service")
+        await listeners.start_http(metrics_app, options.metrics_address, options.metrics_port, "Metrics Service",
+                                   options.settings.exit_timeout_seconds)
 
 
 def _install_signal_handlers(stop: asyncio.Event) -> None:

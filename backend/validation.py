@@ -34,6 +34,7 @@ RESERVED_PARAMETERS = frozenset({
     "binary_data_output",
 })
 _ALLOWED_TRITON_KEY = "triton_enable_empty_final_response"
+_MAX_BYTES = 2**63 - 1
 # What the wire to the stub can carry (uint64), and Triton reads: `timeout` (µs) and `priority`.
 _COUNT_LIMITS = {"timeout": 2**64 - 1, "priority": 2**64 - 1}
 _RESERVED_KEY_MESSAGE = (
@@ -268,10 +269,24 @@ def _check_byte_size(request: InferRequest, model: str, tensor: Tensor) -> None:
                 f"{prefix}expected {elements} string elements for inference input "
                 f"'{tensor.name}' for model '{model}', got {got}"
             )
-        return
-    expected = elements * element_size(tensor.datatype)
-    if tensor.nbytes != expected:
+    else:
+        expected = elements * element_size(tensor.datatype)
+        if tensor.nbytes != expected:
+            raise _invalid(
+                f"{prefix}input byte size mismatch for input '{tensor.name}' for model '{model}'. "
+                f"Expected {expected}, got {tensor.nbytes}"
+            )
+    if not elements:  # data and shape agree; an empty tensor may still have absurd dims
+        _check_representable(prefix, model, tensor)
+
+
+def _check_representable(prefix: str, model: str, tensor: Tensor) -> None:
+    """The limit on shapes: what the dims describe (zero dims left out, BYTES elements counted as
+    8-byte references) must fit in int64 bytes, the limit of Triton's byte sizes and of numpy.
+    An empty tensor such as [2**62, 0] holds no byte, but the model could not even view it."""
+    size = 8 if tensor.datatype == "BYTES" else element_size(tensor.datatype)
+    if math.prod(int(dim) for dim in tensor.shape if dim) * size > _MAX_BYTES:
         raise _invalid(
-            f"{prefix}input byte size mismatch for input '{tensor.name}' for model '{model}'. "
-            f"Expected {expected}, got {tensor.nbytes}"
+            f"{prefix}input '{tensor.name}' for model '{model}' has shape {_dims(tensor.shape)}, which "
+            f"describes more than {_MAX_BYTES} bytes"
         )

@@ -6,6 +6,8 @@ Each strategy mixes three kinds of cases, so that the fuzzer reaches deep into t
 as probing its edges:
     valid     a request the model accepts (right names, datatypes, shapes and data)
     mutated   a valid request with one or two things broken (a shape, a size, a type, a name...)
+    edge      a valid request with one value at or beyond a limit of the wire (uint64/int64
+              parameters and dims, lone surrogates in strings)
     junk      anything the schema allows and much it does not: wrong JSON types, huge or negative
               shapes and sizes, bad UTF-8, duplicate inputs, shared-memory parameters pointing
               anywhere, parameters of every kind
@@ -172,7 +174,7 @@ _EDGE_PARAMETERS = [("timeout", 2**64 - 1), ("timeout", 2**64), ("timeout", 2**1
 _EDGE_DIMS = [2**63 - 1, 2**63, 2**64, 2**100, -1, 2**31]
 
 
-def _mutate(document: dict[str, Any], buffers: list[bytes], draw: Any) -> None:
+def _mutate(document: dict[str, Any], buffers: list[bytes], draw: Any, what: str | None = None) -> None:
     inputs = document.get("inputs")
     if not isinstance(inputs, list):  # an earlier mutation replaced it
         inputs = []
@@ -183,12 +185,15 @@ def _mutate(document: dict[str, Any], buffers: list[bytes], draw: Any) -> None:
         target["parameters"] = {}
     if not isinstance(document.get("parameters", {}), dict):
         document["parameters"] = {}
-    what = draw(st.sampled_from(_MUTATIONS))
+    what = what or draw(st.sampled_from(_MUTATIONS))
     if what == "shape":
         target["shape"] = draw(st.one_of(st.lists(ints, max_size=4), json_values))
     elif what == "edge_shape":  # an empty tensor with an out-of-range dim, or a huge one
         shape = [draw(st.sampled_from(_EDGE_DIMS)), draw(st.sampled_from([0, 0, 1]))]
         target["shape"] = draw(st.permutations(shape))
+        binary = [t for t in inputs if isinstance(t, dict) and "binary_data_size" in t.get("parameters", {})]
+        if target in binary and len(buffers) == len(binary):
+            del buffers[binary.index(target)]  # its bytes go with it: the tensor is empty now
         target.pop("parameters", None)
         target["data"] = []
     elif what == "edge_parameters":  # values at and beyond what the wire carries, lone surrogates
@@ -262,7 +267,7 @@ def _header_length(body_length: int, header: int, draw: Any) -> str | None:
 def http_case(draw: Any, models: tuple[str, ...] = tuple(MODELS)) -> HttpCase:
     """An HTTP inference body for one of `models` (valid, mutated or junk; see the module doc)."""
     model = draw(st.sampled_from(models))
-    kind = draw(st.sampled_from(["valid", "mutated", "mutated", "junk", "bytes", "raw"]))
+    kind = draw(st.sampled_from(["valid", "mutated", "mutated", "edge", "junk", "bytes", "raw"]))
     if kind == "bytes":  # not JSON at all, or JSON cut short, or bad UTF-8
         body = draw(st.one_of(st.binary(max_size=64), st.just(b'{"inputs": [').map(
             lambda b: b + draw(st.binary(max_size=8))), st.just(b'{"id": "\xff\xfe"}')))
@@ -277,6 +282,8 @@ def http_case(draw: Any, models: tuple[str, ...] = tuple(MODELS)) -> HttpCase:
         if kind == "mutated":
             for _ in range(draw(st.integers(1, 2))):
                 _mutate(document, buffers, draw)
+        elif kind == "edge":  # a valid request with one value at or beyond a limit
+            _mutate(document, buffers, draw, draw(st.sampled_from(["edge_shape", "edge_parameters"])))
     header = json.dumps(document).encode("utf-8", "surrogatepass")
     body = header + b"".join(buffers)
     length = str(len(header)) if buffers or draw(st.booleans()) else None
@@ -434,3 +441,38 @@ def ipc_frame(draw: Any, kinds: tuple[int, ...] = (), arities: dict[int, int] | 
         count = arity
     return msgpack.packb([kind, *draw(st.lists(_msgpack_values, min_size=count, max_size=count))],
                          use_bin_type=True)
+
+
+def _typed_value(annotation: Any) -> st.SearchStrategy[Any]:
+    """Values of the right top-level type for a message field (contents arbitrary)."""
+    import types
+    import typing
+
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of(*(_typed_value(arg) for arg in typing.get_args(annotation)))
+    if origin is list:
+        args = typing.get_args(annotation)
+        if args and typing.get_origin(args[0]) is list:
+            return st.lists(st.lists(_msgpack_values, max_size=5), max_size=3)
+        return st.lists(_msgpack_values, max_size=5)
+    if origin is dict:
+        return st.dictionaries(st.text(max_size=6), _msgpack_values, max_size=3)
+    simple = {int: st.integers(-(2**63), 2**64 - 1), bool: st.booleans(), float: st.floats(),
+              str: st.text(max_size=12), type(None): st.none()}
+    return simple.get(annotation, _msgpack_values)
+
+
+@st.composite
+def well_typed_frame(draw: Any, classes: tuple[type, ...]) -> bytes:
+    """A frame of one of `classes` whose fields have the declared types and meaningless values:
+    it passes the decoder, so only the receiver's handler stands between it and harm."""
+    import typing
+
+    cls = draw(st.sampled_from(classes))
+    hints = typing.get_type_hints(cls)
+    values = [draw(_typed_value(hints.get(name, Any))) for name in cls._fields]
+    from ipc.wire import registered_kinds
+
+    kind = next(k for k, c in registered_kinds().items() if c is cls)
+    return msgpack.packb([kind, *values], use_bin_type=True)

@@ -273,6 +273,41 @@ async def bench_stub(sizes: list[int], rounds: Callable[[int], int]) -> dict[int
 
 
 # -- report --------------------------------------------------------------------------------------
+def bench_python_floor(rounds: int) -> float:
+    """(d) The work any Python implementation of this API does per 16 B request, with no IPC at
+    all: encode the request frame, decode it, build the pb_utils request, run the identity model,
+    read its output, encode the response frame, decode it. Added to (a), it is the floor for a
+    Python stub behind a Python backend; the 2x-of-(a) target is below it."""
+    import msgpack
+    import numpy as np
+
+    sys.path.insert(0, os.path.join(ROOT, "pystub", "_model_path"))
+    from pystub import pb_utils
+
+    namespace: dict[str, Any] = {}
+    exec(compile(_MODEL, "bench_identity", "exec"), namespace)
+    model = namespace["TritonPythonModel"]()
+    data = np.zeros(4, np.float32)
+    sender = pb_utils.InferenceResponseSender(lambda response, flags: None, lambda: False, decoupled=False)
+    samples = []
+    for _ in range(rounds):
+        started = time.perf_counter_ns()
+        frame = msgpack.packb((5, 1, [[1, "", [["INPUT0", "FP32", [4], [0, 0, 16]]], [], "{}", 0, 0, 0]], []))
+        _, _, wire_requests, _ = msgpack.unpackb(frame)
+        array = data.view()  # the arena view
+        array.flags.writeable = False
+        requests = [pb_utils.InferenceRequest._from_server(
+            inputs=[pb_utils.Tensor._from_array(w[2][0][0], array)], request_id=w[1], correlation_id=0, flags=0,
+            timeout=0, parameters_json=w[4], requested_output_names=set(), model_name="m", model_version=1,
+            response_sender=sender) for w in wire_requests]
+        responses = model.execute(requests)
+        outputs = [[t.name(), *t._wire_payload()[:2], [0, 64, 16]] for t in responses[0].output_tensors()]
+        reply = msgpack.packb((6, 1, None, [[1, 1, None, outputs, "{}"]]))
+        msgpack.unpackb(reply)
+        samples.append(time.perf_counter_ns() - started)
+    return median_seconds(samples)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", help=f"comma-separated payload sizes (default {DEFAULT_SIZES})")
@@ -290,8 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     stub = asyncio.run(bench_stub(sizes, rounds))
     raw_runs += [bench_raw_pingpong(rounds(0) * 5) for _ in range(2)]
     raw = min(raw_runs)
+    floor = bench_python_floor(rounds(0) * 5)
     print(f"(a) raw SEQPACKET ping-pong, 64-byte frames: {fmt_time(raw)} per round trip "
-          f"(best of {', '.join(fmt_time(r) for r in raw_runs)})\n")
+          f"(best of {', '.join(fmt_time(r) for r in raw_runs)})")
+    print(f"(d) Python floor: the per-request work of any Python stub and backend for this API, no IPC: "
+          f"{fmt_time(floor)}; (a) + (d) = {fmt_time(raw + floor)} = {(raw + floor) / raw:.1f}x (a)\n")
     header = (f"{'size':>9} {'rounds':>6} {'pystub rt':>11} {'vs (a)':>7} {'pystub BW':>11} "
               f"{'(b) copy':>10} {'(b) BW':>11} {'BW ratio':>8} {'(c) pipe':>10} {'(c)/pystub':>10}")
     print(header)
@@ -313,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     small = min(sizes)
     print(_verdict(f"{human(small)} round trip vs (a)", ratios[small][0], 2.0, f"{ratios[small][0]:.1f}x", "<= 2x",
                    lower_is_better=True))
+    print(f"  {human(small)} round trip vs (a)+(d)     {stub[small][0] / (raw + floor):>5.1f}x   (the Python floor)")
     if 64 << 20 in ratios:
         print(_verdict("64 MiB bandwidth vs (b)", ratios[64 << 20][1], 0.5, f"{ratios[64 << 20][1]:.0%}", ">= 50%"))
         print(_verdict("64 MiB speed-up vs (c)", ratios[64 << 20][2], 10.0, f"{ratios[64 << 20][2]:.1f}x", ">= 10x"))

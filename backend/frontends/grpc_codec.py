@@ -10,6 +10,7 @@ are turned into the little-endian bytes the core expects.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -166,7 +167,7 @@ def _element_count(shape: tuple[int, ...], name: str, model: str) -> int:
     if any(dim < 0 for dim in shape):
         raise _invalid(f"unexpected shape {list(shape)} for input '{name}' for model '{model}': "
                        "dimensions must not be negative")
-    return int(np.prod(shape, dtype=np.int64))
+    return math.prod(shape)  # exact: numpy's int64 product wraps ([2**32, 2**32] would be 0)
 
 
 def _contents_to_bytes(tensor: service_pb2.ModelInferRequest.InferInputTensor,

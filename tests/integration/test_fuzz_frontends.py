@@ -1,0 +1,240 @@
+"""Fuzzing the HTTP and gRPC frontends of a real server (issue 11).
+
+One module-scoped backend serves the fuzz models (examples plus `identity_2d`) with client shared
+memory on and one registered region, so shared-memory parameters that point anywhere meet a real
+registry. Every outcome must be a valid response or a refusal: HTTP 4xx with `{"error": <why>}`
+(501 only for an unknown `Content-Encoding`), gRPC INVALID_ARGUMENT / NOT_FOUND (UNKNOWN only
+from grpcio itself, for bytes that are not a protobuf). Never a 5xx from our code, a crash, a
+restarted stub or a hang: at the end every model still answers correctly, no stub restarted or
+holds a request, and the log shows no unexpected exception.
+"""
+
+from __future__ import annotations
+
+import http.client as httplib
+import json
+import mmap
+import os
+import urllib.request
+from urllib.parse import quote
+from typing import Any, Iterator
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from fuzz_cases import MODELS, json_values, texts, GrpcCase, HttpCase, grpc_bytes, grpc_request, http_case, make_fuzz_repository
+from harness import Backend, module_backend
+
+SETTINGS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
+TIMEOUT = 15.0  # per request: a hang fails the case instead of the whole run
+REGION_BYTES = 64
+# What the log of a server that handled bad input well never shows.
+UNEXPECTED_LOG = ("Traceback", "Exception in callback", "Task exception was never retrieved",
+                  "HTTP POST", "HTTP GET", "gRPC ModelInfer failed", "is not healthy")
+
+
+@pytest.fixture(scope="module")
+def region() -> Iterator[str]:
+    """A client shm object the fuzzed requests may name (registered as region 'fuzz')."""
+    key = f"/fuzz_region_{os.getpid()}"
+    fd = os.open(f"/dev/shm{key}", os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, REGION_BYTES)
+        with mmap.mmap(fd, REGION_BYTES) as mapping:
+            mapping[:] = np.arange(REGION_BYTES // 4, dtype=np.float32).tobytes()
+    finally:
+        os.close(fd)
+    yield key
+    os.unlink(f"/dev/shm{key}")
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory, region: str) -> Iterator[Backend]:
+    repository = make_fuzz_repository(tmp_path_factory.mktemp("fuzz"))
+    with module_backend(Backend(repository, "--allow-client-shm=true")) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            client.register_system_shared_memory("fuzz", region, REGION_BYTES)
+        finally:
+            client.close()
+        yield server
+        check_still_serving(server)
+
+
+@pytest.fixture()
+def connection(backend: Backend) -> Iterator[httplib.HTTPConnection]:
+    host, port = backend.http_url.split(":")
+    opened = httplib.HTTPConnection(host, int(port), timeout=TIMEOUT)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture()
+def channel(backend: Backend) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(backend.grpc_url) as opened:
+        yield opened
+
+
+def post(connection: httplib.HTTPConnection, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, Any]:
+    """POST and read the answer; once more on a fresh connection if the server had closed it (it
+    may close a connection after a refusal, as HTTP allows)."""
+    raw_headers = {key: value.encode("utf-8", "surrogateescape") for key, value in headers.items()}
+    for attempt in (1, 2):
+        try:
+            connection.request("POST", path, body=body, headers=raw_headers)
+            response = connection.getresponse()
+            return response.status, response.read(), response.headers
+        except (httplib.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            connection.close()
+            if attempt == 2:
+                raise
+        except BaseException:
+            connection.close()  # a half-sent request leaves the connection unusable
+            raise
+    raise AssertionError("unreachable")
+
+
+def check_http_outcome(status: int, payload: bytes, headers: Any, case: HttpCase) -> None:
+    if status == 200:
+        length = headers.get("Inference-Header-Content-Length")
+        header = payload[:int(length)] if length is not None else payload
+        # BYTES outputs that are not UTF-8 go into the JSON verbatim, as in Triton (json_tensors)
+        document = json.loads(header.decode("utf-8", "surrogateescape"))
+        assert document["model_name"] == case.model and document["outputs"], document
+        return
+    assert status < 500 or (status == 501 and case.encoding), (status, payload[:300], case)
+    error = json.loads(payload)["error"]
+    assert isinstance(error, str) and error, payload
+
+
+@settings(max_examples=1500, **SETTINGS)
+@given(case=http_case())
+def test_http_infer_answers_or_refuses(connection: httplib.HTTPConnection, case: HttpCase) -> None:
+    headers = {"Content-Type": "application/octet-stream"}
+    if case.header_length is not None:
+        headers["Inference-Header-Content-Length"] = case.header_length
+    if case.encoding is not None:
+        headers["Content-Encoding"] = case.encoding
+    status, payload, reply_headers = post(connection, f"/v2/models/{case.model}/infer", case.body, headers)
+    if case.kind == "valid":
+        assert status == 200, (status, payload[:300], case)
+    check_http_outcome(status, payload, reply_headers, case)
+
+
+_SHM_REGISTER = st.fixed_dictionaries({}, optional={
+    "key": st.one_of(st.sampled_from(["/", "/..", "/a/b", "../x", "/pystub_1_x_ctl", "/dev/null", "//etc/passwd",
+                                      "/nonexistent"]), st.text(max_size=12)),
+    "offset": st.one_of(st.integers(-(2**64), 2**64), st.text(max_size=3)),
+    "byte_size": st.one_of(st.integers(-(2**64), 2**64), st.none()),
+})
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(body=_SHM_REGISTER, name=st.text(min_size=1, max_size=8).filter(lambda n: "/" not in n and n.isprintable()))
+def test_shared_memory_registration_answers_or_refuses(connection: httplib.HTTPConnection, region: str,
+                                                       body: dict[str, Any], name: str) -> None:
+    path = f"/v2/systemsharedmemory/region/{quote(name, safe='')}"
+    status, payload, _ = post(connection, path + "/register", json.dumps(body).encode(), {})
+    assert status in (200, 400, 404), (status, payload, body)
+    if status != 200:
+        assert json.loads(payload)["error"]
+    else:  # only a real object of the right size can be registered: ours
+        assert body.get("key") in (region, region.lstrip("/")), body
+        status, payload, _ = post(connection, path + "/unregister", b"", {})
+        assert status == 200, payload
+
+
+_GENERATE_BODIES = st.one_of(
+    st.dictionaries(st.one_of(st.sampled_from(["INPUT0", "INPUT1", "parameters", "id", "timeout", "priority"]),
+                              texts), json_values, max_size=4),
+    json_values)
+_PATHS = st.one_of(
+    st.sampled_from(["%2e%2e", "..", "a/../add_sub", "add_sub%00", "add_sub/versions/-1", "add_sub/versions/99999999999999999999",
+                     "add_sub/versions/1", "x" * 300, "%ff%fe", "add_sub;rm", "add_sub%2Fconfig"]),
+    st.text(min_size=1, max_size=12).map(lambda t: quote(t, safe="")))
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(model=st.sampled_from(sorted(MODELS)), document=_GENERATE_BODIES, path=st.none() | _PATHS,
+       route=st.sampled_from(["generate", "infer", "ready", "config", "stats"]))
+def test_generate_and_model_routes_answer_or_refuse(connection: httplib.HTTPConnection, model: str, document: Any,
+                                                    path: str | None, route: str) -> None:
+    body = json.dumps(document).encode()
+    target = f"/v2/models/{path or model}/{route}"
+    if route in ("ready", "config", "stats"):
+        connection.request("GET", target)
+        response = connection.getresponse()
+        status, payload = response.status, response.read()
+    else:
+        status, payload, _ = post(connection, target, body, {})
+    assert status in (200, 400, 404, 405), (status, payload[:300], target, body[:200])
+    if status != 200 and payload:
+        assert json.loads(payload)["error"], payload
+
+
+def _grpc_allowed(error: grpc.RpcError, raw: bool) -> bool:
+    code = error.code()
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
+        return bool(error.details())
+    # grpcio refuses bytes that do not parse as the request message before our servicer runs.
+    return raw and code == grpc.StatusCode.UNKNOWN and "Error parsing message" in (error.details() or "")
+
+
+@settings(max_examples=800, **SETTINGS)
+@given(case=grpc_request())
+def test_grpc_infer_answers_or_refuses(channel: grpc.Channel, case: GrpcCase) -> None:
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    try:
+        response = stub.ModelInfer(case.request, timeout=TIMEOUT)
+    except grpc.RpcError as error:
+        assert case.kind != "valid", (error.code(), error.details(), case.request)
+        assert _grpc_allowed(error, raw=False), (error.code(), error.details(), case.request)
+        return
+    assert response.model_name == case.request.model_name
+    assert len(response.raw_output_contents) == len(response.outputs) > 0
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(data=grpc_bytes())
+def test_grpc_wire_bytes_answer_or_refuse(channel: grpc.Channel, data: bytes) -> None:
+    call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    try:
+        reply = call(data, timeout=TIMEOUT)
+    except grpc.RpcError as error:
+        assert _grpc_allowed(error, raw=True), (error.code(), error.details(), data)
+        return
+    assert service_pb2.ModelInferResponse.FromString(reply).outputs
+
+
+def check_still_serving(backend: Backend) -> None:
+    """Every model answers correctly, no stub restarted or holds a request, the log is clean."""
+    client = grpcclient.InferenceServerClient(backend.grpc_url)
+    try:
+        data = np.arange(4, dtype=np.float32)
+        inputs = [grpcclient.InferInput(n, [4], "FP32") for n in ("INPUT0", "INPUT1")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(data)
+        assert client.infer("add_sub", inputs, client_timeout=TIMEOUT).as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]
+        tensor = grpcclient.InferInput("INPUT0", [2, 2], "FP32")
+        tensor.set_data_from_numpy(data.reshape(2, 2))
+        for model in ("identity_2d", "identity_fp32"):
+            assert client.infer(model, [tensor], client_timeout=TIMEOUT).as_numpy("OUTPUT0").tolist() == \
+                data.reshape(2, 2).tolist()
+        strings = grpcclient.InferInput("INPUT0", [2], "BYTES")
+        strings.set_data_from_numpy(np.array([b"a", b"\xff"], dtype=np.object_))
+        assert client.infer("string_identity", [strings]).as_numpy("OUTPUT0").tolist() == [b"a", b"\xff"]
+    finally:
+        client.close()
+    with urllib.request.urlopen(f"http://{backend.http_url}/v2/pystub/stubs", timeout=TIMEOUT) as response:
+        stubs = json.loads(response.read())["stubs"]
+    assert len(stubs) == len(MODELS)
+    assert all(row["healthy"] and row["restarts"] == 0 and row["in_flight"] == 0 for row in stubs), stubs
+    log = backend.log()
+    unexpected = [line for line in log.splitlines() if any(mark in line for mark in UNEXPECTED_LOG)]
+    assert not unexpected, "\n".join(unexpected[:20])
