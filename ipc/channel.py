@@ -112,6 +112,11 @@ class BlockingChannel:
         self._sock.close()
 
 
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class AsyncChannel:
     """The backend's end, driven by the event loop: frames are delivered to `on_frame` as they
     arrive; `on_closed` runs once when the peer's end closes."""
@@ -174,7 +179,7 @@ class AsyncChannel:
         while True:
             writable = self._loop.create_future()
             fd = self._sock.fileno()
-            self._loop.add_writer(fd, lambda: writable.done() or writable.set_result(None))
+            self._loop.add_writer(fd, _resolve, writable)
             try:
                 await asyncio.wait_for(writable, max(0.0, deadline - self._loop.time()))
             except asyncio.TimeoutError:

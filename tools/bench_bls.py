@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -34,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_backend import start_backend  # noqa: E402 - after the path is set
 MIB = 1 << 20
 
 LEAF = '''
@@ -83,7 +83,6 @@ input [ {{ name: "IN", data_type: TYPE_FP32, dims: [ -1 ] }} ]
 output [ {{ name: "{output}", data_type: {dtype}, dims: [ -1 ] }} ]
 '''
 
-_PORT = re.compile(r"Started GRPCInferenceService at [\d.]+:(\d+)")
 
 
 def write_repository(root: Path) -> None:
@@ -91,26 +90,6 @@ def write_repository(root: Path) -> None:
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(source)
         (root / name / "config.pbtxt").write_text(CONFIG.format(output=output, dtype=dtype))
-
-
-def start_backend(repository: Path, log_path: Path) -> tuple[subprocess.Popen, int]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "backend", "--model-repository", str(repository),
-                                    "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
-                                    "--backend-config=python,stub-timeout-seconds=120"],
-                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(ROOT),
-                                   env=env, start_new_session=True)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        match = _PORT.search(log_path.read_text(errors="replace"))
-        if match:
-            return process, int(match.group(1))
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    process.kill()
-    raise SystemExit(f"backend did not start:\n{log_path.read_text(errors='replace')}")
 
 
 def tensor(data: np.ndarray) -> grpcclient.InferInput:
@@ -156,7 +135,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="pystub-bench-bls-") as tmp:
         repository = Path(tmp) / "models"
         write_repository(repository)
-        process, port = start_backend(repository, Path(tmp) / "backend.log")
+        process, port = start_backend(repository, Path(tmp) / "backend.log", "--backend-config=python,stub-timeout-seconds=120")
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         try:
             for label, data, count in sizes:

@@ -33,13 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_backend import ROOT, start_backend  # noqa: E402 - after the path is set
 
 import numpy as np  # noqa: E402
 import tritonclient.grpc.aio as grpcclient  # noqa: E402
 
 SOURCE = ROOT / "tests" / "models" / "multiplex"
-_PORT = re.compile(r"Started GRPCInferenceService at [\d.]+:(\d+)")
 
 
 def write_repository(root: Path, load_ms: int) -> None:
@@ -50,25 +50,6 @@ def write_repository(root: Path, load_ms: int) -> None:
                         f'"LOAD_DELAY_MS" value: {{ string_value: "{load_ms}" }}', config)
         config += f'parameters {{ key: "MULTIPLEX_ROUTING" value: {{ string_value: "{routing}" }} }}\n'
         (root / name / "config.pbtxt").write_text(config)
-
-
-def start_backend(repository: Path, log_path: Path) -> tuple[subprocess.Popen, int]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "backend", "--model-repository", str(repository),
-                                    "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
-                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(ROOT),
-                                   env=env, start_new_session=True)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        match = _PORT.search(log_path.read_text(errors="replace"))
-        if match:
-            return process, int(match.group(1))
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    process.kill()
-    raise SystemExit(f"backend did not start:\n{log_path.read_text(errors='replace')}")
 
 
 def workload(count: int, ids: int, zipf: float, seed: int) -> list[str]:

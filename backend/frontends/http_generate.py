@@ -24,7 +24,7 @@ from aiohttp import web
 
 from backend.errors import ServerError, Status
 from backend.frontends.json_tensors import json_to_tensor_bytes, tensor_to_json
-from backend.inference import InferRequest, InferResponse, RequestedOutput, ServerCore, Tensor
+from backend.inference import InferRequest, InferResponse, ServerCore, Tensor
 
 __all__ = ["generate_request", "response_object", "generate", "generate_stream"]
 

@@ -1,0 +1,233 @@
+"""Faults injected while the soak's load runs (tools/soak.py --chaos).
+
+The schedule runs one fault after another (so every error can be traced to the fault that was
+active), with the load running throughout and abrupt clients closing connections all along:
+
+    kill -9       SIGKILL a random stub, three times (different models when possible); its
+                  in-flight requests fail with `Stub process '<instance>' is not healthy.`, the
+                  supervisor restarts it
+    SIGSTOP       freeze a stub for twice the heartbeat timeout; the supervisor sees no heartbeat,
+                  kills and restarts it (SIGCONT afterwards is a no-op on the dead process)
+    fill shm      fill the backend's /dev/shm (a private tmpfs: see tools/soak.py) but for a few
+                  MiB, while large requests make arenas grow: those fail with `Failed to increase
+                  the shared memory pool size`; then free it
+    reload        unload a model and load it again (explicit model control): its queued and
+                  in-flight requests fail with "is unloading"/"was unloaded", and requests meanwhile
+                  with "Request for unknown model ... has no available versions"
+    abrupt close  (all along) HTTP requests cut mid-body or closed before the answer, gRPC streams
+                  and sequences whose channel closes mid-way; each is entered in the ledger as sent
+                  and closed by the client
+
+Each fault is recorded with its start and end time in `events`, for the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from soak_traffic import TIMEOUT_S, Ledger
+
+__all__ = ["Chaos", "ChaosOptions"]
+
+MIB = 1 << 20
+
+
+@dataclass
+class ChaosOptions:
+    kills: int = 3
+    heartbeat_timeout: float = 2.0
+    fill_seconds: float = 4.0
+    pause: float = 2.5  # between faults: the server recovers, the load goes on
+    reload_model: str = "add_sub"
+
+
+@dataclass
+class Chaos:
+    """Runs the fault schedule against the backend `pid` serving on `http_url`/`grpc_url`."""
+
+    pid: int
+    http_url: str
+    grpc_url: str
+    ledger: Ledger
+    options: ChaosOptions = field(default_factory=ChaosOptions)
+    shm_dir: str = ""  # the backend's /dev/shm as seen from here; "" = /proc/<pid>/root/dev/shm
+    events: list[dict[str, Any]] = field(default_factory=list)
+    rng: random.Random = field(default_factory=lambda: random.Random(11))
+    _killed: set[str] = field(default_factory=set)  # models whose stub was killed already
+
+    # -- the schedule ---------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        closer = threading.Thread(target=self._abrupt_clients, args=(stop,), name="soak-abrupt", daemon=True)
+        closer.start()
+        faults: list[tuple[str, Callable[[], str]]] = [("kill -9", self._kill) for _ in range(self.options.kills)]
+        faults += [("SIGSTOP", self._freeze), ("fill shm", self._fill_shm), ("reload", self._reload)]
+        for name, fault in faults:
+            if stop.wait(self.options.pause):
+                break
+            started = time.monotonic()
+            try:
+                detail = fault()
+            except Exception as exc:  # noqa: BLE001 - a fault that could not be applied is reported
+                detail = f"could not apply: {type(exc).__name__}: {exc}"
+            self.events.append({"fault": name, "detail": detail, "start": started, "end": time.monotonic()})
+            self._wait_all_healthy(stop)
+        closer.join(TIMEOUT_S)
+
+    # -- faults ---------------------------------------------------------------------------------
+    def _stubs(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(f"http://{self.http_url}/v2/pystub/stubs", timeout=10) as response:
+            return json.loads(response.read())["stubs"]
+
+    def _wait_all_healthy(self, stop: threading.Event, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not stop.is_set():
+            rows = self._stubs()
+            if rows and all(row["healthy"] for row in rows):
+                return
+            time.sleep(0.1)
+
+    def _victim(self, exclude: set[str]) -> dict[str, Any]:
+        rows = [row for row in self._stubs() if row["healthy"] and row["pid"]]
+        fresh = [row for row in rows if row["model"] not in exclude] or rows
+        return self.rng.choice(fresh)
+
+    def _kill(self) -> str:
+        row = self._victim(self._killed)
+        self._killed.add(row["model"])
+        os.kill(row["pid"], signal.SIGKILL)
+        return f"SIGKILL {row['instance']} (pid {row['pid']})"
+
+    def _freeze(self) -> str:
+        row = self._victim(self._killed)
+        os.kill(row["pid"], signal.SIGSTOP)
+        time.sleep(self.options.heartbeat_timeout * 2)
+        try:
+            os.kill(row["pid"], signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        return f"SIGSTOP {row['instance']} (pid {row['pid']}) for {self.options.heartbeat_timeout * 2:g} s"
+
+    def _fill_shm(self) -> str:
+        directory = self.shm_dir or f"/proc/{self.pid}/root/dev/shm"
+        usage = os.statvfs(directory)
+        free = usage.f_bavail * usage.f_frsize
+        if free > 4 << 30:
+            return f"skipped: {directory} has {free // MIB} MiB free (run the backend on a small tmpfs)"
+        filler = os.path.join(directory, f"soak_filler_{os.getpid()}")
+        size = max(0, free - 3 * MIB)  # room for what already fits, none for an arena to grow much
+        fd = os.open(filler, os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+            growth = threading.Thread(target=self._large_requests, args=(self.options.fill_seconds,), daemon=True)
+            growth.start()
+            growth.join(self.options.fill_seconds + TIMEOUT_S)
+        finally:
+            os.close(fd)
+            os.unlink(filler)
+        return f"filled {size // MIB} MiB of {directory} for {self.options.fill_seconds:g} s"
+
+    def _large_requests(self, seconds: float) -> None:
+        """Requests larger than any arena has grown to, while /dev/shm is full."""
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        deadline = time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                data = np.ones((1, 2 * MIB), np.float32)  # 8 MiB
+                tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+                tensor.set_data_from_numpy(data)
+                self.ledger.send("large")
+                started = time.monotonic()
+                try:
+                    result = client.infer("identity_fp32", [tensor], client_timeout=TIMEOUT_S)
+                    if not np.array_equal(result.as_numpy("OUTPUT0"), data):
+                        raise AssertionError("wrong answer: identity_fp32 (large)")
+                except Exception as exc:  # noqa: BLE001 - recorded
+                    self.ledger.failure("large", getattr(exc, "message", lambda: str(exc))())
+                    continue
+                self.ledger.success("large", time.monotonic() - started)
+        finally:
+            client.close()
+
+    def _reload(self) -> str:
+        model = self.options.reload_model
+        self._post(f"/v2/repository/models/{model}/unload", {})
+        time.sleep(1.0)
+        self._post(f"/v2/repository/models/{model}/load", {})
+        return f"unloaded '{model}' for 1 s, loaded it again"
+
+    def _post(self, path: str, body: dict[str, Any]) -> None:
+        request = urllib.request.Request(f"http://{self.http_url}{path}", data=json.dumps(body).encode(),
+                                         method="POST")
+        with urllib.request.urlopen(request, timeout=120) as response:
+            response.read()
+
+    # -- abrupt clients -------------------------------------------------------------------------
+    def _abrupt_clients(self, stop: threading.Event) -> None:
+        ways = [self._cut_http_body, self._close_before_answer, self._close_grpc_stream, self._close_sequence_stream]
+        while not stop.wait(0.2):
+            way = self.rng.choice(ways)
+            self.ledger.send("abrupt")
+            try:
+                way()
+            except Exception as exc:  # noqa: BLE001 - the way a client goes is not the server's error
+                self.ledger.failure("abrupt", f"client closed (and the attempt failed: {type(exc).__name__}: {exc})")
+                continue
+            self.ledger.failure("abrupt", f"client closed ({way.__name__.strip('_')})")
+
+    def _http_socket(self) -> socket.socket:
+        host, port = self.http_url.split(":")
+        return socket.create_connection((host, int(port)), timeout=10)
+
+    def _cut_http_body(self) -> None:
+        body = b'{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
+        with self._http_socket() as sock:
+            sock.sendall(b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                         + str(len(body) * 4).encode() + b"\r\n\r\n" + body[: len(body) // 2])
+
+    def _close_before_answer(self) -> None:
+        body = b'{"inputs":[{"name":"COUNT","shape":[1],"datatype":"INT32","data":[3]},' \
+               b'{"name":"DELAY_MS","shape":[1],"datatype":"INT32","data":[50]}]}'
+        with self._http_socket() as sock:
+            sock.sendall(b"POST /v2/models/repeat/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+            sock.recv(64)  # the stream has started: leave in the middle of it
+
+    def _close_grpc_stream(self) -> None:
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        try:
+            started = threading.Event()
+            client.start_stream(lambda result, error: started.set())
+            inputs = [grpcclient.InferInput("COUNT", [1], "INT32"), grpcclient.InferInput("DELAY_MS", [1], "INT32")]
+            inputs[0].set_data_from_numpy(np.array([50], np.int32))
+            inputs[1].set_data_from_numpy(np.array([20], np.int32))
+            client.async_stream_infer("repeat", inputs)
+            started.wait(5)
+        finally:
+            client.close()  # the channel goes with the stream still running
+
+    def _close_sequence_stream(self) -> None:
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        try:
+            answered = threading.Event()
+            client.start_stream(lambda result, error: answered.set())
+            tensor = grpcclient.InferInput("VALUE", [1, 1], "INT64")
+            tensor.set_data_from_numpy(np.array([[1]], np.int64))
+            client.async_stream_infer("accumulate", [tensor], sequence_id=90_000_000 + self.rng.randrange(10**6),
+                                      sequence_start=True)
+            answered.wait(5)
+        finally:
+            client.close()  # the sequence never gets its END: the server evicts it
+
