@@ -10,7 +10,7 @@ import grpc
 
 from ipc.status import Status
 
-__all__ = ["ServerError", "http_status", "grpc_code", "Status"]
+__all__ = ["ServerError", "http_status", "grpc_code", "Status", "forget_traceback"]
 
 _HTTP_STATUS = {
     Status.UNKNOWN: 400,
@@ -53,3 +53,21 @@ def http_status(status: Status) -> int:
 
 def grpc_code(status: Status) -> grpc.StatusCode:
     return _GRPC_CODE[Status.coerce(status)]
+
+
+def forget_traceback(error: BaseException) -> None:
+    """Drop the tracebacks of a handled exception and of the ones chained to it.
+
+    A ServerError often lives on in an object its traceback's frames reference (a response, a
+    stream, a future): a reference cycle that keeps every frame's locals, the request and its
+    tensors included, alive until the garbage collector's rare full pass. Failing 16 MiB requests
+    piled up gigabytes that way. The frontends call this once they have answered with the error.
+    """
+    pending, seen = [error], set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.__traceback__ = None
+        pending += [current.__cause__, current.__context__]

@@ -42,13 +42,24 @@ def _inside(root: str, path: str) -> bool:
 
 
 def check_archive_members(members: list[tarfile.TarInfo], destination: str) -> None:
-    """Refuse entries that would write outside `destination`. Raises ExecutionEnvError."""
+    """Refuse entries that would write outside `destination`. Raises ExecutionEnvError.
+
+    Links are checked where they point from, lexically; an entry whose path goes through a link of
+    the archive is refused too, since links that each look harmless can chain out of the
+    destination once extracted (`d1 -> .`, then `d1/d2 -> ..`, then `d2/file`).
+    """
+    links: set[str] = set()
     for member in members:
         name = member.name
         if os.path.isabs(name):
             raise ExecutionEnvError(f"Path is absolute: '{name}'")
-        if ".." in name.replace("\\", "/").split("/"):
+        parts = [part for part in name.replace("\\", "/").split("/") if part not in ("", ".")]
+        if ".." in parts:
             raise ExecutionEnvError(f"Path contains '..': '{name}'")
+        if any("/".join(parts[:depth]) in links for depth in range(1, len(parts))):
+            raise ExecutionEnvError(f"Path goes through a link of the archive: '{name}'")
+        if member.issym() or member.islnk():
+            links.add("/".join(parts))
         target = os.path.join(destination, name)
         if member.issym():
             link = member.linkname
@@ -63,8 +74,10 @@ def check_archive_members(members: list[tarfile.TarInfo], destination: str) -> N
 
 
 def _extract_members(bundle: tarfile.TarFile, destination: str, members: list[tarfile.TarInfo]) -> None:
-    try:  # members are already checked; the filter argument exists from Python 3.10.12 / 3.11.4
-        bundle.extractall(destination, members=members, filter="fully_trusted")
+    # Members are already checked; the "data" filter checks again as it extracts, against the links
+    # really on disk (the filter argument exists from Python 3.10.12 / 3.11.4).
+    try:
+        bundle.extractall(destination, members=members, filter="data")
     except TypeError:
         bundle.extractall(destination, members=members)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,14 @@ import numpy as np
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
-__all__ = ["ModelSpec", "MODELS", "http_case", "grpc_request", "grpc_bytes", "ipc_frame", "HttpCase", "GrpcCase"]
+__all__ = ["ModelSpec", "MODELS", "http_case", "grpc_request", "grpc_bytes", "ipc_frame", "HttpCase", "GrpcCase",
+           "scaled", "well_typed_frame", "make_fuzz_repository"]
+
+
+def scaled(examples: int) -> int:
+    """The number of examples a fuzz test runs: its CI count times PYSTUB_FUZZ_SCALE (tools/fuzz.py
+    sets it for long runs)."""
+    return max(1, round(examples * float(os.environ.get("PYSTUB_FUZZ_SCALE", "1"))))
 
 WIRE_TYPES = ["BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
               "FP16", "FP32", "FP64", "BF16", "BYTES"]

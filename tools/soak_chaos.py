@@ -69,9 +69,14 @@ class Chaos:
     _killed: set[str] = field(default_factory=set)  # models whose stub was killed already
 
     # -- the schedule ---------------------------------------------------------------------------
-    def run(self, stop: threading.Event) -> None:
+    def start_abrupt_clients(self, stop: threading.Event) -> threading.Thread:
+        """Clients that close abruptly, until `stop` is set (the caller joins the thread)."""
         closer = threading.Thread(target=self._abrupt_clients, args=(stop,), name="soak-abrupt", daemon=True)
         closer.start()
+        return closer
+
+    def run(self, stop: threading.Event) -> None:
+        """The fault schedule; returns when the last fault is over and the stubs are healthy."""
         faults: list[tuple[str, Callable[[], str]]] = [("kill -9", self._kill) for _ in range(self.options.kills)]
         faults += [("SIGSTOP", self._freeze), ("fill shm", self._fill_shm), ("reload", self._reload)]
         for name, fault in faults:
@@ -84,7 +89,6 @@ class Chaos:
                 detail = f"could not apply: {type(exc).__name__}: {exc}"
             self.events.append({"fault": name, "detail": detail, "start": started, "end": time.monotonic()})
             self._wait_all_healthy(stop)
-        closer.join(TIMEOUT_S)
 
     # -- faults ---------------------------------------------------------------------------------
     def _stubs(self) -> list[dict[str, Any]]:
@@ -139,12 +143,20 @@ class Chaos:
             os.unlink(filler)
         return f"filled {size // MIB} MiB of {directory} for {self.options.fill_seconds:g} s"
 
-    def _large_requests(self, seconds: float) -> None:
-        """Requests larger than any arena has grown to, while /dev/shm is full."""
+    def warm_up(self, count: int = 12) -> None:
+        """Large requests before the baseline sample, so that the memory the allocator keeps after
+        serving (and failing) them is in the baseline, not counted as growth."""
+        self._large_requests(float("inf"), count)
+
+    def _large_requests(self, seconds: float, count: int | None = None) -> None:
+        """8 MiB requests (larger than the other traffic makes arenas grow to); while /dev/shm is
+        full they fail with the pool-size error."""
         client = grpcclient.InferenceServerClient(self.grpc_url)
         deadline = time.monotonic() + seconds
+        sent = 0
         try:
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and (count is None or sent < count):
+                sent += 1
                 data = np.ones((1, 2 * MIB), np.float32)  # 8 MiB
                 tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
                 tensor.set_data_from_numpy(data)

@@ -40,16 +40,18 @@ TIMEOUT_S = 30.0  # per request: more than any fault should delay an answer; a t
 # Error causes, in match order. "client closed" is what the chaos's abrupt clients record.
 CAUSES: list[tuple[str, re.Pattern[str]]] = [(name, re.compile(pattern)) for name, pattern in [
     ("stub died", r"Stub process '[^']+' is not healthy"),
+    ("BLS target not ready", r"Failed for execute the inference request\. Model '[^']+' is not ready"),
     ("shm full", r"Failed to increase the shared memory pool size"),
     ("model unloaded", r"is unloading|was unloaded|Request for unknown model|has no available versions|"
-                       r"is not at ready state|Model '[^']+' is not ready"),
+                       r"is not at ready state"),
     ("sequence evicted", r"sequence \S+ of model '[^']+' was evicted|must specify the START flag"),
     ("client closed", r"^client closed"),
     ("timeout (hang)", r"Deadline ?Exceeded|timed out|[Tt]imeout"),
     ("wrong answer", r"^wrong answer"),
 ]]
 # Causes a fault may legitimately produce; anything else (or "other") is a failure of the soak.
-EXPECTED_UNDER_FAULTS = {"stub died", "shm full", "model unloaded", "sequence evicted", "client closed"}
+EXPECTED_UNDER_FAULTS = {"stub died", "BLS target not ready", "shm full", "model unloaded", "sequence evicted",
+                         "client closed"}
 
 
 def classify(message: str) -> str:

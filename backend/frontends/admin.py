@@ -73,9 +73,12 @@ def stub_rows(core: Any) -> list[dict[str, Any]]:
 def _is_loopback(request: web.Request) -> bool:
     peer = (request.remote or "").split("%", 1)[0]
     try:
-        return ipaddress.ip_address(peer).is_loopback
+        address = ipaddress.ip_address(peer)
     except ValueError:
         return False
+    # A dual-stack listener (--http-address=::) sees 127.0.0.1 as ::ffff:127.0.0.1.
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
 
 
 def _error(status: int, text: str) -> web.Response:

@@ -21,7 +21,7 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from backend import client_link
-from backend.errors import ServerError, grpc_code
+from backend.errors import ServerError, forget_traceback, grpc_code
 from backend.frontends.grpc_codec import decode_infer_request, encode_infer_response
 from backend.inference import InferResponse, ServerCore
 
@@ -80,6 +80,7 @@ class _StreamSession:
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_KEY, False))
             stream = await self.core.infer_stream(request)
         except ServerError as error:
+            forget_traceback(error)  # its frames hold the request; the error lives on in the queue
             await self._wait(turn)
             await self.out.put(("error", request_id, error))
             done.set_result(None)

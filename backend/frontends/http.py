@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from backend.client_link import http_request_link
-from backend.errors import ServerError, Status, http_status
+from backend.errors import ServerError, Status, forget_traceback, http_status
 from backend.frontends.http_generate import generate, generate_stream
 from backend.frontends.http_codec import (
     INFERENCE_HEADER,
@@ -101,6 +101,7 @@ async def _error_middleware(request: web.Request, handler: _Handler) -> web.Stre
     try:
         return await handler(request)
     except ServerError as err:
+        forget_traceback(err)  # it may live on in a response or stream its frames hold: a cycle
         return _error(http_status(err.status), err.message)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -108,6 +109,7 @@ async def _error_middleware(request: web.Request, handler: _Handler) -> web.Stre
         return _http_exception_error(exc)
     except Exception as exc:  # noqa: BLE001 - any failure must still answer in JSON
         _log.exception("HTTP %s %s failed", request.method, request.path)
+        forget_traceback(exc)
         return _error(500, str(exc) or type(exc).__name__)
 
 

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from fuzz_cases import MODELS, json_values, texts, GrpcCase, HttpCase, grpc_bytes, grpc_request, http_case, make_fuzz_repository
+from fuzz_cases import scaled, MODELS, json_values, texts, GrpcCase, HttpCase, grpc_bytes, grpc_request, http_case, make_fuzz_repository
 from harness import Backend, module_backend
 
 SETTINGS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -113,7 +113,7 @@ def check_http_outcome(status: int, payload: bytes, headers: Any, case: HttpCase
     assert isinstance(error, str) and error, payload
 
 
-@settings(max_examples=1500, **SETTINGS)
+@settings(max_examples=scaled(1200), **SETTINGS)
 @given(case=http_case())
 def test_http_infer_answers_or_refuses(connection: httplib.HTTPConnection, case: HttpCase) -> None:
     headers = {"Content-Type": "application/octet-stream"}
@@ -135,7 +135,7 @@ _SHM_REGISTER = st.fixed_dictionaries({}, optional={
 })
 
 
-@settings(max_examples=150, **SETTINGS)
+@settings(max_examples=scaled(150), **SETTINGS)
 @given(body=_SHM_REGISTER, name=st.text(min_size=1, max_size=8).filter(lambda n: "/" not in n and n.isprintable()))
 def test_shared_memory_registration_answers_or_refuses(connection: httplib.HTTPConnection, region: str,
                                                        body: dict[str, Any], name: str) -> None:
@@ -160,7 +160,7 @@ _PATHS = st.one_of(
     st.text(min_size=1, max_size=12).map(lambda t: quote(t, safe="")))
 
 
-@settings(max_examples=300, **SETTINGS)
+@settings(max_examples=scaled(300), **SETTINGS)
 @given(model=st.sampled_from(sorted(MODELS)), document=_GENERATE_BODIES, path=st.none() | _PATHS,
        route=st.sampled_from(["generate", "infer", "ready", "config", "stats"]))
 def test_generate_and_model_routes_answer_or_refuse(connection: httplib.HTTPConnection, model: str, document: Any,
@@ -186,7 +186,7 @@ def _grpc_allowed(error: grpc.RpcError, raw: bool) -> bool:
     return raw and code == grpc.StatusCode.UNKNOWN and "Error parsing message" in (error.details() or "")
 
 
-@settings(max_examples=800, **SETTINGS)
+@settings(max_examples=scaled(800), **SETTINGS)
 @given(case=grpc_request())
 def test_grpc_infer_answers_or_refuses(channel: grpc.Channel, case: GrpcCase) -> None:
     stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
@@ -200,7 +200,7 @@ def test_grpc_infer_answers_or_refuses(channel: grpc.Channel, case: GrpcCase) ->
     assert len(response.raw_output_contents) == len(response.outputs) > 0
 
 
-@settings(max_examples=300, **SETTINGS)
+@settings(max_examples=scaled(300), **SETTINGS)
 @given(data=grpc_bytes())
 def test_grpc_wire_bytes_answer_or_refuse(channel: grpc.Channel, data: bytes) -> None:
     call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")

@@ -33,7 +33,7 @@ import tritonclient.grpc as grpcclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz_cases import ipc_frame, well_typed_frame
+from fuzz_cases import ipc_frame, scaled, well_typed_frame
 from harness import Backend, make_repository, module_backend
 from ipc import messages as msg
 from ipc.wire import registered_kinds
@@ -116,7 +116,7 @@ def _frames(strategy: st.SearchStrategy[bytes], count: int, accept: Callable[[by
     """Up to `count` frames from `strategy` that `accept` keeps."""
     found: list[bytes] = []
 
-    @settings(max_examples=int(count * 1.3), **SETTINGS)
+    @settings(max_examples=round(count * 1.3), **SETTINGS)
     @given(frame=strategy)
     def collect(frame: bytes) -> None:
         if len(found) < count and accept(frame):
@@ -202,7 +202,7 @@ def _send_all(sock: socket.socket, frames: list[bytes]) -> None:
 
 def test_corrupt_frames_into_the_stub_under_load(backend: Backend, ends: tuple[socket.socket, socket.socket, int]):
     to_stub, _, stub_pid = ends
-    frames = _frames(ipc_frame(KINDS, ARITIES), 300, _rejected)
+    frames = _frames(ipc_frame(KINDS, ARITIES), scaled(300), _rejected)
     log_from = len(backend.log())
     with Load(backend) as load:
         _send_all(to_stub, frames)
@@ -216,7 +216,7 @@ def test_corrupt_frames_into_the_stub_under_load(backend: Backend, ends: tuple[s
 def test_corrupt_frames_into_the_backend_under_load(backend: Backend,
                                                     ends: tuple[socket.socket, socket.socket, int]):
     _, to_backend, stub_pid = ends
-    frames = _frames(ipc_frame(KINDS, ARITIES), 300, _rejected)
+    frames = _frames(ipc_frame(KINDS, ARITIES), scaled(300), _rejected)
     log_from = len(backend.log())
     with Load(backend) as load:
         _send_all(to_backend, frames)
@@ -232,7 +232,7 @@ def test_well_typed_garbage_is_refused_without_harm(backend: Backend, ends: tupl
                                                     receiver: str):
     to_stub, to_backend, stub_pid = ends
     classes = tuple(cls for cls in registered_kinds().values() if receiver == "backend" or cls not in LIFECYCLE)
-    frames = _frames(well_typed_frame(classes), 200)
+    frames = _frames(well_typed_frame(classes), scaled(200))
     assert all(not _rejected(frame) for frame in frames)
     kinds = sorted({type(msg.decode(frame)).__name__ for frame in frames})
     log_from = len(backend.log())

@@ -33,7 +33,7 @@ from backend.sequence_controls import sequence_fields
 from backend.stub_process import StubProcess
 from backend.stub_settings import StubSettings
 from backend.validation import validate_request
-from fuzz_cases import IDENTITY_2D_CONFIG, MODELS, GrpcCase, HttpCase, grpc_bytes, grpc_request, http_case, ipc_frame
+from fuzz_cases import scaled, IDENTITY_2D_CONFIG, MODELS, GrpcCase, HttpCase, grpc_bytes, grpc_request, http_case, ipc_frame
 from harness import EXAMPLES
 from ipc import messages as msg
 from ipc.bytes_codec import deserialize_bytes
@@ -107,7 +107,7 @@ def _decode_http(case: HttpCase) -> Any:
     return decode_infer_request(body, length, case.model).request
 
 
-@settings(max_examples=1500, **SETTINGS)
+@settings(max_examples=scaled(1500), **SETTINGS)
 @given(case=http_case())
 def test_http_bodies_are_accepted_or_refused_cleanly(stub: StubProcess, case: HttpCase) -> None:
     try:
@@ -120,7 +120,7 @@ def test_http_bodies_are_accepted_or_refused_cleanly(stub: StubProcess, case: Ht
     assert msg.decode(frame).requests  # what the stub would receive decodes again
 
 
-@settings(max_examples=1000, **SETTINGS)
+@settings(max_examples=scaled(1000), **SETTINGS)
 @given(case=grpc_request())
 def test_grpc_requests_are_accepted_or_refused_cleanly(stub: StubProcess, case: GrpcCase) -> None:
     request = case.request
@@ -134,7 +134,7 @@ def test_grpc_requests_are_accepted_or_refused_cleanly(stub: StubProcess, case: 
         _refused(error)
 
 
-@settings(max_examples=600, **SETTINGS)
+@settings(max_examples=scaled(600), **SETTINGS)
 @given(data=grpc_bytes())
 def test_grpc_wire_bytes_are_refused_cleanly(stub: StubProcess, data: bytes) -> None:
     try:
@@ -154,7 +154,7 @@ _KINDS = tuple(sorted(registered_kinds()))
 _ARITIES = {kind: len(cls._fields) for kind, cls in registered_kinds().items()}
 
 
-@settings(max_examples=1000, **SETTINGS)
+@settings(max_examples=scaled(600), **SETTINGS)
 @given(frame=ipc_frame(_KINDS, _ARITIES))
 def test_corrupt_frames_are_rejected_by_the_decoder(frame: bytes) -> None:
     try:
@@ -168,7 +168,7 @@ def test_corrupt_frames_are_rejected_by_the_decoder(frame: bytes) -> None:
     assert msg.decode(msg.encode(message)) == message
 
 
-@settings(max_examples=300, **SETTINGS)
+@settings(max_examples=scaled(300), **SETTINGS)
 @given(payload=st.binary(max_size=200), encoding=st.sampled_from(["gzip", "deflate", "x-gzip", "identity", "br"]),
        expand=st.integers(0, 3 * LIMIT))
 def test_compressed_bodies_are_bounded(payload: bytes, encoding: str, expand: int) -> None:
