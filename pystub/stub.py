@@ -265,9 +265,11 @@ class Stub:
                 kept = take_rescheduled(wire[0])  # pystub sequences: a rescheduled request runs as itself
                 if kept is None:
                     sender, state = self.requests.make_sender(wire)
-                    kept = build_request(wire, self.p2s, self.model_name, self.model_version, sender), state
-                requests.append(kept[0])
-                states.append(kept[1])
+                    states.append(state)  # registered now: closed below even if its request cannot be built
+                    requests.append(build_request(wire, self.p2s, self.model_name, self.model_version, sender))
+                else:
+                    requests.append(kept[0])
+                    states.append(kept[1])
             result = run_execute(self.model, requests, self.decoupled, self.loop, self.log_error, self.batched)
             entries = check_return(result, requests, self.decoupled, self.instance)
             for wire, state, entry in zip(message.requests, states, entries):

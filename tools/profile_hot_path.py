@@ -17,7 +17,8 @@ sample is charged to the hot-path step of its innermost pystub frame:
     asyncio loop               the event loop itself (select, callbacks, tasks)
     stub: ...                  the stub process: receive, translate, model execute, send
 
-and the step's CPU time per request is its share of samples x sampled CPU seconds / requests.
+and the step's CPU time per request is its samples / rate / requests. Only threads holding the GIL
+are sampled (--gil): Python work, not waits (grpc's C core runs without the GIL and is not counted).
 Needs py-spy (installed into .bench/venv on first use; root or ptrace permission). Exits 0.
 
     .venv/bin/python tools/profile_hot_path.py                       # gRPC, concurrency 1, 10 s
@@ -45,9 +46,9 @@ from compare.environment import BENCH  # noqa: E402
 
 # (step, pattern on "function (path:line)"), first match from the innermost frame outwards wins
 _BACKEND_STEPS = [
-    ("grpc decode", r"frontends/grpc_codec\.py.*|decode_infer_request"),
+    ("grpc encode", r"^encode_infer_response \(backend/frontends/grpc_codec\.py"),
+    ("grpc decode", r"backend/frontends/grpc_codec\.py"),
     ("http decode", r"frontends/(http_codec|json_tensors|http_raw)\.py"),
-    ("grpc encode", r"encode_infer_response"),
     ("http encode", r"frontends/http_encode\.py"),
     ("validate", r"backend/validation\.py"),
     ("client shm", r"backend/client_shm\.py"),
@@ -61,7 +62,7 @@ _BACKEND_STEPS = [
     ("metrics/logging", r"prometheus|backend/log\.py|logging/"),
     ("grpc runtime", r"grpc/|_cython|cygrpc"),
     ("aiohttp", r"aiohttp|multidict|yarl"),
-    ("asyncio loop", r"asyncio/|selectors\.py"),
+    ("asyncio loop + grpc callbacks", r"asyncio/|selectors\.py"),
 ]
 _STUB_STEPS = [
     ("stub: model execute", r"model\.py"),
@@ -103,10 +104,9 @@ def parse_raw(text: str) -> tuple[Counter, Counter]:
         if not stack_text or not count.isdigit():
             continue
         frames = stack_text.split(";")
-        is_stub = bool(frames) and "triton_python_backend_stub" in frames[0]
+        # with --subprocesses a stub's stacks start "process <backend>;process <stub>;..."
+        is_stub = any(f.startswith("process ") and "triton_python_backend_stub" in f for f in frames)
         frames = [f for f in frames if not f.startswith("process ")]
-        if any("thread" in f and "heartbeat" in f.lower() for f in frames):
-            continue
         (stub if is_stub else backend)[classify(frames, is_stub)] += int(count)
     return backend, stub
 
@@ -124,6 +124,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--size", type=int, default=16, help="bytes per input tensor (default 16)")
+    parser.add_argument("--raw", type=Path, help="also keep py-spy's collapsed stacks here")
+    parser.add_argument("--native", action="store_true", help="sample native frames too (grpc's cython layer)")
     args = parser.parse_args()
     py_spy = _py_spy()
     with tempfile.TemporaryDirectory(prefix="pystub-profile-") as tmp:
@@ -134,8 +136,9 @@ def main() -> int:
             servers.wait_ready([server])
             asyncio.run(_drive(server, args.protocol, args.concurrency, 1.0, args.size))  # warm-up
             raw = workdir / "profile.txt"
-            spy = subprocess.Popen([str(py_spy), "record", "--pid", str(server.process.pid), "--subprocesses",
-                                    "--nonblocking", "--rate", str(args.rate), "--format", "raw", "--output", str(raw),
+            mode = ["--native"] if args.native else ["--nonblocking"]  # py-spy cannot combine the two
+            spy = subprocess.Popen([str(py_spy), "record", "--pid", str(server.process.pid), "--subprocesses", *mode,
+                                    "--gil", "--rate", str(args.rate), "--format", "raw", "--output", str(raw),
                                     "--duration", str(int(args.seconds) + 1)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             time.sleep(0.5)
@@ -144,6 +147,8 @@ def main() -> int:
             if not raw.exists():
                 raise SystemExit(f"py-spy wrote nothing: {err[-2000:]}")
             backend, stub = parse_raw(raw.read_text())
+            if args.raw:
+                args.raw.write_text(raw.read_text())
         finally:
             servers.stop(server)
     _report(args, sample, backend, stub)

@@ -39,7 +39,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,13 +47,16 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from soak_chaos import Chaos, ChaosOptions  # noqa: E402
 from soak_traffic import EXPECTED_UNDER_FAULTS, KINDS, REQUESTS, Clients, Ledger, Worker  # noqa: E402
+
+__all__ = ["run", "Options", "make_repository", "backend_flags", "format_report", "KINDS", "TMPFS_WRAPPER",
+           "tmpfs_wrapper_works", "Launcher"]
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -391,9 +393,10 @@ def _report(options: Options, ledger: Ledger, start: Sample, end: Sample, sample
         "error_samples": ledger.samples,
         "hung_workers": hung,
         "start": asdict(start), "end": asdict(end),
-        "series": [{"t": s.t, "backend_rss_mib": round(s.backend_rss / MIB, 1), "stub_rss_mib": round(s.stub_rss / MIB, 1),
-                    "arena_used": s.arena_used, "arena_total": s.arena_total, "shm": s.shm_entries,
-                    "backend_fds": s.backend_fds} for s in [start, *samples, end]],
+        "series": [{"t": s.t, "backend_rss_mib": round(s.backend_rss / MIB, 1),
+                    "stub_rss_mib": round(s.stub_rss / MIB, 1), "arena_used": s.arena_used,
+                    "arena_total": s.arena_total, "shm": s.shm_entries, "backend_fds": s.backend_fds}
+                   for s in [start, *samples, end]],
         "verification": verification,
         "faults": [{**e, "start": round(e["start"] - started, 2), "end": round(e["end"] - started, 2)}
                    for e in (chaos.events if chaos else [])],
@@ -406,7 +409,8 @@ def check(report: dict[str, Any], options: Options, start: Sample, end: Sample, 
     failures = []
     totals = report["totals"]
     if totals["lost"] or report["hung_workers"]:
-        failures.append(f"{totals['lost']} request(s) without an outcome; workers still running: {report['hung_workers']}")
+        failures.append(f"{totals['lost']} request(s) without an outcome; workers still running: "
+                        f"{report['hung_workers']}")
     causes = totals["by_cause"]
     allowed = EXPECTED_UNDER_FAULTS if options.chaos else set()
     bad = {cause: count for cause, count in causes.items() if cause not in allowed}
@@ -433,8 +437,8 @@ def check(report: dict[str, Any], options: Options, start: Sample, end: Sample, 
     if end.shm_entries > start.shm_entries:
         failures.append(f"/dev/shm entries grew from {start.shm_entries} to {end.shm_entries}")
     if end.arena_used:
-        failures.append(f"arenas still hold {end.arena_used} bytes after the load: "
-                        f"{ {k: (s['p2s_used'], s['s2p_used']) for k, s in end.stubs.items() if s['p2s_used'] or s['s2p_used']} }")
+        holding = {k: (s["p2s_used"], s["s2p_used"]) for k, s in end.stubs.items() if s["p2s_used"] or s["s2p_used"]}
+        failures.append(f"arenas still hold {end.arena_used} bytes after the load (p2s, s2p): {holding}")
     if end.backend_fds > start.backend_fds + options.fd_tolerance:
         failures.append(f"backend fds grew from {start.backend_fds} to {end.backend_fds} "
                         f"(tolerance {options.fd_tolerance})")

@@ -30,7 +30,6 @@ import signal
 import socket
 import threading
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable

@@ -47,7 +47,7 @@ from tritonclient.utils import InferenceServerException
 
 from backend.execution_env import ExecutionEnvError, resolve_execution_env
 from fuzz_cases import IDENTITY_2D_CONFIG
-from harness import Backend, make_repository, module_backend
+from harness import EXAMPLES, Backend, make_repository, module_backend
 
 MIB = 1 << 20
 
@@ -114,7 +114,7 @@ def test_shared_memory_objects_are_private(backend: Backend) -> None:
 def test_override_directories_are_private(backend: Backend) -> None:
     config = {"backend": "python", "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
               "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}]}
-    code = (Path(__file__).resolve().parents[2] / "examples" / "models" / "identity_fp32" / "1" / "model.py").read_bytes()
+    code = (EXAMPLES / "identity_fp32" / "1" / "model.py").read_bytes()
     body = json.dumps({"parameters": {"config": json.dumps(config),
                                       "file:1/model.py": base64.b64encode(code).decode()}}).encode()
     status, reply = request(backend, "POST", "/v2/repository/models/private_copy/load", body)
@@ -257,7 +257,8 @@ def test_bad_model_names_are_refused(backend: Backend, name: str) -> None:
     assert all(row["healthy"] for row in request(backend, "GET", "/v2/pystub/stubs")[1]["stubs"])
 
 
-@pytest.mark.parametrize("path", ["file:../x.py", "file:/etc/x", "file:1/../../x.py", "file:", "file:1//x", "file:./1/x"])
+@pytest.mark.parametrize("path", ["file:../x.py", "file:/etc/x", "file:1/../../x.py", "file:", "file:1//x",
+                                  "file:./1/x"])
 def test_override_paths_that_leave_the_model_directory_are_refused(backend: Backend, path: str) -> None:
     body = json.dumps({"parameters": {"config": "{}", path: base64.b64encode(b"x").decode()}}).encode()
     status, reply = request(backend, "POST", "/v2/repository/models/override_probe/load", body)

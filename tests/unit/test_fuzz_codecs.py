@@ -33,7 +33,8 @@ from backend.sequence_controls import sequence_fields
 from backend.stub_process import StubProcess
 from backend.stub_settings import StubSettings
 from backend.validation import validate_request
-from fuzz_cases import scaled, IDENTITY_2D_CONFIG, MODELS, GrpcCase, HttpCase, grpc_bytes, grpc_request, http_case, ipc_frame
+from fuzz_cases import (IDENTITY_2D_CONFIG, MODELS, GrpcCase, HttpCase, grpc_bytes, grpc_request, http_case, ipc_frame,
+                        scaled)
 from harness import EXAMPLES
 from ipc import messages as msg
 from ipc.bytes_codec import deserialize_bytes
@@ -154,7 +155,7 @@ _KINDS = tuple(sorted(registered_kinds()))
 _ARITIES = {kind: len(cls._fields) for kind, cls in registered_kinds().items()}
 
 
-@settings(max_examples=scaled(600), **SETTINGS)
+@settings(max_examples=scaled(500), **SETTINGS)
 @given(frame=ipc_frame(_KINDS, _ARITIES))
 def test_corrupt_frames_are_rejected_by_the_decoder(frame: bytes) -> None:
     try:

@@ -81,7 +81,8 @@ def _p99_c32(results: Results) -> list[str]:
                 if ours.p99_ms <= theirs.p99_ms:
                     met += 1
                 else:
-                    missed.append(f"{size_text(point.nbytes)}{' shm' if point.shm else ''} {point.protocol} vs {peer}"
+                    what = "add_sub" if point.model == "add_sub" else size_text(point.nbytes)
+                    missed.append(f"{what}{' shm' if point.shm else ''} {point.protocol} vs {peer}"
                                   f" ({ours.p99_ms:.1f} > {theirs.p99_ms:.1f} ms)")
         if met or missed:
             lines.append(f"  p99 at c=32 <= each peer's ({loadgen}): {met}/{met + len(missed)} comparisons: "
