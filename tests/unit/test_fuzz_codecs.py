@@ -108,7 +108,7 @@ def _decode_http(case: HttpCase) -> Any:
     return decode_infer_request(body, length, case.model).request
 
 
-@settings(max_examples=scaled(1500), **SETTINGS)
+@settings(max_examples=scaled(1200), **SETTINGS)
 @given(case=http_case())
 def test_http_bodies_are_accepted_or_refused_cleanly(stub: StubProcess, case: HttpCase) -> None:
     try:
@@ -121,7 +121,7 @@ def test_http_bodies_are_accepted_or_refused_cleanly(stub: StubProcess, case: Ht
     assert msg.decode(frame).requests  # what the stub would receive decodes again
 
 
-@settings(max_examples=scaled(1000), **SETTINGS)
+@settings(max_examples=scaled(800), **SETTINGS)
 @given(case=grpc_request())
 def test_grpc_requests_are_accepted_or_refused_cleanly(stub: StubProcess, case: GrpcCase) -> None:
     request = case.request
