@@ -39,7 +39,8 @@ TIMEOUT_S = 30.0  # per request: more than any fault should delay an answer; a t
 
 # Error causes, in match order. "client closed" is what the chaos's abrupt clients record.
 CAUSES: list[tuple[str, re.Pattern[str]]] = [(name, re.compile(pattern)) for name, pattern in [
-    ("stub died", r"Stub process '[^']+' is not healthy"),
+    # a killed stub fails its in-flight requests, and the sequences it held are lost with it
+    ("stub died", r"Stub process '[^']+' is not healthy|was lost: the stub process that held its"),
     ("BLS target not ready", r"Failed for execute the inference request\. Model '[^']+' is not ready"),
     ("shm full", r"Failed to increase the shared memory pool size"),
     ("model unloaded", r"is unloading|was unloaded|Request for unknown model|has no available versions|"
