@@ -280,9 +280,8 @@ def encode_infer_response(response: InferResponse) -> service_pb2.ModelInferResp
 # --- model repository and logging extensions -------------------------------------------------------
 
 
-def repository_parameters(params: Mapping[str, Any]) -> dict[str, Any]:
-    """`RepositoryModelLoad`/`Unload` parameters as Python values (bool, int, str or bytes); a
-    parameter with no member of its oneof set is left out."""
+def _set_oneof_values(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The values of a map of `parameter_choice` oneofs; an entry with no member set is left out."""
     result: dict[str, Any] = {}
     for key, param in params.items():
         kind = param.WhichOneof("parameter_choice")
@@ -291,14 +290,15 @@ def repository_parameters(params: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
+def repository_parameters(params: Mapping[str, Any]) -> dict[str, Any]:
+    """`RepositoryModelLoad`/`Unload` parameters as Python values (bool, int, str or bytes); a
+    parameter with no member of its oneof set is left out."""
+    return _set_oneof_values(params)
+
+
 def log_settings_from_proto(settings: Mapping[str, Any]) -> dict[str, Any]:
     """A `LogSettingsRequest`'s settings as Python values; unset values mean "unchanged"."""
-    result: dict[str, Any] = {}
-    for key, value in settings.items():
-        kind = value.WhichOneof("parameter_choice")
-        if kind is not None:
-            result[key] = getattr(value, kind)
-    return result
+    return _set_oneof_values(settings)
 
 
 def log_settings_to_proto(settings: Mapping[str, Any]) -> service_pb2.LogSettingsResponse:
