@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Iterator
 
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from harness import EXAMPLES, Backend, LeakSnapshot, check_no_leaks, module_backend
 
@@ -38,3 +40,19 @@ def examples_backend() -> Iterator[Backend]:
     """One backend on examples/models for a whole test module."""
     with module_backend(Backend(EXAMPLES)) as backend:
         yield backend
+
+
+@pytest.fixture()
+def http(backend: Backend) -> Iterator[httpclient.InferenceServerClient]:
+    """A tritonclient HTTP client of the module's `backend` fixture."""
+    client = httpclient.InferenceServerClient(backend.http_url, network_timeout=120)
+    yield client
+    client.close()
+
+
+@pytest.fixture()
+def grpc(backend: Backend) -> Iterator[grpcclient.InferenceServerClient]:
+    """A tritonclient gRPC client of the module's `backend` fixture."""
+    client = grpcclient.InferenceServerClient(backend.grpc_url)
+    yield client
+    client.close()

@@ -145,15 +145,18 @@ class Backend:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def wait_for_log(self, pattern: str, timeout: float = 30.0) -> re.Match:
+    def wait_for_log(self, pattern: str, timeout: float = 30.0, count: int = 1) -> re.Match:
+        """The first match of `pattern` in the log, once it matches `count` times (stub output
+        reaches the log asynchronously)."""
         deadline = time.monotonic() + timeout
         regex = re.compile(pattern)
         while time.monotonic() < deadline:
-            match = regex.search(self.log())
-            if match:
-                return match
+            matches = list(regex.finditer(self.log()))
+            if len(matches) >= count:
+                return matches[0]
             time.sleep(0.05)
-        raise BackendError(f"timed out after {timeout} s waiting for log line /{pattern}/:\n{self.log()}")
+        raise BackendError(f"timed out after {timeout} s waiting for {count} log line(s) /{pattern}/:\n"
+                           f"{self.log()}")
 
     def shm_entries(self) -> list[str]:
         return [n for n in os.listdir(SHM_DIR) if n.startswith(f"{SHM_MARK}_{self.pid}_")]

@@ -11,11 +11,13 @@ are turned into the little-endian bytes the core expects.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from backend.errors import ServerError, Status
+from backend.frontends.protobuf_wire import append_length_delimited, split_length_delimited
 from backend.inference import (
     Buffer,
     InferRequest,
@@ -29,8 +31,11 @@ from ipc.dtypes import numpy_dtype
 from tritonclient.grpc import service_pb2
 
 __all__ = [
+    "ParsedInferRequest",
+    "parse_infer_request",
     "decode_infer_request",
     "encode_infer_response",
+    "serialize_infer_response",
     "parameter_value",
     "parameters_from_proto",
     "parameters_to_proto",
@@ -198,9 +203,8 @@ def _contents_to_bytes(tensor: service_pb2.ModelInferRequest.InferInputTensor,
                        f"'{model}': {exc}") from None
 
 
-def _decode_inputs(msg: service_pb2.ModelInferRequest) -> list[Tensor]:
+def _decode_inputs(msg: service_pb2.ModelInferRequest, raw: Sequence[Buffer]) -> list[Tensor]:
     model = msg.model_name
-    raw = msg.raw_input_contents
     raw_count = len(raw)
     raw_index = 0
     inputs: list[Tensor] = []
@@ -226,15 +230,46 @@ def _decode_inputs(msg: service_pb2.ModelInferRequest) -> list[Tensor]:
     return inputs
 
 
-def decode_infer_request(msg: service_pb2.ModelInferRequest) -> InferRequest:
-    """The `InferRequest` a `ModelInferRequest` describes. Raises ServerError(INVALID_ARG)."""
+# Below this many bytes protobuf's own parse (which copies raw contents) is cheaper than splitting.
+_SPLIT_RAW_INPUTS_FROM_BYTES = 64 << 10
+_RAW_INPUT_CONTENTS = service_pb2.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
+_RAW_OUTPUT_CONTENTS = service_pb2.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
+
+
+@dataclass(frozen=True)
+class ParsedInferRequest:
+    """A `ModelInferRequest` whose raw input contents may be views of the received bytes."""
+
+    message: service_pb2.ModelInferRequest
+    raw_input_contents: Sequence[Buffer]
+
+
+def parse_infer_request(data: bytes) -> ParsedInferRequest:
+    """Parse a serialized `ModelInferRequest` without copying large raw input contents.
+
+    Raises ValueError or protobuf's DecodeError for a malformed message (grpc answers it).
+    """
+    if len(data) < _SPLIT_RAW_INPUTS_FROM_BYTES:
+        message = service_pb2.ModelInferRequest.FromString(data)
+        return ParsedInferRequest(message, message.raw_input_contents)
+    rest, raw = split_length_delimited(data, _RAW_INPUT_CONTENTS)
+    return ParsedInferRequest(service_pb2.ModelInferRequest.FromString(rest), raw)
+
+
+def decode_infer_request(msg: service_pb2.ModelInferRequest,
+                         raw_input_contents: Sequence[Buffer] | None = None) -> InferRequest:
+    """The `InferRequest` a `ModelInferRequest` describes. Raises ServerError(INVALID_ARG).
+
+    `raw_input_contents` replaces the message's own field (see `parse_infer_request`).
+    """
+    raw = msg.raw_input_contents if raw_input_contents is None else raw_input_contents
     outputs = [RequestedOutput(out.name, _tensor_parameters(out.parameters, out.name))
                for out in msg.outputs]
     return InferRequest(
         model_name=msg.model_name,
         model_version=msg.model_version,
         id=msg.id,
-        inputs=_decode_inputs(msg),
+        inputs=_decode_inputs(msg, raw),
         outputs=outputs,
         parameters=parameters_from_proto(msg.parameters),
     )
@@ -243,8 +278,9 @@ def decode_infer_request(msg: service_pb2.ModelInferRequest) -> InferRequest:
 # --- response -----------------------------------------------------------------------------------
 
 
-def _output_bytes(tensor: Tensor) -> bytes:
-    """The one copy out of the (possibly shared-memory) buffer; empty for client-shm outputs."""
+def _output_view(tensor: Tensor) -> bytes | memoryview:
+    """The output's data as bytes, viewing its (possibly shared-memory) buffer; empty for
+    client-shm outputs. The caller copies it before the response is released."""
     if "shared_memory_region" in tensor.parameters:
         return b""
     data = tensor.data
@@ -253,15 +289,14 @@ def _output_bytes(tensor: Tensor) -> bytes:
     if isinstance(data, np.ndarray) and data.dtype.hasobject:
         # numpy exports object arrays as raw pointers; BYTES must arrive serialized
         raise TypeError(f"output '{tensor.name}' holds a numpy object array, not tensor bytes")
-    return memoryview(data).tobytes()
+    view = memoryview(data)
+    if not view.c_contiguous:
+        return view.tobytes()  # in C order, like numpy's tobytes
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def encode_infer_response(response: InferResponse) -> service_pb2.ModelInferResponse:
-    """A `ModelInferResponse` with one `raw_output_contents` entry per output, in output order.
-
-    Holds no reference to the response's buffers afterwards, so the caller may `release()` it.
-    Shared-memory parameters of outputs are not echoed (Triton's gRPC responses carry none).
-    """
+def _response_head(response: InferResponse) -> service_pb2.ModelInferResponse:
+    """Everything of the response message but its raw output contents."""
     msg = service_pb2.ModelInferResponse(
         model_name=response.model_name,
         model_version=response.model_version,
@@ -273,8 +308,26 @@ def encode_infer_response(response: InferResponse) -> service_pb2.ModelInferResp
         parameters_to_proto({k: v for k, v in tensor.parameters.items()
                              if k not in _SHM_KINDS and k not in _IGNORED_TENSOR_KEYS},
                             out.parameters)
-        msg.raw_output_contents.append(_output_bytes(tensor))
     return msg
+
+
+def encode_infer_response(response: InferResponse) -> service_pb2.ModelInferResponse:
+    """A `ModelInferResponse` with one `raw_output_contents` entry per output, in output order.
+
+    Holds no reference to the response's buffers afterwards, so the caller may `release()` it.
+    Shared-memory parameters of outputs are not echoed (Triton's gRPC responses carry none).
+    """
+    msg = _response_head(response)
+    msg.raw_output_contents.extend(bytes(_output_view(tensor)) for tensor in response.outputs)
+    return msg
+
+
+def serialize_infer_response(response: InferResponse) -> bytes:
+    """`encode_infer_response(response).SerializeToString()`, with the output data copied once
+    (straight from the buffers into the result) instead of through protobuf's slow bytes fields."""
+    head = _response_head(response).SerializeToString()
+    return append_length_delimited(head, _RAW_OUTPUT_CONTENTS,
+                                   [_output_view(tensor) for tensor in response.outputs])
 
 
 # --- model repository and logging extensions -------------------------------------------------------

@@ -26,20 +26,6 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
         yield server
 
 
-@pytest.fixture()
-def http(backend: Backend) -> Iterator[httpclient.InferenceServerClient]:
-    client = httpclient.InferenceServerClient(backend.http_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture()
-def grpc(backend: Backend) -> Iterator[grpcclient.InferenceServerClient]:
-    client = grpcclient.InferenceServerClient(backend.grpc_url)
-    yield client
-    client.close()
-
-
 def post(backend: Backend, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict]:
     request = urllib.request.Request(f"http://{backend.http_url}{path}", data=body, method="POST",
                                      headers=headers or {})

@@ -193,8 +193,8 @@ def test_sender_rules_of_default_mode(backend: Backend):
     backend.wait_for_log("sender_rules: Unable to send response. Non-decoupled model cannot send more than one "
                          "response.")
     assert _sender_rules(backend, 3) == "first"  # default mode: Triton reports "more than one" first
-    assert backend.log().count("sender_rules: Unable to send response. Non-decoupled model cannot send more "
-                               "than one response.") == 2
+    backend.wait_for_log("sender_rules: Unable to send response. Non-decoupled model cannot send more than one "
+                         "response.", count=2)
     assert _sender_rules(backend, 4) == "async default mode"
     assert _sender_rules(backend, 5) == "sent through the sender"
 

@@ -16,18 +16,9 @@ import tritonclient.http as httpclient
 from harness import ROOT, Backend
 
 
-@pytest.fixture()
-def http(examples_backend: Backend):
-    client = httpclient.InferenceServerClient(examples_backend.http_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture()
-def grpc(examples_backend: Backend):
-    client = grpcclient.InferenceServerClient(examples_backend.grpc_url)
-    yield client
-    client.close()
+@pytest.fixture(scope="module")
+def backend(examples_backend: Backend) -> Backend:
+    return examples_backend  # what the shared `http` and `grpc` client fixtures connect to
 
 
 def _add_sub_inputs(module, binary: bool = True):

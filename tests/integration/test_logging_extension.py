@@ -28,19 +28,10 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
         yield server
 
 
-@pytest.fixture()
-def http(backend: Backend) -> Iterator[httpclient.InferenceServerClient]:
-    client = httpclient.InferenceServerClient(backend.http_url)
-    yield client
-    client.update_log_settings({k: v for k, v in DEFAULTS.items() if k != "log_file"})
-    client.close()
-
-
-@pytest.fixture()
-def grpc(backend: Backend) -> Iterator[grpcclient.InferenceServerClient]:
-    client = grpcclient.InferenceServerClient(backend.grpc_url)
-    yield client
-    client.close()
+@pytest.fixture(autouse=True)
+def _default_settings_afterwards(http: httpclient.InferenceServerClient) -> Iterator[None]:
+    yield
+    http.update_log_settings({k: v for k, v in DEFAULTS.items() if k != "log_file"})
 
 
 def grpc_settings(response: grpcclient.service_pb2.LogSettingsResponse) -> dict:

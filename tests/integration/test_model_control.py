@@ -54,20 +54,6 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
         yield server
 
 
-@pytest.fixture()
-def http(backend: Backend) -> Iterator[httpclient.InferenceServerClient]:
-    client = httpclient.InferenceServerClient(backend.http_url, network_timeout=120)
-    yield client
-    client.close()
-
-
-@pytest.fixture()
-def grpc(backend: Backend) -> Iterator[grpcclient.InferenceServerClient]:
-    client = grpcclient.InferenceServerClient(backend.grpc_url)
-    yield client
-    client.close()
-
-
 def index(client: Any) -> dict[str, dict[str, str]]:
     return {row["name"]: row for row in client.get_model_repository_index()}
 
