@@ -68,7 +68,7 @@ class Stub:
         self.channel = BlockingChannel(socket.socket(fileno=options.fd))
         self.p2s = ArenaReader(options.base, "p2s")
         self.s2p = ArenaWriter(options.base, "s2p", options.shm_default, options.shm_growth)
-        self.work: queue.Queue[Any] = queue.Queue()
+        self.work: queue.SimpleQueue[Any] = queue.SimpleQueue()  # C-level: the per-request hand-off
         self.loop = InstanceLoop(self.log_error)
         self.model: Any = None
         self.model_name = ""
