@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-
 from harness import EXAMPLES, Backend, LeakSnapshot, check_no_leaks, module_backend
 
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from backend import log as backend_log
-from backend.frontends import grpc_shm
 from backend.errors import ServerError, Status, forget_traceback, grpc_code
-from backend.frontends.grpc_stream import stream_infer
+from backend.frontends import grpc_shm
 from backend.frontends.grpc_codec import (
     ParsedInferRequest,
     decode_infer_request,
@@ -29,6 +29,7 @@ from backend.frontends.grpc_codec import (
     repository_parameters,
     serialize_infer_response,
 )
+from backend.frontends.grpc_stream import stream_infer
 from backend.inference import ServerCore
 
 __all__ = ["create_grpc_server", "InferenceServicer"]

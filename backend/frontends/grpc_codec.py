@@ -11,10 +11,12 @@ are turned into the little-endian bytes the core expects.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from tritonclient.grpc import service_pb2
 
 from backend.errors import ServerError, Status
 from backend.frontends.protobuf_wire import append_length_delimited, split_length_delimited
@@ -28,7 +30,6 @@ from backend.inference import (
 )
 from ipc.bytes_codec import serialize_bytes
 from ipc.dtypes import numpy_dtype
-from tritonclient.grpc import service_pb2
 
 __all__ = [
     "ParsedInferRequest",

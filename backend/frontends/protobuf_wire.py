@@ -10,7 +10,7 @@ and a repeated field's occurrences concatenate.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ["split_length_delimited", "append_length_delimited"]
 
