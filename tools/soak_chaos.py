@@ -134,7 +134,10 @@ class Chaos:
         fd = os.open(filler, os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o600)
         try:
             os.posix_fallocate(fd, 0, size)
-            growth = threading.Thread(target=self._large_requests, args=(self.options.fill_seconds,), daemon=True)
+            # Larger than the warm-up's requests: the arenas grew to fit those, so these must grow
+            # them again, whichever stubs the kills restarted (a restarted stub's arenas start small).
+            growth = threading.Thread(target=self._large_requests, args=(self.options.fill_seconds, None, 12),
+                                      daemon=True)
             growth.start()
             growth.join(self.options.fill_seconds + TIMEOUT_S)
         finally:
@@ -147,16 +150,16 @@ class Chaos:
         serving (and failing) them is in the baseline, not counted as growth."""
         self._large_requests(float("inf"), count)
 
-    def _large_requests(self, seconds: float, count: int | None = None) -> None:
-        """8 MiB requests (larger than the other traffic makes arenas grow to); while /dev/shm is
-        full they fail with the pool-size error."""
+    def _large_requests(self, seconds: float, count: int | None = None, mib: int = 8) -> None:
+        """`mib` MiB requests (larger than the other traffic makes arenas grow to); while /dev/shm
+        is full they fail with the pool-size error."""
         client = grpcclient.InferenceServerClient(self.grpc_url)
         deadline = time.monotonic() + seconds
         sent = 0
         try:
             while time.monotonic() < deadline and (count is None or sent < count):
                 sent += 1
-                data = np.ones((1, 2 * MIB), np.float32)  # 8 MiB
+                data = np.ones((1, mib * MIB // 4), np.float32)
                 tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
                 tensor.set_data_from_numpy(data)
                 self.ledger.send("large")
