@@ -136,8 +136,8 @@ class Chaos:
             os.posix_fallocate(fd, 0, size)
             # Larger than the warm-up's requests: the arenas grew to fit those, so these must grow
             # them again, whichever stubs the kills restarted (a restarted stub's arenas start small).
-            growth = threading.Thread(target=self._large_requests, args=(self.options.fill_seconds, None, 12),
-                                      daemon=True)
+            growth = threading.Thread(target=self._large_requests, args=(self.options.fill_seconds,),
+                                      kwargs={"mib": 12}, daemon=True)
             growth.start()
             growth.join(self.options.fill_seconds + TIMEOUT_S)
         finally:

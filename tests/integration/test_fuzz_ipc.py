@@ -200,31 +200,23 @@ def _send_all(sock: socket.socket, frames: list[bytes]) -> None:
         sock.send(frame)
 
 
-def test_corrupt_frames_into_the_stub_under_load(backend: Backend, ends: tuple[socket.socket, socket.socket, int]):
-    to_stub, _, stub_pid = ends
+# What the receiver logs for each corrupt frame it drops.
+_DROPPED = {"stub": r"stub 'identity_fp32_0_0' dropped a corrupt frame",
+            "backend": r"dropped a corrupt frame from stub 'identity_fp32_0_0'"}
+
+
+@pytest.mark.parametrize("receiver", ["stub", "backend"])
+def test_corrupt_frames_under_load(backend: Backend, ends: tuple[socket.socket, socket.socket, int], receiver: str):
+    to_stub, to_backend, stub_pid = ends
     frames = _frames(ipc_frame(KINDS, ARITIES), scaled(300), _rejected)
     log_from = len(backend.log())
     with Load(backend) as load:
-        _send_all(to_stub, frames)
+        _send_all(to_stub if receiver == "stub" else to_backend, frames)
     assert load.results and set(load.results) == {"ok"}, [r for r in load.results if r != "ok"][:5]
-    dropped = _wait_for_count(backend, r"stub 'identity_fp32_0_0' dropped a corrupt frame", len(frames), log_from)
+    dropped = _wait_for_count(backend, _DROPPED[receiver], len(frames), log_from)
     assert dropped == len(frames), (dropped, len(frames))
     _check_healthy(backend, stub_pid, log_from)
-    print(f"\n{len(frames)} corrupt frames into the stub, {len(load.results)} requests meanwhile, all answered")
-
-
-def test_corrupt_frames_into_the_backend_under_load(backend: Backend,
-                                                    ends: tuple[socket.socket, socket.socket, int]):
-    _, to_backend, stub_pid = ends
-    frames = _frames(ipc_frame(KINDS, ARITIES), scaled(300), _rejected)
-    log_from = len(backend.log())
-    with Load(backend) as load:
-        _send_all(to_backend, frames)
-    assert load.results and set(load.results) == {"ok"}, [r for r in load.results if r != "ok"][:5]
-    dropped = _wait_for_count(backend, r"dropped a corrupt frame from stub 'identity_fp32_0_0'", len(frames), log_from)
-    assert dropped == len(frames), (dropped, len(frames))
-    _check_healthy(backend, stub_pid, log_from)
-    print(f"\n{len(frames)} corrupt frames into the backend, {len(load.results)} requests meanwhile, all answered")
+    print(f"\n{len(frames)} corrupt frames into the {receiver}, {len(load.results)} requests meanwhile, all answered")
 
 
 @pytest.mark.parametrize("receiver", ["stub", "backend"])

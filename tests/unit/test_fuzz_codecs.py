@@ -121,17 +121,22 @@ def test_http_bodies_are_accepted_or_refused_cleanly(stub: StubProcess, case: Ht
     assert msg.decode(frame).requests  # what the stub would receive decodes again
 
 
+def _grpc_to_stub(stub: StubProcess, request: service_pb2.ModelInferRequest) -> None:
+    """Decode a gRPC request and send it to the stub, as one of the models it serves (an unknown
+    model name would only be refused by the lookup). Raises ServerError when refused."""
+    model = request.model_name if request.model_name in MODELS else "identity_fp32"
+    decoded = grpc_codec.decode_infer_request(request)
+    decoded.model_name = model
+    _to_stub(stub, decoded, model)
+
+
 @settings(max_examples=scaled(800), **SETTINGS)
 @given(case=grpc_request())
 def test_grpc_requests_are_accepted_or_refused_cleanly(stub: StubProcess, case: GrpcCase) -> None:
-    request = case.request
-    model = request.model_name if request.model_name in MODELS else "identity_fp32"
     try:
-        decoded = grpc_codec.decode_infer_request(request)
-        decoded.model_name = model
-        _to_stub(stub, decoded, model)
+        _grpc_to_stub(stub, case.request)
     except ServerError as error:
-        assert case.kind != "valid", f"a valid request was refused: {error.message}\n{request}"
+        assert case.kind != "valid", f"a valid request was refused: {error.message}\n{case.request}"
         _refused(error)
 
 
@@ -142,11 +147,8 @@ def test_grpc_wire_bytes_are_refused_cleanly(stub: StubProcess, data: bytes) -> 
         request = service_pb2.ModelInferRequest.FromString(data)
     except DecodeError:
         return  # grpcio answers this itself (UNKNOWN, "Error parsing message") before our code runs
-    model = request.model_name if request.model_name in MODELS else "identity_fp32"
     try:
-        decoded = grpc_codec.decode_infer_request(request)
-        decoded.model_name = model
-        _to_stub(stub, decoded, model)
+        _grpc_to_stub(stub, request)
     except ServerError as error:
         _refused(error)
 
