@@ -480,7 +480,6 @@ def well_typed_frame(draw: Any, classes: tuple[type, ...]) -> bytes:
     cls = draw(st.sampled_from(classes))
     hints = typing.get_type_hints(cls)
     values = [draw(_typed_value(hints.get(name, Any))) for name in cls._fields]
-    from ipc.wire import registered_kinds
-
+    from pystub_backend.ipc.wire import registered_kinds
     kind = next(k for k, c in registered_kinds().items() if c is cls)
     return msgpack.packb([kind, *values], use_bin_type=True)

@@ -61,7 +61,7 @@ class Backend:
     # -- life cycle ----------------------------------------------------------------------------
     def command(self) -> list[str]:
         ports = [] if self.expect_exit else ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
-        return [*self.wrapper, sys.executable, "-m", "backend", "--model-repository", self.repository, *ports,
+        return [*self.wrapper, sys.executable, "-m", "pystub_backend.backend", "--model-repository", self.repository, *ports,
                 *self.args]
 
     def start(self, timeout: float = 90.0) -> "Backend":

@@ -16,11 +16,11 @@ _GRPC_PORT = re.compile(r"Started GRPCInferenceService at [\d.]+:(\d+)")
 
 
 def start_backend(repository: Path, log_path: Path, *flags: str) -> tuple[subprocess.Popen, int]:
-    """Start `python -m backend` on ephemeral ports (its own session; the caller kills the group)
+    """Start `python -m pystub_backend.backend` on ephemeral ports (its own session; the caller kills the group)
     and return it with its gRPC port. Exits with the log when it does not start within 90 s."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "backend", "--model-repository", str(repository),
+        process = subprocess.Popen([sys.executable, "-m", "pystub_backend.backend", "--model-repository", str(repository),
                                     "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", *flags],
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(ROOT),
                                    env=env, start_new_session=True)

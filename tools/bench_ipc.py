@@ -6,7 +6,7 @@ baselines measured in the same run.
              input copied into the p2s arena, EXECUTE frame, the stub copies the output into
              its s2p arena, EXECUTE_DONE frame, the backend views the output in place.
     (a) raw  ping-pong of 64-byte frames over a SOCK_SEQPACKET socket pair between two processes
-             (the queue primitive of ipc/channel.py), no payload.
+             (the queue primitive of pystub_backend/ipc/channel.py), no payload.
     (b) copy one single-threaded numpy copy of the same bytes (np.copyto, warm buffers), timed
              in alternation with the pystub round trips so both see the same machine load.
     (c) pipe multiprocessing.Pipe round trip of the numpy array (pickled both ways); at most a
@@ -43,9 +43,9 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from backend.inference import InferRequest, Tensor  # noqa: E402
-from backend.stub_process import StubProcess  # noqa: E402
-from backend.stub_settings import StubSettings  # noqa: E402
+from pystub_backend.backend.inference import InferRequest, Tensor  # noqa: E402
+from pystub_backend.backend.supervision.stub_process import StubProcess  # noqa: E402
+from pystub_backend.backend.supervision.settings import StubSettings  # noqa: E402
 
 DEFAULT_SIZES = "16,4K,1M,64M,256M"
 QUICK_SIZES = "16,4K,1M,64M"
@@ -194,7 +194,7 @@ def bench_pipe(nbytes: int, rounds: int, budget: float) -> tuple[float, int]:
 
 # -- pystub round trip -----------------------------------------------------------------------------
 class StubBench:
-    """One identity stub driven through backend.stub_process.StubProcess."""
+    """One identity stub driven through pystub_backend.backend.supervision.stub_process.StubProcess."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
@@ -281,9 +281,8 @@ def bench_python_floor(rounds: int) -> float:
     import msgpack
     import numpy as np
 
-    sys.path.insert(0, os.path.join(ROOT, "pystub", "_model_path"))
-    from pystub import pb_utils
-
+    sys.path.insert(0, os.path.join(ROOT, "pystub_backend", "stub", "_model_path"))
+    from pystub_backend.stub import pb_utils
     namespace: dict[str, Any] = {}
     exec(compile(_MODEL, "bench_identity", "exec"), namespace)
     model = namespace["TritonPythonModel"]()

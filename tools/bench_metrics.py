@@ -4,7 +4,7 @@ measured in the same run.
 
     local     pb_utils with no reporter: the model-side bookkeeping alone (the floor)
     pystub    pb_utils with pystub's reporter over a real SEQPACKET channel to a "backend" thread
-              that applies the frames to a real registry (backend.custom_metrics): changes are
+              that applies the frames to a real registry (pystub_backend.backend.features.custom_metrics): changes are
               buffered and aggregated, and flushed as one frame (here: every BATCH calls, as
               a response frame would)
     sync      a frame per call that waits for the backend's answer: what a model pays when every
@@ -30,12 +30,12 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backend.custom_metrics import CustomMetricError, CustomMetrics  # noqa: E402
-from ipc import messages as msg  # noqa: E402
-from ipc.channel import BlockingChannel, ChannelClosedError  # noqa: E402
-from ipc.messages_metrics import MetricFamilyCreate, MetricOps, MetricReply, MetricValueQuery  # noqa: E402
-from pystub.metrics import MetricsReporter  # noqa: E402
-from pystub.pb_utils import MetricFamily, _runtime  # noqa: E402
+from pystub_backend.backend.features.custom_metrics import CustomMetricError, CustomMetrics  # noqa: E402
+from pystub_backend.ipc.messages import core as msg  # noqa: E402
+from pystub_backend.ipc.channel import BlockingChannel, ChannelClosedError  # noqa: E402
+from pystub_backend.ipc.messages.metrics import MetricFamilyCreate, MetricOps, MetricReply, MetricValueQuery  # noqa: E402
+from pystub_backend.stub.features.metrics import MetricsReporter  # noqa: E402
+from pystub_backend.stub.pb_utils import MetricFamily, _runtime  # noqa: E402
 
 BATCH = 100  # calls between two flushes in the pystub mode (a model answering every 100 calls)
 

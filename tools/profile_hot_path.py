@@ -47,8 +47,8 @@ from compare.environment import BENCH  # noqa: E402
 # (step, pattern on "function (path:line)"), first match from the innermost frame outwards wins
 _BACKEND_STEPS = [
     ("grpc encode", r"^(encode_infer_response|serialize_infer_response|_response_head|_output_view) "
-                    r"\(backend/frontends/grpc_codec\.py|^append_length_delimited "),
-    ("grpc decode", r"backend/frontends/(grpc_codec|protobuf_wire)\.py"),
+                    r"\(pystub_backend/backend/frontends/grpc_codec\.py|^append_length_delimited "),
+    ("grpc decode", r"pystub_backend/backend/frontends/(grpc_codec|protobuf_wire)\.py"),
     ("http decode", r"frontends/(http_codec|json_tensors|http_raw)\.py"),
     ("http encode", r"frontends/http_encode\.py"),
     ("validate", r"backend/validation\.py"),

@@ -144,11 +144,11 @@ _PORT_LINE = re.compile(r"Started (HTTPService|GRPCInferenceService) at [\d.]+:(
 
 
 class Launcher:
-    """`python -m backend` on ephemeral ports in its own session; `stop()` checks a clean exit."""
+    """`python -m pystub_backend.backend` on ephemeral ports in its own session; `stop()` checks a clean exit."""
 
     def __init__(self, repository: Path, flags: list[str], wrapper: list[str]) -> None:
         self.log_path = Path(tempfile.mkstemp(prefix="soak-backend-", suffix=".log")[1])
-        command = [*wrapper, sys.executable, "-m", "backend", "--model-repository", str(repository),
+        command = [*wrapper, sys.executable, "-m", "pystub_backend.backend", "--model-repository", str(repository),
                    "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", *flags]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
         with open(self.log_path, "wb") as log:

@@ -35,9 +35,8 @@ from hypothesis import strategies as st
 
 from fuzz_cases import ipc_frame, scaled, well_typed_frame
 from harness import Backend, make_repository, module_backend
-from ipc import messages as msg
-from ipc.wire import registered_kinds
-
+from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.wire import registered_kinds
 _SYS_PIDFD_GETFD = 438  # the same number on every Linux architecture
 _LIBC = ctypes.CDLL(None, use_errno=True)
 KINDS = tuple(sorted(registered_kinds()))

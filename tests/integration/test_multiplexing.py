@@ -29,8 +29,7 @@ import tritonclient.http as httpclient
 from harness import TEST_MODELS, Backend, make_repository, module_backend
 from tritonclient.utils import InferenceServerException
 
-from backend.stubctl import fetch_stubs, format_table
-
+from pystub_backend.backend.stubctl import fetch_stubs, format_table
 VARIANTS = {  # name: (source model, config lines replaced)
     "multiplex_one": ("multiplex", {"count: 3": "count: 1"}),
     "multiplex_spread": ("multiplex", {}),

@@ -176,8 +176,7 @@ def test_stubctl_restart_runs_initialize_again(tmp_path: Path):
 def test_admin_changes_are_loopback_only(peer: str, allowed: bool):
     from aiohttp.test_utils import make_mocked_request
 
-    from backend.frontends.admin import _is_loopback
-
+    from pystub_backend.backend.frontends.admin import _is_loopback
     class _Transport:
         def get_extra_info(self, name, default=None):
             return (peer, 1234) if name == "peername" else default

@@ -45,7 +45,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from backend.execution_env import ExecutionEnvError, resolve_execution_env
+from pystub_backend.backend.supervision.execution_env import ExecutionEnvError, resolve_execution_env
 from fuzz_cases import IDENTITY_2D_CONFIG
 from harness import EXAMPLES, Backend, make_repository, module_backend
 

@@ -1,4 +1,4 @@
-"""Property tests of ipc.allocator: the free list never overlaps, loses or fragments bytes.
+"""Property tests of pystub_backend.ipc.allocator: the free list never overlaps, loses or fragments bytes.
 
 A reference model (the live blocks we were given) is checked against the allocator after every
 step, on top of the allocator's own `check()` (blocks tile [0, size) exactly, used + free = size,
@@ -14,9 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ipc.allocator import ALIGNMENT, Allocator
-
-
+from pystub_backend.ipc.allocator import ALIGNMENT, Allocator
 def aligned(nbytes: int) -> int:
     return max(ALIGNMENT, -(-nbytes // ALIGNMENT) * ALIGNMENT)
 

@@ -1,4 +1,4 @@
-"""ipc.arena on real /dev/shm segments: growth, views across processes' mappings, ownership,
+"""pystub_backend.ipc.arena on real /dev/shm segments: growth, views across processes' mappings, ownership,
 frees, and the reader's checks on handles.
 
 Every arena is named from `stub_base_name("pystub")` (so the leak check sees what a test leaves)
@@ -17,11 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ipc import names
-from ipc.allocator import ALIGNMENT
-from ipc.arena import EMPTY_HANDLE, ArenaFullError, ArenaReader, ArenaWriter, segment_name
-from ipc.segment import Segment, SegmentCreateError
-
+from pystub_backend.ipc import names
+from pystub_backend.ipc.allocator import ALIGNMENT
+from pystub_backend.ipc.arena import EMPTY_HANDLE, ArenaFullError, ArenaReader, ArenaWriter, segment_name
+from pystub_backend.ipc.segment import Segment, SegmentCreateError
 PAGE = 4096
 
 

@@ -1,4 +1,4 @@
-"""`execute_batch` in the stub (pystub/batched.py): config defaults and their checks, concatenation
+"""`execute_batch` in the stub (pystub_backend/stub/batched.py): config defaults and their checks, concatenation
 and splitting, grouping of requests that cannot be concatenated, per-request rejection, failures
 confined to their group, async execute_batch, and models without a batch dimension."""
 
@@ -11,11 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pystub import pb_utils
-from pystub.batched import BatchConfigError, BatchedExecute, parse_defaults
-from pystub.executor import run_execute
-
-
+from pystub_backend.stub import pb_utils
+from pystub_backend.stub.batched import BatchConfigError, BatchedExecute, parse_defaults
+from pystub_backend.stub.executor import run_execute
 def config(max_batch_size: int = 8, defaults: dict[str, str] | None = None, **dims: list[int]) -> dict[str, Any]:
     inputs = [{"name": "X", "data_type": "TYPE_FP32", "dims": dims.get("X", [2]), "optional": False},
               {"name": "S", "data_type": "TYPE_FP32", "dims": dims.get("S", [1]), "optional": True},

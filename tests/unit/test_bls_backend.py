@@ -1,5 +1,5 @@
-"""The backend's BLS bookkeeping: the payload registry (backend/payload_registry.py) and the
-deadlock check (backend/bls_deadlock.py), against fake stubs and models."""
+"""The backend's BLS bookkeeping: the payload registry (pystub_backend/backend/features/bls/payloads.py) and the
+deadlock check (pystub_backend/backend/features/bls/deadlock.py), against fake stubs and models."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ from typing import Any
 
 import pytest
 
-from backend import payload_registry
-from backend.bls_deadlock import deadlock_reason
-from backend.payload_registry import PayloadRegistry
-
-
+from pystub_backend.backend.features.bls import payloads as payload_registry
+from pystub_backend.backend.features.bls.deadlock import deadlock_reason
+from pystub_backend.backend.features.bls.payloads import PayloadRegistry
 class Payload:
     def __init__(self, caller: Any, request: Any = None, holding: bool = True) -> None:
         self.caller = caller
@@ -72,7 +70,7 @@ class Stub:
 
 
 class Core:
-    """Models with their instances' stubs, as backend.core.Core.model_versions() shows them."""
+    """Models with their instances' stubs, as pystub_backend.backend.core.Core.model_versions() shows them."""
 
     def __init__(self, **models: int) -> None:
         self.stubs = {name: [Stub(f"{name}_0_{i}") for i in range(count)] for name, count in models.items()}

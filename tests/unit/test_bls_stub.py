@@ -1,4 +1,4 @@
-"""The stub side of BLS (pystub/bls.py, pystub/bls_outputs.py) against a fake backend: real arenas,
+"""The stub side of BLS (pystub_backend/stub/features/bls.py, pystub_backend/stub/features/bls_outputs.py) against a fake backend: real arenas,
 frames captured. Inputs go into s2p and are freed by the final response; outputs are zero-copy views
 of p2s given back (BlsCleanup) when the model drops them; deadlines cancel; iterators credit,
 replay and cancel when dropped; BLS is refused outside the ready phase."""
@@ -16,13 +16,13 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from ipc import names, tensors
-from ipc.arena import ArenaReader, ArenaWriter
-from ipc.messages import RESPONSE_FINAL
-from ipc.messages_bls import BlsCancel, BlsCleanup, BlsRequest, BlsResponse
-from pystub import bls, pb_utils
-from pystub.pb_utils import _runtime
-
+from pystub_backend.ipc import names, tensors
+from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
+from pystub_backend.ipc.messages.core import RESPONSE_FINAL
+from pystub_backend.ipc.messages.bls import BlsCancel, BlsCleanup, BlsRequest, BlsResponse
+from pystub_backend.stub.features import bls
+from pystub_backend.stub import pb_utils
+from pystub_backend.stub.pb_utils import _runtime
 FINAL = RESPONSE_FINAL
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from backend.cli import parse_args
+from pystub_backend.backend.cli import parse_args
 from harness import ROOT
 
 
@@ -100,7 +100,7 @@ def test_bad_model_control_flags_are_usage_errors(flag, text, capsys):
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "backend", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pystub_backend.backend", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
 
 

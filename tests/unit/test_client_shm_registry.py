@@ -1,6 +1,6 @@
-"""Client shared memory without a server: the backend's registry (backend.client_shm), the stub's
-mappings (pystub.client_shm), region handles (ipc.tensors) and the stub writing outputs
-(pystub.translate), on real /dev/shm objects that the test creates and unlinks itself.
+"""Client shared memory without a server: the backend's registry (pystub_backend.backend.features.client_shm), the stub's
+mappings (pystub_backend.stub.features.client_shm), region handles (pystub_backend.ipc.tensors) and the stub writing outputs
+(pystub_backend.stub.translate), on real /dev/shm objects that the test creates and unlinks itself.
 """
 
 from __future__ import annotations
@@ -15,19 +15,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backend.client_shm import ClientShmRegistry, ShmOutput, ShmTensor, attach_regions, region_handle
-from backend.errors import ServerError
-from backend.inference import InferRequest, RequestedOutput, Tensor
-from backend.validation import validate_request
-from ipc import messages as msg
-from ipc import names, tensors
-from ipc.arena import ArenaWriter
-from ipc.messages_client_shm import ClientShmForget
-from ipc.status import Status
-from pystub import client_shm as stub_shm
-from pystub import pb_utils
-from pystub.translate import response_to_wire
-
+from pystub_backend.backend.features.client_shm import ClientShmRegistry, ShmOutput, ShmTensor, attach_regions, region_handle
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import InferRequest, RequestedOutput, Tensor
+from pystub_backend.backend.models.validation import validate_request
+from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc import names, tensors
+from pystub_backend.ipc.arena import ArenaWriter
+from pystub_backend.ipc.messages.client_shm import ClientShmForget
+from pystub_backend.ipc.status import Status
+from pystub_backend.stub.features import client_shm as stub_shm
+from pystub_backend.stub import pb_utils
+from pystub_backend.stub.translate import response_to_wire
 _counter = iter(range(1_000_000))
 
 
@@ -202,8 +201,7 @@ def test_resolve_errors(parameters: dict[str, Any], text: str) -> None:
 
 
 def test_validation_checks_the_shm_byte_size() -> None:
-    from backend.model_config import config_from_json
-
+    from pystub_backend.backend.models.config import config_from_json
     config = config_from_json('{"name": "m", "backend": "python", "max_batch_size": 0, '
                               '"input": [{"name": "I", "data_type": "TYPE_FP32", "dims": [4]}], '
                               '"output": [{"name": "O", "data_type": "TYPE_FP32", "dims": [4]}]}')

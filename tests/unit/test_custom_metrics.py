@@ -1,13 +1,11 @@
-"""backend.custom_metrics: the server-wide registry of custom metrics, and the restart rule."""
+"""pystub_backend.backend.features.custom_metrics: the server-wide registry of custom metrics, and the restart rule."""
 
 from __future__ import annotations
 
 import pytest
 
-from backend.custom_metrics import COUNTER, GAUGE, HISTOGRAM, CustomMetricError, CustomMetrics
-from ipc.messages_metrics import ENTRY_CREATE, ENTRY_DELETE, ENTRY_UPDATE
-
-
+from pystub_backend.backend.features.custom_metrics import COUNTER, GAUGE, HISTOGRAM, CustomMetricError, CustomMetrics
+from pystub_backend.ipc.messages.metrics import ENTRY_CREATE, ENTRY_DELETE, ENTRY_UPDATE
 class Holder:
     """Stands in for a StubProcess: the registry only asks whether it is alive."""
 

@@ -1,4 +1,4 @@
-"""DynamicBatcher (backend/dynamic_batcher.py) against fake instances: batching of bursts, the
+"""DynamicBatcher (pystub_backend/backend/scheduling/dynamic.py) against fake instances: batching of bursts, the
 queue delay, priorities, timeouts, max_queue_size, preserve_ordering, per-request errors,
 statistics, a dead instance's batch going to another, cancellation, fail_queued and stop."""
 
@@ -11,14 +11,12 @@ from typing import Any, Awaitable, Callable
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from backend.dynamic_batcher import DynamicBatcher
-from backend.errors import ServerError
-from backend.inference import InferRequest, InferResponse, Tensor
-from backend.response_stream import ResponseStream
-from backend.statistics import BatchTiming, ModelStatistics
-from ipc.status import Status
-
-
+from pystub_backend.backend.scheduling.dynamic import DynamicBatcher
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
+from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics
+from pystub_backend.ipc.status import Status
 class FakeInstance:
     """Executes batches on the loop: `hold` keeps a batch running until set; ids starting with
     "bad" get an error response of their own."""

@@ -1,4 +1,4 @@
-"""Ensemble graphs (backend/ensemble_config.py): validation texts, readiness of steps, load order."""
+"""Ensemble graphs (pystub_backend/backend/models/ensemble_config.py): validation texts, readiness of steps, load order."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.ensemble_config import EnsembleGraph, composes, ensemble_dependencies, load_waves
-from backend.model_config import ConfigError, normalize, parse_config_text
-
-
+from pystub_backend.backend.models.ensemble_config import EnsembleGraph, composes, ensemble_dependencies, load_waves
+from pystub_backend.backend.models.config import ConfigError, normalize, parse_config_text
 def graph(steps: str, outputs: str = '{ name: "Y", data_type: TYPE_FP32, dims: [ -1 ] }') -> EnsembleGraph:
     config = parse_config_text(f"""
         name: "ens" platform: "ensemble"

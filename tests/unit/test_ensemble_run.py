@@ -1,4 +1,4 @@
-"""EnsembleRun (backend/ensemble_run.py) against a fake core: tensors pass between steps as the very
+"""EnsembleRun (pystub_backend/backend/models/ensemble_run.py) against a fake core: tensors pass between steps as the very
 same buffers (no copy in the backend), step responses are released only after everything built on
 them is, decoupled steps fork one ensemble response each in order, and errors and cancels clean up."""
 
@@ -9,14 +9,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from backend.ensemble_config import EnsembleGraph
-from backend.ensemble_run import EnsembleRun
-from backend.errors import ServerError
-from backend.inference import InferRequest, InferResponse, Tensor
-from backend.model_config import normalize, parse_config_text
-from backend.response_stream import ResponseStream
-from ipc.status import Status
-
+from pystub_backend.backend.models.ensemble_config import EnsembleGraph
+from pystub_backend.backend.models.ensemble_run import EnsembleRun
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
+from pystub_backend.backend.models.config import normalize, parse_config_text
+from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.ipc.status import Status
 Compute = Callable[[dict[str, np.ndarray]], Any]
 
 
@@ -90,7 +89,7 @@ async def run(core: FakeCore, graph: EnsembleGraph, x: np.ndarray, consume: bool
               requested: list[str] | None = None) -> tuple[ResponseStream, list[InferResponse], EnsembleRun]:
     request = InferRequest("ens", inputs=[Tensor("X", "FP32", (x.size,), memoryview(x.tobytes()))])
     if requested:
-        from backend.inference import RequestedOutput
+        from pystub_backend.backend.inference import RequestedOutput
         request.outputs = [RequestedOutput(name) for name in requested]
     stream = ResponseStream("", "ens", lambda: None)
     steps = {s.index for s in graph.steps if core.is_decoupled(s.model_name)}

@@ -22,25 +22,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
-from backend.client_shm import ClientShmRegistry
-from backend.errors import ServerError, Status
-from backend.frontends import grpc_codec
-from backend.frontends.http_codec import decode_infer_request, parse_header_length
-from backend.frontends.http_compression import decompress_body
-from backend.frontends.http_raw import decode_raw_request, raw_input_spec
-from backend.model_config import config_to_json, load_config_file, model_metadata, normalize, parse_config_text
-from backend.sequence_controls import sequence_fields
-from backend.stub_process import StubProcess
-from backend.stub_settings import StubSettings
-from backend.validation import validate_request
+from pystub_backend.backend.features.client_shm import ClientShmRegistry
+from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.grpc import codec as grpc_codec
+from pystub_backend.backend.frontends.http.codec import decode_infer_request, parse_header_length
+from pystub_backend.backend.frontends.http.compression import decompress_body
+from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_input_spec
+from pystub_backend.backend.models.config import config_to_json, load_config_file, model_metadata, normalize, parse_config_text
+from pystub_backend.backend.scheduling.sequence_controls import sequence_fields
+from pystub_backend.backend.supervision.stub_process import StubProcess
+from pystub_backend.backend.supervision.settings import StubSettings
+from pystub_backend.backend.models.validation import validate_request
 from fuzz_cases import (IDENTITY_2D_CONFIG, MODELS, GrpcCase, HttpCase, grpc_bytes, grpc_request, http_case, ipc_frame,
                         scaled)
 from harness import EXAMPLES
-from ipc import messages as msg
-from ipc.bytes_codec import deserialize_bytes
-from ipc.dtypes import numpy_dtype
-from ipc.wire import registered_kinds
-
+from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.bytes_codec import deserialize_bytes
+from pystub_backend.ipc.dtypes import numpy_dtype
+from pystub_backend.ipc.wire import registered_kinds
 LIMIT = 1 << 20  # the decompressed-body limit these tests decode under
 SETTINGS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 CONFIGS = {name: normalize(load_config_file(EXAMPLES / name / "config.pbtxt"), name) for name in MODELS
@@ -79,7 +78,7 @@ def _to_stub(stub: StubProcess, request: Any, model: str) -> bytes:
         request.correlation_id, request.flags = fields.correlation_id, fields.flags
         wire, _ = stub._place_request(request)
         frame = msg.encode(msg.Execute(1, [wire], []))
-    for tensor in request.inputs:  # the stub views each input as ipc.tensors.to_array does
+    for tensor in request.inputs:  # the stub views each input as pystub_backend.ipc.tensors.to_array does
         _view_as_the_stub_does(tensor)
     return frame
 

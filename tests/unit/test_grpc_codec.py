@@ -6,17 +6,16 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from backend.errors import ServerError, Status
-from backend.frontends.grpc_codec import (
+from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.grpc.codec import (
     decode_infer_request,
     encode_infer_response,
     parameter_value,
     parameters_to_proto,
 )
-from backend.inference import InferResponse, Tensor, tensor_to_numpy
-from ipc.bytes_codec import serialize_bytes
-from ipc.dtypes import numpy_dtype
-
+from pystub_backend.backend.inference import InferResponse, Tensor, tensor_to_numpy
+from pystub_backend.ipc.bytes_codec import serialize_bytes
+from pystub_backend.ipc.dtypes import numpy_dtype
 # (datatype, contents field, values) for every datatype that has a typed-contents field
 TYPED_CASES = [
     ("BOOL", "bool_contents", [True, False, True, True]),

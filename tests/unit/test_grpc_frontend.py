@@ -19,10 +19,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from backend.errors import ServerError, Status
-from backend.frontends.grpc import create_grpc_server
-from backend.inference import InferRequest, InferResponse, Tensor
-
+from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.grpc.servicer import create_grpc_server
+from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
 MODEL = "identity"
 BROKEN = "broken"  # answers with an output buffer the encoder cannot read
 CONFIG_TEXT = """
@@ -254,7 +253,7 @@ def test_unexpected_error_is_internal_and_output_still_released(
     assert info.value.status() == "StatusCode.INTERNAL"
     assert "object" in info.value.message()  # the encoder's own complaint about the buffer
     assert core.released == 1
-    (record,) = [r for r in caplog.records if r.name == "backend.frontends.grpc"]
+    (record,) = [r for r in caplog.records if r.name == "pystub_backend.backend.frontends.grpc.servicer"]
     assert record.getMessage() == "gRPC ModelInfer failed" and record.exc_info
     # the logged traceback holds the server's call objects alive, and with them grpc's poller
     record.exc_info = None

@@ -10,24 +10,22 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backend.errors import ServerError, Status
-from backend.frontends.http_codec import (
+from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.http.codec import (
     INFERENCE_HEADER,
     OutputFormat,
     decode_infer_request,
     parse_header_length,
 )
-from backend.frontends.http_compression import (
+from pystub_backend.backend.frontends.http.compression import (
     compress_body,
     decompress_body,
     response_encoding,
 )
-from backend.frontends.http_encode import encode_infer_response
-from backend.frontends.http_raw import RawInputSpec, decode_raw_request, raw_input_spec
-from backend.inference import InferResponse, Tensor, tensor_to_numpy
-from ipc.bytes_codec import deserialize_bytes, serialize_bytes
-
-
+from pystub_backend.backend.frontends.http.encode import encode_infer_response
+from pystub_backend.backend.frontends.http.raw import RawInputSpec, decode_raw_request, raw_input_spec
+from pystub_backend.backend.inference import InferResponse, Tensor, tensor_to_numpy
+from pystub_backend.ipc.bytes_codec import deserialize_bytes, serialize_bytes
 def _body(document: dict[str, Any], *buffers: bytes) -> tuple[bytes, int | None]:
     header = json.dumps(document).encode()
     if not buffers:

@@ -22,11 +22,10 @@ import tritonclient.http.aio as aioclient
 from aiohttp.test_utils import TestClient, TestServer
 from tritonclient.utils import InferenceServerException
 
-from backend.errors import ServerError, Status
-from backend.frontends.http import create_http_app
-from backend.frontends.http_codec import INFERENCE_HEADER
-from backend.inference import InferRequest, InferResponse, Tensor
-
+from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.http.server import create_http_app
+from pystub_backend.backend.frontends.http.codec import INFERENCE_HEADER
+from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
 _T = TypeVar("_T")
 
 _METADATA = {
@@ -362,7 +361,7 @@ def test_core_errors_map_to_statuses_and_unexpected_ones_to_500(
                                                   _infer_json())))
         return results, core.releases
 
-    with caplog.at_level(logging.ERROR, logger="backend.frontends.http"):
+    with caplog.at_level(logging.ERROR, logger="pystub_backend.backend.frontends.http.server"):
         results, releases = _serve(scenario)
     assert results[0] == (404, "Request for unknown model: 'nope' is not found")
     assert results[1] == (503, "model 'busy' is not at ready state")

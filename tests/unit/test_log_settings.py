@@ -1,4 +1,4 @@
-"""Logging-extension updates (backend.log.update_settings) and the filter they drive."""
+"""Logging-extension updates (pystub_backend.backend.log.update_settings) and the filter they drive."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ from typing import Iterator
 
 import pytest
 
-from backend import log as backend_log
-from backend.errors import ServerError, Status
-from backend.log import LogSettings, configure_logging, update_settings
-
-
+from pystub_backend.backend import log as backend_log
+from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.log import LogSettings, configure_logging, update_settings
 @pytest.fixture(autouse=True)
 def _restore_settings() -> Iterator[None]:
     saved = asdict(backend_log.settings)

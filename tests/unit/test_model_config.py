@@ -1,4 +1,4 @@
-"""Unit tests for backend.model_config: parsing, normalization, JSON rendering, metadata."""
+"""Unit tests for pystub_backend.backend.models.config: parsing, normalization, JSON rendering, metadata."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from backend.model_config import (
+from pystub_backend.backend.models.config import (
     ConfigError,
     config_from_json,
     config_parameters,
@@ -466,8 +466,7 @@ def test_config_from_json_errors(bad: object) -> None:
     ("priority_levels: 2 default_priority_level: 3", "default priority level must be in range [1, 2]"),
 ])
 def test_dynamic_batching_config_is_checked(batching, text):
-    from backend.model_config import ConfigError, normalize, parse_config_text
-
+    from pystub_backend.backend.models.config import ConfigError, normalize, parse_config_text
     config = parse_config_text(
         'max_batch_size: 8 input [ { name: "A" data_type: TYPE_INT32 dims: [1] } ] '
         'output [ { name: "O" data_type: TYPE_INT32 dims: [1] } ] dynamic_batching { ' + batching + " }", "t")

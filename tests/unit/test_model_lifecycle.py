@@ -1,4 +1,4 @@
-"""Retiring a model version (backend.model_lifecycle): queued requests fail at once, requests in
+"""Retiring a model version (pystub_backend.backend.models.lifecycle): queued requests fail at once, requests in
 flight finish or, past the timeout, fail with a clear error; the index rows an entry shows."""
 
 from __future__ import annotations
@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from backend.errors import ServerError
-from backend.model_lifecycle import InFlight, ModelEntry, retire
-
-
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.models.lifecycle import InFlight, ModelEntry, retire
 class FakeScheduler:
     """Runs `slots` requests at once (each sleeps its delay); the rest wait in a queue."""
 
@@ -131,8 +129,7 @@ def test_index_rows():
 
 
 def test_streams_are_tracked_until_final_and_failed_when_abandoned():
-    from backend.response_stream import ResponseStream
-
+    from pystub_backend.backend.supervision.response_stream import ResponseStream
     async def scenario() -> None:
         in_flight = InFlight()
         version: Any = FakeVersion()

@@ -1,4 +1,4 @@
-"""Load parameters and override directories (backend.model_override), and how the HTTP and gRPC
+"""Load parameters and override directories (pystub_backend.backend.models.overrides), and how the HTTP and gRPC
 frontends decode them."""
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import service_pb2
 
-from backend.errors import ServerError, Status
-from backend.frontends.grpc_codec import log_settings_from_proto, log_settings_to_proto, repository_parameters
-from backend.frontends.http_control import load_parameters
-from backend.model_override import OverrideDir, override_file_path, parse_load_parameters
-
-
+from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.grpc.codec import log_settings_from_proto, log_settings_to_proto, repository_parameters
+from pystub_backend.backend.frontends.http.control import load_parameters
+from pystub_backend.backend.models.overrides import OverrideDir, override_file_path, parse_load_parameters
 def test_config_and_files():
     request = parse_load_parameters({"config": "{}", "file:1/model.py": b"x", "file:1/lib/util.py": bytearray(b"y")})
     assert request.config == "{}"
@@ -109,8 +107,7 @@ def test_stale_override_dirs_of_dead_servers_are_swept(tmp_path: Path, monkeypat
     import subprocess
     import sys
 
-    from backend.model_override import sweep_stale_override_dirs
-
+    from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = tmp_path / f"pystub_override_{int(dead.stdout)}_abc"

@@ -1,4 +1,4 @@
-"""The stub's sub-model cache (pystub/multiplex.py, pystub/multiplex_report.py) and its pb_utils
+"""The stub's sub-model cache (pystub_backend/stub/features/multiplex.py, pystub_backend/stub/features/multiplex_report.py) and its pb_utils
 face: LRU order, eviction before load, one load per id under threads and coroutines, failed loads,
 `__del__` of dropped sub-models, id validation, and the order of the reports to the backend."""
 
@@ -14,14 +14,12 @@ from typing import Any
 
 import pytest
 
-from ipc.messages_multiplex import MultiplexLoaded, MultiplexLoadFailed, MultiplexUnloaded, MultiplexUsage
-from pystub import pb_utils
-from pystub.event_loop import InstanceLoop
-from pystub.multiplex import SubModelCache
-from pystub.multiplex_report import Reporter
-from pystub.pb_utils import _runtime
-
-
+from pystub_backend.ipc.messages.multiplex import MultiplexLoaded, MultiplexLoadFailed, MultiplexUnloaded, MultiplexUsage
+from pystub_backend.stub import pb_utils
+from pystub_backend.stub.event_loop import InstanceLoop
+from pystub_backend.stub.features.multiplex import SubModelCache
+from pystub_backend.stub.features.multiplex_report import Reporter
+from pystub_backend.stub.pb_utils import _runtime
 class SubModel:
     def __init__(self, model_id: str) -> None:
         self.model_id = model_id

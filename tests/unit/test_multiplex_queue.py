@@ -1,4 +1,4 @@
-"""The routing rules of a multiplexed model's queue (backend/multiplex_queue.py): hits first, ids
+"""The routing rules of a multiplexed model's queue (pystub_backend/backend/scheduling/multiplex_queue.py): hits first, ids
 nobody holds to the idle instance that loses least, stealing from busy holders, no starvation,
 random pinning, abandoned work, and waiting workers woken by new work."""
 
@@ -8,9 +8,7 @@ import asyncio
 import random
 from typing import Any
 
-from backend.multiplex_queue import AFFINITY, MAX_PASSES, RANDOM, RoutedQueue
-
-
+from pystub_backend.backend.scheduling.multiplex_queue import AFFINITY, MAX_PASSES, RANDOM, RoutedQueue
 class Instance:
     def __init__(self, name: str) -> None:
         self.name = name

@@ -1,16 +1,14 @@
 """Multiplexing numbers for operators: histogram buckets, the Prometheus lines
-(backend/multiplex_stats.py), the config parameters (backend/multiplex_router.py) and the stubctl
+(pystub_backend/backend/features/multiplex_stats.py), the config parameters (pystub_backend/backend/scheduling/multiplex.py) and the stubctl
 SUB-MODELS column."""
 
 from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2
 
-from backend.multiplex_router import multiplex_settings
-from backend.multiplex_stats import Histogram, InstanceCounters, multiplex_metric_lines
-from backend.stubctl import format_table
-
-
+from pystub_backend.backend.scheduling.multiplex import multiplex_settings
+from pystub_backend.backend.features.multiplex_stats import Histogram, InstanceCounters, multiplex_metric_lines
+from pystub_backend.backend.stubctl import format_table
 def test_histogram_buckets_are_cumulative_with_le_semantics() -> None:
     histogram = Histogram((0.1, 1.0))
     for value in (0.05, 0.1, 0.5, 7.0):

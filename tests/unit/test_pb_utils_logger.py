@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from pystub.pb_utils import Logger, _runtime
-from pystub.pb_utils._logger import format_glog
+from pystub_backend.stub.pb_utils import Logger, _runtime
+from pystub_backend.stub.pb_utils._logger import format_glog
 
 GLOG = re.compile(r"^([IWE])(\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6}) (\d+) ([^ :]+):(\d+)\] (.*)$")
 

@@ -7,8 +7,7 @@ import itertools
 
 import pytest
 
-from pystub.pb_utils import MetricFamily, TritonModelException, _runtime
-
+from pystub_backend.stub.pb_utils import MetricFamily, TritonModelException, _runtime
 FAMILY_DELETED = (
     "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The 'MetricFamily' "
     "object should be deleted AFTER its corresponding 'Metric' objects have been deleted."
@@ -150,8 +149,7 @@ def test_values_must_be_numbers():
 
 
 def test_metrics_cannot_be_built_directly():
-    from pystub.pb_utils import Metric
-
+    from pystub_backend.stub.pb_utils import Metric
     with pytest.raises(TypeError):
         Metric()
 

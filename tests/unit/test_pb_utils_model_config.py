@@ -6,10 +6,8 @@ import json
 
 import pytest
 
-from pystub import pb_utils
-from pystub.pb_utils import ModelConfig
-
-
+from pystub_backend.stub import pb_utils
+from pystub_backend.stub.pb_utils import ModelConfig
 def _config(**extra):
     config = {
         "name": "add_sub",

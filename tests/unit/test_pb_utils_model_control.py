@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pystub import pb_utils
-from pystub.pb_utils import TritonModelException, _runtime
-
+from pystub_backend.stub import pb_utils
+from pystub_backend.stub.pb_utils import TritonModelException, _runtime
 MODEL_PATH = Path(pb_utils.__file__).resolve().parent.parent / "_model_path"
 
 

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from ipc.status import Status
-from pystub import pb_utils
-from pystub.pb_utils import (
+from pystub_backend.ipc.status import Status
+from pystub_backend.stub import pb_utils
+from pystub_backend.stub.pb_utils import (
     InferenceRequest,
     InferenceResponse,
     InferenceResponseSender,

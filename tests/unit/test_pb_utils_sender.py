@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from pystub.pb_utils import (
+from pystub_backend.stub.pb_utils import (
     TRITONSERVER_RESPONSE_COMPLETE_FINAL as FINAL,
     InferenceResponse,
     InferenceResponseSender,

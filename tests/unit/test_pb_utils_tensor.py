@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ipc.bytes_codec import deserialize_bytes
-from pystub import pb_utils
-from pystub.pb_utils import Tensor, TritonModelException
-
+from pystub_backend.ipc.bytes_codec import deserialize_bytes
+from pystub_backend.stub import pb_utils
+from pystub_backend.stub.pb_utils import Tensor, TritonModelException
 NUMERIC = [
     (np.bool_, 1, "BOOL"),
     (np.uint8, 2, "UINT8"),

@@ -7,10 +7,8 @@ import struct
 import numpy as np
 import pytest
 
-from pystub import pb_utils
-from pystub.pb_utils import TritonModelException
-
-
+from pystub_backend.stub import pb_utils
+from pystub_backend.stub.pb_utils import TritonModelException
 def test_module_constants():
     assert pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START == 1
     assert pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END == 2

@@ -1,4 +1,4 @@
-"""backend.prometheus_text: the exposition format, checked against prometheus_client's parser."""
+"""pystub_backend.backend.telemetry.prometheus_text: the exposition format, checked against prometheus_client's parser."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from backend.prometheus_text import TextWriter, format_value
-
-
+from pystub_backend.backend.telemetry.prometheus_text import TextWriter, format_value
 def test_values() -> None:
     assert [format_value(v) for v in (3, True, 0.5, 1.0, 1e20, math.inf, -math.inf)] == \
         ["3", "1", "0.5", "1.0", "1e+20", "+Inf", "-Inf"]

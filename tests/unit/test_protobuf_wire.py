@@ -9,15 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
-from backend.frontends.grpc_codec import (
+from pystub_backend.backend.frontends.grpc.codec import (
     decode_infer_request,
     encode_infer_response,
     parse_infer_request,
     serialize_infer_response,
 )
-from backend.frontends.protobuf_wire import append_length_delimited, split_length_delimited
-from backend.inference import InferResponse, Tensor
-
+from pystub_backend.backend.frontends.grpc.protobuf_wire import append_length_delimited, split_length_delimited
+from pystub_backend.backend.inference import InferResponse, Tensor
 _raw_contents = st.lists(st.binary(max_size=300), max_size=4)
 
 

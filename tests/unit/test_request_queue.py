@@ -1,4 +1,4 @@
-"""The dynamic batcher's queue rules (backend/request_queue.py): priority levels, queue policies
+"""The dynamic batcher's queue rules (pystub_backend/backend/scheduling/request_queue.py): priority levels, queue policies
 (max_queue_size, timeouts with REJECT and DELAY, timeout override), and batch forming (preferred
 sizes, queue delay, max size, incompatible shapes)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from backend.request_queue import (
+from pystub_backend.backend.scheduling.request_queue import (
     DELAY,
     REJECT,
     BatchLimits,

@@ -1,5 +1,5 @@
 """The sequence batcher's pure parts: sequence parameters, control tensors, config checks, slots,
-the backlog and the batch-forming rules (backend.sequence_controls, backend.sequence_slots)."""
+the backlog and the batch-forming rules (pystub_backend.backend.scheduling.sequence_controls, pystub_backend.backend.scheduling.sequence_slots)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from backend.errors import ServerError
-from backend.request_queue import BatchLimits
-from backend.sequence_controls import Controls, SequenceFields, check_config, sequence_fields
-from backend.sequence_slots import Lane, SeqItem, SlotTable, direct_batch, oldest_batch
-from ipc.bytes_codec import deserialize_bytes
-
-
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.scheduling.request_queue import BatchLimits
+from pystub_backend.backend.scheduling.sequence_controls import Controls, SequenceFields, check_config, sequence_fields
+from pystub_backend.backend.scheduling.sequence_slots import Lane, SeqItem, SlotTable, direct_batch, oldest_batch
+from pystub_backend.ipc.bytes_codec import deserialize_bytes
 def config(text: str) -> model_config_pb2.ModelConfig:
     return text_format.Parse('name: "m"\ninput [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n' + text,
                              model_config_pb2.ModelConfig())

@@ -1,4 +1,4 @@
-"""backend.statistics and where the schedulers count: executions, successes, and each failure
+"""pystub_backend.backend.telemetry.statistics and where the schedulers count: executions, successes, and each failure
 with its reason (REJECTED, CANCELED, BACKEND, OTHER)."""
 
 from __future__ import annotations
@@ -9,15 +9,13 @@ from typing import Any, Awaitable, Callable
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from backend.dynamic_batcher import DynamicBatcher
-from backend.errors import ServerError
-from backend.inference import InferRequest, InferResponse, Tensor
-from backend.response_stream import ResponseStream
-from backend.scheduler import DefaultScheduler
-from backend.statistics import FAILURE_REASONS, BatchTiming, ModelStatistics
-from ipc.status import Status
-
-
+from pystub_backend.backend.scheduling.dynamic import DynamicBatcher
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
+from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.scheduling.default import DefaultScheduler
+from pystub_backend.backend.telemetry.statistics import FAILURE_REASONS, BatchTiming, ModelStatistics
+from pystub_backend.ipc.status import Status
 class FakeInstance:
     """Answers each request by its id: "ok…" succeeds, "model…" fails in the model, "cancel…"
     is answered CANCELLED; `hold` keeps a batch running; `dead` fails it before the model."""

@@ -1,6 +1,6 @@
-"""pystub.metrics: the stub's reporter buffers metric changes, in order, and flushes them before
+"""pystub_backend.stub.features.metrics: the stub's reporter buffers metric changes, in order, and flushes them before
 any other frame; waiting calls get the server's answer. The "server" here is a real
-backend.custom_metrics registry behind a fake send."""
+pystub_backend.backend.features.custom_metrics registry behind a fake send."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ from typing import Any
 
 import pytest
 
-from backend.custom_metrics import CustomMetricError, CustomMetrics
-from ipc.messages_metrics import ENTRY_CREATE, ENTRY_UPDATE, MetricFamilyCreate, MetricOps, MetricReply, \
+from pystub_backend.backend.features.custom_metrics import CustomMetricError, CustomMetrics
+from pystub_backend.ipc.messages.metrics import ENTRY_CREATE, ENTRY_UPDATE, MetricFamilyCreate, MetricOps, MetricReply, \
     MetricValueQuery
-from pystub import metrics as stub_metrics
-from pystub.metrics import MAX_OBSERVATIONS, MetricsError, MetricsReporter
-from pystub.pb_utils import MetricFamily, TritonModelException, _runtime
-
+from pystub_backend.stub.features import metrics as stub_metrics
+from pystub_backend.stub.features.metrics import MAX_OBSERVATIONS, MetricsError, MetricsReporter
+from pystub_backend.stub.pb_utils import MetricFamily, TritonModelException, _runtime
 _names = itertools.count()
 
 
@@ -143,6 +142,5 @@ def test_an_unanswered_call_times_out_with_what_it_waited_for() -> None:
 
 
 def test_the_before_send_hook_is_registered() -> None:
-    from pystub.stub_features import send_hooks
-
+    from pystub_backend.stub.handlers import send_hooks
     assert stub_metrics._flush_before in send_hooks()

@@ -1,17 +1,16 @@
-"""Unit tests for backend.validation: every Triton error text and the batch size."""
+"""Unit tests for pystub_backend.backend.models.validation: every Triton error text and the batch size."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from backend.errors import ServerError
-from backend.inference import InferRequest, RequestedOutput, Tensor
-from backend.model_config import normalize, parse_config_text
-from backend.validation import model_parameters, validate_request
-from ipc.bytes_codec import serialize_bytes
-from ipc.status import Status
-
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import InferRequest, RequestedOutput, Tensor
+from pystub_backend.backend.models.config import normalize, parse_config_text
+from pystub_backend.backend.models.validation import model_parameters, validate_request
+from pystub_backend.ipc.bytes_codec import serialize_bytes
+from pystub_backend.ipc.status import Status
 ADD_SUB = """
 input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [4] },
        { name: "INPUT1" data_type: TYPE_FP32 dims: [4] }]
@@ -410,11 +409,10 @@ def test_model_parameters_strip_reserved() -> None:
 
 
 def test_a_required_input_left_out_for_an_optional_one_is_refused():
-    from backend.inference import InferRequest, Tensor
-    from backend.model_config import parse_config_text
-    from backend.validation import validate_request
-    from backend.errors import ServerError
-
+    from pystub_backend.backend.inference import InferRequest, Tensor
+    from pystub_backend.backend.models.config import parse_config_text
+    from pystub_backend.backend.models.validation import validate_request
+    from pystub_backend.backend.errors import ServerError
     config = parse_config_text(
         'name: "m" input [ { name: "A" data_type: TYPE_INT32 dims: [1] }, '
         '{ name: "B" data_type: TYPE_INT32 dims: [1] optional: true } ] '

@@ -1,6 +1,6 @@
 """Start and stop the three servers on loopback, each with the same two models and one instance.
 
-    pystub    sys.executable -m backend        examples/models/{identity_fp32,add_sub} as they are
+    pystub    sys.executable -m pystub_backend.backend        examples/models/{identity_fp32,add_sub} as they are
     triton    .bench/.../tritonserver          the same model directories (model.py + config.pbtxt)
     mlserver  .bench/venv/bin/mlserver start   mlserver_runtime.Identity / AddSub, parallel_workers 1
 
@@ -120,7 +120,7 @@ def start_pystub(repositories: dict[str, Path], workdir: Path, client_shm: bool 
     """pystub-backend from this checkout; with `client_shm` it is asked for the system shared memory extension."""
     http, grpc, metrics = free_ports(3)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    command = [sys.executable, "-m", "backend", "--model-repository", str(repositories["models"]),
+    command = [sys.executable, "-m", "pystub_backend.backend", "--model-repository", str(repositories["models"]),
                "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
     if client_shm:
         command.append("--allow-client-shm=true")

@@ -3,7 +3,7 @@
     gather     `count` concurrent `await async_exec()` calls to bls_leaf (IN + i each); OUT = their sums
     decoupled  `await async_exec(decoupled=True)` on repeat; OUT = the values streamed
     timeout    `await async_exec()` on slow with a BLS timeout of `bls_timeout_us`
-    inspect    pystub.bls.inspect() (see bls_driver)
+    inspect    pystub_backend.stub.features.bls.inspect() (see bls_driver)
     many       `count` calls in waves of `width` concurrent ones: to bls_leaf (small and 64 KiB
                tensors), to a model that does not exist, and decoupled ones to repeat
 """
@@ -86,7 +86,6 @@ class TritonPythonModel:
     async def _inspect(self, data, params):
         import gc
 
-        from pystub import bls
-
+        from pystub_backend.stub.features import bls
         gc.collect()
         return data, bls.inspect()

@@ -11,7 +11,7 @@ JSON report (errors are reported, not raised). Copies of this model under other 
     probe      call `bls_probe` with every request option; report what it saw
     many       `count` mixed calls (sync, decoupled, cancelled, dropped iterators, errors, big tensors)
     bench      `count` calls to `bls_leaf` with IN; report seconds per call
-    inspect    pystub.bls.inspect(): this stub's and the backend's BLS bookkeeping
+    inspect    pystub_backend.stub.features.bls.inspect(): this stub's and the backend's BLS bookkeeping
     init       the error initialize got when it tried BLS
     control    load_model / is_model_ready / unload_model of `target`
     stall      exec(decoupled=True) on a fast `repeat`, then read nothing for `seconds`, then all
@@ -222,8 +222,7 @@ class TritonPythonModel:
         return data[:1], {"per_call": (time.perf_counter() - started) / count}
 
     def _inspect(self, data, params):
-        from pystub import bls
-
+        from pystub_backend.stub.features import bls
         gc.collect()
         return data, bls.inspect()
 

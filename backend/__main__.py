@@ -1,5 +1,0 @@
-"""`python -m backend` is `pystub-backend`."""
-
-from backend.cli import main
-
-main()

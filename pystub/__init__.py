@@ -1,7 +1,0 @@
-"""The stub side: runs one model instance in its own process.
-
-`python -m pystub.triton_python_backend_stub` starts `stub.Stub`; `pb_utils` is the model-side
-API that `import triton_python_backend_utils as pb_utils` resolves to (via `_model_path/`).
-"""
-
-__all__ = ["pb_utils"]

@@ -1,6 +1,0 @@
-"""Imports every stub feature module that registers frame handlers (see stub_features)."""
-from pystub import multiplex  # noqa: F401 - model multiplexing: the sub-model cache
-from pystub import client_shm  # noqa: F401 - client shared memory: forget unregistered regions
-from pystub import metrics  # noqa: F401 - custom metrics: pb_utils.MetricFamily mirrored to /metrics
-from pystub import sequences  # noqa: F401 - sequence batching: sequence_evicted hook, rescheduling
-from pystub import bls, model_control  # noqa: F401 - BLS (InferenceRequest.exec) and model control from a model

@@ -1,0 +1,292 @@
+"""One BLS call in flight: the payload the backend runs on a stub's behalf (python_be's infer payload).
+
+    BlsRequest ─▶ BlsCall.start ─▶ target checks ─▶ Core.infer_stream(request) ─▶ ResponseStream
+                  (registered)                                                     │
+    caller stub ◀─ BlsResponse ◀─ outputs copied into the caller's p2s (one copy) ◀┘
+                                  then the target's response is released (its s2p, its credit)
+
+Inputs are views of the caller's s2p arena for the whole call; the final BlsResponse is sent only
+when nothing reads them any more (the target request has been placed and has ended, or never ran),
+and the stub frees them when it sees that final. Exactly one final is sent per call, unless the
+caller died.
+
+Decoupled calls are flow-controlled: at most BLS_CREDIT_WINDOW responses may be forwarded ahead
+of the stub's iterator (it returns a credit per response taken); a caller that takes none for the
+stub timeout gets its request cancelled with an error saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from pystub_backend.backend.features.bls.payloads import REGISTRY, PayloadKey
+from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.arena import ArenaFullError
+from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
+from pystub_backend.ipc.messages.bls import BLS_CREDIT_WINDOW, BlsRequest, BlsResponse
+from pystub_backend.ipc.status import Status
+__all__ = ["BlsCall", "build_request", "CANCELLED_TEXT"]
+
+log = logging.getLogger("pystub.bls")
+
+CANCELLED_TEXT = "Request was cancelled"
+_FINAL = msg.RESPONSE_FINAL
+
+
+def build_request(caller: Any, message: BlsRequest) -> InferRequest:
+    """The InferRequest of a BLS frame; its tensors view the caller's s2p arena (no copy).
+
+    Raises ValueError for a corrupt frame (a handle outside the arena, a bad parameters JSON).
+    """
+    _, request_id, wire_inputs, requested, parameters_json, correlation_id, flags, timeout_us = message.request
+    inputs = [Tensor(name, datatype, tuple(shape), caller.s2p.view(handle))
+              for name, datatype, shape, handle in wire_inputs]
+    parameters = json.loads(parameters_json) if parameters_json and parameters_json != "{}" else {}
+    if not isinstance(parameters, dict):
+        raise ValueError("BLS request parameters must be a JSON object")
+    if timeout_us:
+        parameters["timeout"] = int(timeout_us)  # the server's queue policies read it; the model too
+    return InferRequest(message.model_name, message.model_version, request_id, inputs,
+                        [RequestedOutput(name) for name in requested], parameters,
+                        correlation_id=correlation_id, flags=flags)
+
+
+class BlsCall:
+    """A BLS call of `caller` (a StubProcess) running through `core`."""
+
+    def __init__(self, core: Any, caller: Any, message: BlsRequest, request: InferRequest) -> None:
+        self.core = core
+        self.caller = caller
+        self.call_id = message.call_id
+        self.key: PayloadKey = (caller.base, message.call_id)
+        self.request = request
+        self.decoupled = bool(message.decoupled)
+        self.holds = bool(message.holds)
+        self.stream: ResponseStream | None = None
+        self.finished = False  # the final response was sent (or the caller is gone)
+        self._task: asyncio.Task[None] | None = None
+        self._scheduling: asyncio.Future[ResponseStream] | None = None
+        self._held: Any = None  # the caller's ModelInstance while this call holds it
+        self._cancel_requested = False
+        self._caller_dead = False
+        self._unconsumed = 0
+        self._credit = asyncio.Event()
+        self._timeout = caller.settings.stub_timeout_seconds
+
+    @property
+    def holding(self) -> bool:
+        """The call holds its caller's instance and its target request has not completed."""
+        return self.holds and not self.finished and not (self.stream is not None and self.stream.finished)
+
+    def start(self, checks: Any) -> None:
+        """Register and run. `checks()` returns a ServerError to answer with instead, or None.
+        Raises KeyError when the stub already has a call with this id."""
+        REGISTRY.add(self.key, self)
+        if self.holds:
+            self._held = _instance_of(self.core, self.caller)
+            if self._held is not None:
+                self._held.hold(self.caller)
+        self._task = asyncio.ensure_future(self._run(checks))
+
+    def _release_hold(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.release_hold(self.caller)
+
+    # -- the stub's requests -------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """The caller gave up (iterator.cancel(), a timeout, a dropped iterator)."""
+        if self._cancel_requested or self.finished:
+            return
+        self._cancel_requested = True
+        if self.stream is not None:
+            self.stream.cancel()  # the target sees is_cancelled(); its queued responses are dropped
+        elif self._scheduling is not None:
+            self._scheduling.cancel()  # still waiting for an instance: leave the queue
+        self._credit.set()
+
+    def credit(self, count: int = 1) -> None:
+        self._unconsumed -= count
+        if self._unconsumed < BLS_CREDIT_WINDOW:
+            self._credit.set()
+
+    def caller_died(self) -> None:
+        """The calling stub is gone: stop everything, send nothing (its arenas are dropped whole)."""
+        if self._caller_dead:
+            return
+        self._caller_dead = True
+        self.finished = True
+        if self.stream is not None:
+            self.stream.cancel()
+        for task in (self._scheduling, self._task):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        self._release_hold()
+        REGISTRY.remove(self.key, self)
+
+    # -- running -------------------------------------------------------------------------------------
+    async def _run(self, checks: Any) -> None:
+        try:
+            stream = await self._schedule(checks)
+            if stream is not None:
+                await self._forward_all(stream)
+        except asyncio.CancelledError:
+            pass  # the caller died (nothing to send) or the server is stopping
+        except Exception:  # a bug here must still end the call for the waiting model
+            log.exception("BLS call %s of stub '%s' failed", self.call_id, self.caller.instance_name)
+            await self._send_final_error(ServerError("internal error while running the BLS request", Status.INTERNAL))
+        finally:
+            self.finished = True
+            self._release_hold()
+            REGISTRY.remove(self.key, self)
+
+    async def _schedule(self, checks: Any) -> ResponseStream | None:
+        """The target's response stream, or None after answering with an error."""
+        error = checks() if not self._cancel_requested else ServerError(CANCELLED_TEXT, Status.CANCELLED)
+        if error is None:
+            # A task of its own, so that a cancel takes the request out of the target's queue
+            # without cancelling this call, which still owes the caller its final response.
+            self._scheduling = asyncio.ensure_future(self.core.infer_stream(self.request))
+            try:
+                self.stream = await self._scheduling
+            except asyncio.CancelledError:
+                if self._caller_dead or not self._scheduling.cancelled():
+                    raise
+                error = ServerError(CANCELLED_TEXT, Status.CANCELLED)
+            except ServerError as exc:
+                error = ServerError(f"Model {self.request.model_name} - Error when running inference: "
+                                    f"{exc.message}", exc.status)
+        if error is not None:
+            await self._send_final_error(error)
+            return None
+        if self._cancel_requested:
+            self.stream.cancel()
+        return self.stream
+
+    async def _forward_all(self, stream: ResponseStream) -> None:
+        while True:
+            response = await self._next(stream)
+            if response is None:
+                break
+            if self._cancel_requested or self._caller_dead:
+                response.release()
+                continue
+            if self.decoupled and not await self._wait_for_credit(stream):
+                response.release()  # the caller stopped reading: it was told, the target cancelled
+                return
+            if self._cancel_requested:  # while we waited for credit
+                response.release()
+                continue
+            await self._forward(response)
+            if response.final:
+                return
+        if not self._caller_dead:  # ended without a final we could forward: cancelled or abandoned
+            await self._send_final_error(ServerError(CANCELLED_TEXT, Status.CANCELLED))
+
+    async def _next(self, stream: ResponseStream) -> InferResponse | None:
+        if not self._cancel_requested:
+            return await stream.next()
+        # Cancelled: the target should wind down; a target that ignores the cancel is not waited for
+        # beyond the stub timeout (it was placed already, so the caller's inputs are free to go).
+        try:
+            return await asyncio.wait_for(stream.next(), self._timeout)
+        except asyncio.TimeoutError:
+            return None
+
+    async def _wait_for_credit(self, stream: ResponseStream) -> bool:
+        """Wait until the caller's iterator is less than a window behind. False when it read
+        nothing for the stub timeout: the target is cancelled and the caller gets the final."""
+        while self._unconsumed >= BLS_CREDIT_WINDOW and not self._cancel_requested:
+            self._credit.clear()
+            try:
+                await asyncio.wait_for(self._credit.wait(), self._timeout)
+            except asyncio.TimeoutError:
+                stream.cancel()
+                await self._send_final_error(ServerError(
+                    f"BLS response iterator of model '{self.request.model_name}' was not read: "
+                    f"{BLS_CREDIT_WINDOW} responses waited {self._timeout:g} s; the request was cancelled.",
+                    Status.UNAVAILABLE))
+                return False
+        return True
+
+    async def _forward(self, response: InferResponse) -> None:
+        """Copy the response's outputs into the caller's p2s (one copy), release the target's
+        response, send it."""
+        if not self.caller.alive:
+            response.release()
+            self.caller_died()
+            return
+        flags = _FINAL if response.final else 0
+        placed: list[list[Any]] = []
+        try:
+            if response.flags_only:
+                wire = [self.call_id, flags, None, [], None]
+            elif response.error is not None:
+                wire = [self.call_id, flags, [int(response.error.status), response.error.message], [],
+                        _parameters_json(response)]
+            else:
+                try:
+                    for tensor in response.outputs:  # a fresh allocation each: the stub frees each one
+                        handle = list(self.caller.p2s.write(tensor.data))
+                        placed.append([tensor.name, tensor.datatype, list(tensor.shape), handle])
+                    wire = [self.call_id, flags, None, placed, _parameters_json(response)]
+                except ArenaFullError as exc:
+                    self._free(placed)
+                    placed = []
+                    wire = [self.call_id, flags, [int(Status.INTERNAL), str(exc)], [], "{}"]
+        finally:
+            response.release()  # the target's s2p bytes and its send credit
+        if await self._send(BlsResponse(self.call_id, wire)):
+            self._unconsumed += 1
+            if response.final:
+                self.finished = True
+                self._release_hold()
+        else:
+            self._free(placed)
+
+    async def _send_final_error(self, error: ServerError) -> None:
+        if self.finished or self._caller_dead:
+            return
+        if await self._send(BlsResponse(self.call_id, [self.call_id, _FINAL, [int(error.status), error.message],
+                                                       [], "{}"])):
+            self.finished = True
+            self._release_hold()
+
+    async def _send(self, message: BlsResponse) -> bool:
+        channel = self.caller.channel
+        if channel is None or not self.caller.alive:
+            self.caller_died()
+            return False
+        try:
+            await channel.send(msg.encode(message), self._timeout, "BLS response")
+            return True
+        except (ChannelClosedError, ChannelTimeoutError, OSError) as exc:
+            log.error("BLS call %s: cannot reach stub '%s': %s", self.call_id, self.caller.instance_name, exc)
+            self.caller_died()
+            return False
+
+    def _free(self, placed: list[list[Any]]) -> None:
+        for wire in placed:
+            try:
+                self.caller.p2s.free(wire[3])
+            except (KeyError, IndexError, ValueError, TypeError, AttributeError):
+                pass
+
+
+def _instance_of(core: Any, stub: Any) -> Any:
+    """The ModelInstance whose current stub is `stub`, if any."""
+    for version in core.model_versions():
+        for instance in getattr(version, "instances", ()):
+            if instance.stub is stub:
+                return instance
+    return None
+
+
+def _parameters_json(response: InferResponse) -> str:
+    return json.dumps(response.parameters) if response.parameters else "{}"

@@ -1,0 +1,158 @@
+"""The backend side of BLS and of model control from a stub: frame handlers (pystub_backend.backend.supervision.handlers).
+
+    BlsRequest       → checks (API.md 9) → BlsCall (pystub_backend.backend.features.bls.call) in the payload registry
+    BlsCancel        → BlsCall.cancel
+    BlsCleanup       → free the caller's p2s bytes of BLS outputs; credits to decoupled calls
+    ModelControl     → Core.load_model / unload_model / model_ready → ModelControlDone
+    BlsInspect       → BlsInspectDone (registry size, arena bytes; diagnostics and leak tests)
+
+Target checks, in Triton's order and with its texts:
+    unknown model or version   `Model <m> - Error when running inference: Request for unknown model: ...`
+    not ready                  `Failed for execute the inference request. Model '<m>' is not ready.`
+    decoupled target           `Model <m> is using the decoupled. The current BLS request call doesn't
+                               support models using the decoupled transaction policy. ...` (sic)
+    certain deadlock           pystub's own text (pystub_backend.backend.features.bls.deadlock)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable
+
+from pystub_backend.backend.features.bls.call import BlsCall, build_request
+from pystub_backend.backend.features.bls.deadlock import deadlock_reason
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.features.bls.payloads import REGISTRY
+from pystub_backend.backend.supervision.handlers import handles
+from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
+from pystub_backend.ipc.messages.bls import (BlsCancel, BlsCleanup, BlsInspect, BlsInspectDone, BlsRequest, ModelControl,
+                              ModelControlDone)
+from pystub_backend.ipc.status import Status
+__all__ = ["target_error", "DECOUPLED_TEXT"]
+
+log = logging.getLogger("pystub.bls")
+
+DECOUPLED_TEXT = ("Model {m} is using the decoupled. The current BLS request call doesn't support models using "
+                  "the decoupled transaction policy. Please use 'decoupled=True' argument to the 'exec' or "
+                  "'async_exec' calls for decoupled models.'")
+_tasks: set[asyncio.Task[Any]] = set()  # replies in flight (kept referenced until done)
+
+
+def _spawn(coroutine: Awaitable[Any]) -> None:
+    task = asyncio.ensure_future(coroutine)
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
+def target_error(core: Any, call: BlsCall) -> ServerError | None:
+    """Why `call` cannot run (API.md 9 target checks, then deadlock), or None."""
+    name, version = call.request.model_name, call.request.model_version
+    try:
+        core.model_config(name, version)
+    except ServerError as exc:
+        return ServerError(f"Model {name} - Error when running inference: {exc.message}", exc.status)
+    versions = [v for v in core.model_versions() if v.name == name and (not version or str(v.version) == version)]
+    if not any(v.ready for v in versions):
+        return ServerError(f"Failed for execute the inference request. Model '{name}' is not ready.",
+                           Status.UNAVAILABLE)
+    if core.is_decoupled(name, version) and not call.decoupled:
+        return ServerError(DECOUPLED_TEXT.format(m=name), Status.INVALID_ARG)
+    others = [payload for payload in REGISTRY.payloads() if payload is not call]
+    reason = deadlock_reason(core, others, call.caller, name, call.holds)
+    return ServerError(reason, Status.UNAVAILABLE) if reason else None
+
+
+@handles(BlsRequest)
+def _on_request(stub: Any, message: BlsRequest) -> None:
+    core = stub.context
+    corrupt: ServerError | None = None
+    try:
+        request = build_request(stub, message)
+    except (ValueError, TypeError, IndexError, KeyError, OSError) as exc:
+        request = InferRequest(str(message.model_name))
+        corrupt = ServerError(f"corrupt BLS request from stub '{stub.instance_name}': {exc}", Status.INTERNAL)
+    call = BlsCall(core, stub, message, request)
+    try:
+        call.start(lambda: corrupt or target_error(core, call))
+    except KeyError as exc:
+        log.error("%s", exc.args[0])
+
+
+@handles(BlsCancel)
+def _on_cancel(stub: Any, message: BlsCancel) -> None:
+    for call_id in message.call_ids:
+        call = REGISTRY.get((stub.base, call_id))
+        if call is not None:
+            call.cancel()
+
+
+@handles(BlsCleanup)
+def _on_cleanup(stub: Any, message: BlsCleanup) -> None:
+    p2s = stub.p2s
+    if p2s is not None:
+        for handle in message.handles:
+            try:
+                p2s.free(handle)
+            except (KeyError, IndexError, TypeError, ValueError):
+                log.error("stub '%s' released an unknown BLS output handle %s", stub.instance_name, handle)
+    counts: dict[int, int] = {}
+    for call_id in message.credits:
+        counts[call_id] = counts.get(call_id, 0) + 1
+    for call_id, count in counts.items():
+        call = REGISTRY.get((stub.base, call_id))
+        if call is not None:
+            call.credit(count)
+
+
+async def _reply(stub: Any, message: Any) -> None:
+    channel = stub.channel
+    if channel is None or not stub.alive:
+        return
+    try:
+        await channel.send(msg.encode(message), stub.settings.stub_timeout_seconds, type(message).__name__)
+    except (ChannelClosedError, ChannelTimeoutError) as exc:
+        log.warning("could not answer stub '%s': %s", stub.instance_name, exc)
+
+
+@handles(BlsInspect)
+def _on_inspect(stub: Any, message: BlsInspect) -> None:
+    facts = {
+        "registry_size": len(REGISTRY),
+        "caller_calls": sum(1 for _ in REGISTRY.of_caller(stub)),
+        "p2s_used": stub.p2s.used if stub.p2s is not None else 0,
+        "p2s_allocations": stub.p2s.allocation_count if stub.p2s is not None else 0,
+    }
+    _spawn(_reply(stub, BlsInspectDone(message.token, facts)))
+
+
+@handles(ModelControl)
+def _on_model_control(stub: Any, message: ModelControl) -> None:
+    _spawn(_model_control(stub, message))
+
+
+async def _model_control(stub: Any, message: ModelControl) -> None:
+    core, arguments = stub.context, message.arguments
+    result: Any = None
+    error: str | None = None
+    try:
+        name = arguments["name"]
+        if message.operation == "load":
+            parameters: dict[str, Any] = dict(arguments.get("files") or {})
+            if arguments.get("config"):
+                parameters["config"] = arguments["config"]
+            await core.load_model(name, parameters)
+        elif message.operation == "unload":
+            await core.unload_model(name, {"unload_dependents": bool(arguments.get("unload_dependents"))})
+        elif message.operation == "ready":
+            result = bool(await core.model_ready(name, str(arguments.get("version") or "")))
+        else:
+            error = f"unknown model control operation '{message.operation}'"
+    except ServerError as exc:
+        error = exc.message
+    except Exception as exc:  # the model gets the reason instead of waiting for its deadline
+        log.exception("model control '%s' from stub '%s' failed", message.operation, stub.instance_name)
+        error = f"{type(exc).__name__}: {exc}"
+    await _reply(stub, ModelControlDone(message.token, result, error))

@@ -1,0 +1,377 @@
+"""The system shared memory extension (PROTOCOL.md section 11): the regions clients registered,
+and the requests whose tensors live in them.
+
+    register(name, key, offset, byte_size)   open /dev/shm/<key> (O_RDWR), check offset+byte_size
+                                               against the object's size, map it read-only
+    resolve(request)        (Core, before      per input/output that names a region: check offset
+                             validation)       and size; an input's data := a view of our mapping
+                                               (validation reads byte sizes and BYTES from it);
+                                               the regions are held until the request ends
+    attach_regions(...)     (StubProcess)      inputs travel as region handles, not copied into the
+                                               arena; outputs' region handles ride on the request;
+                                               the regions are held until the final response
+    unregister(name | "")                      the name is gone at once (status, new requests);
+                                               the mappings, ours and the stubs' (ClientShmForget),
+                                               go when the last request holding the region ends
+
+The server never creates, resizes or unlinks a client's object, and never uses
+`multiprocessing.shared_memory` (its resource tracker unlinks segments it did not create).
+Region names share one namespace with CUDA regions; a CPU-only server registers no CUDA region,
+reports none, and lets perf_analyzer unregister them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import mmap
+import os
+import stat
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import InferRequest, RequestedOutput, Tensor
+from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc import tensors
+from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
+from pystub_backend.ipc.messages.client_shm import ClientShmForget
+from pystub_backend.ipc.names import SHM_DIR
+from pystub_backend.ipc.status import Status
+__all__ = ["ClientShmRegistry", "Region", "ShmTensor", "ShmOutput", "Lease", "attach_regions",
+           "region_handle", "REGION", "BYTE_SIZE", "OFFSET"]
+
+log = logging.getLogger("pystub.client_shm")
+
+REGION = "shared_memory_region"
+BYTE_SIZE = "shared_memory_byte_size"
+OFFSET = "shared_memory_offset"
+DISABLED = ("system shared memory is disabled: start pystub-backend with --allow-client-shm=true "
+            "to register regions")
+
+
+def _invalid(text: str) -> ServerError:
+    return ServerError(text, Status.INVALID_ARG)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class Region:
+    """One registration: the object mapped read-only into this process, and who still uses it.
+
+    `holds` counts the requests (and their stub round trips) using the region; after `unregister`
+    the mapping lives until it drops to 0. `stubs` are the stub incarnations that were sent its
+    handles, so they can be told to drop their own mappings.
+    """
+
+    def __init__(self, name: str, key: str, offset: int, byte_size: int, generation: int, inode: int,
+                 mapping: mmap.mmap, retire: Callable[["Region"], None]) -> None:
+        self.name = name
+        self.key = key
+        self.offset = offset
+        self.byte_size = byte_size
+        self.generation = generation
+        self.inode = inode
+        self.registered = True
+        self.holds = 0
+        self.stubs: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._mapping: mmap.mmap | None = mapping
+        self._retire = retire
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+    def handle(self, offset: int, nbytes: int) -> list[Any]:
+        return tensors.region_handle(self.generation, self.offset + offset, nbytes, self.key, self.inode)
+
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        """Read-only bytes at `offset` of the region (the caller checked the bounds)."""
+        assert self._mapping is not None, "a region in use is mapped"
+        start = self.offset + offset
+        return memoryview(self._mapping)[start : start + nbytes].toreadonly()
+
+    def hold(self) -> None:
+        self.holds += 1
+
+    def release(self) -> None:
+        self.holds -= 1
+        if self.holds == 0 and not self.registered:
+            self._retire(self)
+
+    def unmap(self) -> None:
+        mapping, self._mapping = self._mapping, None
+        if mapping is not None:
+            try:
+                mapping.close()
+            except BufferError:
+                pass  # a request object still holds a view: unmapped when that view is collected
+
+
+@dataclass(eq=False)
+class ShmTensor(Tensor):
+    """An input that lives in a client region: `data` views the backend's mapping (for validation
+    and any consumer that copies); the stub maps `handle` itself."""
+
+    region: Region | None = None
+    handle: list[Any] | None = None
+
+
+@dataclass(eq=False)
+class ShmOutput(RequestedOutput):
+    """An output the client wants written into a region (`handle`, `byte_size` bytes)."""
+
+    region: Region | None = None
+    handle: list[Any] | None = None
+
+
+class Lease:
+    """The regions one request holds, and the views of them its inputs carry; `release()`
+    (idempotent) or use as a context manager.
+
+    Releasing also releases the views: the request object may outlive the request (a reference
+    kept somewhere, a cycle not yet collected), and a live view would keep the region mapped after
+    it was unregistered. Touching a released input's data raises ValueError, never a crash.
+    """
+
+    __slots__ = ("_regions", "_views")
+
+    def __init__(self, regions: list[Region], views: list[memoryview] | None = None) -> None:
+        self._regions = regions
+        self._views = views or []
+
+    def release(self) -> None:
+        views, self._views = self._views, []
+        for view in views:
+            try:
+                view.release()
+            except BufferError:
+                pass  # something still reads it: the mapping goes once that is collected
+        regions, self._regions = self._regions, []
+        for region in regions:
+            region.release()
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+_NO_LEASE = Lease([])  # what requests without client shm get: releasing it does nothing
+
+
+def _hold_all(regions: list[Region], views: list[memoryview] | None = None) -> Lease:
+    if not regions:
+        return _NO_LEASE
+    for region in regions:
+        region.hold()
+    return Lease(regions, views)
+
+
+class ClientShmRegistry:
+    """The regions of this server. Runs on the event loop; nothing here blocks."""
+
+    def __init__(self, enabled: bool, internal_prefix: str = "pystub") -> None:
+        self.enabled = enabled
+        self._internal_prefix = internal_prefix + "_"
+        self._regions: dict[str, Region] = {}
+        self._retiring: set[Region] = set()  # unregistered, still held by requests
+        self._generations = itertools.count(1)
+        self._sends: set[asyncio.Task[None]] = set()
+
+    # -- the extension's calls --------------------------------------------------------------------
+    def _check_enabled(self) -> None:
+        if not self.enabled:
+            raise ServerError(DISABLED, Status.UNSUPPORTED)
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Map `key` as region `name`. Raises ServerError: ALREADY_EXISTS for a name in use,
+        INVALID_ARG for a bad key, offset or size, UNSUPPORTED when the extension is off."""
+        self._check_enabled()
+        if not isinstance(name, str) or not name:
+            raise _invalid("a shared memory region needs a non-empty name")
+        if name in self._regions:
+            raise ServerError(f"shared memory region '{name}' already in manager", Status.ALREADY_EXISTS)
+        if not isinstance(key, str) or not _is_int(offset) or not _is_int(byte_size):
+            raise _invalid(f"failed to register shared memory region '{name}': 'key' must be a string, "
+                           f"'offset' and 'byte_size' integers")
+        if offset < 0 or byte_size < 0:
+            raise _invalid(f"failed to register shared memory region '{name}': invalid args (offset {offset}, "
+                           f"byte_size {byte_size} must not be negative)")
+        inode, size, mapping = self._map(name, key, offset, byte_size)
+        self._regions[name] = Region(name, key, offset, byte_size, next(self._generations), inode, mapping,
+                                     self._retire)
+        log.info("registered system shared memory region '%s' (key '%s', offset %d, %d bytes of %d)",
+                 name, key, offset, byte_size, size)
+
+    def _map(self, name: str, key: str, offset: int, byte_size: int) -> tuple[int, int, mmap.mmap]:
+        base = key.lstrip("/")
+        if not base or "/" in base or base in (".", "..") or "\0" in base:
+            raise _invalid(f"Unable to open shared memory region: '{key}': not a POSIX shared memory name")
+        if base.startswith(self._internal_prefix):
+            raise _invalid(f"Unable to open shared memory region: '{key}': it is one of pystub's own objects")
+        try:
+            fd = os.open(os.path.join(SHM_DIR, base), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise _invalid(f"Unable to open shared memory region: '{key}': {exc.strerror}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise _invalid(f"Unable to open shared memory region: '{key}': not a shared memory object")
+            if offset + byte_size > info.st_size or info.st_size == 0:
+                raise _invalid(f"failed to register shared memory region '{name}': invalid args (offset {offset} "
+                               f"+ byte_size {byte_size} exceeds the {info.st_size} bytes of '{key}')")
+            # Read-only: the backend only validates inputs; stubs write outputs through their own maps.
+            mapping = mmap.mmap(fd, info.st_size, mmap.MAP_SHARED, mmap.PROT_READ)
+        except OSError as exc:
+            raise _invalid(f"Unable to map shared memory region: '{key}': {exc}") from None
+        finally:
+            os.close(fd)
+        return info.st_ino, info.st_size, mapping
+
+    def unregister(self, name: str = "") -> None:
+        """Forget one region, or all with `name == ""`; an unknown name is not an error (as in
+        Triton). Regions in use stay mapped until their requests end. Raises ServerError
+        UNSUPPORTED when the extension is off."""
+        self._check_enabled()
+        names = [name] if name else list(self._regions)
+        for region_name in names:
+            region = self._regions.pop(region_name, None)
+            if region is None:
+                continue
+            region.registered = False
+            log.info("unregistered system shared memory region '%s'%s", region_name,
+                     f" ({region.holds} requests still use it)" if region.holds else "")
+            if region.holds == 0:
+                self._retire(region)
+            else:
+                self._retiring.add(region)
+
+    def status(self, name: str = "") -> list[dict[str, Any]]:
+        """`[{"name", "key", "offset", "byte_size"}]` of one region or all. Raises ServerError
+        NOT_FOUND for an unknown name, UNSUPPORTED when the extension is off."""
+        self._check_enabled()
+        if not name:
+            return [region.status() for region in self._regions.values()]
+        region = self._regions.get(name)
+        if region is None:
+            raise ServerError(f"Unable to find system shared memory region: '{name}'", Status.NOT_FOUND)
+        return [region.status()]
+
+    # CUDA shared memory on a CPU-only server (PROTOCOL.md 11, 16.5).
+    @staticmethod
+    def cuda_status(name: str = "") -> list[dict[str, Any]]:
+        if name:
+            raise ServerError(f"Unable to find cuda shared memory region: '{name}'", Status.NOT_FOUND)
+        return []
+
+    @staticmethod
+    def cuda_register(name: str) -> None:
+        raise ServerError(f"failed to register CUDA shared memory region '{name}': pystub runs on the CPU "
+                          f"only (no CUDA)", Status.UNSUPPORTED)
+
+    @staticmethod
+    def cuda_unregister(name: str = "") -> None:
+        """Nothing is registered, so there is nothing to do (perf_analyzer calls it regardless)."""
+
+    # -- requests ---------------------------------------------------------------------------------
+    def resolve(self, request: InferRequest) -> Lease:
+        """Swap the request's shm inputs and outputs for ShmTensor/ShmOutput and hold their regions.
+
+        Call before validation: an input's data become a view of its bytes in the region, so byte
+        sizes are checked against `shared_memory_byte_size`. Release the lease when the request
+        ends. Raises ServerError(INVALID_ARG) for unknown regions and bad offsets or sizes.
+        """
+        used: list[Region] = []
+        views: list[memoryview] = []
+        try:
+            for index, tensor in enumerate(request.inputs):
+                if REGION in tensor.parameters:
+                    region, offset, size = self._reference(tensor.parameters, "input", tensor.name)
+                    views.append(region.view(offset, size))
+                    request.inputs[index] = ShmTensor(tensor.name, tensor.datatype, tensor.shape, views[-1],
+                                                      tensor.parameters, region=region,
+                                                      handle=region.handle(offset, size))
+                    used.append(region)
+            for index, output in enumerate(request.outputs):
+                if REGION in output.parameters:
+                    region, offset, size = self._reference(output.parameters, "output", output.name)
+                    request.outputs[index] = ShmOutput(output.name, output.parameters, region=region,
+                                                       handle=region.handle(offset, size))
+                    used.append(region)
+        except ServerError:
+            Lease([], views).release()
+            raise
+        return _hold_all(used, views)
+
+    def _reference(self, parameters: dict[str, Any], kind: str, tensor: str) -> tuple[Region, int, int]:
+        name = parameters[REGION]
+        size = parameters.get(BYTE_SIZE)
+        offset = parameters.get(OFFSET, 0)
+        if not isinstance(name, str):
+            raise _invalid(f"'{REGION}' of {kind} '{tensor}' must be a string")
+        if size is None:
+            raise _invalid(f"{kind} '{tensor}' names shared memory region '{name}' but has no '{BYTE_SIZE}'")
+        if not _is_int(size) or size < 0 or not _is_int(offset) or offset < 0:
+            raise _invalid(f"'{BYTE_SIZE}' and '{OFFSET}' of {kind} '{tensor}' must be non-negative integers")
+        region = self._regions.get(name)
+        if region is None:
+            raise _invalid(f"Unable to find shared memory region: '{name}'"
+                           + ("" if self.enabled else f" ({DISABLED})"))
+        if offset + size > region.byte_size:
+            raise _invalid(f"Invalid offset + byte size for shared memory region: '{name}'")
+        return region, offset, size
+
+    # -- retiring ---------------------------------------------------------------------------------
+    def _retire(self, region: Region) -> None:
+        """Unregistered and unused: unmap it here and tell the stubs that mapped it."""
+        self._retiring.discard(region)
+        region.unmap()
+        frame = msg.encode(ClientShmForget([region.generation]))
+        for stub in list(region.stubs):
+            if stub.alive and stub.channel is not None:
+                task = asyncio.ensure_future(self._send(stub, frame))
+                self._sends.add(task)
+                task.add_done_callback(self._sends.discard)
+
+    @staticmethod
+    async def _send(stub: Any, frame: bytes) -> None:
+        try:
+            await stub.channel.send(frame, stub.settings.stub_timeout_seconds, "CLIENT_SHM_FORGET")
+        except (ChannelClosedError, ChannelTimeoutError) as exc:
+            log.debug("stub '%s' did not take CLIENT_SHM_FORGET: %s", stub.instance_name, exc)
+
+    def close(self) -> None:
+        """Unmap everything (at shutdown, after the stubs stopped); never unlinks."""
+        for region in [*self._regions.values(), *self._retiring]:
+            region.registered = False
+            region.unmap()
+        self._regions.clear()
+        self._retiring.clear()
+
+
+# -- used by StubProcess._place_request ----------------------------------------------------------------
+def region_handle(tensor: Tensor) -> list[Any] | None:
+    """The region handle of an input that lives in a client region, else None."""
+    return tensor.handle if isinstance(tensor, ShmTensor) else None
+
+
+def attach_regions(request: InferRequest, stub: Any, stream: Any) -> dict[str, list[Any]]:
+    """Hold the request's regions until its stream is final (the stub reads and writes them until
+    then) and note that `stub` maps them. Returns {output name: region handle} for the wire."""
+    regions = [t.region for t in request.inputs if isinstance(t, ShmTensor) and t.region is not None]
+    outputs = {}
+    for output in request.outputs:
+        if isinstance(output, ShmOutput) and output.region is not None:
+            regions.append(output.region)
+            outputs[output.name] = output.handle
+    if regions:
+        for region in regions:
+            region.stubs.add(stub)
+        lease = _hold_all(regions)
+        stream.when_final(lambda _: lease.release())
+    return outputs

@@ -1,0 +1,1 @@
+"""Protocol frontends: HTTP and gRPC listeners that translate the wire into `pystub_backend.backend.inference`."""

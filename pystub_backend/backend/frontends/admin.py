@@ -1,0 +1,114 @@
+"""The admin endpoint behind `stubctl`: per-stub facts, read from the supervisor and the OS.
+
+    GET  /v2/pystub/stubs                          -> {"stubs": [row, ...]}   (read-only)
+    POST /v2/pystub/stubs/{model}/restart          restart every instance of the model
+    POST /v2/pystub/stubs/{model}/{instance}/restart
+
+Calls that change state are accepted from loopback peers only: anyone who can reach the port can
+look, only someone on the machine can act.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import time
+from typing import Any
+
+import psutil
+from aiohttp import web
+
+from pystub_backend.backend.scheduling.multiplex import held_ids
+__all__ = ["stub_rows", "admin_routes"]
+
+
+def _process_facts(pid: int | None) -> dict[str, Any]:
+    if pid is None:
+        return {"rss_bytes": 0, "cpu_percent": 0.0}
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            return {"rss_bytes": process.memory_info().rss, "cpu_percent": process.cpu_percent(interval=None)}
+    except psutil.Error:
+        return {"rss_bytes": 0, "cpu_percent": 0.0}
+
+
+def _stub_row(model_version: Any, instance: Any) -> dict[str, Any]:
+    stub = instance.stub
+    healthy = instance.healthy
+    control = stub.control if stub is not None else None
+    heartbeat_age = control.heartbeat_age() if control is not None and healthy else None
+    p2s = stub.p2s if stub is not None and healthy else None
+    row = {
+        "model": model_version.name,
+        "version": str(model_version.version),
+        "instance": instance.name,
+        "pid": stub.pid if stub is not None else None,
+        "state": instance.state.value,
+        "healthy": healthy,
+        "uptime_s": round(time.monotonic() - stub.started_at, 3) if stub is not None and healthy else 0.0,
+        "heartbeat_age_s": None if heartbeat_age is None else round(heartbeat_age, 3),
+        "restarts": instance.restarts,
+        "in_flight": stub.in_flight if stub is not None else 0,
+        "served": instance.served,
+        "failed": instance.failed,
+        "arena_used_bytes": p2s.used if p2s is not None else 0,
+        "arena_total_bytes": p2s.total if p2s is not None else 0,
+        "s2p_used_bytes": control.s2p_used if control is not None and healthy else 0,
+        "s2p_total_bytes": control.s2p_total if control is not None and healthy else 0,
+        "queue_depth": model_version.scheduler.queued if model_version.scheduler is not None else 0,
+        "last_error": instance.last_error,
+        "multiplexed_models": held_ids(instance),  # sub-model ids the stub holds, LRU first
+    }
+    row.update(_process_facts(row["pid"] if healthy else None))
+    return row
+
+
+def stub_rows(core: Any) -> list[dict[str, Any]]:
+    """One row per stub of every loaded model version."""
+    return [_stub_row(version, instance) for version in core.model_versions() for instance in version.instances]
+
+
+def _is_loopback(request: web.Request) -> bool:
+    peer = (request.remote or "").split("%", 1)[0]
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    # A dual-stack listener (--http-address=::) sees 127.0.0.1 as ::ffff:127.0.0.1.
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def _error(status: int, text: str) -> web.Response:
+    return web.json_response({"error": text}, status=status)
+
+
+async def _restart(core: Any, request: web.Request) -> web.Response:
+    if not _is_loopback(request):
+        return _error(403, f"admin calls that change state are accepted from loopback only, not from "
+                           f"'{request.remote}'")
+    model = request.match_info["model"]
+    wanted = request.match_info.get("instance")
+    targets = [i for v in core.model_versions() if v.name == model for i in v.instances
+               if wanted is None or i.name == wanted]
+    if not targets:
+        what = f"instance '{wanted}' of model '{model}'" if wanted else f"model '{model}'"
+        return _error(404, f"no loaded {what}")
+    try:
+        await asyncio.gather(*(instance.restart() for instance in targets))
+    except Exception as exc:  # the instance records it; the operator sees it here
+        return _error(500, f"restart failed: {exc}")
+    return web.json_response({"restarted": [instance.name for instance in targets]})
+
+
+def admin_routes(core: Any) -> list[web.RouteDef]:
+    async def stubs(_: web.Request) -> web.Response:
+        return web.json_response({"stubs": stub_rows(core)})
+
+    async def restart(request: web.Request) -> web.Response:
+        return await _restart(core, request)
+
+    return [web.get("/v2/pystub/stubs", stubs),
+            web.post("/v2/pystub/stubs/{model}/restart", restart),
+            web.post("/v2/pystub/stubs/{model}/{instance}/restart", restart)]

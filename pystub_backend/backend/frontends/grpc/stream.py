@@ -1,0 +1,155 @@
+"""gRPC `ModelStreamInfer`: many requests on one bidirectional stream (PROTOCOL.md sections 6, 13).
+
+Each request runs as soon as it arrives; its responses are written as they come, each carrying
+`triton_final_response`. Default-mode models answer in request order; decoupled models send 0..N
+responses that may interleave with other requests'. A flags-only final becomes an empty response
+only when the request asked for `triton_enable_empty_final_response`. Errors travel in-band
+(`error_message`) and the stream goes on, unless the client opened it with the header
+`triton_grpc_error: true`: then the first error ends the stream with its gRPC status.
+
+When the client cancels or closes the stream, every request still running on it is cancelled:
+the model sees `is_cancelled()`, and what it still sends is released unread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator
+
+import grpc
+from tritonclient.grpc import service_pb2
+
+from pystub_backend.backend import client_link
+from pystub_backend.backend.errors import ServerError, forget_traceback, grpc_code
+from pystub_backend.backend.frontends.grpc.codec import decode_infer_request, encode_infer_response
+from pystub_backend.backend.inference import InferResponse, ServerCore
+__all__ = ["stream_infer", "EMPTY_FINAL_KEY"]
+
+log = logging.getLogger("pystub.grpc")
+EMPTY_FINAL_KEY = "triton_enable_empty_final_response"
+_DONE = object()
+_OUT_QUEUE = 64
+
+
+def _wants_grpc_errors(context: grpc.aio.ServicerContext) -> bool:
+    metadata = context.invocation_metadata() or ()
+    return any(key == "triton_grpc_error" and str(value).lower() == "true" for key, value in metadata)
+
+
+def _message(response: InferResponse, final: bool) -> service_pb2.ModelStreamInferResponse:
+    encoded = encode_infer_response(response)
+    encoded.parameters["triton_final_response"].bool_param = final
+    return service_pb2.ModelStreamInferResponse(infer_response=encoded)
+
+
+def _error_message(request_id: str, error: ServerError) -> service_pb2.ModelStreamInferResponse:
+    return service_pb2.ModelStreamInferResponse(
+        error_message=error.message, infer_response=service_pb2.ModelInferResponse(id=request_id))
+
+
+class _StreamSession:
+    """The requests of one stream, and the queue their responses are written from."""
+
+    def __init__(self, core: ServerCore, grpc_errors: bool) -> None:
+        self.core = core
+        self.grpc_errors = grpc_errors
+        # Bounded: a client that does not read stops our reading of the model's responses, which
+        # stops returning credits, which makes the model's sender wait (and, past its deadline,
+        # fail the request). Memory stays bounded at every step.
+        self.out: asyncio.Queue[Any] = asyncio.Queue(maxsize=_OUT_QUEUE)
+        self.tasks: set[asyncio.Task] = set()
+        self.streams: set[Any] = set()
+        self._previous_in_order: asyncio.Future | None = None
+
+    def start(self, message: service_pb2.ModelInferRequest) -> None:
+        order_turn = self._previous_in_order
+        done = asyncio.get_running_loop().create_future()
+        self._previous_in_order = done
+        task = asyncio.ensure_future(self._serve(message, order_turn, done))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _serve(self, message: service_pb2.ModelInferRequest, turn: asyncio.Future | None,
+                     done: asyncio.Future) -> None:
+        request_id = message.id
+        try:
+            request = decode_infer_request(message)
+            request_id = request.id
+            empty_final = bool(request.parameters.pop(EMPTY_FINAL_KEY, False))
+            stream = await self.core.infer_stream(request)
+        except ServerError as error:
+            forget_traceback(error)  # its frames hold the request; the error lives on in the queue
+            await self._wait(turn)
+            await self.out.put(("error", request_id, error))
+            done.set_result(None)
+            return
+        self.streams.add(stream)
+        try:
+            decoupled = self.core.is_decoupled(request.model_name, request.model_version)
+            if not decoupled:
+                await self._wait(turn)  # default-mode models answer in request order
+            async for response in stream:
+                await self._emit(response, empty_final, request)
+        finally:
+            self.streams.discard(stream)
+            if not done.done():
+                done.set_result(None)
+
+    @staticmethod
+    async def _wait(turn: asyncio.Future | None) -> None:
+        if turn is not None:
+            await asyncio.shield(turn)
+
+    async def _emit(self, response: InferResponse, empty_final: bool, request: Any) -> None:
+        try:  # encoding copies the outputs out of the arena: release before waiting for room
+            if response.error is not None:
+                item: tuple[Any, ...] | None = ("error", response.id or request.id, response.error)
+            elif response.flags_only:
+                item = ("message", _message(response, True)) if empty_final else None
+            else:
+                item = ("message", _message(response, response.final))
+        finally:
+            response.release()
+        if item is not None:
+            await self.out.put(item)
+
+    def cancel_all(self) -> None:
+        for stream in list(self.streams):
+            stream.cancel()
+        for task in list(self.tasks):
+            task.cancel()
+
+
+async def stream_infer(core: ServerCore, request_iterator: AsyncIterator[Any],
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
+    session = _StreamSession(core, _wants_grpc_errors(context))
+    link = client_link.open_link()  # pystub sequences: sequences left open on this stream end with it
+
+    async def read() -> None:
+        try:
+            async for message in request_iterator:
+                session.start(message)
+            await asyncio.gather(*list(session.tasks), return_exceptions=True)
+        finally:
+            await session.out.put((_DONE,))
+
+    reader = asyncio.ensure_future(read())
+    try:
+        while True:
+            item = await session.out.get()
+            if item[0] is _DONE:
+                break
+            if item[0] == "error":
+                _, request_id, error = item
+                if session.grpc_errors:
+                    await context.abort(grpc_code(error.status), error.message)
+                yield _error_message(request_id, error)
+            else:
+                yield item[1]
+    finally:
+        # The client cancelled or closed the stream, or we are done: nothing may keep running.
+        link.close()
+        session.cancel_all()
+        reader.cancel()
+        await asyncio.gather(reader, *list(session.tasks), return_exceptions=True)

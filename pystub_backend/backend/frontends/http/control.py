@@ -1,0 +1,91 @@
+"""HTTP routes of the model repository (load/unload) and logging extensions (PROTOCOL.md sections
+2, 9 and 10).
+
+    POST /v2/repository/models/{m}/load     {"parameters": {"config": "<json>", "file:1/model.py": "<base64>"}}
+    POST /v2/repository/models/{m}/unload   {"parameters": {"unload_dependents": bool}}
+    GET  /v2/logging                        -> every log setting
+    POST /v2/logging                        {"log_info": false, ...} -> every log setting
+
+Errors are `ServerError`s; the app's error middleware renders them as `{"error": msg}`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+from aiohttp import web
+
+from pystub_backend.backend import log as backend_log
+from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.models.overrides import FILE_PREFIX
+__all__ = ["control_routes"]
+
+
+def _json(value: Any) -> web.Response:
+    return web.json_response(value, dumps=lambda v: json.dumps(v, separators=(",", ":")))
+
+
+def _invalid(message: str) -> ServerError:
+    return ServerError(message, Status.INVALID_ARG)
+
+
+def _document(body: bytes) -> dict[str, Any]:
+    """The body's JSON object; an empty body is `{}`."""
+    if not body.strip():
+        return {}
+    try:
+        document = json.loads(body)
+    except ValueError as exc:
+        raise _invalid(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(document, dict):
+        raise _invalid("the request body must be a JSON object")
+    return document
+
+
+def _parameters(body: bytes) -> dict[str, Any]:
+    parameters = _document(body).get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise _invalid("'parameters' must be a JSON object")
+    return parameters
+
+
+def load_parameters(body: bytes) -> dict[str, Any]:
+    """The load request's parameters, with `file:` contents base64-decoded to bytes."""
+    parameters = _parameters(body)
+    for key, value in parameters.items():
+        if key.startswith(FILE_PREFIX):
+            if not isinstance(value, str):
+                raise _invalid(f"Load parameter '{key}' must be a base64 string")
+            try:
+                parameters[key] = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise _invalid(f"Load parameter '{key}' is not valid base64") from None
+    return parameters
+
+
+def control_routes(core: Any) -> list[web.RouteDef]:
+    """The routes, bound to `core` (a `pystub_backend.backend.core.Core`)."""
+
+    async def load(request: web.Request) -> web.Response:
+        await core.load_model(request.match_info["model"], load_parameters(await request.read()))
+        return web.Response(status=200)
+
+    async def unload(request: web.Request) -> web.Response:
+        await core.unload_model(request.match_info["model"], _parameters(await request.read()))
+        return web.Response(status=200)
+
+    async def get_logging(_: web.Request) -> web.Response:
+        return _json(backend_log.settings.as_dict())
+
+    async def post_logging(request: web.Request) -> web.Response:
+        return _json(backend_log.update_settings(_document(await request.read())))
+
+    return [
+        web.post("/v2/repository/models/{model}/load", load),
+        web.post("/v2/repository/models/{model}/unload", unload),
+        web.get("/v2/logging", get_logging),
+        web.post("/v2/logging", post_logging),
+    ]

@@ -1,0 +1,142 @@
+"""The generate extension: `POST …/generate` and `…/generate_stream` (PROTOCOL.md section 12).
+
+Request: a JSON object whose top-level keys that name model inputs become those tensors (a scalar
+or a 1-D list; type and shape from the model's metadata, batch dimension 1 for batching models);
+other top-level keys and the members of `parameters` become request parameters. Compressed
+bodies are refused.
+
+Response: `{"id", "model_name", "model_version", "<output>": value, ...}`, 1-element tensors as
+scalars. `generate` answers with one such object; `generate_stream` with server-sent events, one
+`data: <json>\\n\\n` per response; an error before the first event is a normal JSON error, after
+it a `data: {"error": ...}` event that ends the stream.
+
+pystub goes further than PROTOCOL.md 13 here, as issue 5 asks: a client that disconnects from
+`generate_stream` cancels the request (the model sees `is_cancelled()`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from aiohttp import web
+
+from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.http.json_tensors import json_to_tensor_bytes, tensor_to_json
+from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore, Tensor
+__all__ = ["generate_request", "response_object", "generate", "generate_stream"]
+
+
+def _invalid(message: str) -> ServerError:
+    return ServerError(message, Status.INVALID_ARG)
+
+
+def _input_tensor(spec: dict[str, Any], value: Any, batching: bool) -> Tensor:
+    values = value if isinstance(value, list) else [value]
+    if any(isinstance(v, list) for v in values):
+        raise _invalid(f"generate input '{spec['name']}' must be a scalar or a 1-D list")
+    shape = (1, len(values)) if batching and len(spec["shape"]) > 1 else (len(values),)
+    if not batching and len(spec["shape"]) == 0:
+        shape = ()
+    data = json_to_tensor_bytes(spec["name"], spec["datatype"], shape, values)
+    return Tensor(spec["name"], spec["datatype"], shape, data)
+
+
+def generate_request(body: bytes, metadata: dict[str, Any], batching: bool, model_name: str,
+                     model_version: str) -> InferRequest:
+    """The InferRequest for a generate body. Raises ServerError(INVALID_ARG)."""
+    try:
+        document = json.loads(body or b"{}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _invalid(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(document, dict):
+        raise _invalid("the generate request must be a JSON object")
+    inputs = {spec["name"]: spec for spec in metadata["inputs"]}
+    parameters = document.pop("parameters", {}) or {}
+    if not isinstance(parameters, dict):
+        raise _invalid("'parameters' must be a JSON object")
+    request_id = document.pop("id", "")
+    tensors = []
+    for key, value in document.items():
+        if key in inputs:
+            tensors.append(_input_tensor(inputs[key], value, batching))
+        elif isinstance(value, (bool, int, float, str)):
+            parameters[key] = value
+        else:
+            raise _invalid(f"generate parameter '{key}' must be a bool, number or string")
+    for key, value in parameters.items():
+        if not isinstance(value, (bool, int, float, str)):
+            raise _invalid(f"generate parameter '{key}' must be a bool, number or string")
+    return InferRequest(model_name, model_version, str(request_id), tensors, [], parameters)
+
+
+def response_object(response: InferResponse) -> dict[str, Any]:
+    """The generate JSON form of one response (1-element tensors as scalars)."""
+    document: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id:
+        document["id"] = response.id
+    for tensor in response.outputs:
+        values = tensor_to_json(tensor)
+        document[tensor.name] = values[0] if math.prod(tensor.shape) == 1 else values
+    return document
+
+
+async def _start(core: ServerCore, request: web.Request) -> tuple[Any, InferRequest]:
+    if request.headers.get("Content-Encoding", "identity").lower() not in ("", "identity"):
+        raise ServerError("compressed bodies are not supported by the generate extension", Status.UNSUPPORTED)
+    name = request.match_info["model"]
+    version = request.match_info.get("version", "")
+    metadata = core.model_metadata(name, version)
+    batching = core.model_config(name, version).max_batch_size > 0
+    infer_request = generate_request(await request.read(), metadata, batching, name, version)
+    return await core.infer_stream(infer_request), infer_request
+
+
+async def generate(core: ServerCore, request: web.Request) -> web.Response:
+    stream, _ = await _start(core, request)
+    documents: list[dict[str, Any]] = []
+    try:
+        async for response in stream:
+            try:
+                if response.error is not None:
+                    raise response.error
+                if not response.flags_only:
+                    documents.append(response_object(response))
+            finally:
+                response.release()
+    finally:
+        stream.cancel()
+    if len(documents) != 1:
+        raise ServerError(f"generate expects exactly one response from the model, got {len(documents)}; "
+                          f"use generate_stream", Status.UNSUPPORTED)
+    return web.json_response(documents[0])
+
+
+async def generate_stream(core: ServerCore, request: web.Request) -> web.StreamResponse:
+    stream, _ = await _start(core, request)
+    reply = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                        "Cache-Control": "no-cache"})
+    try:
+        await reply.prepare(request)
+        async for response in stream:
+            try:
+                if response.error is not None:
+                    await reply.write(_event({"error": response.error.message}))
+                    break
+                if not response.flags_only:
+                    await reply.write(_event(response_object(response)))
+            finally:
+                response.release()
+        await reply.write_eof()
+    except ConnectionResetError:
+        pass  # the client went away mid-stream; cancelled below
+    finally:
+        # Normal end: nothing left to cancel. Client gone (ConnectionResetError, CancelledError):
+        # the model learns it through is_cancelled().
+        stream.cancel()
+    return reply
+
+
+def _event(document: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(document, separators=(",", ":")).encode() + b"\n\n"

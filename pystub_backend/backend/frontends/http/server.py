@@ -1,0 +1,260 @@
+"""The KServe v2 HTTP frontend on aiohttp (PROTOCOL.md sections 1, 2, 3, 8, 9, 10).
+
+Routes translate HTTP into `ServerCore` calls; the inference body format lives in `http_codec`
+(decode), `http_raw` (raw requests), `http_encode` (responses) and `http_compression`. Every error
+leaves as `{"error": msg}` JSON through `_error_middleware`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from pystub_backend.backend.client_link import http_request_link
+from pystub_backend.backend.errors import ServerError, Status, forget_traceback, http_status
+from pystub_backend.backend.frontends.http.generate import generate, generate_stream
+from pystub_backend.backend.frontends.http.codec import (
+    INFERENCE_HEADER,
+    Body,
+    DecodedRequest,
+    decode_infer_request,
+    parse_header_length,
+)
+from pystub_backend.backend.frontends.http.compression import (
+    compress_body,
+    decompress_body,
+    response_encoding,
+)
+from pystub_backend.backend.frontends.http.control import control_routes
+from pystub_backend.backend.frontends.http.encode import EncodedResponse, encode_infer_response
+from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_input_spec
+from pystub_backend.backend.frontends.http.shm import shm_routes
+from pystub_backend.backend.inference import ServerCore
+from pystub_backend.ipc.messages.multiplex import MODEL_ID_HEADER, MODEL_ID_PARAMETER
+__all__ = ["create_http_app"]
+
+_log = logging.getLogger(__name__)
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_T = TypeVar("_T")
+
+# (De)compressing more than this runs in a worker thread so the loop keeps serving health checks.
+_OFFLOAD_BYTES = 1 << 20
+_MODEL = "/v2/models/{model}"
+_MODEL_VERSION = "/v2/models/{model}/versions/{version:[0-9]+}"
+
+
+def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20) -> web.Application:
+    """The aiohttp application serving `core`; request bodies above `max_input_size` get 400."""
+    app = web.Application(
+        client_max_size=max_input_size,
+        middlewares=[_error_middleware],
+        # Request bodies are decompressed here, under the size limit, not by aiohttp's parser.
+        handler_args={"auto_decompress": False},
+    )
+    routes = _Routes(core, max_input_size)
+    router = app.router
+    router.add_get("/v2/health/live", routes.live)
+    router.add_get("/v2/health/ready", routes.ready)
+    router.add_get("/v2", routes.server_metadata)
+    router.add_get("/v2/models/stats", routes.statistics)  # before /v2/models/{model}
+    for prefix in (_MODEL, _MODEL_VERSION):
+        router.add_get(prefix, routes.model_metadata)
+        router.add_get(prefix + "/ready", routes.model_ready)
+        router.add_get(prefix + "/config", routes.model_config)
+        router.add_get(prefix + "/stats", routes.statistics)
+        router.add_post(prefix + "/infer", routes.infer)
+        router.add_post(prefix + "/generate", routes.generate)
+        router.add_post(prefix + "/generate_stream", routes.generate_stream)
+    router.add_post("/v2/repository/index", routes.repository_index)
+    router.add_post("/v2/repository/{repository}/index", routes.repository_index)
+    app.add_routes(control_routes(core))  # model control and logging
+    if hasattr(core, "client_shm"):
+        app.add_routes(shm_routes(core))  # system and CUDA shared memory
+    return app
+
+
+# -- responses and errors --------------------------------------------------------------------------
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.json_response(value, status=status, dumps=_dumps)
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, dumps=_dumps, headers=headers)
+
+
+@web.middleware
+async def _error_middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ServerError as err:
+        forget_traceback(err)  # it may live on in a response or stream its frames hold: a cycle
+        return _error(http_status(err.status), err.message)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _http_exception_error(exc)
+    except Exception as exc:  # noqa: BLE001 - any failure must still answer in JSON
+        _log.exception("HTTP %s %s failed", request.method, request.path)
+        forget_traceback(exc)
+        return _error(500, str(exc) or type(exc).__name__)
+
+
+def _http_exception_error(exc: web.HTTPException) -> web.Response:
+    if exc.status == 404:
+        return _error(404, "Not Found")
+    if exc.status == 405:
+        return _error(405, "Method Not Allowed", {"Allow": exc.headers.get("Allow", "")})
+    if exc.status == 413:  # aiohttp's client_max_size, from request.read()
+        return _error(400, "request body exceeds the maximum input size")
+    return _error(exc.status, exc.reason)
+
+
+async def _offload(size: int, function: Callable[..., _T], *args: Any) -> _T:
+    if size < _OFFLOAD_BYTES:
+        return function(*args)
+    call = functools.partial(function, *args)
+    return await asyncio.get_running_loop().run_in_executor(None, call)
+
+
+def _model_ref(request: web.Request) -> tuple[str, str]:
+    return request.match_info["model"], request.match_info.get("version", "")
+
+
+# -- routes ----------------------------------------------------------------------------------------
+
+
+class _Routes:
+    """The route handlers, bound to one core."""
+
+    def __init__(self, core: ServerCore, max_input_size: int) -> None:
+        self._core = core
+        self._max_input_size = max_input_size
+
+    async def live(self, request: web.Request) -> web.Response:
+        # Triton answers 400 with an empty body; clients look only at the status.
+        return web.Response(status=200 if self._core.is_live() else 400)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self._core.is_ready() else 400)
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        core = self._core
+        return _json({"name": core.server_name, "version": core.server_version,
+                      "extensions": list(core.extensions)})
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        return _json(self._core.model_metadata(*_model_ref(request)))
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        if await self._core.model_ready(*_model_ref(request)):
+            return web.Response(status=200)
+        return _error(400, "Model version not ready")
+
+    async def model_config(self, request: web.Request) -> web.Response:
+        return _json(self._core.model_config_json(*_model_ref(request)))
+
+    async def statistics(self, request: web.Request) -> web.Response:
+        name = request.match_info.get("model", "")
+        version = request.match_info.get("version", "")
+        return _json({"model_stats": self._core.statistics(name, version)})
+
+    async def repository_index(self, request: web.Request) -> web.Response:
+        return _json(self._core.repository_index(_ready_only(await request.read())))
+
+    async def generate(self, request: web.Request) -> web.Response:
+        return await generate(self._core, request)
+
+    async def generate_stream(self, request: web.Request) -> web.StreamResponse:
+        return await generate_stream(self._core, request)
+
+    async def infer(self, request: web.Request) -> web.Response:
+        model, version = _model_ref(request)
+        if self._core.is_decoupled(model, version):
+            raise ServerError("HTTP end point doesn't support models with decoupled transaction policy",
+                              Status.UNSUPPORTED)
+        body = await self._read_body(request)
+        decoded = self._decode(body, request, model, version)
+        _copy_multiplexed_model_id(request, decoded.request)
+        with http_request_link(request):  # pystub sequences: a client gone mid-request evicts its sequence
+            response = await self._core.infer(decoded.request)
+        try:
+            encoded = encode_infer_response(response, decoded.output_format)
+        finally:
+            response.release()  # every output byte has been copied into `encoded`
+        encoding = response_encoding(request.headers.get("Accept-Encoding"))
+        if encoding is not None:
+            encoded = await _compress(encoded, encoding)
+        return web.Response(body=encoded.body, headers=encoded.headers)
+
+    def _decode(self, body: Body, request: web.Request, model: str, version: str) -> DecodedRequest:
+        length = parse_header_length(request.headers.get(INFERENCE_HEADER), len(body))
+        if length != 0:
+            return decode_infer_request(body, length, model, version)
+        spec = raw_input_spec(
+            self._core.model_metadata(model, version), self._core.model_config_json(model, version)
+        )
+        return decode_raw_request(body, spec, model, version)
+
+    async def _read_body(self, request: web.Request) -> bytes | bytearray:
+        """The decompressed body, refused with 400 as soon as it passes the size limit."""
+        limit = self._max_input_size
+        if request.content_length is not None and request.content_length > limit:
+            raise _too_large(limit)
+        body = bytearray()
+        while chunk := await request.content.readany():
+            body += chunk
+            if len(body) > limit:
+                raise _too_large(limit)
+        encoding = request.headers.get("Content-Encoding")
+        return await _offload(len(body), decompress_body, body, encoding, limit)
+
+
+def _copy_multiplexed_model_id(request: web.Request, infer_request: Any) -> None:
+    """Model multiplexing: the header `serve_multiplexed_model_id` (Ray Serve's name) sets the
+    request parameter `multiplexed_model_id`; both given and different is an error."""
+    value = request.headers.get(MODEL_ID_HEADER)
+    if value is None:
+        return
+    given = infer_request.parameters.get(MODEL_ID_PARAMETER)
+    if given is not None and given != value:
+        raise ServerError(f"the header '{MODEL_ID_HEADER}' ('{value}') and the parameter '{MODEL_ID_PARAMETER}' "
+                          f"('{given}') name different models", Status.INVALID_ARG)
+    infer_request.parameters[MODEL_ID_PARAMETER] = value
+
+
+def _too_large(limit: int) -> ServerError:
+    message = f"request body exceeds the maximum input size of {limit} bytes"
+    return ServerError(message, Status.INVALID_ARG)
+
+
+def _ready_only(body: bytes) -> bool:
+    """The `ready` flag of a repository index request body (empty means False)."""
+    if not body.strip():
+        return False
+    try:
+        document = json.loads(body)
+    except ValueError as exc:
+        message = f"failed to parse the request JSON buffer: {exc}"
+        raise ServerError(message, Status.INVALID_ARG) from None
+    ready = document.get("ready", False) if isinstance(document, dict) else None
+    if not isinstance(ready, bool):
+        raise ServerError("'ready' must be a boolean", Status.INVALID_ARG)
+    return ready
+
+
+async def _compress(encoded: EncodedResponse, encoding: str) -> EncodedResponse:
+    body = await _offload(len(encoded.body), compress_body, encoded.body, encoding)
+    return EncodedResponse(body, {**encoded.headers, "Content-Encoding": encoding})

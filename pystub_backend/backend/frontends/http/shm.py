@@ -1,0 +1,82 @@
+"""HTTP routes of the shared memory extensions (PROTOCOL.md sections 2 and 11).
+
+    GET  /v2/systemsharedmemory[/region/{r}]/status    -> [{"name", "key", "offset", "byte_size"}]
+    POST /v2/systemsharedmemory/region/{r}/register    {"key", "offset", "byte_size"}
+    POST /v2/systemsharedmemory[/region/{r}]/unregister   (no region: all)
+    GET  /v2/cudasharedmemory[/region/{r}]/status      -> [] (CPU only)
+    POST /v2/cudasharedmemory/region/{r}/register      -> refused
+    POST /v2/cudasharedmemory[/region/{r}]/unregister  -> 200
+
+The calls go to the core's `pystub_backend.backend.features.client_shm.ClientShmRegistry`; errors are `ServerError`s that
+the app's error middleware renders as `{"error": msg}`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from pystub_backend.backend.errors import ServerError, Status
+__all__ = ["shm_routes"]
+
+_SYSTEM = "/v2/systemsharedmemory"
+_CUDA = "/v2/cudasharedmemory"
+
+
+def _json(value: Any) -> web.Response:
+    return web.json_response(value, dumps=lambda v: json.dumps(v, separators=(",", ":")))
+
+
+def _register_body(body: bytes) -> dict[str, Any]:
+    try:
+        document = json.loads(body) if body.strip() else None
+    except ValueError as exc:
+        raise ServerError(f"failed to parse the request JSON buffer: {exc}", Status.INVALID_ARG) from None
+    if not isinstance(document, dict):
+        raise ServerError("the register request must be a JSON object", Status.INVALID_ARG)
+    return document
+
+
+def shm_routes(core: Any) -> list[web.RouteDef]:
+    """The routes, bound to `core` (a `pystub_backend.backend.core.Core`, whose `client_shm` does the work)."""
+    registry = core.client_shm
+
+    def region(request: web.Request) -> str:
+        return request.match_info.get("region", "")
+
+    async def system_status(request: web.Request) -> web.Response:
+        return _json(registry.status(region(request)))
+
+    async def system_register(request: web.Request) -> web.Response:
+        body = _register_body(await request.read())
+        registry.register(region(request), body.get("key"), body.get("offset", 0), body.get("byte_size"))
+        return web.Response(status=200)
+
+    async def system_unregister(request: web.Request) -> web.Response:
+        registry.unregister(region(request))
+        return web.Response(status=200)
+
+    async def cuda_status(request: web.Request) -> web.Response:
+        return _json(registry.cuda_status(region(request)))
+
+    async def cuda_register(request: web.Request) -> web.Response:
+        registry.cuda_register(region(request))
+        return web.Response(status=200)
+
+    async def cuda_unregister(request: web.Request) -> web.Response:
+        registry.cuda_unregister(region(request))
+        return web.Response(status=200)
+
+    routes = []
+    for prefix, status, register, unregister in ((_SYSTEM, system_status, system_register, system_unregister),
+                                                 (_CUDA, cuda_status, cuda_register, cuda_unregister)):
+        routes += [
+            web.get(prefix + "/status", status),
+            web.get(prefix + "/region/{region}/status", status),
+            web.post(prefix + "/region/{region}/register", register),
+            web.post(prefix + "/unregister", unregister),
+            web.post(prefix + "/region/{region}/unregister", unregister),
+        ]
+    return routes

@@ -1,0 +1,226 @@
+"""`GET /metrics` on the metrics port (PROTOCOL.md section 14): Prometheus text, exposition
+format 0.0.4 (`pystub_backend.backend.telemetry.prometheus_text`), `text/plain; charset=utf-8`.
+
+    nv_inference_* {model, version}          each loaded version's statistics (pystub_backend.backend.telemetry.statistics)
+    nv_inference_request_failure {.., reason} REJECTED, CANCELED, BACKEND, OTHER
+    nv_inference_pending_request_count       requests waiting in the version's scheduler queue
+    nv_model_load_duration_secs              how long the version took to load
+    nv_cpu_utilization, nv_cpu_memory_*      the machine, polled every --metrics-interval-ms
+    pystub_stub_* {model, version, instance} each stub: up, restarts, heartbeat age, RSS (polled),
+                                             p2s arena bytes used/total, requests in flight,
+                                             requests served/failed
+    pystub_multiplexed_*                     model multiplexing (pystub_backend.backend.scheduling.multiplex)
+    <custom families>                        pb_utils.MetricFamily from the models (pystub_backend.backend.features.custom_metrics)
+
+Everything but the polled gauges is read at scrape time from memory: a scrape costs no system
+call and no round trip to a stub, so it stays fast while the stubs are busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator, Callable
+
+import psutil
+from aiohttp import web
+
+from pystub_backend.backend.features.custom_metrics import KIND_NAMES, CustomMetrics, registry_for
+from pystub_backend.backend.scheduling.multiplex import multiplex_metrics
+from pystub_backend.backend.telemetry.prometheus_text import TextWriter
+from pystub_backend.backend.telemetry.statistics import FAILURE_REASONS, ModelStatistics
+__all__ = ["create_metrics_app", "render_metrics", "SystemPoller", "DEFAULT_INTERVAL_MS"]
+
+log = logging.getLogger("pystub.metrics")
+
+DEFAULT_INTERVAL_MS = 2000  # Triton's --metrics-interval-ms
+
+_Getter = Callable[[ModelStatistics], int]
+_SUCCESS = ("nv_inference_request_success", "Number of successful inference requests, all batch sizes")
+_FAILURE = ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes")
+_COUNTERS: tuple[tuple[str, str, _Getter], ...] = (  # after success and failure, in Triton's order
+    ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
+     lambda s: s.inference_count),
+    ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)",
+     lambda s: s.execution_count),
+    ("nv_inference_request_duration_us",
+     "Cumulative inference request duration in microseconds (includes cached requests)",
+     lambda s: s.success.ns // 1000),
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds (includes cached "
+     "requests)", lambda s: s.queue.ns // 1000),
+    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds (does not "
+     "include cached requests)", lambda s: s.compute_input.ns // 1000),
+    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds (does not "
+     "include cached requests)", lambda s: s.compute_infer.ns // 1000),
+    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds "
+     "(does not include cached requests)", lambda s: s.compute_output.ns // 1000),
+)
+
+
+class SystemPoller:
+    """The gauges that cost system calls (CPU, memory, stub RSS), sampled every `interval_s` on a
+    worker thread and read at scrape time."""
+
+    def __init__(self, core: Any, interval_s: float, cpu_metrics: bool = True) -> None:
+        self._core = core
+        self.interval_s = interval_s
+        self.cpu_metrics = cpu_metrics
+        self.cpu_utilization = 0.0
+        self.memory_total = 0
+        self.memory_used = 0
+        self.rss: dict[int, int] = {}
+        self._processes: dict[int, psutil.Process] = {}
+
+    async def run(self) -> None:
+        psutil.cpu_percent(interval=None)  # the first call only sets the reference point
+        while True:
+            pids = [i.stub.pid for v in self._core.model_versions() for i in v.instances
+                    if i.stub is not None and i.healthy and i.stub.pid is not None]
+            try:
+                await asyncio.to_thread(self.sample, pids)
+            except Exception:  # a failed sample must not end polling
+                log.exception("sampling the metrics gauges failed")
+            await asyncio.sleep(self.interval_s)
+
+    def sample(self, pids: list[int]) -> None:
+        """Take one sample (worker thread; assignments are atomic for the loop's readers)."""
+        if self.cpu_metrics:
+            self.cpu_utilization = psutil.cpu_percent(interval=None) / 100.0
+            memory = psutil.virtual_memory()
+            self.memory_total, self.memory_used = memory.total, memory.total - memory.available
+        rss: dict[int, int] = {}
+        for pid in pids:
+            process = self._processes.get(pid)
+            try:
+                if process is None:
+                    process = self._processes[pid] = psutil.Process(pid)
+                rss[pid] = process.memory_info().rss
+            except psutil.Error:
+                self._processes.pop(pid, None)
+        for gone in set(self._processes) - set(pids):
+            del self._processes[gone]
+        self.rss = rss
+
+
+def _version_labels(version: Any) -> list[tuple[str, str]]:
+    return [("model", version.name), ("version", str(version.version))]
+
+
+def _per_version(writer: TextWriter, versions: list[Any], name: str, kind: str, help_text: str,
+                 value: Callable[[Any], float | int | None]) -> None:
+    """One family with a sample per version (none where `value` is None)."""
+    writer.family(name, kind, help_text)
+    for version in versions:
+        found = value(version)
+        if found is not None:
+            writer.sample(name, _version_labels(version), found)
+
+
+def _inference_families(writer: TextWriter, versions: list[Any]) -> None:
+    _per_version(writer, versions, _SUCCESS[0], "counter", _SUCCESS[1], lambda v: v.stats.success.count)
+    writer.family(_FAILURE[0], "counter", _FAILURE[1])
+    for version in versions:
+        for reason in FAILURE_REASONS:  # every reason, zeros included, as Triton does
+            writer.sample(_FAILURE[0], [*_version_labels(version), ("reason", reason)], version.stats.failures[reason])
+    for name, help_text, getter in _COUNTERS:
+        _per_version(writer, versions, name, "counter", help_text, lambda v, getter=getter: getter(v.stats))
+    _per_version(writer, versions, "nv_inference_pending_request_count", "gauge",
+                 "Instantaneous number of pending requests awaiting execution per-model.",
+                 lambda v: v.scheduler.queued if v.scheduler is not None else 0)
+    _per_version(writer, versions, "nv_model_load_duration_secs", "gauge", "Model load time in seconds",
+                 lambda v: v.stats.load_duration_s)
+
+
+def _system_families(writer: TextWriter, poller: SystemPoller | None) -> None:
+    if poller is None or not poller.cpu_metrics:
+        return
+    for name, help_text, value in (
+            ("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", float(poller.cpu_utilization)),
+            ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", poller.memory_total),
+            ("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", poller.memory_used)):
+        writer.family(name, "gauge", help_text)
+        writer.sample(name, [], value)
+
+
+def _stub_facts(instance: Any, poller: SystemPoller | None) -> dict[str, Any]:
+    """This instance's pystub_stub_* values; a fact that is unknown now (no healthy stub) is left out."""
+    stub, healthy = instance.stub, instance.healthy
+    facts: dict[str, Any] = {"up": int(healthy), "restarts_total": instance.restarts,
+                             "in_flight": stub.in_flight if stub is not None else 0,
+                             "served_total": instance.served, "failed_total": instance.failed}
+    if healthy and stub is not None:
+        age = stub.control.heartbeat_age() if stub.control is not None else None
+        if age is not None:
+            facts["heartbeat_age_seconds"] = age
+        if stub.p2s is not None:
+            facts["arena_used_bytes"], facts["arena_total_bytes"] = stub.p2s.used, stub.p2s.total
+        rss = poller.rss.get(stub.pid) if poller is not None else None
+        if rss is not None:
+            facts["rss_bytes"] = rss
+    return facts
+
+
+_STUB_FAMILIES = (
+    ("up", "gauge", "1 when the model instance's stub process is running and healthy, else 0"),
+    ("restarts_total", "counter", "Times the model instance's stub process was restarted"),
+    ("heartbeat_age_seconds", "gauge", "Seconds since the stub's last heartbeat"),
+    ("rss_bytes", "gauge", "Resident memory of the stub process, in bytes (polled)"),
+    ("arena_used_bytes", "gauge", "Bytes in use in the stub's request (p2s) shared-memory arena"),
+    ("arena_total_bytes", "gauge", "Size of the stub's request (p2s) shared-memory arena, in bytes"),
+    ("in_flight", "gauge", "Requests sent to the stub and not yet completed"),
+    ("served_total", "counter", "Requests the model instance answered successfully"),
+    ("failed_total", "counter", "Requests the model instance failed"),
+)
+
+
+def _stub_families(writer: TextWriter, versions: list[Any], poller: SystemPoller | None) -> None:
+    rows = [(_version_labels(version) + [("instance", instance.name)], _stub_facts(instance, poller))
+            for version in versions for instance in version.instances]
+    for fact, kind, help_text in _STUB_FAMILIES:
+        name = f"pystub_stub_{fact}"
+        writer.family(name, kind, help_text)
+        for labels, facts in rows:
+            if fact in facts:
+                writer.sample(name, labels, facts[fact])
+
+
+def _custom_families(writer: TextWriter, registry: CustomMetrics) -> None:
+    for family in registry.families():
+        writer.family(family.name, KIND_NAMES[family.kind], family.description)
+        for series in family.series.values():
+            if series.buckets is None:
+                writer.sample(family.name, series.labels, series.value)
+            else:
+                writer.histogram(family.name, series.labels, series.buckets, series.bucket_counts, series.total,
+                                 series.count)
+
+
+def render_metrics(core: Any, poller: SystemPoller | None = None) -> str:
+    """The Prometheus text exposition of everything `/metrics` serves."""
+    writer = TextWriter()
+    versions = core.model_versions()
+    _inference_families(writer, versions)
+    _system_families(writer, poller)
+    _stub_families(writer, versions, poller)
+    writer.raw(multiplex_metrics(core))  # pystub_multiplexed_* (pystub_backend.backend.features.multiplex_stats)
+    _custom_families(writer, registry_for(core))
+    return writer.text()
+
+
+def create_metrics_app(core: Any, interval_ms: int = DEFAULT_INTERVAL_MS, cpu_metrics: bool = True) -> web.Application:
+    """The metrics listener's app; its poller runs while the app does."""
+    poller = SystemPoller(core, interval_ms / 1000.0, cpu_metrics)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=render_metrics(core, poller), content_type="text/plain", charset="utf-8")
+
+    async def polling(_: web.Application) -> AsyncIterator[None]:
+        task = asyncio.ensure_future(poller.run())
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.cleanup_ctx.append(polling)
+    return app

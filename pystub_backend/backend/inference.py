@@ -1,0 +1,156 @@
+"""The protocol-neutral request and response the frontends exchange with the core.
+
+A frontend decodes HTTP or gRPC into an `InferRequest` whose tensor data are buffers into the
+received message (no copies yet), calls `ServerCore.infer`, encodes the `InferResponse`, and then
+calls `InferResponse.release()`: output data are views into a stub's shared-memory arena and stay
+valid only until that call.
+
+Tensor data are raw little-endian bytes in C order; BYTES tensors carry the length-prefixed form of
+`pystub_backend.ipc.bytes_codec`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Union
+
+import numpy as np
+
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.ipc.dtypes import numpy_dtype
+from pystub_backend.ipc.bytes_codec import deserialize_bytes
+__all__ = [
+    "Buffer",
+    "Tensor",
+    "RequestedOutput",
+    "InferRequest",
+    "InferResponse",
+    "ServerCore",
+    "ParameterValue",
+    "tensor_to_numpy",
+]
+
+Buffer = Union[bytes, bytearray, memoryview, np.ndarray]
+ParameterValue = Union[bool, int, float, str]
+
+
+@dataclass
+class Tensor:
+    """A named tensor: wire datatype (`FP32`, `BYTES`, ...), shape, and its raw bytes.
+
+    `parameters` holds per-tensor protocol parameters (e.g. shared-memory region references) that
+    the frontend passes through; the core interprets them.
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Buffer
+    parameters: dict[str, ParameterValue] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return memoryview(self.data).nbytes
+
+
+@dataclass
+class RequestedOutput:
+    """An output the client asked for. `parameters` may carry `binary_data` or shm references."""
+
+    name: str
+    parameters: dict[str, ParameterValue] = field(default_factory=dict)
+
+
+@dataclass
+class InferRequest:
+    model_name: str
+    model_version: str = ""  # "" means the model's default (latest) version
+    id: str = ""
+    inputs: list[Tensor] = field(default_factory=list)
+    outputs: list[RequestedOutput] = field(default_factory=list)  # empty means every output
+    parameters: dict[str, ParameterValue] = field(default_factory=dict)
+    # Set by the sequence batcher (from `sequence_id` / `sequence_start` / `sequence_end`); the
+    # model reads them as `correlation_id()` and `flags()`.
+    correlation_id: int | str = 0
+    flags: int = 0
+
+
+def _no_release() -> None:
+    return None
+
+
+@dataclass
+class InferResponse:
+    """A model's answer. Output data may view shared memory: call `release()` once encoded.
+
+    In a stream (decoupled models) `final` marks the last response of the request, `error`
+    carries an in-band error response, and `flags_only` marks a final that carries no response
+    (the model's `send(flags=FINAL)`), which a stream shows only on request.
+    """
+
+    model_name: str
+    model_version: str
+    id: str = ""
+    outputs: list[Tensor] = field(default_factory=list)
+    parameters: dict[str, ParameterValue] = field(default_factory=dict)
+    release: Callable[[], None] = _no_release
+    error: ServerError | None = None
+    final: bool = True
+    flags_only: bool = False
+
+
+def tensor_to_numpy(tensor: Tensor) -> np.ndarray:
+    """The tensor as a numpy array shaped like it (BYTES: an object array of bytes).
+
+    Raises KeyError for datatypes numpy cannot hold (BF16) and ValueError when the data size does
+    not match the shape.
+    """
+    if tensor.datatype == "BYTES":
+        count = int(np.prod(tensor.shape, dtype=np.int64))
+        return deserialize_bytes(tensor.data, count).reshape(tensor.shape)
+    array = np.frombuffer(tensor.data, dtype=numpy_dtype(tensor.datatype))
+    return array.reshape(tensor.shape)
+
+
+class ServerCore(Protocol):
+    """What the frontends need from the server. Methods raise `pystub_backend.backend.errors.ServerError`."""
+
+    server_name: str
+    server_version: str
+    extensions: list[str]
+
+    def is_live(self) -> bool: ...
+
+    def is_ready(self) -> bool: ...
+
+    async def model_ready(self, name: str, version: str = "") -> bool:
+        """True when that model version can serve; False (never raises) otherwise."""
+        ...
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        """`{"name", "versions", "platform", "inputs", "outputs"}` (PROTOCOL.md section 5)."""
+        ...
+
+    def model_config(self, name: str, version: str = "") -> Any:
+        """The `model_config_pb2.ModelConfig` proto of that model."""
+        ...
+
+    def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
+        """The config as Triton's HTTP `/config` renders it (int64 fields as numbers)."""
+        ...
+
+    async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    async def infer_stream(self, request: InferRequest) -> Any:
+        """The request's ResponseStream (`pystub_backend.backend.supervision.response_stream`): every response as it comes."""
+        ...
+
+    def is_decoupled(self, name: str, version: str = "") -> bool: ...
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """`[{"name", "version", "state", "reason"}]`."""
+        ...
+
+    def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        """The `model_stats` list in the HTTP JSON form of PROTOCOL.md section 8."""
+        ...

@@ -1,0 +1,188 @@
+"""One model's versions over time: starting a set of versions, and retiring (draining, then
+unloading) a version that is being replaced or unloaded (PROTOCOL.md section 10).
+
+    load:    prepare_model → start_versions (new stubs) → swap them into the entry → retire the old
+    unload:  take the versions out of the entry → retire each
+    retire:  (already unreachable by lookups) fail its queued requests → wait for the ones in
+             flight, up to the exit timeout → fail whatever is left → ModelVersion.unload
+
+A version leaves the lookups before it is drained, so no new request reaches it; requests for
+the model go to the new versions at once during a reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from pystub_backend.backend.models.ensemble import EnsembleVersion
+from pystub_backend.backend.models.ensemble_config import is_ensemble
+from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.models.overrides import OverrideDir
+from pystub_backend.backend.models.version import ModelLoadError, ModelVersion
+from pystub_backend.backend.models.repository import ModelSource
+from pystub_backend.backend.supervision.settings import StubSettings
+__all__ = ["ModelEntry", "InFlight", "start_versions", "stop_versions", "retire"]
+
+log = logging.getLogger("pystub.core")
+
+_DRAIN_POLL_SECONDS = 0.01
+
+
+class ModelEntry:
+    """A model the server knows of: its serving versions and what the repository index shows."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.versions: dict[int, ModelVersion] = {}
+        self.failed: dict[int, str] = {}  # versions that failed to load, with the reason
+        self.retiring: dict[int, ModelVersion] = {}  # being drained and unloaded
+        self.unloaded: list[int] = []
+        self.state = "UNAVAILABLE"  # for the index when no version row says more
+        self.reason = ""
+        self.override: OverrideDir | None = None  # the file-override directory the versions run from
+        self.fingerprint: frozenset[Any] | None = None  # of the directory it was loaded from (polling)
+
+    @property
+    def is_unloaded(self) -> bool:
+        """Unloaded on purpose: it does not count against strict readiness (as in Triton)."""
+        return not self.versions and self.state == "UNAVAILABLE" and self.reason == "unloaded"
+
+    def index_rows(self) -> list[dict[str, str]]:
+        rows = {version: model_version.describe() for version, model_version in self.versions.items()}
+        for version in self.retiring:
+            rows.setdefault(version, self._row(version, "UNLOADING", ""))
+        for version, reason in self.failed.items():
+            rows.setdefault(version, self._row(version, "UNAVAILABLE", reason))
+        for version in self.unloaded:
+            rows.setdefault(version, self._row(version, "UNAVAILABLE", "unloaded"))
+        if not rows:
+            return [{"name": self.name, "version": "", "state": self.state, "reason": self.reason}]
+        return [rows[version] for version in sorted(rows)]
+
+    def _row(self, version: int, state: str, reason: str) -> dict[str, str]:
+        return {"name": self.name, "version": str(version), "state": state, "reason": reason}
+
+
+class InFlight:
+    """The requests of each model version that are in flight: what retiring a version waits for.
+
+    A request is tracked as the task serving it while it waits for the scheduler, then (for
+    streamed requests) as its `ResponseStream` until the final response is in. A request still
+    in flight when its version's drain times out is "abandoned": a task is cancelled and
+    `Core` turns that cancellation into the recorded error; a stream is ended with that error.
+    Either way the client gets an answer instead of waiting on a stopped stub.
+    """
+
+    def __init__(self) -> None:
+        self._items: dict[ModelVersion, set[Any]] = {}
+        self._abandoned: dict[asyncio.Task[Any], ServerError] = {}
+
+    def enter(self, version: ModelVersion) -> asyncio.Task[Any] | None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._items.setdefault(version, set()).add(task)
+        return task
+
+    def leave(self, version: ModelVersion, task: asyncio.Task[Any] | None) -> None:
+        if task is not None:
+            self._abandoned.pop(task, None)
+            self._discard(version, task)
+
+    def enter_stream(self, version: ModelVersion, stream: Any) -> None:
+        """Track `stream` (a ResponseStream) until its final response."""
+        self._items.setdefault(version, set()).add(stream)
+        stream.when_final(lambda finished: self._discard(version, finished))
+
+    def _discard(self, version: ModelVersion, item: Any) -> None:
+        items = self._items.get(version)
+        if items is not None:
+            items.discard(item)
+            if not items:
+                del self._items[version]
+
+    def count(self, version: ModelVersion) -> int:
+        return len(self._items.get(version, ()))
+
+    async def drain(self, version: ModelVersion, timeout: float) -> int:
+        """Wait until no request of `version` is in flight, at most `timeout` s; returns how many
+        still are."""
+        deadline = time.monotonic() + timeout
+        while self.count(version) and time.monotonic() < deadline:
+            await asyncio.sleep(_DRAIN_POLL_SECONDS)
+        return self.count(version)
+
+    def abandon(self, version: ModelVersion, error: ServerError) -> None:
+        for item in list(self._items.get(version, ())):
+            if isinstance(item, asyncio.Task):
+                if not item.done():
+                    self._abandoned[item] = error
+                    item.cancel()
+            else:
+                item.fail(error)
+
+    def abandoned_error(self, task: asyncio.Task[Any] | None) -> ServerError | None:
+        """The error to answer with if `task` was cancelled by `abandon` (None: a real cancel)."""
+        return self._abandoned.get(task) if task is not None else None
+
+
+async def start_versions(source: ModelSource, settings: StubSettings, context: Any = None
+                         ) -> tuple[dict[int, ModelVersion], dict[int, str]]:
+    """Load every version `source` selects, concurrently. Returns the loaded versions and the
+    reasons of those that failed (already logged). `context` (the core) reaches the stubs'
+    feature handlers."""
+
+    async def start(version: int) -> Any:
+        model_version = _make_version(source, version, settings, context)
+        try:
+            await model_version.load()
+        except ModelLoadError as exc:
+            log.error("failed to load '%s' version %d: Internal: %s", source.name, version, exc)
+            return str(exc)
+        log.info("successfully loaded '%s' version %d", source.name, version)
+        return model_version
+
+    results = await asyncio.gather(*(start(version) for version in source.versions))
+    loaded = {v: r for v, r in zip(source.versions, results) if not isinstance(r, str)}
+    failed = {v: r for v, r in zip(source.versions, results) if isinstance(r, str)}
+    return loaded, failed
+
+
+def _make_version(source: ModelSource, version: int, settings: StubSettings, context: Any) -> Any:
+    if is_ensemble(source.config):  # no model.py and no instances: the steps run on other models
+        return EnsembleVersion(source.config, version, source.model_dir, context)
+    return ModelVersion(source.config, version, source.model_dir, source.model_path(version), settings, context)
+
+
+async def stop_versions(versions: dict[int, ModelVersion], timeout: float) -> None:
+    """Unload versions that never served (a reload that failed part-way)."""
+    await asyncio.gather(*(version.unload(timeout) for version in versions.values()))
+
+
+def _fail_queued(version: ModelVersion, error: ServerError) -> int:
+    """Fail the requests still waiting in the version's scheduler; returns how many."""
+    return version.scheduler.fail_queued(error) if version.scheduler is not None else 0
+
+
+async def retire(version: ModelVersion, in_flight: InFlight, timeout: float) -> None:
+    """Drain and unload a version that lookups no longer reach. Bounded by about twice `timeout`
+    (the drain, then the stub's finalize) plus the kill ladder; never raises."""
+    label = f"'{version.name}' version {version.version}"
+    queued = _fail_queued(version, ServerError(
+        f"Model {label} is unloading; the queued request was not executed.", Status.UNAVAILABLE))
+    if queued:
+        log.info("unloading %s: failed %d queued request(s)", label, queued)
+    started = time.monotonic()
+    left = await in_flight.drain(version, timeout)
+    if left:
+        log.warning("unloading %s: %d request(s) still in flight after %g s; failing them", label, left, timeout)
+        in_flight.abandon(version, ServerError(
+            f"Model {label} was unloaded before the request completed (waited {timeout:g} s).",
+            Status.UNAVAILABLE))
+    try:
+        await version.unload(max(timeout - (time.monotonic() - started), 1.0))
+    except Exception:  # one version failing to stop must not keep the others running
+        log.exception("error while unloading %s", label)
+    log.info("successfully unloaded %s", label)

@@ -1,0 +1,139 @@
+"""The parameters of a model load request, and the private directory that file overrides form
+(PROTOCOL.md section 10).
+
+    {"config": "<ModelConfig JSON>", "file:1/model.py": b"...", ...}
+        │
+        ├─ config   → replaces config.pbtxt
+        └─ file:*   → <tmp>/pystub_override_<pid>_XXXX/ (0700) / <model> / 1/model.py ...
+                      the model directory for this load; removed when the model is unloaded,
+                      or at the next start-up if the server that made it was killed
+
+Paths come from the network, so they are checked before anything is written: relative, no `..`,
+no empty or `.` components, and the resolved file must stay inside the directory. Files are
+created with O_EXCL | O_NOFOLLOW in a directory nobody else can write to.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.ipc.names import pid_alive
+__all__ = ["FILE_PREFIX", "LoadRequest", "OverrideDir", "parse_load_parameters", "override_file_path",
+           "sweep_stale_override_dirs"]
+
+FILE_PREFIX = "file:"
+_DIR_PREFIX = "pystub_override_"
+
+
+@dataclass
+class LoadRequest:
+    """What a load request asks for: a config override (JSON text) and override files."""
+
+    config: str | None = None
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+def _invalid(message: str) -> ServerError:
+    return ServerError(message, Status.INVALID_ARG)
+
+
+def parse_load_parameters(parameters: Mapping[str, Any]) -> LoadRequest:
+    """Check a load request's parameters (values already decoded by the frontend: `config` a str,
+    file contents bytes). Raises ServerError (INVALID_ARG)."""
+    request = LoadRequest()
+    for key, value in parameters.items():
+        if key == "config":
+            if not isinstance(value, str):
+                raise _invalid("Load parameter 'config' must be a string holding the model configuration JSON")
+            request.config = value or None  # "" is pb_utils.load_model's "no override"
+        elif key.startswith(FILE_PREFIX):
+            if not isinstance(value, (bytes, bytearray)):
+                raise _invalid(f"Load parameter '{key}' must carry the file content as bytes")
+            override_file_path(key)
+            request.files[key] = bytes(value)
+        else:
+            raise _invalid(f"Unrecognized load parameter '{key}'")
+    if request.files and request.config is None:
+        raise _invalid("Load parameter 'config' must be specified for model file override")
+    return request
+
+
+def override_file_path(key: str) -> str:
+    """The relative path a `file:<path>` key names. Raises ServerError for a path that is empty,
+    absolute, or has `..`, `.` or empty components."""
+    path = key[len(FILE_PREFIX):]
+    why = ""
+    if not path or "\0" in path:
+        why = "the path is empty or holds a NUL character"
+    elif path.startswith("/") or os.path.isabs(path):
+        why = "the path is absolute"
+    elif ".." in path.split("/"):
+        why = "the path contains '..'"
+    elif any(part in ("", ".") for part in path.split("/")):
+        why = "the path has an empty or '.' component"
+    if why:
+        raise _invalid(f"Invalid file override '{key}': {why}; paths are relative to the model directory")
+    return path
+
+
+class OverrideDir:
+    """A private directory holding one model's override files. `remove()` is idempotent."""
+
+    def __init__(self, root: str, model_dir: str) -> None:
+        self.root = root
+        self.model_dir = model_dir
+
+    @classmethod
+    def create(cls, model_name: str, files: Mapping[str, bytes]) -> "OverrideDir":
+        """Write `files` below a new 0700 directory. Raises ServerError; leaves nothing behind."""
+        root = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}_")  # mode 0700
+        directory = cls(root, os.path.join(root, model_name))
+        try:
+            os.mkdir(directory.model_dir, 0o700)
+            for key, content in files.items():
+                directory._write(override_file_path(key), content, key)
+        except BaseException:
+            directory.remove()
+            raise
+        return directory
+
+    def _write(self, relative: str, content: bytes, key: str) -> None:
+        target = os.path.join(self.model_dir, relative)
+        base = os.path.realpath(self.model_dir)
+        if not os.path.realpath(target).startswith(base + os.sep):
+            raise _invalid(f"Invalid file override '{key}': the path leaves the model directory")
+        try:
+            os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise _invalid(f"Invalid file override '{key}': {exc.strerror or exc}") from None
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def sweep_stale_override_dirs() -> list[str]:
+    """Remove the override directories of servers that died without cleaning up (ours only: same
+    owner, dead pid). Returns the paths removed."""
+    removed = []
+    base = tempfile.gettempdir()
+    for name in os.listdir(base):
+        if not name.startswith(_DIR_PREFIX):
+            continue
+        pid_text = name[len(_DIR_PREFIX):].split("_", 1)[0]
+        path = os.path.join(base, name)
+        try:
+            owned = os.lstat(path).st_uid == os.getuid()
+        except OSError:
+            continue
+        if owned and pid_text.isdigit() and not pid_alive(int(pid_text)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed

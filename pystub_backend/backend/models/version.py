@@ -1,0 +1,202 @@
+"""One loaded version of a model: its config, its supervised instances, scheduler and statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.supervision.execution_env import ExecutionEnvError, interpreter_command, resolve_execution_env
+from pystub_backend.backend.inference import InferRequest, InferResponse
+from pystub_backend.backend.models.config import ModelConfig, config_parameters, config_to_json, instance_names, is_decoupled
+from pystub_backend.backend.supervision.instance import InstanceSpec, InstanceState, ModelInstance
+from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.scheduling.choice import make_scheduler
+from pystub_backend.backend.telemetry.statistics import ModelStatistics
+from pystub_backend.backend.supervision.stub_process import StubStartError
+from pystub_backend.backend.supervision.settings import StubSettings, positive_number
+from pystub_backend.ipc.status import Status
+__all__ = ["ModelVersion", "ModelLoadError", "instance_args", "RLIMIT_PARAMETERS"]
+
+log = logging.getLogger("pystub.model")
+
+# Config parameters that limit each stub (pystub extension): parameter name -> rlimit name.
+RLIMIT_PARAMETERS = {"STUB_MEMORY_LIMIT_BYTES": "as", "STUB_CPU_LIMIT_SECONDS": "cpu", "STUB_MAX_OPEN_FILES": "nofile"}
+EXECUTE_TIMEOUT_PARAMETER = "EXECUTE_TIMEOUT_SECONDS"
+
+
+class ModelLoadError(Exception):
+    """A model version failed to load; the message is what the log and the repository index show."""
+
+
+def instance_args(config: ModelConfig, config_json: str, instance_name: str, kind: str,
+                  model_dir: str, version: int) -> dict[str, str]:
+    """The seven keys `initialize(args)` receives (API.md 2.1)."""
+    return {
+        "model_config": config_json,
+        "model_instance_kind": kind,
+        "model_instance_name": instance_name,
+        "model_instance_device_id": "0",
+        "model_repository": model_dir,
+        "model_version": str(version),
+        "model_name": config.name,
+    }
+
+
+def _parameter_number(parameters: dict[str, str], name: str, kind: type) -> Any:
+    value = parameters.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return positive_number(value, kind)
+    except ValueError as exc:
+        raise ModelLoadError(f"config parameter {name} {exc}") from None
+
+
+class ModelVersion:
+    def __init__(self, config: ModelConfig, version: int, model_dir: str, model_path: str,
+                 settings: StubSettings, context: Any = None) -> None:
+        self.config = config
+        self.context = context
+        self.name = config.name
+        self.version = version
+        self.model_dir = model_dir
+        self.model_path = model_path
+        self.settings = settings
+        self.config_json = config_to_json(config)
+        self.decoupled = is_decoupled(config)
+        self.stats = ModelStatistics(self.name, str(version))
+        self.instances: list[ModelInstance] = []
+        self.scheduler: Any = None  # see pystub_backend.backend.scheduling.choice
+        self.state = "UNAVAILABLE"
+        self.reason = ""
+        self._monitor: asyncio.Task | None = None
+
+    # -- readiness -------------------------------------------------------------------------------
+    @property
+    def loaded(self) -> bool:
+        return self.state == "READY"
+
+    @property
+    def ready(self) -> bool:
+        """Loaded, with at least one healthy instance."""
+        return self.loaded and any(instance.healthy for instance in self.instances)
+
+    def health_error(self) -> ServerError | None:
+        """Why no instance can serve now, or None when one can."""
+        if any(instance.healthy for instance in self.instances):
+            return None
+        unhealthy = self.instances[0] if self.instances else None
+        if unhealthy is None:
+            return ServerError(f"Model '{self.name}' version {self.version} has no instances", Status.UNAVAILABLE)
+        return unhealthy.unhealthy_error()
+
+    async def check_ready(self) -> str | None:
+        """None when the version can serve and its model says it is ready (`is_ready`), else why not."""
+        if not self.loaded:
+            return f"Model '{self.name}' version {self.version} is not loaded"
+        error = self.health_error()
+        if error is not None:
+            return error.message
+        reasons = await asyncio.gather(*(i.stub.check_ready() for i in self.instances if i.healthy and i.stub))
+        return None if any(reason is None for reason in reasons) else next(r for r in reasons if r)
+
+    # -- loading -------------------------------------------------------------------------------------
+    def _spec(self, instance_name: str, kind: str, config_json: str) -> InstanceSpec:
+        parameters = config_parameters(self.config)
+        rlimits = {limit: _parameter_number(parameters, name, int) for name, limit in RLIMIT_PARAMETERS.items()}
+        python = None
+        if parameters.get("EXECUTION_ENV_PATH"):
+            try:
+                python = interpreter_command(resolve_execution_env(parameters["EXECUTION_ENV_PATH"],
+                                                                   self.model_dir))
+            except ExecutionEnvError as exc:
+                raise ModelLoadError(str(exc)) from exc
+        return InstanceSpec(
+            model_name=self.name, model_path=self.model_path,
+            args=instance_args(self.config, config_json, instance_name, "CPU" if kind == "GPU" else kind,
+                               self.model_dir, self.version),
+            stub_settings={"decoupled": self.decoupled}, settings=self.settings,
+            execute_timeout=_parameter_number(parameters, EXECUTE_TIMEOUT_PARAMETER, float),
+            rlimits={k: v for k, v in rlimits.items() if v is not None}, python=python, context=self.context)
+
+    async def load(self) -> None:
+        """Start and initialize every instance. Raises ModelLoadError (and stops what started)."""
+        self.state = "LOADING"
+        config_json = json.dumps(self.config_json)
+        try:
+            if not os.path.isfile(self.model_path):
+                raise ModelLoadError(f"Failed to preinitialize Python stub: Python model file not found in "
+                                     f"'{os.path.abspath(self.model_path)}'")
+            self.instances = [ModelInstance(name, self._spec(name, kind, config_json))
+                              for _, name, kind in instance_names(self.config)]
+            await asyncio.gather(*(instance.start() for instance in self.instances))
+        except (StubStartError, ModelLoadError, OSError) as exc:
+            await self._stop_instances(self.settings.stub_timeout_seconds)
+            self.state, self.reason = "UNAVAILABLE", str(exc)
+            raise ModelLoadError(str(exc)) from exc
+        self.scheduler = make_scheduler(self.config, self.instances, self.stats)
+        self.scheduler.start()
+        self._monitor = asyncio.ensure_future(self._watch_health())
+        self.state, self.reason = "READY", ""
+
+    async def _watch_health(self) -> None:
+        """Replace stubs that froze (no heartbeat) or overran the execute deadline. Death is seen
+        at once through the channel; this loop catches the hangs."""
+        interval = min(0.5, self.settings.heartbeat_timeout_seconds / 4)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for instance in self.instances:
+                reason = instance.check_health(now)
+                if reason is not None:
+                    instance.fail(reason)
+
+    # -- serving -------------------------------------------------------------------------------------
+    async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
+        """Schedule the (validated) request. Raises ServerError.
+
+        An instance that is restarting is expected back: its requests wait in the queue for it.
+        """
+        self._check_serving()
+        request.model_version = str(self.version)
+        return await self.scheduler.schedule(request, batch_size)  # type: ignore[union-attr]
+
+    async def infer_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
+        """Schedule the (validated) request; its responses arrive on the stream. Raises ServerError."""
+        self._check_serving()
+        request.model_version = str(self.version)  # responses name the version that served them
+        return await self.scheduler.schedule_stream(request, batch_size)  # type: ignore[union-attr]
+
+    def _check_serving(self) -> None:
+        if self.scheduler is None or not self.loaded:
+            raise ServerError(f"Request for unknown model: '{self.name}' version {self.version} is not at "
+                              f"ready state", Status.UNAVAILABLE)
+        if not any(instance.usable for instance in self.instances):
+            raise self.health_error() or ServerError(f"Model '{self.name}' has no usable instance",
+                                                     Status.UNAVAILABLE)
+
+    def instance(self, name: str) -> ModelInstance | None:
+        return next((i for i in self.instances if i.name == name), None)
+
+    async def unload(self, timeout: float) -> None:
+        """Fail queued requests, finalize and stop every instance."""
+        self.state = "UNLOADING"
+        if self._monitor is not None:
+            self._monitor.cancel()
+            await asyncio.gather(self._monitor, return_exceptions=True)
+        if self.scheduler is not None:
+            await self.scheduler.stop(f"Model '{self.name}' version {self.version} is unloading.")
+        await self._stop_instances(timeout)
+        self.state, self.reason = "UNAVAILABLE", "unloaded"
+
+    async def _stop_instances(self, timeout: float) -> None:
+        await asyncio.gather(*(instance.stop(timeout) for instance in self.instances))
+        self.instances = [i for i in self.instances if i.state is not InstanceState.STOPPED]
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "version": str(self.version), "state": self.state, "reason": self.reason}

@@ -1,0 +1,319 @@
+"""The dynamic batcher: gathers single requests into batches before they reach an instance.
+
+    schedule ──▶ PriorityQueue (levels, policies, timeouts) ──kick──▶ form_batch ──▶ idle worker
+                   │ full: UNAVAILABLE "Exceeds maximum queue size"       (one per instance)
+                   │ timed out: REJECT fails it, DELAY serves it later        │
+                   ▼                                                          ▼
+               loop timers (queue delay, timeouts)      instance.execute_streams([r1, r2, ...])
+                                                        ── one EXECUTE, the model's `execute`
+                                                           gets the list
+
+Same interface as DefaultScheduler. Everything runs on the backend's asyncio loop: a "kick"
+(coalesced with call_soon, so a burst of arrivals is seen at once) expires timed-out requests and
+hands batches to idle workers; one loop timer wakes it for the queue delay or the next timeout.
+A worker holds one batch at a time, so requests gather while its instance executes.
+
+Errors stay per request: a request the model answers with an error fails alone; an exception in
+`execute` fails the whole batch (the stub answers every request with its text). Unload (`stop`)
+and `fail_queued` answer queued requests with UNAVAILABLE and the reason; a batch already sent
+finishes, or fails with the stub when the instance stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Any, Hashable
+
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.scheduling.request_queue import BatchLimits, PriorityQueue, QueueEntry, QueueFullError, form_batch
+from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, REJECTED, BatchTiming, ModelStatistics, reason_for
+from pystub_backend.ipc.status import Status
+__all__ = ["DynamicBatcher", "TIMEOUT_MESSAGE"]
+
+log = logging.getLogger("pystub.scheduler")
+
+TIMEOUT_MESSAGE = "Request timeout expired"  # Triton's text for a REJECT timeout
+
+
+class _Item(QueueEntry):
+    """A queued request, the future its caller awaits, and its place in the response order."""
+
+    __slots__ = ("request", "future", "finished", "turn")
+
+    def __init__(self, request: InferRequest, batch_size: int, key: Hashable, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(batch_size, key, time.monotonic_ns())
+        self.request = request
+        self.future: asyncio.Future = loop.create_future()  # a ResponseStream or a ServerError
+        self.finished = False  # preserve_ordering: its answer is known
+        self.turn: asyncio.Future | None = None  # preserve_ordering: done when earlier ones answered
+
+
+class DynamicBatcher:
+    def __init__(self, instances: list[Any], stats: ModelStatistics, config: Any) -> None:
+        self._instances = instances
+        self._stats = stats
+        self._limits = BatchLimits.from_config(config)
+        self._requests = PriorityQueue.from_config(config.dynamic_batching)
+        self._preserve_ordering = bool(config.dynamic_batching.preserve_ordering)
+        self._order: collections.deque[_Item] = collections.deque()
+        self._ragged = frozenset(i.name for i in config.input if i.allow_ragged_batch)
+        self._shape_tensors = frozenset(i.name for i in config.input if i.is_shape_tensor)
+        self._loop: Any = None  # the running loop, known from start()
+        self._idle: collections.deque[asyncio.Future] = collections.deque()
+        self._workers: list[asyncio.Task] = []
+        self._running: set[asyncio.Task] = set()
+        self._kick_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_ns = 0
+        self._stopped: ServerError | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._workers = [asyncio.ensure_future(self._work(instance)) for instance in self._instances]
+
+    @property
+    def queued(self) -> int:
+        return len(self._requests)
+
+    # -- callers ---------------------------------------------------------------------------------
+    async def schedule(self, request: InferRequest, batch_size: int) -> Any:
+        """The request's InferResponse. Raises ServerError."""
+        item = self._enqueue(request, batch_size, self._preserve_ordering)
+        result: Any = None
+        try:
+            result = await item.future
+            if isinstance(result, ResponseStream):
+                try:
+                    result = await result.single()
+                except ServerError as error:
+                    result = error
+            if item.turn is not None:
+                item.finished = True
+                self._deliver_in_order()
+                await item.turn
+        except asyncio.CancelledError:
+            self._abandon(item, result)
+            raise
+        if isinstance(result, ServerError):
+            raise result
+        return result
+
+    async def schedule_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
+        """The request's ResponseStream, once its batch's execute has started. Raises ServerError.
+        (Responses of streams are not reordered: preserve_ordering applies to `schedule`.)"""
+        item = self._enqueue(request, batch_size, False)
+        try:
+            result = await item.future
+        except asyncio.CancelledError:
+            self._abandon(item, None)
+            raise
+        if isinstance(result, ServerError):
+            raise result
+        return result
+
+    def _enqueue(self, request: InferRequest, batch_size: int, ordered: bool) -> _Item:
+        if self._stopped is not None:
+            raise self._stopped
+        item = _Item(request, batch_size, self._key(request), self._loop)
+        parameters = request.parameters
+        try:
+            self._requests.push(item, int(parameters.get("priority", 0) or 0),
+                                int(parameters.get("timeout", 0) or 0), item.enqueued_ns)
+        except QueueFullError as exc:
+            self._stats.record_failure(0, REJECTED)
+            raise ServerError(str(exc), Status.UNAVAILABLE) from None
+        if ordered:
+            item.turn = self._loop.create_future()
+            self._order.append(item)
+        self._schedule_kick()
+        return item
+
+    def _key(self, request: InferRequest) -> Hashable:
+        """Requests batch together only if they have the same inputs with the same datatypes and
+        non-batch dims (the whole shape and the values of shape tensors; any shape when ragged)."""
+        if self._limits.max_batch_size <= 0:
+            return None
+        key = []
+        for tensor in sorted(request.inputs, key=lambda t: t.name):
+            if tensor.name in self._ragged:
+                key.append((tensor.name, tensor.datatype))
+            elif tensor.name in self._shape_tensors:
+                key.append((tensor.name, tensor.datatype, tuple(tensor.shape), bytes(tensor.data)))
+            else:
+                key.append((tensor.name, tensor.datatype, tuple(tensor.shape[1:])))
+        return tuple(key)
+
+    def _abandon(self, item: _Item, result: Any) -> None:
+        """The caller went away: take the request out of the queue, cancel or free its answer."""
+        if self._requests.discard(item):
+            self._stats.record_failure(time.monotonic_ns() - item.enqueued_ns, CANCELED)
+            self._schedule_kick()
+        if item.future.done() and not item.future.cancelled() and result is None:
+            result = item.future.result()
+        item.future.cancel()
+        if isinstance(result, ResponseStream):
+            result.cancel()
+        elif result is not None and not isinstance(result, ServerError):
+            result.release()
+        if item.turn is not None:
+            item.finished = True
+            self._deliver_in_order()
+
+    def _resolve(self, item: _Item, result: Any) -> None:
+        if not item.future.done():
+            item.future.set_result(result)
+        elif isinstance(result, ResponseStream):
+            result.cancel()  # nobody waits for it any more
+
+    def _deliver_in_order(self) -> None:
+        while self._order and self._order[0].finished:
+            turn = self._order.popleft().turn
+            if turn is not None and not turn.done():
+                turn.set_result(None)
+
+    # -- forming batches -------------------------------------------------------------------------
+    def _schedule_kick(self) -> None:
+        if not self._kick_scheduled:
+            self._kick_scheduled = True
+            self._loop.call_soon(self._kick)
+
+    def _kick(self) -> None:
+        self._kick_scheduled = False
+        if self._stopped is not None:
+            return
+        now = time.monotonic_ns()
+        for entry in self._requests.expire(now):
+            self._fail(entry, ServerError(TIMEOUT_MESSAGE, Status.UNAVAILABLE), now, REJECTED)  # type: ignore[arg-type]
+        wake = None
+        while self._idle:
+            if self._idle[0].done():  # its worker was cancelled
+                self._idle.popleft()
+                continue
+            count, wake = form_batch(self._requests, now, self._limits)
+            if not count:
+                break
+            self._idle.popleft().set_result(self._requests.pop(count))
+        deadline = self._requests.next_deadline()
+        if deadline is not None and (wake is None or deadline < wake):
+            wake = deadline
+        if wake is not None:
+            self._arm(wake, now)
+
+    def _arm(self, wake_ns: int, now_ns: int) -> None:
+        if self._timer is not None:
+            if self._timer_ns <= wake_ns:
+                return
+            self._timer.cancel()
+        self._timer_ns = wake_ns
+        self._timer = self._loop.call_later(max(0, wake_ns - now_ns) / 1e9, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._kick()
+
+    def _fail(self, item: _Item, error: ServerError, now_ns: int, reason: str) -> None:
+        self._stats.record_failure(now_ns - item.enqueued_ns, reason)
+        self._resolve(item, error)
+
+    # -- workers ---------------------------------------------------------------------------------
+    async def _work(self, instance: Any) -> None:
+        # A worker serves while its instance is READY, waits while it restarts, and ends when it
+        # is FAILED or stopped. The batch runs in a task of its own so that stopping the worker
+        # never cuts a batch in half: its requests still get their answers.
+        while await instance.wait_ready():
+            batch = await self._next_batch()
+            # Died while we waited, or an execute on it now waits for a BLS call (the batch could only
+            # queue behind it): leave the batch to another instance.
+            if not instance.healthy or getattr(instance, "held", False):
+                self._give_back(batch)
+                continue
+            task = asyncio.ensure_future(self._run(instance, batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+            await asyncio.shield(task)
+        self._fail_queue_if_no_instance_left(instance)
+
+    async def _next_batch(self) -> list[_Item]:
+        waiter = self._loop.create_future()
+        self._idle.append(waiter)
+        self._schedule_kick()
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._give_back(waiter.result())
+            waiter.cancel()
+            raise
+
+    def _give_back(self, batch: list[_Item]) -> None:
+        if self._stopped is not None:
+            now = time.monotonic_ns()
+            for item in batch:
+                self._fail(item, self._stopped, now, OTHER)
+            return
+        self._requests.push_front(batch)  # type: ignore[arg-type]
+        self._schedule_kick()
+
+    async def _run(self, instance: Any, batch: list[_Item]) -> None:
+        started = time.monotonic_ns()
+        requests = [item.request for item in batch]
+        try:
+            results, timing = await instance.execute_streams(requests)
+        except Exception as exc:  # a bug below us must not leave callers waiting
+            log.exception("dynamic batcher: executing a batch of %d failed", len(batch))
+            results, timing = [ServerError(f"failed to execute the batch: {exc}", Status.INTERNAL)] * len(batch), \
+                BatchTiming()
+        executed = sum(item.batch_size for item, result in zip(batch, results) if not isinstance(result, ServerError))
+        if executed:  # requests that never reached the model (stub gone, arena full) are no execution
+            self._stats.record_execution(executed, timing)
+        now = time.monotonic_ns()
+        for item, result in zip(batch, results, strict=True):
+            if isinstance(result, ServerError):
+                self._fail(item, result, now, BACKEND)
+                continue
+            result.when_final(lambda stream, item=item: self._record(stream, item, started, timing))
+            self._resolve(item, result)
+
+    def _record(self, stream: ResponseStream, item: _Item, started: int, timing: BatchTiming) -> None:
+        finished = time.monotonic_ns()
+        if stream.error is not None:
+            self._stats.record_failure(finished - item.enqueued_ns, reason_for(stream.error))
+        else:
+            self._stats.record_success(item.batch_size, finished - item.enqueued_ns, started - item.enqueued_ns,
+                                       timing)
+
+    def _fail_queue_if_no_instance_left(self, instance: Any) -> None:
+        if not any(other.usable for other in self._instances):
+            self._fail_all_queued(instance.unhealthy_error(), BACKEND)
+
+    # -- stopping --------------------------------------------------------------------------------
+    def fail_queued(self, error: ServerError) -> int:
+        """Answer every queued request with `error` (batches already sent run on); returns how
+        many."""
+        return self._fail_all_queued(error, OTHER)
+
+    def _fail_all_queued(self, error: ServerError, reason: str) -> int:
+        now = time.monotonic_ns()
+        entries = self._requests.drain()
+        for entry in entries:
+            self._fail(entry, error, now, reason)  # type: ignore[arg-type]
+        return len(entries)
+
+    async def stop(self, reason: str) -> None:
+        """Fail what is still queued with `reason` (UNAVAILABLE) and stop the workers."""
+        self._stopped = ServerError(reason, Status.UNAVAILABLE)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        failed = self.fail_queued(self._stopped)
+        if failed:
+            log.info("%s failed %d queued request(s)", reason, failed)
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers.clear()

@@ -1,0 +1,409 @@
+"""The sequence batcher: stateful models, one slot per live sequence, eviction the model sees.
+
+    schedule ──▶ admit: correlation id + flags (sequence_controls), control inputs appended,
+                 the sequence found or started (a slot, else the backlog), the client link watched
+             ──▶ Sequence.queue ──kick──▶ the lane of its instance forms a batch (direct / oldest,
+                 sequence_slots) ──▶ instance.execute_streams(batch): one batch per lane at a time,
+                 so every request of a sequence runs on the same instance, in order
+             ──▶ after the batch: a rescheduled request (iterative_sequence) goes back to the head
+                 of its sequence; an executed END frees the slot; an empty sequence starts idling
+
+    eviction (a sequence ends without END): idle longer than max_sequence_idle_microseconds,
+    its client went away (client_link), one of its requests was cancelled, the model unloads.
+    The slot is freed at once (the backlog's head takes it), queued requests fail, and the stub
+    that holds the sequence's state gets SequenceEvicted: the model's `sequence_evicted(
+    correlation_id, reason)` runs there, after the execute that may be running.
+
+Same face as the other schedulers (pystub_backend.backend.scheduling.choice). Everything runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any
+
+from pystub_backend.backend import client_link
+
+from pystub_backend.backend.features import sequence_frames
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.scheduling.request_queue import BatchLimits
+from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.scheduling.sequence_controls import Controls, sequence_fields
+from pystub_backend.backend.scheduling.sequence_slots import Lane, SeqItem, Sequence, SlotTable, direct_batch, oldest_batch
+from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics
+from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceEvicted
+from pystub_backend.ipc.status import Status
+__all__ = ["SequenceBatcher"]
+
+log = logging.getLogger("pystub.scheduler")
+
+_CANCELLED_REASONS = ("client_disconnected", "cancelled")
+
+
+class SequenceBatcher:
+    def __init__(self, instances: list[Any], stats: ModelStatistics, config: Any) -> None:
+        self._model = config.name
+        self._stats = stats
+        self._controls = Controls.from_config(config)
+        sequence = config.sequence_batching
+        self._iterative = bool(sequence.iterative_sequence)
+        self._idle_ns = int(sequence.max_sequence_idle_microseconds) * 1000
+        batching = max(1, int(config.max_batch_size))
+        self._oldest = sequence.HasField("oldest")
+        if self._oldest:
+            oldest = sequence.oldest
+            slots = int(oldest.max_candidate_sequences) or batching
+            preferred = tuple(sorted({int(s) for s in oldest.preferred_batch_size if 0 < s <= batching}))
+            self._limits = BatchLimits(int(config.max_batch_size), preferred,
+                                       int(oldest.max_queue_delay_microseconds) * 1000)
+        else:
+            slots = batching
+            self._delay_ns = int(sequence.direct.max_queue_delay_microseconds) * 1000
+            self._min_ready = max(1, math.ceil(float(sequence.direct.minimum_slot_utilization) * slots))
+        self._table = SlotTable([Lane(i, instance, slots) for i, instance in enumerate(instances)])
+        self._wakeups: dict[Lane, asyncio.Event] = {}
+        self._running_items: dict[int, SeqItem] = {}  # id(request) -> item, while its batch runs
+        self._workers: list[asyncio.Task] = []
+        self._batches: set[asyncio.Task] = set()
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_timer_ns = 0
+        self._loop: Any = None
+        self._closed: ServerError | None = None  # fail_queued or stop: no new sequence work
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for lane in self._table.lanes:
+            self._wakeups[lane] = asyncio.Event()
+            self._workers.append(asyncio.ensure_future(self._work(lane)))
+
+    @property
+    def queued(self) -> int:
+        return self._table.queued()
+
+    # -- callers ---------------------------------------------------------------------------------
+    async def schedule(self, request: InferRequest, batch_size: int) -> Any:
+        """The request's InferResponse. Raises ServerError."""
+        item = self._admit(request, batch_size)
+        stream = await self._dispatched(item)
+        try:
+            return await stream.single()
+        except asyncio.CancelledError:
+            stream.cancel()
+            self._abandon(item)
+            raise
+
+    async def schedule_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
+        """The request's ResponseStream, once its execute has run. Raises ServerError."""
+        return await self._dispatched(self._admit(request, batch_size))
+
+    async def _dispatched(self, item: SeqItem) -> ResponseStream:
+        try:
+            result = await item.future
+        except asyncio.CancelledError:
+            self._abandon(item)
+            raise
+        if isinstance(result, ServerError):
+            raise result
+        return result
+
+    def _admit(self, request: InferRequest, batch_size: int) -> SeqItem:
+        """Check the request, attach its sequence fields and control inputs, queue it. Raises
+        ServerError with Triton's texts."""
+        if self._closed is not None:
+            raise self._closed
+        fields = sequence_fields(request.parameters)
+        cid = fields.correlation_id
+        if cid == 0 or cid == "":
+            raise ServerError(f"inference request to model '{self._model}' must specify a non-zero or non-empty "
+                              f"correlation ID", Status.INVALID_ARG)
+        if batch_size > 1:
+            raise ServerError(f"inference request to model '{self._model}' must specify batch-size 1 due to "
+                              f"requirements of sequence batcher", Status.INVALID_ARG)
+        sequence = self._table.find(cid)
+        if sequence is None and not fields.start:
+            raise ServerError(f"inference request for sequence {cid} to model '{self._model}' must specify the "
+                              f"START flag on the first request of the sequence", Status.INVALID_ARG)
+        request.inputs.extend(self._controls.tensors(fields, self._model))
+        request.correlation_id, request.flags = cid, fields.flags
+        if sequence is None:
+            sequence = self._table.start(cid)
+        elif fields.start:
+            log.warning("sequence %s of model '%s' got a new START before its END: the sequence restarts (the "
+                        "model sees the START flag again)", cid, self._model)
+        item = SeqItem(request, fields, sequence, self._loop.create_future(), time.monotonic_ns())
+        sequence.queue.append(item)
+        sequence.idle_since_ns = None
+        self._follow_client(sequence)
+        if fields.end:
+            self._table.unmap(sequence)  # a later request with this id must START a new sequence
+        self._wake(sequence.lane)
+        return item
+
+    def _follow_client(self, sequence: Sequence) -> None:
+        """Evict the sequence if the client of its latest request goes away."""
+        link = client_link.current()
+        if link is sequence.link:
+            return
+        if sequence.link is not None:
+            sequence.link.unwatch(sequence)
+        sequence.link = link
+        if link is not None:
+            link.watch(sequence, lambda: self._evict(sequence, "client_disconnected"))
+
+    def _abandon(self, item: SeqItem) -> None:
+        """A request's caller was cancelled: cancelling one request cancels its sequence."""
+        if not item.future.done():
+            item.future.cancel()
+        self._evict(item.sequence, "cancelled")
+
+    # -- lanes -----------------------------------------------------------------------------------
+    def _wake(self, lane: Lane | None) -> None:
+        if lane is not None and lane in self._wakeups:
+            self._wakeups[lane].set()
+
+    async def _work(self, lane: Lane) -> None:
+        # A lane serves while its instance is READY, waits while it restarts, and ends when it is
+        # FAILED or stopped. A batch runs in a task of its own so that stopping the worker never
+        # cuts one in half.
+        while await lane.instance.wait_ready():
+            batch = await self._next_batch(lane)
+            if not lane.instance.healthy:  # it died while we waited: the batch waits for its return
+                for item in reversed(batch):
+                    item.sequence.running = None
+                    item.sequence.queue.appendleft(item)
+                continue
+            task = asyncio.ensure_future(self._run(lane, batch))
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
+            await asyncio.shield(task)
+        self._lane_failed(lane)
+
+    async def _next_batch(self, lane: Lane) -> list[SeqItem]:
+        wakeup = self._wakeups[lane]
+        while True:
+            wakeup.clear()
+            now = time.monotonic_ns()
+            if self._oldest:
+                items, wake = oldest_batch(lane, now, self._limits)
+            else:
+                items, wake = direct_batch(lane, now, self._delay_ns, self._min_ready)
+            items = [item for item in items if self._still_held(lane, item.sequence)]
+            if items:
+                for item in items:
+                    item.sequence.queue.popleft()
+                    item.sequence.running = item
+                return items
+            try:
+                await asyncio.wait_for(wakeup.wait(), None if wake is None else max(0.0, (wake - now) / 1e9))
+            except asyncio.TimeoutError:
+                pass
+
+    def _still_held(self, lane: Lane, sequence: Sequence) -> bool:
+        """False (and the sequence dropped) when the stub that held its state is gone."""
+        if sequence.stub is None or sequence.stub is lane.instance.stub:
+            return True
+        self._drop(sequence, ServerError(
+            f"sequence {sequence.correlation_id} of model '{self._model}' was lost: the stub process that held its "
+            f"state restarted. Start the sequence again.", Status.UNAVAILABLE))
+        return False
+
+    async def _run(self, lane: Lane, batch: list[SeqItem]) -> None:
+        stub = lane.instance.stub
+        if stub is not None:
+            await sequence_frames.flush(stub)  # evictions go before the requests after them
+            if self._iterative:
+                sequence_frames.OWNERS[stub] = self
+        for item in batch:
+            item.rescheduled_rid = None
+            item.sequence.stub = stub  # from now on this stub holds the sequence's state
+            self._running_items[id(item.request)] = item
+        started = time.monotonic_ns()
+        try:
+            results, timing = await lane.instance.execute_streams([item.request for item in batch],
+                                                                  lambda sent: self._sent(batch, sent))
+        except Exception as exc:  # a bug below us must not leave callers waiting
+            log.exception("sequence batcher: executing a batch of %d failed", len(batch))
+            results, timing = [ServerError(f"failed to execute the batch: {exc}", Status.INTERNAL)] * len(batch), \
+                BatchTiming()
+        finally:
+            for item in batch:
+                self._running_items.pop(id(item.request), None)
+        self._stats.record_execution(len(batch), timing)
+        for item, result in zip(batch, results, strict=True):
+            self._after(item, result, started, timing)
+
+    @staticmethod
+    def _sent(batch: list[SeqItem], results: list[Any]) -> None:
+        """The batch is on its way: an eviction may now cancel a request while the model runs it."""
+        for item, result in zip(batch, results, strict=True):
+            item.sent = None if isinstance(result, ServerError) else result
+
+    def on_rescheduled(self, request: InferRequest, rid: int) -> bool:
+        """The model rescheduled `request` of the running batch (sequence_frames); False when it
+        is not one of ours."""
+        item = self._running_items.get(id(request))
+        if item is None:
+            return False
+        item.rescheduled_rid = rid
+        return True
+
+    def _after(self, item: SeqItem, result: Any, started: int, timing: BatchTiming) -> None:
+        sequence = item.sequence
+        sequence.running = None
+        item.sent = None
+        if isinstance(result, ServerError):
+            self._fail(item, result)
+        elif item.stream is None:
+            item.stream = result
+            result.when_final(lambda stream: self._record(stream, item, started, timing))
+            if not item.future.done():
+                item.future.set_result(result)
+            elif not result.finished:
+                result.cancel()  # nobody waits for it any more
+        if item.rescheduled_rid is not None:
+            if sequence.evicted or self._closed is not None or item.stream is None or item.stream.finished:
+                self._drop_rescheduled(item, self._closed or self._evicted_error(sequence, "cancelled"))
+            else:
+                sequence.queue.appendleft(item)  # runs again before the sequence's later requests
+                self._wake(sequence.lane)
+            return
+        if sequence.evicted:
+            return
+        if item.fields.end:
+            self._release(sequence)
+        elif not sequence.queue:
+            self._start_idling(sequence)
+
+    def _record(self, stream: ResponseStream, item: SeqItem, started: int, timing: BatchTiming) -> None:
+        finished = time.monotonic_ns()
+        if stream.error is not None:
+            self._stats.record_failure(finished - item.enqueued_ns)
+        else:
+            self._stats.record_success(1, finished - item.enqueued_ns, started - item.enqueued_ns, timing)
+
+    def _fail(self, item: SeqItem, error: ServerError) -> None:
+        if not item.future.done():
+            self._stats.record_failure(time.monotonic_ns() - item.enqueued_ns)
+            item.future.set_result(error)
+
+    def _drop_rescheduled(self, item: SeqItem, error: ServerError) -> None:
+        """End a rescheduled request that will not run again: its stub answers it with `error`."""
+        stub, rid = item.sequence.stub, item.rescheduled_rid
+        item.rescheduled_rid = None
+        if stub is not None and rid is not None:
+            sequence_frames.send_to_stub(stub, SequenceDropRescheduled([rid], [int(error.status), error.message]))
+
+    def _release(self, sequence: Sequence) -> None:
+        """The sequence ended (END executed) or was evicted: free its slot for the backlog."""
+        if sequence.link is not None:
+            sequence.link.unwatch(sequence)
+            sequence.link = None
+        promoted = self._table.release(sequence)
+        if promoted is not None:
+            self._wake(promoted.lane)
+
+    def _lane_failed(self, lane: Lane) -> None:
+        """The instance is FAILED for good: its sequences are lost, the backlog goes elsewhere."""
+        lane.dead = True
+        error = lane.instance.unhealthy_error()
+        for sequence in lane.sequences():
+            self._drop(sequence, error)
+        if all(other.dead for other in self._table.lanes):
+            for sequence in list(self._table.backlog):
+                self._drop(sequence, error)
+
+    # -- idle sequences ----------------------------------------------------------------------------
+    def _start_idling(self, sequence: Sequence) -> None:
+        now = time.monotonic_ns()
+        sequence.idle_since_ns = now
+        self._arm_idle(now + self._idle_ns, now)
+
+    def _arm_idle(self, deadline_ns: int, now_ns: int) -> None:
+        if self._idle_timer is not None:
+            if self._idle_timer_ns <= deadline_ns:
+                return
+            self._idle_timer.cancel()
+        self._idle_timer_ns = deadline_ns
+        self._idle_timer = self._loop.call_later(max(0, deadline_ns - now_ns) / 1e9, self._reap)
+
+    def _reap(self) -> None:
+        self._idle_timer = None
+        now = time.monotonic_ns()
+        next_deadline = None
+        for sequence in [s for lane in self._table.lanes for s in lane.sequences()]:
+            if sequence.idle_since_ns is None or sequence.queue or sequence.running is not None:
+                continue
+            deadline = sequence.idle_since_ns + self._idle_ns
+            if deadline <= now:
+                self._evict(sequence, "idle_timeout")
+            elif next_deadline is None or deadline < next_deadline:
+                next_deadline = deadline
+        if next_deadline is not None:
+            self._arm_idle(next_deadline, now)
+
+    # -- eviction ----------------------------------------------------------------------------------
+    def _evicted_error(self, sequence: Sequence, reason: str) -> ServerError:
+        status = Status.CANCELLED if reason in _CANCELLED_REASONS else Status.UNAVAILABLE
+        return ServerError(f"sequence {sequence.correlation_id} of model '{self._model}' was evicted ({reason}); "
+                           f"the request was not executed.", status)
+
+    def _evict(self, sequence: Sequence, reason: str, error: ServerError | None = None) -> int:
+        """End a sequence that did not get its END: free its slot, fail what it has queued, tell
+        the model (when a stub holds its state). Returns how many queued requests failed."""
+        if sequence.evicted:
+            return 0
+        holder = sequence.stub if sequence.lane is not None and sequence.stub is sequence.lane.instance.stub else None
+        failed = self._drop(sequence, error or self._evicted_error(sequence, reason))
+        running = sequence.running
+        stream = running and (running.sent or running.stream)
+        if stream is not None and reason in _CANCELLED_REASONS:
+            stream.cancel()  # the model sees is_cancelled()
+        told = holder is not None and holder.alive
+        if told:
+            sequence_frames.send_to_stub(holder, SequenceEvicted(sequence.correlation_id, reason))
+        log.info("sequence %s of model '%s' evicted (%s)%s%s", sequence.correlation_id, self._model, reason,
+                 f"; {failed} queued request(s) failed" if failed else "",
+                 "" if told else "; no stub holds its state")
+        return failed
+
+    def _drop(self, sequence: Sequence, error: ServerError) -> int:
+        """Forget a sequence: fail its queued requests with `error`, free its slot."""
+        sequence.evicted = True
+        queued, failed = list(sequence.queue), 0
+        sequence.queue.clear()
+        for item in queued:
+            if item.rescheduled_rid is not None:
+                self._drop_rescheduled(item, error)
+            elif not item.future.done():
+                self._fail(item, error)
+                failed += 1
+        self._release(sequence)
+        return failed
+
+    # -- stopping ----------------------------------------------------------------------------------
+    def fail_queued(self, error: ServerError) -> int:
+        """The model is unloading (or the server stopping): answer queued requests with `error`
+        and evict every sequence ("unloading"); batches already sent run on. Returns how many
+        requests failed."""
+        self._closed = self._closed or error
+        return sum(self._evict(sequence, "unloading", error) for sequence in self._table.all_sequences())
+
+    async def stop(self, reason: str) -> None:
+        """Fail what is still queued with `reason` (UNAVAILABLE), evict every sequence, make sure the
+        models heard of it before their FINALIZE, and stop the lanes."""
+        failed = self.fail_queued(ServerError(reason, Status.UNAVAILABLE))
+        if failed:
+            log.info("%s failed %d queued request(s)", reason, failed)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        stubs = [lane.instance.stub for lane in self._table.lanes if lane.instance.stub is not None]
+        await asyncio.gather(*(sequence_frames.flush(stub) for stub in stubs))
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers.clear()

@@ -1,0 +1,123 @@
+"""Running the server: load the repository, open the listeners, wait for a signal, shut down.
+
+Shutdown (SIGINT/SIGTERM): stop accepting, let in-flight requests finish (bounded by
+`--exit-timeout-secs`), finalize and stop every stub, unlink every shm object, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from pystub_backend.backend.cli import ServerOptions
+from pystub_backend.backend.core import Core, CoreOptions
+from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
+from pystub_backend.backend.models.repository import RepositoryError
+from pystub_backend.ipc.names import sweep_stale
+__all__ = ["serve", "Listeners"]
+
+log = logging.getLogger("pystub.server")
+
+
+class Listeners:
+    """The HTTP, gRPC and metrics endpoints; each one optional."""
+
+    def __init__(self) -> None:
+        self._stoppers: list[Callable[[], Awaitable[Any]]] = []
+
+    async def start_http(self, app: web.Application, address: str, port: int, label: str,
+                         grace: float = 60.0) -> int:
+        # `grace` bounds how long stopping waits for running handlers (aiohttp's default is 60 s,
+        # whatever --exit-timeout-secs says).
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=grace)
+        await runner.setup()
+        site = web.TCPSite(runner, address, port, reuse_address=True)
+        await site.start()
+        self._stoppers.append(runner.cleanup)
+        bound = runner.addresses[0][1]
+        log.info("Started %s at %s:%d", label, address, bound)
+        return bound
+
+    async def start_grpc(self, core: Core, address: str, port: int, grace: float) -> int:
+        from pystub_backend.backend.frontends.grpc.servicer import create_grpc_server
+        server, bound = create_grpc_server(core, address, port)
+        await server.start()
+        self._stoppers.append(lambda: server.stop(grace))
+        log.info("Started GRPCInferenceService at %s:%d", address, bound)
+        return bound
+
+    async def stop(self) -> None:
+        for stop in reversed(self._stoppers):
+            try:
+                await stop()
+            except Exception:  # a listener that fails to close must not keep stubs alive
+                log.exception("error while closing a listener")
+        self._stoppers.clear()
+
+
+async def _open_listeners(core: Core, options: ServerOptions, listeners: Listeners) -> None:
+    from pystub_backend.backend.frontends.admin import admin_routes
+    from pystub_backend.backend.frontends.http.server import create_http_app
+    from pystub_backend.backend.frontends.metrics import create_metrics_app
+    if options.allow_grpc:
+        await listeners.start_grpc(core, options.grpc_address, options.grpc_port, options.settings.exit_timeout_seconds)
+    if options.allow_http:
+        app = create_http_app(core, max_input_size=options.http_max_input_size)
+        app.add_routes(admin_routes(core))
+        await listeners.start_http(app, options.http_address, options.http_port, "HTTPService",
+                                   options.settings.exit_timeout_seconds)
+    if options.allow_metrics:
+        metrics_app = create_metrics_app(core, options.metrics_interval_ms, options.allow_cpu_metrics)
+        await listeners.start_http(metrics_app, options.metrics_address, options.metrics_port, "Metrics Service",
+                                   options.settings.exit_timeout_seconds)
+
+
+def _install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        # The handler only records the signal; the main coroutine acts on it.
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def serve(options: ServerOptions) -> int:
+    """Run until SIGINT/SIGTERM. Returns the process exit status."""
+    stop = asyncio.Event()
+    _install_signal_handlers(stop)
+    removed = sweep_stale(options.settings.shm_prefix)
+    if removed:
+        log.info("removed %d stale shared memory objects of dead processes", len(removed))
+    for path in sweep_stale_override_dirs():
+        log.info("removed stale model override directory %s", path)
+    core = Core(CoreOptions(repositories=options.repositories, settings=options.settings,
+                            auto_complete=options.auto_complete, strict_readiness=options.strict_readiness,
+                            server_id=options.server_id, model_control_mode=options.model_control_mode,
+                            startup_models=options.load_models, poll_seconds=options.repository_poll_secs,
+                            allow_client_shm=options.allow_client_shm))
+    listeners = Listeners()
+    try:
+        try:
+            failed = await core.load_repository()
+        except RepositoryError as exc:
+            log.error("%s", exc)
+            return 1
+        if failed and options.exit_on_error:
+            log.error("failed to load %s; exiting (use --exit-on-error=false to serve the other models)",
+                      ", ".join(repr(name) for name in failed))
+            return 1
+        try:
+            await _open_listeners(core, options, listeners)
+        except OSError as exc:
+            log.error("failed to start a listener: %s", exc)
+            return 1
+        await stop.wait()
+        log.info("shutting down")
+        return 0
+    finally:
+        core.begin_shutdown()
+        await listeners.stop()
+        await core.unload_all()
+        log.info("all stubs stopped")

@@ -1,0 +1,1 @@
+"""pystub_backend.backend.supervision."""

@@ -1,0 +1,260 @@
+"""One model instance, supervised: it owns successive stub incarnations and restarts them.
+
+    STARTING ──init ok──▶ READY ──death / frozen heartbeat / execute deadline──▶ RESTARTING
+        │                   ▲                                                      │
+        └─init fails─▶ (load error)   back-off, spawn, initialize again ◀──────────┘
+                                      too many failures in the window ──▶ FAILED (stays down)
+
+A failure kills the stub (SIGKILL to its process group), which fails every request in flight on it
+at once with `Stub process '<instance>' is not healthy.` and drops its arenas. Triton's Python
+backend never restarts a stub and never notices a hung one; pystub does both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.telemetry.statistics import BatchTiming
+from pystub_backend.backend.supervision.stub_process import StubProcess, StubStartError
+from pystub_backend.backend.supervision.settings import StubSettings
+from pystub_backend.ipc.status import Status
+__all__ = ["InstanceState", "InstanceSpec", "ModelInstance"]
+
+log = logging.getLogger("pystub.supervisor")
+
+
+class InstanceState(enum.Enum):
+    STARTING = "STARTING"
+    READY = "READY"
+    RESTARTING = "RESTARTING"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+
+@dataclass
+class InstanceSpec:
+    """Everything needed to start (and restart) one instance's stub."""
+
+    model_name: str
+    model_path: str
+    args: dict[str, str]
+    stub_settings: dict[str, Any]
+    settings: StubSettings
+    execute_timeout: float | None = None
+    rlimits: dict[str, int] = field(default_factory=dict)
+    python: list[str] | None = None  # interpreter command (an execution environment's), None = ours
+    context: Any = None  # the server core, handed to each stub for feature frame handlers
+
+
+class ModelInstance:
+    def __init__(self, name: str, spec: InstanceSpec) -> None:
+        self.name = name
+        self.spec = spec
+        self.stub: StubProcess | None = None
+        self.state = InstanceState.STARTING
+        self.restarts = 0
+        self.last_error = ""
+        self.served = 0
+        self.failed = 0
+        self._failures: collections.deque[float] = collections.deque()
+        self._ready = asyncio.Event()
+        self._restart_task: asyncio.Task | None = None
+        # BLS calls an execute of the current stub waits for (pystub_backend.backend.features.bls.call): see hold().
+        self._holds = 0
+        self._held_stub: StubProcess | None = None
+
+    # -- facts -------------------------------------------------------------------------------------
+    @property
+    def healthy(self) -> bool:
+        return self.state is InstanceState.READY and self.stub is not None and self.stub.alive
+
+    @property
+    def alive(self) -> bool:  # what schedulers and admin rows ask
+        return self.healthy
+
+    @property
+    def usable(self) -> bool:
+        """READY now, or expected back (restarting): a worker should wait for it."""
+        return self.state in (InstanceState.READY, InstanceState.RESTARTING, InstanceState.STARTING)
+
+    def unhealthy_error(self) -> ServerError:
+        return ServerError(f"Stub process '{self.name}' is not healthy.", Status.UNAVAILABLE)
+
+    async def wait_ready(self) -> bool:
+        """Wait until READY and not held by a BLS call; False when the instance will not come back
+        (FAILED or STOPPED)."""
+        while not self.healthy or self.held:
+            if not self.usable:
+                return False
+            self._ready.clear()
+            await self._ready.wait()
+        return True
+
+    # -- BLS holds -------------------------------------------------------------------------------------
+    @property
+    def held(self) -> bool:
+        return self._holds > 0 and self._held_stub is self.stub
+
+    def hold(self, stub: StubProcess) -> None:
+        """An execute running on `stub` waits for a BLS call: pipeline no new work to this instance
+        until the call ends. The stub could only queue that work behind the waiting execute, and
+        when the call needs this very model (a cycle) the work would never run while another
+        instance might be free (Triton's instances take work only when idle)."""
+        if stub is not self._held_stub:
+            self._held_stub, self._holds = stub, 0
+        self._holds += 1
+
+    def release_hold(self, stub: StubProcess) -> None:
+        if stub is self._held_stub and self._holds:
+            self._holds -= 1
+            if not self._holds:
+                self._ready.set()
+
+    # -- life cycle ----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """First start. Raises StubStartError with the model's error (a load failure)."""
+        await self._spawn()
+
+    async def _spawn(self) -> None:
+        stub = StubProcess(self.name, self.spec.settings, self.spec.model_name, self.spec.context)
+        stub.on_death = self._on_stub_death
+        self.stub = stub
+        stub.spawn(self.spec.python, self.spec.rlimits)
+        try:
+            await stub.initialize(self.spec.model_path, self.spec.args, self.spec.stub_settings)
+        except StubStartError:
+            stub.on_death = None
+            await stub.stop(finalize_timeout=0)
+            raise
+        self.state = InstanceState.READY
+        self._ready.set()
+
+    def _on_stub_death(self, stub: StubProcess) -> None:
+        if stub is self.stub and self.state is InstanceState.READY:
+            self.fail(None)  # the reason (exit code or signal) is known once the process is reaped
+
+    def check_health(self, now: float) -> str | None:
+        """Why the current stub must be replaced (frozen heartbeat, execute deadline), or None."""
+        stub = self.stub
+        if not self.healthy or stub is None or stub.control is None:
+            return None
+        age = stub.control.heartbeat_age()
+        if age is None:
+            age = now - stub.started_at
+        if age > self.spec.settings.heartbeat_timeout_seconds:
+            return f"no heartbeat for {age:.1f} s (limit {self.spec.settings.heartbeat_timeout_seconds:g} s)"
+        started = stub.control.execute_start
+        timeout = self.spec.execute_timeout
+        if timeout and started and now - started > timeout:
+            return f"execute has run for {now - started:.1f} s (EXECUTE_TIMEOUT_SECONDS={timeout:g})"
+        return None
+
+    def fail(self, reason: str | None) -> None:
+        """The stub is dead (`reason` None) or hung: kill it, fail what it holds, restart it with
+        back-off."""
+        if self.state is not InstanceState.READY:
+            return
+        if reason is not None:
+            self.last_error = reason
+            log.error("Stub process '%s' is not healthy: %s", self.name, reason)
+        stub = self.stub
+        if stub is not None:
+            stub.on_death = None
+            stub.kill()
+        self.state = InstanceState.RESTARTING
+        self._restart_task = asyncio.ensure_future(self._restart(stub))
+
+    async def _restart(self, old: StubProcess | None) -> None:
+        if old is not None:
+            hung = old.alive
+            await old.stop(finalize_timeout=0)
+            if not hung:
+                self.last_error = f"the stub process (pid {old.pid}) {old.death_reason()}"
+                log.error("Stub process '%s' is not healthy: %s", self.name, self.last_error)
+        now = time.monotonic()
+        self._failures.append(now)
+        window = self.spec.settings.restart_window_seconds
+        while self._failures and now - self._failures[0] > window:
+            self._failures.popleft()
+        if len(self._failures) > self.spec.settings.max_restarts:
+            self._give_up(f"{len(self._failures)} failures within {window:g} s; last: {self.last_error}")
+            return
+        delay = min(self.spec.settings.restart_backoff_max_seconds,
+                    self.spec.settings.restart_backoff_seconds * 2 ** (len(self._failures) - 1))
+        while self.state is InstanceState.RESTARTING:
+            await asyncio.sleep(delay)
+            if self.state is not InstanceState.RESTARTING:
+                return
+            try:
+                await self._spawn()
+            except (StubStartError, OSError) as exc:
+                self.last_error = str(exc)
+                self._failures.append(time.monotonic())
+                if len(self._failures) > self.spec.settings.max_restarts:
+                    self._give_up(f"restart failed: {exc}")
+                    return
+                delay = min(self.spec.settings.restart_backoff_max_seconds, delay * 2)
+                continue
+            self.restarts += 1
+            log.info("Stub process '%s' restarted (restart %d, pid %s)", self.name, self.restarts, self.stub.pid
+                     if self.stub else None)
+            return
+
+    def _give_up(self, reason: str) -> None:
+        self.state = InstanceState.FAILED
+        self.last_error = reason
+        self._ready.set()  # wake waiting workers so they see FAILED
+        log.error("Stub process '%s' is FAILED and stays down: %s", self.name, reason)
+
+    async def restart(self) -> None:
+        """Operator-requested restart (stubctl): finalize the current stub, start a new one."""
+        if self.state is InstanceState.READY and self.stub is not None:
+            old = self.stub
+            old.on_death = None
+            self.state = InstanceState.RESTARTING
+            await old.stop(self.spec.settings.stub_timeout_seconds)
+        elif self.state not in (InstanceState.FAILED, InstanceState.RESTARTING):
+            return
+        self.state = InstanceState.RESTARTING
+        self._failures.clear()
+        await self._spawn()
+        self.restarts += 1
+
+    async def stop(self, timeout: float) -> None:
+        self.state = InstanceState.STOPPED
+        self._ready.set()
+        if self._restart_task is not None:
+            self._restart_task.cancel()
+            await asyncio.gather(self._restart_task, return_exceptions=True)
+        if self.stub is not None:
+            self.stub.on_death = None
+            await self.stub.stop(timeout)
+
+    # -- work ----------------------------------------------------------------------------------------
+    async def execute_streams(self, requests: list[Any], on_sent: Callable[[list[Any]], None] | None = None
+                              ) -> tuple[list[Any], BatchTiming]:
+        """Run a batch on the current stub; per request its ResponseStream or a ServerError.
+        `on_sent` as in `StubProcess.execute_streams`."""
+        stub = self.stub
+        if not self.healthy or stub is None:
+            return [self.unhealthy_error()] * len(requests), BatchTiming()
+        streams, timing = await stub.execute_streams(requests, on_sent)
+        for stream in streams:
+            if isinstance(stream, ServerError):
+                self.failed += 1
+            else:
+                stream.when_final(self._count)
+        return streams, timing
+
+    def _count(self, stream: Any) -> None:
+        if stream.error is None:
+            self.served += 1
+        else:
+            self.failed += 1

@@ -1,0 +1,74 @@
+"""Small frames to a stub that can wait a moment and travel together: releases of s2p memory,
+send credits, cancellations.
+
+They are batched within one event-loop turn and sent with a non-blocking send; releases also ride
+on the next EXECUTE frame. A full queue is retried shortly rather than awaited, so nothing on the
+loop ever blocks on a slow stub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.channel import AsyncChannel, ChannelClosedError
+__all__ = ["StubOutbox"]
+
+_CHUNK = 2048
+
+
+class StubOutbox:
+    def __init__(self, channel: Callable[[], AsyncChannel | None]) -> None:
+        self._channel = channel
+        self._loop = asyncio.get_running_loop()
+        self._releases: list[list[int]] = []
+        self._credits: list[int] = []
+        self._cancels: list[int] = []
+        self._scheduled = False
+        self.closed = False
+
+    def release(self, handles: list[list[int]], credit_rid: int | None = None) -> None:
+        if self.closed:
+            return
+        self._releases.extend(h for h in handles if h[0] >= 0)
+        if credit_rid is not None:
+            self._credits.append(credit_rid)
+        self._schedule()
+
+    def cancel(self, rid: int) -> None:
+        if not self.closed:
+            self._cancels.append(rid)
+            self._schedule()
+
+    def take_releases(self) -> list[list[int]]:
+        """The pending releases, for an EXECUTE frame to carry."""
+        releases, self._releases = self._releases, []
+        return releases
+
+    def _schedule(self, delay: float = 0.0) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_later(delay, self._flush) if delay else self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        channel = self._channel()
+        if self.closed or channel is None or channel.closed:
+            self.clear()
+            return
+        try:
+            if self._cancels and not channel.try_send(msg.encode(msg.Cancel(self._cancels))):
+                return self._schedule(0.001)
+            self._cancels = []
+            while self._releases or self._credits:
+                # at most _CHUNK entries a frame keeps every frame far below the frame limit
+                releases, credits = self._releases[:_CHUNK], self._credits[:_CHUNK]
+                if not channel.try_send(msg.encode(msg.Release(releases, credits))):
+                    return self._schedule(0.001)  # the stub's queue is full: try again shortly
+                del self._releases[:_CHUNK], self._credits[:_CHUNK]
+        except ChannelClosedError:
+            self.clear()
+
+    def clear(self) -> None:
+        self._releases, self._credits, self._cancels = [], [], []

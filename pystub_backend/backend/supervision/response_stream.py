@@ -1,0 +1,131 @@
+"""The responses of one request, as they arrive from its stub: zero, one or many, in order, the
+last one flagged final (decoupled models), or exactly one (default models).
+
+A consumer iterates (`async for response in stream`) or takes the single answer (`single()`); it
+calls `response.release()` on each response once encoded, which frees its arena bytes and returns
+a send credit to the stub. `cancel()` tells the stub (the model sees `is_cancelled()`) and drops
+what is still queued. The buffer is bounded by the stub's credits: the stub may have at most
+`CREDIT_WINDOW` unreleased data responses per request; after that its sender waits (with a deadline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import AsyncIterator, Callable
+
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import InferResponse
+from pystub_backend.ipc.status import Status
+__all__ = ["ResponseStream", "CREDIT_WINDOW"]
+
+CREDIT_WINDOW = 64
+
+
+class ResponseStream:
+    def __init__(self, request_id: str, model_name: str, on_cancel: Callable[[], None]) -> None:
+        self.request_id = request_id
+        self.model_name = model_name
+        self.model_version = ""
+        self._on_cancel = on_cancel
+        self._queue: collections.deque[InferResponse] = collections.deque()
+        self._wakeup: asyncio.Future | None = None
+        self._final = False
+        self.cancelled = False
+        self._on_final: list[Callable[["ResponseStream"], None]] = []
+        self.error: ServerError | None = None  # the last error response, for statistics
+
+    # -- producer side (the stub's frames) --------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self._final
+
+    def put(self, response: InferResponse, final: bool) -> None:
+        if self._final:
+            response.release()
+            return
+        if response.error is not None:
+            self.error = response.error
+        response.final = final
+        response.model_version = self.model_version or response.model_version
+        if self.cancelled:
+            response.release()
+        else:
+            self._queue.append(response)
+        if final:
+            self._finish()
+        self._wake()
+
+    def fail(self, error: ServerError) -> None:
+        """End the stream with an error response (stub death, batch failure)."""
+        if not self._final:
+            self.put(InferResponse(self.model_name, "", self.request_id, error=error, final=True), final=True)
+
+    def _finish(self) -> None:
+        self._final = True
+        callbacks, self._on_final = self._on_final, []
+        for callback in callbacks:
+            callback(self)
+
+    def when_final(self, callback: Callable[["ResponseStream"], None]) -> None:
+        """Call `callback(stream)` once the final response is in (now, if it already is)."""
+        if self._final:
+            callback(self)
+        else:
+            self._on_final.append(callback)
+
+    def _wake(self) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    # -- consumer side ----------------------------------------------------------------------------
+    async def next(self) -> InferResponse | None:
+        """The next response, or None once the final one has been taken."""
+        while not self._queue:
+            if self._final:
+                return None
+            self._wakeup = asyncio.get_running_loop().create_future()
+            await self._wakeup
+        return self._queue.popleft()
+
+    def __aiter__(self) -> AsyncIterator[InferResponse]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[InferResponse]:
+        while True:
+            response = await self.next()
+            if response is None:
+                return
+            yield response
+
+    async def single(self) -> InferResponse:
+        """The one response of a default-mode request. Raises ServerError for an error response.
+
+        A final flags-only answer yields an empty response; extra data responses are released.
+        """
+        first: InferResponse | None = None
+        async for response in self:
+            if first is None:
+                first = response
+            else:
+                response.release()
+        if first is None:
+            first = InferResponse(self.model_name, "", self.request_id)
+        if first.error is not None:
+            first.release()
+            raise first.error
+        return first
+
+    def cancel(self) -> None:
+        """The client is gone or cancelled: tell the stub, drop what is queued."""
+        if self.cancelled or self._final:
+            return
+        self.cancelled = True
+        while self._queue:
+            self._queue.popleft().release()
+        self._on_cancel()
+        self._wake()
+
+
+def error_response(model_name: str, request_id: str, code: int, text: str) -> InferResponse:
+    return InferResponse(model_name, "", request_id, error=ServerError(text, Status.coerce(code)))

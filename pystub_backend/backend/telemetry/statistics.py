@@ -1,0 +1,137 @@
+"""Per model-version inference statistics (PROTOCOL.md section 8) and the counters `/metrics`
+derives from them (section 14).
+
+What is counted where, as Triton does:
+- an execution (`record_execution`): `execution_count` += 1, `inference_count` += its batch size
+  (the sum of the batch sizes of the requests the model's `execute` received, whether they then
+  succeed or fail), and one batch_stats entry of that size;
+- a request that succeeds (`record_success`): `success` (request duration), `queue` (enqueue to
+  execution start) and the batch's compute_input/compute_infer/compute_output durations;
+- a request that fails (`record_failure`): `fail` (its duration so far) and one failure of its
+  `reason`: REJECTED (validation, full queue, queue timeout), CANCELED (cancelled by the client),
+  BACKEND (the model or its stub failed it), OTHER (anything else, e.g. unloading with queued work).
+- `last_inference` (ms since the epoch) is the end of the last request, successful or not.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pystub_backend.ipc.status import Status
+__all__ = ["Duration", "ModelStatistics", "BatchTiming", "FAILURE_REASONS", "REJECTED", "CANCELED",
+           "BACKEND", "OTHER", "reason_for"]
+
+REJECTED = "REJECTED"
+CANCELED = "CANCELED"
+BACKEND = "BACKEND"
+OTHER = "OTHER"
+FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
+
+
+@dataclass
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += max(0, ns)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class BatchTiming:
+    """Where one execution's time went, in nanoseconds."""
+
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+
+
+@dataclass
+class _BatchStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+def reason_for(error: Any) -> str:
+    """The failure reason of a request that ended with `error` (a ServerError) after it reached
+    the model: CANCELED when it was answered as cancelled, else BACKEND."""
+    return CANCELED if getattr(error, "status", None) == Status.CANCELLED else BACKEND
+
+
+class ModelStatistics:
+    def __init__(self, name: str, version: str) -> None:
+        self.name = name
+        self.version = version
+        self.last_inference_ms = 0
+        self.inference_count = 0
+        self.execution_count = 0
+        self.success = Duration()
+        self.fail = Duration()
+        self.queue = Duration()
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+        self.failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
+        self._batches: dict[int, _BatchStats] = {}
+        self._created = time.monotonic()
+        self.load_duration_s: float | None = None  # set by loaded()
+
+    def loaded(self) -> None:
+        """The version finished loading: its load duration is the time since these statistics
+        were created (with the version, before its stubs started)."""
+        if self.load_duration_s is None:
+            self.load_duration_s = time.monotonic() - self._created
+
+    def record_execution(self, batch_size: int, timing: BatchTiming) -> None:
+        self.execution_count += 1
+        self.inference_count += batch_size
+        stats = self._batches.setdefault(batch_size, _BatchStats())
+        stats.compute_input.add(timing.compute_input_ns)
+        stats.compute_infer.add(timing.compute_infer_ns)
+        stats.compute_output.add(timing.compute_output_ns)
+
+    def record_success(self, batch_size: int, total_ns: int, queue_ns: int, timing: BatchTiming) -> None:
+        """`batch_size` is accepted for the callers' sake: inferences are counted per execution."""
+        self.last_inference_ms = int(time.time() * 1000)
+        self.success.add(total_ns)
+        self.queue.add(queue_ns)
+        self.compute_input.add(timing.compute_input_ns)
+        self.compute_infer.add(timing.compute_infer_ns)
+        self.compute_output.add(timing.compute_output_ns)
+
+    def record_failure(self, total_ns: int, reason: str = BACKEND) -> None:
+        """One failed request. Raises ValueError for a reason not in FAILURE_REASONS."""
+        if reason not in self.failures:
+            raise ValueError(f"unknown failure reason {reason!r}; expected one of {FAILURE_REASONS}")
+        self.last_inference_ms = int(time.time() * 1000)
+        self.fail.add(total_ns)
+        self.failures[reason] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        empty = Duration().as_dict()
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_dict(), "fail": self.fail.as_dict(), "queue": self.queue.as_dict(),
+                "compute_input": self.compute_input.as_dict(), "compute_infer": self.compute_infer.as_dict(),
+                "compute_output": self.compute_output.as_dict(), "cache_hit": empty, "cache_miss": empty,
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {"batch_size": size, "compute_input": s.compute_input.as_dict(),
+                 "compute_infer": s.compute_infer.as_dict(), "compute_output": s.compute_output.as_dict()}
+                for size, s in sorted(self._batches.items())
+            ],
+            "memory_usage": [],
+        }

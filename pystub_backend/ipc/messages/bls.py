@@ -1,0 +1,88 @@
+"""BLS and model-control messages (kinds 20-29).
+
+    stub -> backend                              backend -> stub
+    ---------------                              ---------------
+    BlsRequest (call id, target, request)        BlsResponse (call id, response)   0..N, last FINAL
+    BlsCancel (call ids)
+    BlsCleanup (p2s handles, credits)
+    ModelControl (token, operation, arguments)   ModelControlDone (token, result, error)
+    BlsInspect (token)                           BlsInspectDone (token, facts)
+
+A BLS call's inputs are in the calling stub's s2p arena (the stub writes them); the backend reads
+them in place and copies them once, into the target stub's p2s arena. Every response's outputs
+arrive in the calling stub's p2s arena (the backend writes them, copied once from the target's
+s2p). The backend sends exactly one FINAL response per call, and only after it stopped reading
+the call's inputs: the stub frees its input handles then.
+
+BlsCleanup is the original's cleanup message made general: the p2s handles of BLS outputs the
+stub no longer references (the backend frees them) and one credit per response a decoupled call's
+iterator has taken (the backend forwards at most `BLS_CREDIT_WINDOW` responses ahead of them).
+
+Wire forms reuse the core ones (pystub_backend.ipc.messages.core): `request` is the core request list with the call id
+as its rid, `response` the core response list with the call id as its rid.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from pystub_backend.ipc.wire import message
+__all__ = [
+    "BlsRequest", "BlsResponse", "BlsCancel", "BlsCleanup", "ModelControl", "ModelControlDone",
+    "BlsInspect", "BlsInspectDone", "BLS_CREDIT_WINDOW",
+]
+
+# Responses of one decoupled BLS call the backend may have forwarded and the iterator not taken.
+BLS_CREDIT_WINDOW = 64
+
+
+@message(20)
+class BlsRequest(NamedTuple):
+    call_id: int
+    model_name: str
+    model_version: str  # "" for the latest (the model's `model_version=-1`)
+    request: list[Any]  # [call_id, id, inputs, requested_outputs, parameters_json, correlation_id, flags, timeout_us]
+    decoupled: bool
+    holds: bool  # the caller's execute cannot return before this call ends (deadlock detection)
+
+
+@message(21)
+class BlsResponse(NamedTuple):
+    call_id: int
+    response: list[Any]  # [call_id, flags, error | None, outputs, parameters_json | None]
+
+
+@message(22)
+class BlsCancel(NamedTuple):
+    call_ids: list[int]
+
+
+@message(23)
+class BlsCleanup(NamedTuple):
+    handles: list[list[int]]  # p2s handles of BLS outputs the stub is done with
+    credits: list[int]  # call ids, one entry per response a decoupled call's iterator has taken
+
+
+@message(24)
+class ModelControl(NamedTuple):
+    token: int
+    operation: str  # "load", "unload", "ready"
+    arguments: dict[str, Any]
+
+
+@message(25)
+class ModelControlDone(NamedTuple):
+    token: int
+    result: Any
+    error: str | None
+
+
+@message(26)
+class BlsInspect(NamedTuple):
+    token: int
+
+
+@message(27)
+class BlsInspectDone(NamedTuple):
+    token: int
+    facts: dict[str, Any]

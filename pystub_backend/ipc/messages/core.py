@@ -1,0 +1,131 @@
+"""The core message catalogue (kinds 1-19); the wire form and the kind registry are in `pystub_backend.ipc.wire`.
+
+Tensor bytes never travel in frames: frames carry arena handles `[segment, offset, nbytes]`.
+Features keep their own catalogues (`ipc/messages_<feature>.py`, kinds by range, see pystub_backend.ipc.wire);
+they are imported at the bottom of this module so that every process can decode every kind.
+
+    backend -> stub                       stub -> backend
+    ---------------                       ---------------
+    AutoComplete                          AutoCompleteDone
+    Init                                  InitDone
+    Execute (requests, releases)          ExecuteDone (responses returned by execute)
+    Release (s2p handles, credits)        Response (sent through a response sender)
+    Cancel (request ids)
+    Finalize                              FinalizeDone
+    IsReady                               IsReadyDone
+                                          Log
+                                          Release (p2s handles; inputs the stub is done with)
+
+Wire tuples inside messages (plain lists, for speed):
+    tensor   = [name, datatype, shape, handle]
+    request  = [rid, id, inputs: [tensor], requested_outputs: [name], parameters_json,
+                correlation_id, flags, timeout_us]
+    response = [rid, flags, error: [code, message] | None, outputs: [tensor], parameters_json]
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from pystub_backend.ipc.wire import MessageDecodeError, decode, encode, message
+__all__ = [
+    "MessageDecodeError", "encode", "decode",
+    "AutoComplete", "AutoCompleteDone", "Init", "InitDone", "Execute", "ExecuteDone",
+    "Response", "Release", "Log", "Finalize", "FinalizeDone", "IsReady", "IsReadyDone", "Cancel",
+    "RESPONSE_FINAL",
+]
+
+RESPONSE_FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+@message(1)
+class AutoComplete(NamedTuple):
+    model_path: str
+    config_json: str
+
+
+@message(2)
+class AutoCompleteDone(NamedTuple):
+    config_json: str | None
+    error: str | None
+
+
+@message(3)
+class Init(NamedTuple):
+    model_path: str
+    args: dict[str, str]
+    settings: dict[str, Any]
+
+
+@message(4)
+class InitDone(NamedTuple):
+    error: str | None  # the exception text clients and logs match
+    traceback: str | None
+    has_is_ready: bool
+
+
+@message(5)
+class Execute(NamedTuple):
+    batch_id: int
+    requests: list[list[Any]]
+    releases: list[list[int]]
+
+
+@message(6)
+class ExecuteDone(NamedTuple):
+    batch_id: int
+    error: list[Any] | None
+    responses: list[list[Any]]
+
+
+@message(7)
+class Response(NamedTuple):
+    response: list[Any]
+
+
+@message(8)
+class Release(NamedTuple):
+    handles: list[list[int]]
+    credits: list[int]  # request ids, one entry per consumed data response (flow control)
+
+
+@message(14)
+class Cancel(NamedTuple):
+    rids: list[int]
+
+
+@message(9)
+class Log(NamedTuple):
+    level: int
+    message: str
+    filename: str
+    lineno: int
+
+
+@message(10)
+class Finalize(NamedTuple):
+    pass
+
+
+@message(11)
+class FinalizeDone(NamedTuple):
+    error: str | None
+
+
+@message(12)
+class IsReady(NamedTuple):
+    token: int
+
+
+@message(13)
+class IsReadyDone(NamedTuple):
+    token: int
+    ready: bool
+    error: str | None  # why not ready, in the text clients see
+
+
+from pystub_backend.ipc.messages import multiplex as messages_multiplex  # noqa: E402,F401 - multiplexing (50-59)
+from pystub_backend.ipc.messages import client_shm as messages_client_shm  # noqa: E402,F401 - client shared memory (60-69)
+from pystub_backend.ipc.messages import metrics as messages_metrics  # noqa: E402,F401 - custom metrics (30-39)
+from pystub_backend.ipc.messages import bls as messages_bls  # noqa: E402,F401 - BLS and model control (20-29)
+from pystub_backend.ipc.messages import sequences as messages_sequences  # noqa: E402,F401 - sequences (40-49)

@@ -1,0 +1,56 @@
+"""Custom metrics frames (kinds 30-39): `pb_utils.MetricFamily` / `Metric` in a stub, mirrored to
+the backend's registry, which serves them on `/metrics`.
+
+    stub -> backend                                   backend -> stub
+    ---------------                                   ---------------
+    MetricFamilyCreate(token, ...)  (waits)  ──────▶  MetricReply(token, error, value)
+    MetricValueQuery(token, ...)    (waits)  ──────▶  MetricReply(token, error, value)
+    MetricOps(entries)              (one way, buffered in the stub, sent before any other frame)
+
+Entries of `MetricOps`, applied in order (plain lists, for speed):
+    [ENTRY_CREATE, family, labels, buckets | None]       a series this stub now holds
+    [ENTRY_UPDATE, family, labels, set_to | None, delta, observations]
+                                                         changes since the last frame: set the value
+                                                         first (if set_to is not None), then add delta;
+                                                         histograms observe each of `observations`
+    [ENTRY_DELETE, family, labels]                        this stub dropped its last Metric object
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from pystub_backend.ipc.wire import message
+__all__ = ["MetricFamilyCreate", "MetricValueQuery", "MetricOps", "MetricReply",
+           "ENTRY_CREATE", "ENTRY_UPDATE", "ENTRY_DELETE"]
+
+ENTRY_CREATE = 0
+ENTRY_UPDATE = 1
+ENTRY_DELETE = 2
+
+
+@message(30)
+class MetricFamilyCreate(NamedTuple):
+    token: int
+    name: str
+    description: str
+    kind: int  # pb_utils.MetricFamily.COUNTER / GAUGE / HISTOGRAM
+
+
+@message(31)
+class MetricOps(NamedTuple):
+    entries: list[list[Any]]
+
+
+@message(32)
+class MetricValueQuery(NamedTuple):
+    token: int
+    family: str
+    labels: dict[str, str]
+
+
+@message(33)
+class MetricReply(NamedTuple):
+    token: int
+    error: str | None  # the reason text; pb_utils adds the API.md prefix
+    value: float

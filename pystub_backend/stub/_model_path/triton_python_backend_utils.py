@@ -1,0 +1,8 @@
+"""`import triton_python_backend_utils as pb_utils` in a model resolves here.
+
+The stub appends this directory to `sys.path` (API.md section 1). Everything is re-exported from
+`pystub_backend.stub.pb_utils`, so models and the stub share the very same classes.
+"""
+
+from pystub_backend.stub.pb_utils import *  # noqa: F401,F403
+from pystub_backend.stub.pb_utils import __all__  # noqa: F401

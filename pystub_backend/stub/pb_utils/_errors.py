@@ -1,0 +1,68 @@
+"""`TritonError` (an error value a model returns) and `TritonModelException` (what pb_utils raises).
+
+`TritonError` is not an exception: models put it into an `InferenceResponse` so that one request
+fails while the rest of the batch succeeds. Its codes are `pystub_backend.ipc.status.Status` members, so a code
+crosses the process boundary as a plain int and means the same thing on the other side.
+"""
+
+from __future__ import annotations
+
+from pystub_backend.ipc.status import Status
+__all__ = ["TritonError", "TritonModelException", "ErrorCode", "require_str"]
+
+ErrorCode = Status
+
+
+class TritonModelException(Exception):
+    """Raised by every pb_utils class for a misuse the original reports from its native code.
+
+    `str(exc)` is exactly the API.md text: clients and tests match it.
+    """
+
+
+class TritonError:
+    """An error a model attaches to a response: `TritonError(message, code=TritonError.INTERNAL)`."""
+
+    UNKNOWN = Status.UNKNOWN
+    INTERNAL = Status.INTERNAL
+    NOT_FOUND = Status.NOT_FOUND
+    INVALID_ARG = Status.INVALID_ARG
+    UNAVAILABLE = Status.UNAVAILABLE
+    UNSUPPORTED = Status.UNSUPPORTED
+    ALREADY_EXISTS = Status.ALREADY_EXISTS
+    CANCELLED = Status.CANCELLED
+
+    __slots__ = ("_message", "_code")
+
+    def __init__(self, message: str, code: Status = Status.INTERNAL) -> None:
+        """Raises TypeError when `message` is not a str or `code` is not an error code."""
+        self._message = require_str("message", message)
+        self._code = _coerce_code(code)
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> Status:
+        return self._code
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, {self._code.name})"
+
+
+def _coerce_code(code: object) -> Status:
+    # Plain ints are accepted too (the original only takes its enum) since IntEnum members and
+    # ints are interchangeable everywhere else in Python.
+    if isinstance(code, int) and not isinstance(code, bool):
+        try:
+            return Status(code)
+        except ValueError:
+            pass
+    raise TypeError(f"code must be a TritonError code (TritonError.INTERNAL, ...), got {code!r}")
+
+
+def require_str(what: str, value: object) -> str:
+    """`value` if it is a str; raises TypeError otherwise (None included), like the original's
+    argument conversion."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value)}")
+    return value

@@ -1,0 +1,195 @@
+"""`Tensor`: a named array as a model sees it (API.md 6.3).
+
+A tensor keeps the numpy array it was given (no copy unless the array is non-contiguous or not in
+native byte order), so `as_numpy()` returns the caller's own array, as in the original. BYTES
+tensors are serialized at construction, so later edits of the object array do not reach the
+wire. BF16 has no numpy type: such tensors come from DLPack and keep their raw bits as uint16.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pystub_backend.ipc.bytes_codec import serialize_bytes
+from pystub_backend.ipc.dtypes import WIRE_TO_CODE, wire_name_of
+from . import _dlpack
+from ._errors import TritonModelException, require_str
+
+__all__ = ["Tensor"]
+
+
+class Tensor:
+    """`Tensor(name, array)`, positional arguments only.
+
+    Raises TritonModelException `Tensor name cannot be an empty string.` and
+    `NumPy dtype is not supported.`; TypeError for a non-str name or an array-incompatible object.
+    """
+
+    __slots__ = ("_name", "_wire", "_array", "_shape", "_serialized", "_device", "_owner", "_exported", "__weakref__")
+
+    def __init__(self, name: str, array: np.ndarray, /) -> None:
+        _check_name(name)
+        array = _as_ndarray(array)
+        wire = _wire_of(array.dtype)
+        if wire is None:
+            raise TritonModelException("NumPy dtype is not supported.")
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        if array.dtype.byteorder == (">" if np.little_endian else "<"):
+            # The wire is little-endian and so is every consumer; fix the order once here.
+            array = array.astype(array.dtype.newbyteorder("="))
+        self._setup(name, wire, array)
+        if wire == "BYTES":
+            self._serialized = _serialize(array)
+
+    def _setup(self, name: str, wire: str, array: np.ndarray | None, shape: list[int] | None = None) -> None:
+        self._name = name
+        self._wire = wire
+        self._array = array
+        self._shape = [int(d) for d in (array.shape if shape is None else shape)]  # type: ignore[union-attr]
+        self._serialized: bytes | None = None
+        self._device = (_dlpack.KDL_CPU, 0)
+        self._owner: Any = None
+        self._exported: np.ndarray | None = None
+
+    @classmethod
+    def _from_array(cls, name: str, array: np.ndarray, wire_dtype: str | None = None) -> "Tensor":
+        """Wrap `array` without copying or validating it (stub-side constructor).
+
+        `wire_dtype` is needed only for BF16, whose bits arrive as a uint16 array; otherwise the
+        wire type follows the array's dtype (object/bytes_ arrays are BYTES).
+        """
+        wire = wire_dtype or _wire_of(array.dtype)
+        if wire is None:
+            raise TritonModelException("NumPy dtype is not supported.")
+        tensor = cls.__new__(cls)
+        tensor._setup(name, wire, array)
+        return tensor
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack_tensor: object) -> "Tensor":
+        """A tensor sharing the memory of a DLPack capsule or `__dlpack__` object (no copy).
+
+        Raises TritonModelException `Tensor name cannot be an empty string.`,
+        `Provided tensor is not supported. ...`, `DLPack tensor is not contiguous. ...` and
+        `DLDevice type <n> is not support by Python backend.`
+        """
+        _check_name(name)
+        imported = _dlpack.import_capsule(dlpack_tensor)
+        tensor = Tensor.__new__(Tensor)
+        tensor._setup(name, imported.wire, imported.array, imported.shape)
+        tensor._device = (imported.device_type, imported.device_id)
+        tensor._owner = imported.owner
+        return tensor
+
+    def name(self) -> str:
+        return self._name
+
+    def shape(self) -> list[int]:
+        return list(self._shape)
+
+    def triton_dtype(self) -> int:
+        """The `TRITONSERVER_DataType` code (1 BOOL ... 13 BYTES, 14 BF16)."""
+        return WIRE_TO_CODE[self._wire]
+
+    def is_cpu(self) -> bool:
+        return self._device[0] != _dlpack.KDL_CUDA
+
+    def as_numpy(self) -> np.ndarray:
+        """The tensor's array. Raises TritonModelException for GPU and BF16 tensors."""
+        if not self.is_cpu():
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
+        if self._wire == "BF16":
+            raise TritonModelException(
+                "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and "
+                "from_dlpack() instead."
+            )
+        assert self._array is not None
+        return self._array
+
+    def to_dlpack(self) -> object:
+        """A `"dltensor"` capsule sharing the tensor's memory.
+
+        Raises TritonModelException for BYTES tensors, and for GPU tensors (pystub has no CUDA).
+        """
+        return self._export(None)
+
+    def _export(self, max_version: tuple[int, int] | None) -> object:
+        if self._wire == "BYTES":
+            raise TritonModelException("DLPack does not have support for string tensors.")
+        if not self.is_cpu():
+            raise TritonModelException("pystub cannot export GPU tensors: it has no CUDA support.")
+        return _dlpack.export_capsule(self._exportable_array(), self._wire, max_version)
+
+    def _exportable_array(self) -> np.ndarray:
+        assert self._array is not None
+        if self._array.flags.writeable:
+            return self._array
+        # DLPack consumers may write, and inputs are read-only views: export one private copy.
+        if self._exported is None:
+            self._exported = self._array.copy()
+        return self._exported
+
+    def __dlpack__(self, stream: object = None, *, max_version: tuple[int, int] | None = None,
+                   dl_device: object = None, copy: bool | None = None) -> object:
+        """The DLPack protocol. The original takes `stream` only; the DLPack 1.x keywords are
+        accepted too so that current consumers get a versioned (writable) capsule."""
+        if copy:
+            return Tensor._from_array(self._name, self._storage().copy(), self._wire)._export(max_version)
+        return self._export(max_version)
+
+    def _storage(self) -> np.ndarray:
+        """The stored array (BF16 as uint16 bits) for CPU tensors; raises like `as_numpy` on GPU."""
+        if not self.is_cpu():
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
+        assert self._array is not None
+        return self._array
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+    def _wire_payload(self) -> tuple[str, list[int], object]:
+        """(wire datatype, shape, buffer): a C-contiguous array, or serialized `bytes` for BYTES.
+
+        BF16 buffers are uint16 arrays. Raises TritonModelException for GPU tensors.
+        """
+        if not self.is_cpu():
+            raise TritonModelException(
+                f"Tensor '{self._name}' is stored in GPU memory, which pystub cannot read; "
+                "move it to the CPU first."
+            )
+        assert self._array is not None
+        if self._wire == "BYTES":
+            if self._serialized is None:
+                self._serialized = _serialize(self._array)
+            return self._wire, list(self._shape), self._serialized
+        return self._wire, list(self._shape), np.ascontiguousarray(self._array)
+
+    def __repr__(self) -> str:
+        return f"Tensor(name={self._name!r}, datatype={self._wire}, shape={self._shape})"
+
+
+def _check_name(name: object) -> None:
+    if require_str("name", name) == "":
+        raise TritonModelException("Tensor name cannot be an empty string.")
+
+
+def _as_ndarray(array: object) -> np.ndarray:
+    if isinstance(array, np.ndarray):
+        return array
+    try:
+        return np.asarray(array)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"Tensor data must be a numpy array: {exc}") from None
+
+
+def _wire_of(dtype: np.dtype) -> str | None:
+    if dtype.kind == "O":
+        return "BYTES"
+    return wire_name_of(dtype)
+
+
+def _serialize(array: np.ndarray) -> bytes:
+    return serialize_bytes(array.ravel(order="C"))

@@ -1,0 +1,111 @@
+"""The stub's side of each request in flight: its response sender, its cancellation flag, and its
+send credits.
+
+Flow control: a request may have at most `CREDIT_WINDOW` data responses the backend has not yet
+consumed; the backend returns one credit per response it releases. A sender that has no credit
+waits up to the send timeout and then fails with a clear error, so a model producing faster than
+its client reads cannot grow anyone's memory without bound.
+
+Cancellation: the backend pushes CANCEL frames; `is_cancelled()` reads the flag (no round trip).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.arena import ArenaWriter
+from pystub_backend.ipc.status import Status
+from pystub_backend.stub import pb_utils
+from pystub_backend.stub.translate import error_to_wire, response_to_wire
+__all__ = ["RequestState", "RequestRegistry", "CREDIT_WINDOW"]
+
+CREDIT_WINDOW = 64  # the backend's ResponseStream uses the same number
+_FINAL = msg.RESPONSE_FINAL
+
+
+@dataclass
+class RequestState:
+    rid: int
+    requested: set[str]
+    final: bool = False
+    cancelled: bool = False
+    credits: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(CREDIT_WINDOW))
+
+
+class RequestRegistry:
+    def __init__(self, instance: str, send: Callable[[Any], None], writer: ArenaWriter,
+                 decoupled: Callable[[], bool], send_timeout: float) -> None:
+        self._instance = instance
+        self._send = send
+        self._writer = writer
+        self._decoupled = decoupled
+        self._send_timeout = send_timeout
+        self._states: dict[int, RequestState] = {}
+        self._lock = threading.Lock()
+
+    # -- frames from the backend (receiver thread) ------------------------------------------------
+    def on_credits(self, rids: list[int]) -> None:
+        with self._lock:
+            states = [self._states.get(rid) for rid in rids]
+        for state in states:
+            if state is not None:
+                state.credits.release()
+
+    def on_cancel(self, rids: list[int]) -> None:
+        with self._lock:
+            for rid in rids:
+                state = self._states.get(rid)
+                if state is not None:
+                    state.cancelled = True
+                    state.credits.release()  # a sender waiting for credit must not wait any more
+
+    # -- requests ------------------------------------------------------------------------------------
+    def make_sender(self, wire: list[Any]) -> tuple[Any, RequestState]:
+        state = RequestState(rid=wire[0], requested=set(wire[3]))
+        with self._lock:
+            self._states[state.rid] = state
+
+        def send(response: Any, flags: int) -> None:
+            self._send_response(state, response, flags)
+
+        sender = pb_utils.InferenceResponseSender(send, lambda: state.cancelled, decoupled=self._decoupled())
+        # pystub goes further than Triton (API.md 7): a sender dropped before FINAL fails its
+        # request instead of leaving the client waiting forever.
+        weakref.finalize(sender, self._sender_dropped, state).atexit = False
+        return sender, state
+
+    def _send_response(self, state: RequestState, response: Any, flags: int) -> None:
+        if state.final:  # failed on the model's behalf (stalled client), or already answered
+            raise pb_utils.TritonModelException("Unable to send response. Response sender has been closed.")
+        carries_data = response is not None and not response.has_error() and not state.cancelled
+        if carries_data and not state.credits.acquire(timeout=self._send_timeout):
+            text = (f"Unable to send response: the client has not read the last {CREDIT_WINDOW} responses of "
+                    f"this request for {self._send_timeout:g} s.")
+            self._fail(state, text)  # the client learns why, whatever the model does next
+            raise pb_utils.TritonModelException(text)
+        self._send(msg.Response(response_to_wire(state.rid, response, flags, state.requested, self._writer)))
+        if flags & _FINAL:
+            self.close(state)
+
+    def close(self, state: RequestState) -> None:
+        """The request got its final response (sent, returned, or failed by the batch)."""
+        state.final = True
+        with self._lock:
+            self._states.pop(state.rid, None)
+
+    def _sender_dropped(self, state: RequestState) -> None:
+        if not state.final:
+            self._fail(state, f"Response sender of model '{self._instance}' was destroyed before it sent the "
+                              f"final response (TRITONSERVER_RESPONSE_COMPLETE_FINAL).")
+
+    def _fail(self, state: RequestState, text: str) -> None:
+        """End the request with an INTERNAL error response carrying `text`."""
+        self.close(state)
+        try:
+            self._send(msg.Response([state.rid, _FINAL, error_to_wire(Status.INTERNAL, text), [], "{}"]))
+        except OSError:
+            pass

@@ -1,0 +1,317 @@
+"""The stub process: one model instance, driven by the backend over a channel and two arenas.
+
+Threads:
+    main       runs the work queue: AutoComplete, Init, Execute, Finalize (model code runs here)
+    receiver   reads frames; frees s2p handles on Release at once (even while execute runs),
+               queues everything else for main
+    heartbeat  liveness.Heartbeat
+    async      event_loop.InstanceLoop, on first `async def execute`
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import queue
+import resource
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
+from pystub_backend.ipc.channel import BlockingChannel, ChannelClosedError
+from pystub_backend.ipc.control_block import ControlBlock, StubState
+from pystub_backend.ipc.status import Status
+from pystub_backend.stub import pb_utils
+from pystub_backend.stub.batched import BatchedExecute, has_execute_batch
+from pystub_backend.stub.event_loop import InstanceLoop
+from pystub_backend.stub.executor import check_return, failure_text, format_traceback, run_execute
+from pystub_backend.stub.liveness import Heartbeat, ignore_termination_signals, set_parent_death_signal
+from pystub_backend.stub.loader import LoadError, load_model_class
+from pystub_backend.stub.pb_utils import _runtime
+from pystub_backend.stub.features import install as features  # noqa: F401 - registers the features' frame handlers
+from pystub_backend.stub import output_buffers
+from pystub_backend.stub.senders import RequestRegistry, RequestState
+from pystub_backend.stub.features.sequences import keep_rescheduled, take_rescheduled
+from pystub_backend.stub.handlers import main_handler, notify_phase, receiver_handler, send_hooks
+from pystub_backend.stub.translate import build_request, error_to_wire, response_to_wire
+__all__ = ["StubOptions", "Stub"]
+
+_FINAL = msg.RESPONSE_FINAL
+_LOG_ERROR = 2
+
+
+@dataclass
+class StubOptions:
+    instance: str
+    base: str
+    fd: int
+    parent_pid: int
+    shm_default: int
+    shm_growth: int
+    heartbeat_interval: float
+    send_timeout: float
+    rlimits: dict[str, int]
+
+
+class Stub:
+    def __init__(self, options: StubOptions) -> None:
+        self.options = options
+        self.instance = options.instance
+        self.control = ControlBlock.attach(options.base + "_ctl")
+        os.set_inheritable(options.fd, False)  # processes the model starts must not hold our channel
+        self.channel = BlockingChannel(socket.socket(fileno=options.fd))
+        self.p2s = ArenaReader(options.base, "p2s")
+        self.s2p = ArenaWriter(options.base, "s2p", options.shm_default, options.shm_growth)
+        self.work: queue.SimpleQueue[Any] = queue.SimpleQueue()  # C-level: the per-request hand-off
+        self.loop = InstanceLoop(self.log_error)
+        self.model: Any = None
+        self.model_name = ""
+        self.model_version = 0
+        self.decoupled = False
+        self.batched: BatchedExecute | None = None  # pystub extension: the model's execute_batch
+        self._send_hooks = tuple(send_hooks())
+        output_buffers.install(self.s2p)  # pb_utils.new_output_array
+        self.requests = RequestRegistry(self.instance, self.send, self.s2p, lambda: self.decoupled,
+                                        options.send_timeout)
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def send(self, message: Any) -> None:
+        for hook in self._send_hooks:  # e.g. buffered metric changes go out before this frame
+            hook(self, message)
+        self.channel.send(msg.encode(message), self.options.send_timeout, type(message).__name__)
+
+    def log(self, level: int, text: str, filename: str = "stub", lineno: int = 0) -> None:
+        try:
+            self.send(msg.Log(level, text, filename, lineno))
+        except (ChannelClosedError, OSError):
+            sys.stderr.write(text + "\n")
+
+    def log_error(self, text: str) -> None:
+        self.log(_LOG_ERROR, text, "pb_stub", 0)
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                frame = self.channel.recv(1.0)
+            except ChannelClosedError:
+                self.work.put(None)
+                return
+            if frame is None:
+                continue
+            try:
+                message = msg.decode(frame)
+            except msg.MessageDecodeError as exc:
+                self.log_error(f"stub '{self.instance}' dropped a corrupt frame: {exc}")
+                continue
+            try:
+                self._dispatch(message)
+            except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the receiver
+                self.log_error(f"stub '{self.instance}' dropped a malformed {type(message).__name__} frame: "
+                               f"{type(exc).__name__}: {exc}")
+
+    def _dispatch(self, message: Any) -> None:
+        """Act on one frame on the receiver thread, or queue it for the main thread."""
+        if isinstance(message, msg.Release):
+            self._free(message.handles)
+            self.requests.on_credits(message.credits)
+        elif isinstance(message, msg.Cancel):
+            self.requests.on_cancel(message.rids)
+        elif (feature := receiver_handler(type(message))) is not None:
+            feature(self, message)
+        elif isinstance(message, msg.IsReady):
+            # Readiness is asked while execute may run: answer from a thread of its own.
+            threading.Thread(target=self._is_ready, args=(message.token,), daemon=True,
+                             name="pystub-is-ready").start()
+        else:
+            self.work.put(message)
+
+    def _free(self, handles: list[list[int]]) -> None:
+        for handle in handles:
+            try:
+                self.s2p.free(handle)
+            except (KeyError, IndexError, ValueError, TypeError):
+                self.log_error(f"stub '{self.instance}' was asked to free an unknown handle {handle}")
+
+    # -- main loop -----------------------------------------------------------------------------
+    def run(self) -> int:
+        self.control.set_pid(os.getpid())
+        heartbeat = Heartbeat(self.control, self.options.parent_pid, self.options.heartbeat_interval, self.s2p)
+        heartbeat.start()
+        threading.Thread(target=self._receive, name="pystub-receiver", daemon=True).start()
+        _runtime.set_log_sink(self._log_from_model)
+        handlers = {msg.AutoComplete: self._auto_complete, msg.Init: self._init,
+                    msg.Execute: self._execute, msg.Finalize: self._finalize}
+        while True:
+            message = self.work.get()
+            if message is None:  # the backend closed the channel: it is gone or gave up on us
+                sys.stderr.write("Non-graceful termination detected.\n")
+                return 1
+            handler = handlers.get(type(message))
+            try:
+                if handler is not None:
+                    handler(message)
+                else:
+                    feature = main_handler(type(message))
+                    if feature is None:
+                        self.log_error(f"stub '{self.instance}' has no handler for {type(message).__name__}")
+                    else:
+                        feature(self, message)
+            except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the stub
+                self.log_error(f"stub '{self.instance}' dropped a malformed {type(message).__name__} frame: "
+                               f"{type(exc).__name__}: {exc}")
+            if isinstance(message, (msg.Finalize, msg.AutoComplete)):
+                heartbeat.stop()
+                return 0
+
+    def _log_from_model(self, level: int, message: str, filename: str, lineno: int) -> None:
+        self.log(level, message, filename, lineno)
+
+    # -- commands ------------------------------------------------------------------------------
+    def _auto_complete(self, message: msg.AutoComplete) -> None:
+        config = json.loads(message.config_json)
+        try:
+            model_class = load_model_class(message.model_path)
+            hook = getattr(model_class, "auto_complete_config", None)
+            if hook is None:
+                self.send(msg.AutoCompleteDone(message.config_json, None))
+                return
+            result = hook(pb_utils.ModelConfig(message.config_json))
+            if not isinstance(result, pb_utils.ModelConfig):
+                raise LoadError(f"auto_complete_config function in model '{config.get('name', '')}' must "
+                                f"return a valid pb.ModelConfig object.")
+            self.send(msg.AutoCompleteDone(json.dumps(result._model_config), None))
+        except Exception as exc:
+            self.send(msg.AutoCompleteDone(None, self._describe(exc)))
+
+    def _describe(self, exc: BaseException) -> str:
+        if isinstance(exc, LoadError):
+            return str(exc)
+        return f"{type(exc).__name__}: {exc}\n\n{format_traceback(exc)}"
+
+    def _init(self, message: msg.Init) -> None:
+        args = message.args
+        self.model_name = args["model_name"]
+        self.model_version = int(args["model_version"])
+        self.decoupled = bool(message.settings.get("decoupled", False))
+        _runtime.set_model_dir(os.path.dirname(message.model_path))
+        notify_phase(self, "initializing")
+        try:
+            model_class = load_model_class(message.model_path)
+            if not callable(getattr(model_class, "execute", None)) and not has_execute_batch(model_class):
+                raise LoadError(f"Python model {message.model_path} does not implement `execute` method.")
+            self.batched = BatchedExecute.create(model_class, args.get("model_config", "{}"), self.instance,
+                                                 self.decoupled)
+            self.model = model_class()
+            initialize = getattr(self.model, "initialize", None)
+            if initialize is not None:
+                initialize(args)
+        except Exception as exc:
+            self.send(msg.InitDone(self._describe(exc).split("\n\n", 1)[0], format_traceback(exc), False))
+            return
+        self.control.set_state(StubState.READY)
+        notify_phase(self, "ready")
+        self.send(msg.InitDone(None, None, callable(getattr(self.model, "is_ready", None))))
+
+    def _finalize(self, message: msg.Finalize) -> None:
+        self.control.set_state(StubState.FINALIZING)
+        notify_phase(self, "finalizing")
+        error = None
+        finalize = getattr(self.model, "finalize", None)
+        if finalize is not None:
+            try:
+                finalize()
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                self.log_error(f"finalize of '{self.instance}' failed: {error}\n{format_traceback(exc)}")
+        self.loop.stop()
+        self.send(msg.FinalizeDone(error))
+
+    def _is_ready(self, token: int) -> None:
+        """Run the model's `is_ready()` (sync or async) and report it (API.md 2.3)."""
+        ready, error = False, None
+        try:
+            result = self.model.is_ready()
+            if inspect.isawaitable(result):
+                result = self.loop.submit(_await(result)).result()
+            if not isinstance(result, bool):
+                error = "is_ready() must return a boolean value"
+            elif result:
+                ready = True
+            else:
+                error = f"Model '{self.instance}' is not ready (user-defined check failed)."
+        except Exception as exc:
+            error = f"is_ready() of model '{self.instance}' raised {type(exc).__name__}: {exc}"
+        try:
+            self.send(msg.IsReadyDone(token, ready, error))
+        except (ChannelClosedError, OSError):
+            pass
+
+    # -- execute -------------------------------------------------------------------------------
+    def _execute(self, message: msg.Execute) -> None:
+        self._free(message.releases)
+        requests: list[Any] = []
+        states: list[RequestState] = []
+        responses: list[Any] = []
+        error = None
+        self.control.execute_started()
+        try:
+            for wire in message.requests:
+                kept = take_rescheduled(wire[0])  # pystub sequences: a rescheduled request runs as itself
+                if kept is None:
+                    sender, state = self.requests.make_sender(wire)
+                    states.append(state)  # registered now: closed below even if its request cannot be built
+                    requests.append(build_request(wire, self.p2s, self.model_name, self.model_version, sender))
+                else:
+                    requests.append(kept[0])
+                    states.append(kept[1])
+            result = run_execute(self.model, requests, self.decoupled, self.loop, self.log_error, self.batched)
+            entries = check_return(result, requests, self.decoupled, self.instance)
+            for wire, state, entry in zip(message.requests, states, entries):
+                if entry is not None and not state.final:
+                    self.requests.close(state)
+                    responses.append(response_to_wire(wire[0], entry, _FINAL, set(wire[3]), self.s2p))
+            keep_rescheduled(self, requests, states)  # pystub sequences: report them before EXECUTE_DONE
+        except Exception as exc:
+            text = failure_text(self.instance, exc)
+            self.log_error(f"{text}\n{format_traceback(exc)}")
+            error = error_to_wire(Status.INTERNAL, text)
+            for state in states:
+                self.requests.close(state)  # the backend fails every request that is still open
+            for response in responses:
+                self._free([t[3] for t in response[3]])
+            responses = []
+        finally:
+            self.control.execute_finished()
+        self.send(msg.ExecuteDone(message.batch_id, error, responses))
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def apply_rlimits(limits: dict[str, int]) -> None:
+    """Limit this process (address space, CPU seconds, open files) before model code runs."""
+    names = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "nofile": resource.RLIMIT_NOFILE}
+    for name, value in limits.items():
+        which = names[name]
+        _, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY and value > hard:
+            value = hard
+        resource.setrlimit(which, (value, value))
+
+
+def main(options: StubOptions) -> int:
+    ignore_termination_signals()
+    set_parent_death_signal(options.parent_pid)
+    apply_rlimits(options.rlimits)
+    stub = Stub(options)
+    try:
+        return stub.run()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()

@@ -1,0 +1,88 @@
+"""Between wire frames and pb_utils objects, inside the stub.
+
+Inputs become `pb_utils.Tensor`s over read-only views of the p2s arena, or of a client's shared
+memory region (no copy either way); a response's outputs are written once into the s2p arena, or
+straight into the client's region when the request asked for that, pruned to the outputs the
+client asked for.
+
+    wire request = [rid, id, inputs, requested_outputs, parameters_json, correlation_id, flags,
+                    timeout_us (, output_regions: {output name: region handle})]
+
+The ninth element is present only when some output goes to a client region (pystub_backend.ipc.tensors).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pystub_backend.ipc import tensors
+from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
+from pystub_backend.ipc.status import Status
+from pystub_backend.ipc.tensors import RegionTooSmallError
+from pystub_backend.stub.features import client_shm
+from pystub_backend.stub import output_buffers, pb_utils
+__all__ = ["build_request", "response_to_wire", "error_to_wire"]
+
+MAX_ERROR_CHARS = 32 * 1024  # frames are small; a model's error text is cut to fit
+
+
+def error_to_wire(code: int, message: str) -> list[Any]:
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[:MAX_ERROR_CHARS] + "... [truncated]"
+    return [int(code), message]
+
+
+def build_request(wire: list[Any], reader: ArenaReader, model_name: str, model_version: int,
+                  sender: Any) -> Any:
+    """A `pb_utils.InferenceRequest` for the wire request. Raises ValueError for a corrupt one."""
+    rid, request_id, wire_inputs, requested, parameters_json, correlation_id, flags, timeout = wire[:8]
+    if len(wire) > 8 and wire[8]:
+        client_shm.expect_outputs(rid, sender, wire[8])
+    inputs = [pb_utils.Tensor._from_array(t[0], tensors.to_array(reader, t, client_shm.REGIONS))
+              for t in wire_inputs]
+    return pb_utils.InferenceRequest._from_server(
+        inputs=inputs, request_id=request_id, correlation_id=correlation_id, flags=flags,
+        timeout=timeout, parameters_json=parameters_json, requested_output_names=set(requested),
+        model_name=model_name, model_version=model_version, response_sender=sender)
+
+
+def _response_parameters(response: Any) -> str:
+    parameters = response.parameters()
+    return parameters if isinstance(parameters, str) else "{}"
+
+
+def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
+                     writer: ArenaWriter) -> list[Any]:
+    """The wire response for a pb_utils response (or None for a flags-only final).
+
+    Outputs are placed in the s2p arena, or written into the client region the request named for
+    them. When the arena cannot grow (INTERNAL), or an output does not fit its region or the region
+    cannot be mapped (INVALID_ARG), the already placed outputs are freed again and the response
+    becomes an error carrying the text.
+    """
+    if response is None:  # flags only: parameters nil tells it apart from a response with no outputs
+        return [rid, flags, None, [], None]
+    if response.has_error():
+        error = response.error()
+        return [rid, flags, error_to_wire(error.code(), error.message()), [], _response_parameters(response)]
+    targets = client_shm.output_targets(rid)
+    outputs: list[Any] = []
+    try:
+        for tensor in response.output_tensors():
+            name = tensor.name()
+            if requested and name not in requested:
+                continue
+            datatype, shape, buffer = tensor._wire_payload()
+            target = targets.get(name) if targets else None
+            if target is not None:
+                outputs.append(tensors.place_in_region(client_shm.REGIONS, name, datatype, shape, buffer, target))
+            elif (handle := output_buffers.claim(buffer)) is not None:  # already in the arena: no copy
+                outputs.append([name, datatype, list(shape), list(handle)])
+            else:
+                outputs.append(tensors.place(writer, name, datatype, shape, buffer))
+    except (ArenaFullError, RegionTooSmallError, client_shm.RegionError) as exc:
+        for placed in outputs:
+            writer.free(tensors.wire_handle(placed))  # region outputs carry the empty handle: a no-op
+        status = Status.INTERNAL if isinstance(exc, ArenaFullError) else Status.INVALID_ARG
+        return [rid, flags, error_to_wire(status, str(exc)), [], "{}"]
+    return [rid, flags, None, outputs, _response_parameters(response)]
