@@ -10,7 +10,7 @@ setup() {
     if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
         python3 -m venv "$VENV"
         "$VENV/bin/pip" install --quiet --upgrade pip
-        "$VENV/bin/pip" install --quiet -e '.[test]'
+        "$VENV/bin/pip" install --quiet -e '.[test,dev]'
         touch "$stamp"
     fi
 }

@@ -17,9 +17,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import psutil
 
@@ -64,7 +64,7 @@ class Backend:
         return [*self.wrapper, sys.executable, "-m", "pystub_backend.backend", "--model-repository", self.repository, *ports,
                 *self.args]
 
-    def start(self, timeout: float = 90.0) -> "Backend":
+    def start(self, timeout: float = 90.0) -> Backend:
         env = dict(os.environ, **(self.env or {}))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
         self.process = subprocess.Popen(self.command(), stdout=self._log_file, stderr=subprocess.STDOUT,
@@ -130,7 +130,7 @@ class Backend:
         except subprocess.TimeoutExpired:
             pass
 
-    def __enter__(self) -> "Backend":
+    def __enter__(self) -> Backend:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -205,7 +205,7 @@ class LeakSnapshot:
     fds: dict[int, str] = field(default_factory=dict)
 
     @classmethod
-    def take(cls) -> "LeakSnapshot":
+    def take(cls) -> LeakSnapshot:
         owners = (STARTED_PIDS | {os.getpid()}) - LONG_LIVED_PIDS
         prefixes = tuple(f"{SHM_MARK}_{pid}_" for pid in owners)
         shm = {n for n in os.listdir(SHM_DIR) if n.startswith(prefixes)}
@@ -220,7 +220,7 @@ class LeakSnapshot:
         fds = {fd: t for fd, t in _fd_targets().items() if fd not in LONG_LIVED_FDS}
         return cls(shm, children, fds)
 
-    def leaks_since(self, before: "LeakSnapshot") -> list[str]:
+    def leaks_since(self, before: LeakSnapshot) -> list[str]:
         problems = []
         if self.shm - before.shm:
             problems.append(f"/dev/shm entries left: {sorted(self.shm - before.shm)}")

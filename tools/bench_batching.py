@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_backend import start_backend  # noqa: E402 - after the path is set
-
 import numpy as np  # noqa: E402
 import tritonclient.grpc.aio as grpcclient  # noqa: E402
+from bench_backend import start_backend  # noqa: E402 - after the path is set
 
 WIDTH = 64
 

@@ -35,6 +35,7 @@ import tritonclient.grpc as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_backend import start_backend  # noqa: E402 - after the path is set
+
 MIB = 1 << 20
 
 LEAF = '''

@@ -44,8 +44,8 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from pystub_backend.backend.inference import InferRequest, Tensor  # noqa: E402
-from pystub_backend.backend.supervision.stub_process import StubProcess  # noqa: E402
 from pystub_backend.backend.supervision.settings import StubSettings  # noqa: E402
+from pystub_backend.backend.supervision.stub_process import StubProcess  # noqa: E402
 
 DEFAULT_SIZES = "16,4K,1M,64M,256M"
 QUICK_SIZES = "16,4K,1M,64M"

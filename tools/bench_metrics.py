@@ -24,15 +24,16 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pystub_backend.backend.features.custom_metrics import CustomMetricError, CustomMetrics  # noqa: E402
-from pystub_backend.ipc.messages import core as msg  # noqa: E402
 from pystub_backend.ipc.channel import BlockingChannel, ChannelClosedError  # noqa: E402
+from pystub_backend.ipc.messages import core as msg  # noqa: E402
 from pystub_backend.ipc.messages.metrics import MetricFamilyCreate, MetricOps, MetricReply, MetricValueQuery  # noqa: E402
 from pystub_backend.stub.features.metrics import MetricsReporter  # noqa: E402
 from pystub_backend.stub.pb_utils import MetricFamily, _runtime  # noqa: E402

@@ -31,12 +31,12 @@ import socket
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-
 from soak_traffic import TIMEOUT_S, Ledger
 
 __all__ = ["Chaos", "ChaosOptions"]

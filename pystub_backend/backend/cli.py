@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from pystub_backend.backend.log import LogSettings, configure_logging
 from pystub_backend.backend.supervision.settings import BackendConfigError, StubSettings, parse_backend_config
+
 __all__ = ["ServerOptions", "parse_args", "main"]
 
 log = logging.getLogger("pystub.cli")

@@ -5,24 +5,36 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, TypeVar
+from typing import Any, TypeVar
 
-from pystub_backend.backend.features.client_shm import ClientShmRegistry
-from pystub_backend.backend.models.ensemble_config import composes, ensemble_dependencies, ensemble_graph_models, load_waves
 from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.features.client_shm import ClientShmRegistry
 from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.models.config import ConfigError, ModelConfig, config_from_json, model_metadata
+from pystub_backend.backend.models.ensemble_config import (
+    composes,
+    ensemble_dependencies,
+    ensemble_graph_models,
+    load_waves,
+)
 from pystub_backend.backend.models.lifecycle import InFlight, ModelEntry, retire, start_versions, stop_versions
 from pystub_backend.backend.models.overrides import LoadRequest, OverrideDir, parse_load_parameters
-from pystub_backend.backend.models.version import ModelVersion
-from pystub_backend.backend.models.repository import (RepositoryError, check_stub_name, find_models, model_fingerprint,
-                                prepare_model)
-from pystub_backend.backend.supervision.response_stream import ResponseStream
-from pystub_backend.backend.telemetry.statistics import REJECTED
-from pystub_backend.backend.supervision.settings import StubSettings
+from pystub_backend.backend.models.repository import (
+    RepositoryError,
+    check_stub_name,
+    find_models,
+    model_fingerprint,
+    prepare_model,
+)
 from pystub_backend.backend.models.validation import validate_request
+from pystub_backend.backend.models.version import ModelVersion
+from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.supervision.settings import StubSettings
+from pystub_backend.backend.telemetry.statistics import REJECTED
 from pystub_backend.ipc.status import Status
+
 __all__ = ["Core", "CoreOptions", "SERVER_NAME", "SERVER_VERSION", "EXTENSIONS", "MODEL_CONTROL_MODES"]
 
 log = logging.getLogger("pystub.core")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import grpc
 
 from pystub_backend.ipc.status import Status
+
 __all__ = ["ServerError", "http_status", "grpc_code", "Status", "forget_traceback"]
 
 _HTTP_STATUS = {

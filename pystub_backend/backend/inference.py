@@ -11,14 +11,16 @@ Tensor data are raw little-endian bytes in C order; BYTES tensors carry the leng
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Union
+from typing import Any, Protocol, Union
 
 import numpy as np
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.ipc.dtypes import numpy_dtype
 from pystub_backend.ipc.bytes_codec import deserialize_bytes
+from pystub_backend.ipc.dtypes import numpy_dtype
+
 __all__ = [
     "Buffer",
     "Tensor",

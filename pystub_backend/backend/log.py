@@ -12,10 +12,12 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from pystub_backend.backend.errors import ServerError, Status
+
 __all__ = ["LogSettings", "configure_logging", "settings", "update_settings", "LOG_FORMATS"]
 
 LOG_FORMATS = ("default", "ISO8601")

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -18,6 +19,7 @@ from pystub_backend.backend.core import Core, CoreOptions
 from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
 from pystub_backend.backend.models.repository import RepositoryError
 from pystub_backend.ipc.names import sweep_stale
+
 __all__ = ["serve", "Listeners"]
 
 log = logging.getLogger("pystub.server")

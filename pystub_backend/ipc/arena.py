@@ -22,6 +22,7 @@ from typing import Any
 from pystub_backend.ipc.allocator import ALIGNMENT, Allocator
 from pystub_backend.ipc.names import unlink_entries
 from pystub_backend.ipc.segment import Segment, SegmentCreateError
+
 __all__ = ["Handle", "EMPTY_HANDLE", "ArenaWriter", "ArenaReader", "ArenaFullError", "segment_name"]
 
 Handle = tuple[int, int, int]

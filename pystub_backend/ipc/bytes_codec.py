@@ -10,7 +10,7 @@ Layout, elements in C order, nothing else:
 from __future__ import annotations
 
 import struct
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

@@ -21,7 +21,7 @@ import select
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["MAX_FRAME", "ChannelClosedError", "ChannelTimeoutError", "FrameTooLargeError",
            "make_pair", "BlockingChannel", "AsyncChannel"]

@@ -22,6 +22,7 @@ import struct
 import time
 
 from pystub_backend.ipc.segment import Segment
+
 __all__ = ["ControlBlock", "StubState", "CONTROL_BLOCK_SIZE"]
 
 _LAYOUT = struct.Struct("<4sIIIddQQQ")
@@ -47,13 +48,13 @@ class ControlBlock:
         self._view = segment.view
 
     @classmethod
-    def create(cls, name: str) -> "ControlBlock":
+    def create(cls, name: str) -> ControlBlock:
         block = cls(Segment.create(name, CONTROL_BLOCK_SIZE))
         _LAYOUT.pack_into(block._view, 0, _MAGIC, _VERSION, 0, StubState.STARTING, 0.0, 0.0, 0, 0, 0)
         return block
 
     @classmethod
-    def attach(cls, name: str) -> "ControlBlock":
+    def attach(cls, name: str) -> ControlBlock:
         """Map an existing block for writing. Raises ValueError when it is not a control block."""
         block = cls(Segment.attach(name, writable=True))
         magic, version = struct.unpack_from("<4sI", block._view, 0)

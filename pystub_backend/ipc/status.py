@@ -22,7 +22,7 @@ class Status(enum.IntEnum):
     CANCELLED = 7
 
     @classmethod
-    def coerce(cls, value: int) -> "Status":
+    def coerce(cls, value: int) -> Status:
         """The status for `value`, or INTERNAL when the value is not a known code."""
         try:
             return cls(int(value))

@@ -31,6 +31,7 @@ import numpy as np
 from pystub_backend.ipc.arena import EMPTY_HANDLE, ArenaReader, ArenaWriter
 from pystub_backend.ipc.bytes_codec import deserialize_bytes
 from pystub_backend.ipc.dtypes import numpy_dtype
+
 __all__ = ["place", "to_array", "wire_handle", "region_handle", "is_region_handle", "place_in_region",
            "RegionViews", "RegionTooSmallError"]
 

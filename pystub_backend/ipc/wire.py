@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Any, Callable, NamedTuple, TypeVar, Union
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar, Union
 
 import msgpack
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.executor import failure_text, format_traceback
 from pystub_backend.stub.loader import LoadError
+
 __all__ = ["BatchedExecute", "BatchConfigError", "DEFAULT_PREFIX", "has_execute_batch", "parse_defaults"]
 
 DEFAULT_PREFIX = "default:"

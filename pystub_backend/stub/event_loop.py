@@ -10,7 +10,8 @@ import asyncio
 import concurrent.futures
 import threading
 import traceback
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 __all__ = ["InstanceLoop"]
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import inspect
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.event_loop import InstanceLoop
+
 __all__ = ["ExecuteRuleError", "run_execute", "check_return", "failure_text"]
 
 RELEASE_RESCHEDULE = 2

@@ -14,7 +14,8 @@ Register in a module that `pystub_backend.stub.features.install` imports.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["on_receiver", "on_main", "receiver_handler", "main_handler", "on_phase", "notify_phase", "PHASES",
            "before_send", "send_hooks"]

@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from pystub_backend.ipc.control_block import ControlBlock
+
 __all__ = ["set_parent_death_signal", "ignore_termination_signals", "Heartbeat"]
 
 _PR_SET_PDEATHSIG = 1

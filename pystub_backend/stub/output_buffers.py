@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from pystub_backend.ipc.arena import ArenaWriter, Handle
+
 __all__ = ["OutputBuffers", "install", "claim"]
 
-_installed: "OutputBuffers | None" = None
+_installed: OutputBuffers | None = None
 
 
 class OutputBuffers:

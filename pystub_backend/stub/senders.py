@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.arena import ArenaWriter
+from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.translate import error_to_wire, response_to_wire
+
 __all__ = ["RequestState", "RequestRegistry", "CREDIT_WINDOW"]
 
 CREDIT_WINDOW = 64  # the backend's ResponseStream uses the same number

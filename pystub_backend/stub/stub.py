@@ -21,24 +21,24 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import BlockingChannel, ChannelClosedError
 from pystub_backend.ipc.control_block import ControlBlock, StubState
+from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.status import Status
-from pystub_backend.stub import pb_utils
+from pystub_backend.stub import output_buffers, pb_utils
 from pystub_backend.stub.batched import BatchedExecute, has_execute_batch
 from pystub_backend.stub.event_loop import InstanceLoop
 from pystub_backend.stub.executor import check_return, failure_text, format_traceback, run_execute
+from pystub_backend.stub.features import install as features  # noqa: F401 - registers the features' frame handlers
+from pystub_backend.stub.features.sequences import keep_rescheduled, take_rescheduled
+from pystub_backend.stub.handlers import main_handler, notify_phase, receiver_handler, send_hooks
 from pystub_backend.stub.liveness import Heartbeat, ignore_termination_signals, set_parent_death_signal
 from pystub_backend.stub.loader import LoadError, load_model_class
 from pystub_backend.stub.pb_utils import _runtime
-from pystub_backend.stub.features import install as features  # noqa: F401 - registers the features' frame handlers
-from pystub_backend.stub import output_buffers
 from pystub_backend.stub.senders import RequestRegistry, RequestState
-from pystub_backend.stub.features.sequences import keep_rescheduled, take_rescheduled
-from pystub_backend.stub.handlers import main_handler, notify_phase, receiver_handler, send_hooks
 from pystub_backend.stub.translate import build_request, error_to_wire, response_to_wire
+
 __all__ = ["StubOptions", "Stub"]
 
 _FINAL = msg.RESPONSE_FINAL

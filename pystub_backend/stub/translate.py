@@ -19,8 +19,9 @@ from pystub_backend.ipc import tensors
 from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
 from pystub_backend.ipc.status import Status
 from pystub_backend.ipc.tensors import RegionTooSmallError
-from pystub_backend.stub.features import client_shm
 from pystub_backend.stub import output_buffers, pb_utils
+from pystub_backend.stub.features import client_shm
+
 __all__ = ["build_request", "response_to_wire", "error_to_wire"]
 
 MAX_ERROR_CHARS = 32 * 1024  # frames are small; a model's error text is cut to fit

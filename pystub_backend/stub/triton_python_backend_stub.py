@@ -13,7 +13,7 @@ import sys
 __all__ = ["parse_args", "run"]
 
 
-def parse_args(argv: list[str]) -> "StubOptions":  # noqa: F821 - imported lazily below
+def parse_args(argv: list[str]) -> StubOptions:  # noqa: F821 - imported lazily below
     from pystub_backend.stub.stub import StubOptions
     parser = argparse.ArgumentParser(prog="triton_python_backend_stub")
     parser.add_argument("instance")

@@ -28,9 +28,8 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
-
 from harness import Backend, make_repository, module_backend
+from tritonclient.utils import InferenceServerException
 
 MIB = 1 << 20
 POOL_TEXT = "Failed to increase the shared memory pool size"

@@ -9,7 +9,6 @@ import urllib.request
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-
 from harness import Backend, make_repository
 
 

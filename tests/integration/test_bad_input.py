@@ -7,15 +7,14 @@ import json
 import struct
 import urllib.error
 import urllib.request
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from harness import Backend, make_repository, module_backend
+from tritonclient.utils import InferenceServerException
 
 
 @pytest.fixture(scope="module")

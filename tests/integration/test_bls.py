@@ -10,14 +10,14 @@ import json
 import shutil
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-
 from harness import TEST_MODELS, Backend, make_repository, module_backend
 
 STUB_TIMEOUT = 4

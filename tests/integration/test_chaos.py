@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from harness import ROOT, Backend
 
 sys.path.insert(0, str(ROOT / "tools"))

@@ -23,9 +23,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
-
 from harness import LONG_LIVED_FDS, LONG_LIVED_PIDS, Backend, make_repository, module_backend
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
 
 MODELS = ("identity_fp32", "string_identity", "add_sub", "slow")
 PROTOCOLS = ("http", "grpc")

@@ -10,16 +10,16 @@ import json
 import queue
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from harness import Backend, make_repository, module_backend
+from tritonclient.utils import InferenceServerException
 
 X = np.arange(4, dtype=np.float32)
 

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-
 from harness import ROOT, Backend
 
 

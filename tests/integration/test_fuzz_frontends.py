@@ -16,7 +16,8 @@ import json
 import mmap
 import os
 import urllib.request
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 from urllib.parse import quote
 
 import grpc
@@ -24,13 +25,22 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from fuzz_cases import (
+    MODELS,
+    GrpcCase,
+    HttpCase,
+    grpc_bytes,
+    grpc_request,
+    http_case,
+    json_values,
+    make_fuzz_repository,
+    scaled,
+    texts,
+)
+from harness import Backend, module_backend
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-
-from fuzz_cases import (MODELS, GrpcCase, HttpCase, grpc_bytes, grpc_request, http_case, json_values,
-                        make_fuzz_repository, scaled, texts)
-from harness import Backend, module_backend
 
 SETTINGS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 TIMEOUT = 15.0  # per request: a hang fails the case instead of the whole run

@@ -24,19 +24,21 @@ import re
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
+from fuzz_cases import ipc_frame, scaled, well_typed_frame
+from harness import Backend, make_repository, module_backend
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz_cases import ipc_frame, scaled, well_typed_frame
-from harness import Backend, make_repository, module_backend
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.wire import registered_kinds
+
 _SYS_PIDFD_GETFD = 438  # the same number on every Linux architecture
 _LIBC = ctypes.CDLL(None, use_errno=True)
 KINDS = tuple(sorted(registered_kinds()))
@@ -151,7 +153,7 @@ class Load:
         finally:
             client.close()
 
-    def __enter__(self) -> "Load":
+    def __enter__(self) -> Load:
         for thread in self._threads:
             thread.start()
         return self

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from harness import Backend, make_repository
+from tritonclient.utils import InferenceServerException
 
 
 def infer_int32(url: str, model: str, name: str, value: int, output: str) -> np.ndarray:

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from harness import Backend, make_repository, module_backend
+from tritonclient.utils import InferenceServerException
 
 DEFAULTS = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True, "log_verbose_level": 0,
             "log_format": "default"}

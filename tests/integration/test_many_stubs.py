@@ -30,7 +30,6 @@ from typing import Any
 
 import psutil
 import pytest
-
 from harness import ROOT, Backend
 
 INSTANCES = 64

@@ -17,8 +17,9 @@ import shutil
 import signal
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import psutil

@@ -11,18 +11,18 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from harness import Backend, make_repository, module_backend
+from tritonclient.utils import InferenceServerException
 
 INVALID_NAME = "Invalid stub name: contains invalid characters"
 NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"

@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import re
 import shutil
+import signal
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ from harness import TEST_MODELS, Backend, make_repository, module_backend
 from tritonclient.utils import InferenceServerException
 
 from pystub_backend.backend.stubctl import fetch_stubs, format_table
+
 VARIANTS = {  # name: (source model, config lines replaced)
     "multiplex_one": ("multiplex", {"count: 3": "count: 1"}),
     "multiplex_spread": ("multiplex", {}),

@@ -33,21 +33,22 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from ipaddress import ip_address
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import grpc
 import numpy as np
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
+from fuzz_cases import IDENTITY_2D_CONFIG
+from harness import EXAMPLES, Backend, make_repository, module_backend
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from pystub_backend.backend.supervision.execution_env import ExecutionEnvError, resolve_execution_env
-from fuzz_cases import IDENTITY_2D_CONFIG
-from harness import EXAMPLES, Backend, make_repository, module_backend
 
 MIB = 1 << 20
 

@@ -9,17 +9,16 @@ import signal
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from harness import Backend, make_repository, module_backend
+from tritonclient.utils import InferenceServerException
 
 HEARTBEAT = ["--backend-config=python,stub-heartbeat-timeout-seconds=1"]
 

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pystub_backend.ipc.allocator import ALIGNMENT, Allocator
+
+
 def aligned(nbytes: int) -> int:
     return max(ALIGNMENT, -(-nbytes // ALIGNMENT) * ALIGNMENT)
 

@@ -21,6 +21,7 @@ from pystub_backend.ipc import names
 from pystub_backend.ipc.allocator import ALIGNMENT
 from pystub_backend.ipc.arena import EMPTY_HANDLE, ArenaFullError, ArenaReader, ArenaWriter, segment_name
 from pystub_backend.ipc.segment import Segment, SegmentCreateError
+
 PAGE = 4096
 
 

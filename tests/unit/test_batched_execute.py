@@ -14,6 +14,8 @@ import pytest
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.batched import BatchConfigError, BatchedExecute, parse_defaults
 from pystub_backend.stub.executor import run_execute
+
+
 def config(max_batch_size: int = 8, defaults: dict[str, str] | None = None, **dims: list[int]) -> dict[str, Any]:
     inputs = [{"name": "X", "data_type": "TYPE_FP32", "dims": dims.get("X", [2]), "optional": False},
               {"name": "S", "data_type": "TYPE_FP32", "dims": dims.get("S", [1]), "optional": True},

@@ -12,6 +12,8 @@ import pytest
 from pystub_backend.backend.features.bls import payloads as payload_registry
 from pystub_backend.backend.features.bls.deadlock import deadlock_reason
 from pystub_backend.backend.features.bls.payloads import PayloadRegistry
+
+
 class Payload:
     def __init__(self, caller: Any, request: Any = None, holding: bool = True) -> None:
         self.caller = caller

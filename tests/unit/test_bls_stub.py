@@ -10,19 +10,21 @@ import gc
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
 from pystub_backend.ipc import names, tensors
 from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
-from pystub_backend.ipc.messages.core import RESPONSE_FINAL
 from pystub_backend.ipc.messages.bls import BlsCancel, BlsCleanup, BlsRequest, BlsResponse
-from pystub_backend.stub.features import bls
+from pystub_backend.ipc.messages.core import RESPONSE_FINAL
 from pystub_backend.stub import pb_utils
+from pystub_backend.stub.features import bls
 from pystub_backend.stub.pb_utils import _runtime
+
 FINAL = RESPONSE_FINAL
 
 

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from harness import ROOT
 
 from pystub_backend.backend.cli import parse_args
-from harness import ROOT
 
 
 def test_defaults_bind_loopback():

@@ -15,18 +15,25 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pystub_backend.backend.features.client_shm import ClientShmRegistry, ShmOutput, ShmTensor, attach_regions, region_handle
 from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.features.client_shm import (
+    ClientShmRegistry,
+    ShmOutput,
+    ShmTensor,
+    attach_regions,
+    region_handle,
+)
 from pystub_backend.backend.inference import InferRequest, RequestedOutput, Tensor
 from pystub_backend.backend.models.validation import validate_request
-from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc import names, tensors
 from pystub_backend.ipc.arena import ArenaWriter
+from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.client_shm import ClientShmForget
 from pystub_backend.ipc.status import Status
-from pystub_backend.stub.features import client_shm as stub_shm
 from pystub_backend.stub import pb_utils
+from pystub_backend.stub.features import client_shm as stub_shm
 from pystub_backend.stub.translate import response_to_wire
+
 _counter = iter(range(1_000_000))
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from pystub_backend.backend.features.custom_metrics import COUNTER, GAUGE, HISTOGRAM, CustomMetricError, CustomMetrics
 from pystub_backend.ipc.messages.metrics import ENTRY_CREATE, ENTRY_DELETE, ENTRY_UPDATE
+
+
 class Holder:
     """Stands in for a StubProcess: the registry only asks whether it is alive."""
 

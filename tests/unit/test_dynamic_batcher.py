@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from pystub_backend.backend.scheduling.dynamic import DynamicBatcher
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
+from pystub_backend.backend.scheduling.dynamic import DynamicBatcher
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics
 from pystub_backend.ipc.status import Status
+
+
 class FakeInstance:
     """Executes batches on the loop: `hold` keeps a batch running until set; ids starting with
     "bad" get an error response of their own."""

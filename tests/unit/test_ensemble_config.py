@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from pystub_backend.backend.models.ensemble_config import EnsembleGraph, composes, ensemble_dependencies, load_waves
 from pystub_backend.backend.models.config import ConfigError, normalize, parse_config_text
+from pystub_backend.backend.models.ensemble_config import EnsembleGraph, composes, ensemble_dependencies, load_waves
+
+
 def graph(steps: str, outputs: str = '{ name: "Y", data_type: TYPE_FP32, dims: [ -1 ] }') -> EnsembleGraph:
     config = parse_config_text(f"""
         name: "ens" platform: "ensemble"

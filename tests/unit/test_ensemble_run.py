@@ -5,17 +5,19 @@ them is, decoupled steps fork one ensemble response each in order, and errors an
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from pystub_backend.backend.models.ensemble_config import EnsembleGraph
-from pystub_backend.backend.models.ensemble_run import EnsembleRun
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
 from pystub_backend.backend.models.config import normalize, parse_config_text
+from pystub_backend.backend.models.ensemble_config import EnsembleGraph
+from pystub_backend.backend.models.ensemble_run import EnsembleRun
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.ipc.status import Status
+
 Compute = Callable[[dict[str, np.ndarray]], Any]
 
 

@@ -12,34 +12,51 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
+from fuzz_cases import (
+    IDENTITY_2D_CONFIG,
+    MODELS,
+    GrpcCase,
+    HttpCase,
+    grpc_bytes,
+    grpc_request,
+    http_case,
+    ipc_frame,
+    scaled,
+)
 from google.protobuf.message import DecodeError
+from harness import EXAMPLES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
-from pystub_backend.backend.features.client_shm import ClientShmRegistry
 from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.features.client_shm import ClientShmRegistry
 from pystub_backend.backend.frontends.grpc import codec as grpc_codec
 from pystub_backend.backend.frontends.http.codec import decode_infer_request, parse_header_length
 from pystub_backend.backend.frontends.http.compression import decompress_body
 from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_input_spec
-from pystub_backend.backend.models.config import config_to_json, load_config_file, model_metadata, normalize, parse_config_text
-from pystub_backend.backend.scheduling.sequence_controls import sequence_fields
-from pystub_backend.backend.supervision.stub_process import StubProcess
-from pystub_backend.backend.supervision.settings import StubSettings
+from pystub_backend.backend.models.config import (
+    config_to_json,
+    load_config_file,
+    model_metadata,
+    normalize,
+    parse_config_text,
+)
 from pystub_backend.backend.models.validation import validate_request
-from fuzz_cases import (IDENTITY_2D_CONFIG, MODELS, GrpcCase, HttpCase, grpc_bytes, grpc_request, http_case, ipc_frame,
-                        scaled)
-from harness import EXAMPLES
-from pystub_backend.ipc.messages import core as msg
+from pystub_backend.backend.scheduling.sequence_controls import sequence_fields
+from pystub_backend.backend.supervision.settings import StubSettings
+from pystub_backend.backend.supervision.stub_process import StubProcess
 from pystub_backend.ipc.bytes_codec import deserialize_bytes
 from pystub_backend.ipc.dtypes import numpy_dtype
+from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.wire import registered_kinds
+
 LIMIT = 1 << 20  # the decompressed-body limit these tests decode under
 SETTINGS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 CONFIGS = {name: normalize(load_config_file(EXAMPLES / name / "config.pbtxt"), name) for name in MODELS

@@ -16,6 +16,7 @@ from pystub_backend.backend.frontends.grpc.codec import (
 from pystub_backend.backend.inference import InferResponse, Tensor, tensor_to_numpy
 from pystub_backend.ipc.bytes_codec import serialize_bytes
 from pystub_backend.ipc.dtypes import numpy_dtype
+
 # (datatype, contents field, values) for every datatype that has a typed-contents field
 TYPED_CASES = [
     ("BOOL", "bool_contents", [True, False, True, True]),

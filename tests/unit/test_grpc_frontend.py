@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -22,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.grpc.servicer import create_grpc_server
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
+
 MODEL = "identity"
 BROKEN = "broken"  # answers with an output buffer the encoder cannot read
 CONFIG_TEXT = """

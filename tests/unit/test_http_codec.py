@@ -26,6 +26,8 @@ from pystub_backend.backend.frontends.http.encode import encode_infer_response
 from pystub_backend.backend.frontends.http.raw import RawInputSpec, decode_raw_request, raw_input_spec
 from pystub_backend.backend.inference import InferResponse, Tensor, tensor_to_numpy
 from pystub_backend.ipc.bytes_codec import deserialize_bytes, serialize_bytes
+
+
 def _body(document: dict[str, Any], *buffers: bytes) -> tuple[bytes, int | None]:
     header = json.dumps(document).encode()
     if not buffers:

@@ -23,9 +23,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from tritonclient.utils import InferenceServerException
 
 from pystub_backend.backend.errors import ServerError, Status
-from pystub_backend.backend.frontends.http.server import create_http_app
 from pystub_backend.backend.frontends.http.codec import INFERENCE_HEADER
+from pystub_backend.backend.frontends.http.server import create_http_app
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
+
 _T = TypeVar("_T")
 
 _METADATA = {

@@ -5,14 +5,16 @@ from __future__ import annotations
 import io
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import asdict
-from typing import Iterator
 
 import pytest
 
 from pystub_backend.backend import log as backend_log
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.log import LogSettings, configure_logging, update_settings
+
+
 @pytest.fixture(autouse=True)
 def _restore_settings() -> Iterator[None]:
     saved = asdict(backend_log.settings)

@@ -8,6 +8,8 @@ from typing import Any
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.models.lifecycle import InFlight, ModelEntry, retire
+
+
 class FakeScheduler:
     """Runs `slots` requests at once (each sleeps its delay); the rest wait in a queue."""
 

@@ -13,9 +13,15 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from pystub_backend.backend.errors import ServerError, Status
-from pystub_backend.backend.frontends.grpc.codec import log_settings_from_proto, log_settings_to_proto, repository_parameters
+from pystub_backend.backend.frontends.grpc.codec import (
+    log_settings_from_proto,
+    log_settings_to_proto,
+    repository_parameters,
+)
 from pystub_backend.backend.frontends.http.control import load_parameters
 from pystub_backend.backend.models.overrides import OverrideDir, override_file_path, parse_load_parameters
+
+
 def test_config_and_files():
     request = parse_load_parameters({"config": "{}", "file:1/model.py": b"x", "file:1/lib/util.py": bytearray(b"y")})
     assert request.config == "{}"

@@ -14,12 +14,19 @@ from typing import Any
 
 import pytest
 
-from pystub_backend.ipc.messages.multiplex import MultiplexLoaded, MultiplexLoadFailed, MultiplexUnloaded, MultiplexUsage
+from pystub_backend.ipc.messages.multiplex import (
+    MultiplexLoaded,
+    MultiplexLoadFailed,
+    MultiplexUnloaded,
+    MultiplexUsage,
+)
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.event_loop import InstanceLoop
 from pystub_backend.stub.features.multiplex import SubModelCache
 from pystub_backend.stub.features.multiplex_report import Reporter
 from pystub_backend.stub.pb_utils import _runtime
+
+
 class SubModel:
     def __init__(self, model_id: str) -> None:
         self.model_id = model_id

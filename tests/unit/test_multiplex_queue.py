@@ -9,6 +9,8 @@ import random
 from typing import Any
 
 from pystub_backend.backend.scheduling.multiplex_queue import AFFINITY, MAX_PASSES, RANDOM, RoutedQueue
+
+
 class Instance:
     def __init__(self, name: str) -> None:
         self.name = name

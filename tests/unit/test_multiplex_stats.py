@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2
 
-from pystub_backend.backend.scheduling.multiplex import multiplex_settings
 from pystub_backend.backend.features.multiplex_stats import Histogram, InstanceCounters, multiplex_metric_lines
+from pystub_backend.backend.scheduling.multiplex import multiplex_settings
 from pystub_backend.backend.stubctl import format_table
+
+
 def test_histogram_buckets_are_cumulative_with_le_semantics() -> None:
     histogram = Histogram((0.1, 1.0))
     for value in (0.05, 0.1, 0.5, 7.0):

@@ -9,8 +9,8 @@ import weakref
 import numpy as np
 import pytest
 
-from pystub_backend.stub.pb_utils import Tensor, TritonModelException
-from pystub_backend.stub.pb_utils import _dlpack
+from pystub_backend.stub.pb_utils import Tensor, TritonModelException, _dlpack
+
 NOT_SUPPORTED = (
     "Provided tensor is not supported. Supported objects are: PyCapsule and objects implementing "
     "__dlpack__ and __dlpack_device__"

@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from pystub_backend.stub.pb_utils import MetricFamily, TritonModelException, _runtime
+
 FAMILY_DELETED = (
     "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The 'MetricFamily' "
     "object should be deleted AFTER its corresponding 'Metric' objects have been deleted."

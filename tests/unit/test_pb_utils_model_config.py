@@ -8,6 +8,8 @@ import pytest
 
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.pb_utils import ModelConfig
+
+
 def _config(**extra):
     config = {
         "name": "add_sub",

@@ -10,6 +10,7 @@ import pytest
 
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.pb_utils import TritonModelException, _runtime
+
 MODEL_PATH = Path(pb_utils.__file__).resolve().parent.parent / "_model_path"
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from pystub_backend.stub.pb_utils import (
     TRITONSERVER_RESPONSE_COMPLETE_FINAL as FINAL,
+)
+from pystub_backend.stub.pb_utils import (
     InferenceResponse,
     InferenceResponseSender,
     ResponseIterator,

@@ -8,6 +8,7 @@ import pytest
 from pystub_backend.ipc.bytes_codec import deserialize_bytes
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.pb_utils import Tensor, TritonModelException
+
 NUMERIC = [
     (np.bool_, 1, "BOOL"),
     (np.uint8, 2, "UINT8"),

@@ -9,6 +9,8 @@ import pytest
 
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.pb_utils import TritonModelException
+
+
 def test_module_constants():
     assert pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START == 1
     assert pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END == 2

@@ -8,6 +8,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pystub_backend.backend.telemetry.prometheus_text import TextWriter, format_value
+
+
 def test_values() -> None:
     assert [format_value(v) for v in (3, True, 0.5, 1.0, 1e20, math.inf, -math.inf)] == \
         ["3", "1", "0.5", "1.0", "1e+20", "+Inf", "-Inf"]

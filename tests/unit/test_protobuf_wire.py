@@ -17,6 +17,7 @@ from pystub_backend.backend.frontends.grpc.codec import (
 )
 from pystub_backend.backend.frontends.grpc.protobuf_wire import append_length_delimited, split_length_delimited
 from pystub_backend.backend.inference import InferResponse, Tensor
+
 _raw_contents = st.lists(st.binary(max_size=300), max_size=4)
 
 

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from pystub_backend.backend.models.repository import INVALID_STUB_NAME, RepositoryError, check_stub_name, model_fingerprint
+from pystub_backend.backend.models.repository import (
+    INVALID_STUB_NAME,
+    RepositoryError,
+    check_stub_name,
+    model_fingerprint,
+)
+
+
 @pytest.mark.parametrize("char", list(";|&$`<>()[]{}\\\"'*?~#!"))
 def test_shell_metacharacters_are_refused(char):
     with pytest.raises(RepositoryError) as info:

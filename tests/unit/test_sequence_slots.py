@@ -13,6 +13,8 @@ from pystub_backend.backend.scheduling.request_queue import BatchLimits
 from pystub_backend.backend.scheduling.sequence_controls import Controls, SequenceFields, check_config, sequence_fields
 from pystub_backend.backend.scheduling.sequence_slots import Lane, SeqItem, SlotTable, direct_batch, oldest_batch
 from pystub_backend.ipc.bytes_codec import deserialize_bytes
+
+
 def config(text: str) -> model_config_pb2.ModelConfig:
     return text_format.Parse('name: "m"\ninput [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n' + text,
                              model_config_pb2.ModelConfig())

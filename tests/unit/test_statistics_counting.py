@@ -4,18 +4,21 @@ with its reason (REJECTED, CANCELED, BACKEND, OTHER)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from pystub_backend.backend.scheduling.dynamic import DynamicBatcher
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
-from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.default import DefaultScheduler
+from pystub_backend.backend.scheduling.dynamic import DynamicBatcher
+from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import FAILURE_REASONS, BatchTiming, ModelStatistics
 from pystub_backend.ipc.status import Status
+
+
 class FakeInstance:
     """Answers each request by its id: "ok…" succeeds, "model…" fails in the model, "cancel…"
     is answered CANCELLED; `hold` keeps a batch running; `dead` fails it before the model."""

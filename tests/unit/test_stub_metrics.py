@@ -11,11 +11,18 @@ from typing import Any
 import pytest
 
 from pystub_backend.backend.features.custom_metrics import CustomMetricError, CustomMetrics
-from pystub_backend.ipc.messages.metrics import ENTRY_CREATE, ENTRY_UPDATE, MetricFamilyCreate, MetricOps, MetricReply, \
-    MetricValueQuery
+from pystub_backend.ipc.messages.metrics import (
+    ENTRY_CREATE,
+    ENTRY_UPDATE,
+    MetricFamilyCreate,
+    MetricOps,
+    MetricReply,
+    MetricValueQuery,
+)
 from pystub_backend.stub.features import metrics as stub_metrics
 from pystub_backend.stub.features.metrics import MAX_OBSERVATIONS, MetricsError, MetricsReporter
 from pystub_backend.stub.pb_utils import MetricFamily, TritonModelException, _runtime
+
 _names = itertools.count()
 
 

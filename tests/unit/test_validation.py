@@ -11,6 +11,7 @@ from pystub_backend.backend.models.config import normalize, parse_config_text
 from pystub_backend.backend.models.validation import model_parameters, validate_request
 from pystub_backend.ipc.bytes_codec import serialize_bytes
 from pystub_backend.ipc.status import Status
+
 ADD_SUB = """
 input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [4] },
        { name: "INPUT1" data_type: TYPE_FP32 dims: [4] }]
@@ -409,10 +410,10 @@ def test_model_parameters_strip_reserved() -> None:
 
 
 def test_a_required_input_left_out_for_an_optional_one_is_refused():
+    from pystub_backend.backend.errors import ServerError
     from pystub_backend.backend.inference import InferRequest, Tensor
     from pystub_backend.backend.models.config import parse_config_text
     from pystub_backend.backend.models.validation import validate_request
-    from pystub_backend.backend.errors import ServerError
     config = parse_config_text(
         'name: "m" input [ { name: "A" data_type: TYPE_INT32 dims: [1] }, '
         '{ name: "B" data_type: TYPE_INT32 dims: [1] optional: true } ] '

@@ -29,17 +29,19 @@ import mmap
 import os
 import stat
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, RequestedOutput, Tensor
-from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc import tensors
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
+from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.client_shm import ClientShmForget
 from pystub_backend.ipc.names import SHM_DIR
 from pystub_backend.ipc.status import Status
+
 __all__ = ["ClientShmRegistry", "Region", "ShmTensor", "ShmOutput", "Lease", "attach_regions",
            "region_handle", "REGION", "BYTE_SIZE", "OFFSET"]
 
@@ -69,7 +71,7 @@ class Region:
     """
 
     def __init__(self, name: str, key: str, offset: int, byte_size: int, generation: int, inode: int,
-                 mapping: mmap.mmap, retire: Callable[["Region"], None]) -> None:
+                 mapping: mmap.mmap, retire: Callable[[Region], None]) -> None:
         self.name = name
         self.key = key
         self.offset = offset
@@ -154,7 +156,7 @@ class Lease:
         for region in regions:
             region.release()
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -30,10 +30,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pystub_backend.backend.supervision.handlers import handles
-from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
-from pystub_backend.ipc.messages.metrics import (ENTRY_CREATE, ENTRY_DELETE, ENTRY_UPDATE, MetricFamilyCreate, MetricOps,
-                                  MetricReply, MetricValueQuery)
+from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.messages.metrics import (
+    ENTRY_CREATE,
+    ENTRY_DELETE,
+    ENTRY_UPDATE,
+    MetricFamilyCreate,
+    MetricOps,
+    MetricReply,
+    MetricValueQuery,
+)
 
 __all__ = ["CustomMetrics", "CustomFamily", "CustomSeries", "CustomMetricError", "registry_for",
            "COUNTER", "GAUGE", "HISTOGRAM", "KIND_NAMES", "SERVER_FAMILIES"]

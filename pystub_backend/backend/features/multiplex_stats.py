@@ -12,9 +12,11 @@ the multiplexed model versions for `GET /metrics`:
 from __future__ import annotations
 
 import bisect
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from pystub_backend.backend.telemetry.prometheus_text import TextWriter
+
 __all__ = ["LATENCY_BUCKETS", "Histogram", "InstanceCounters", "multiplex_metric_lines"]
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

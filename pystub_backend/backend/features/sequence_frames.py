@@ -17,10 +17,11 @@ import weakref
 from typing import Any
 
 from pystub_backend.backend.supervision.handlers import handles
-from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
+from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceRescheduled
 from pystub_backend.ipc.status import Status
+
 __all__ = ["send_to_stub", "flush", "OWNERS", "NOT_ITERATIVE"]
 
 log = logging.getLogger("pystub.scheduler")

@@ -19,6 +19,7 @@ import psutil
 from aiohttp import web
 
 from pystub_backend.backend.scheduling.multiplex import held_ids
+
 __all__ = ["stub_rows", "admin_routes"]
 
 

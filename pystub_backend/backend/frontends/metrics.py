@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import psutil
 from aiohttp import web
@@ -29,6 +30,7 @@ from pystub_backend.backend.features.custom_metrics import KIND_NAMES, CustomMet
 from pystub_backend.backend.scheduling.multiplex import multiplex_metrics
 from pystub_backend.backend.telemetry.prometheus_text import TextWriter
 from pystub_backend.backend.telemetry.statistics import FAILURE_REASONS, ModelStatistics
+
 __all__ = ["create_metrics_app", "render_metrics", "SystemPoller", "DEFAULT_INTERVAL_MS"]
 
 log = logging.getLogger("pystub.metrics")

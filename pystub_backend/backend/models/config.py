@@ -14,13 +14,15 @@ The proto is `tritonclient.grpc.model_config_pb2.ModelConfig` (PROTOCOL.md secti
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Union
+from collections.abc import Iterable
+from typing import Any, Union
 
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from pystub_backend.backend.scheduling.sequence_controls import check_config as check_sequence_batching
 from pystub_backend.ipc.dtypes import config_to_wire
+
 __all__ = [
     "ConfigError",
     "ModelConfig",

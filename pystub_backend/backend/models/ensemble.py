@@ -23,15 +23,16 @@ import logging
 import time
 from typing import Any
 
-from pystub_backend.backend.models.ensemble_config import EnsembleGraph
-from pystub_backend.backend.models.ensemble_run import EnsembleRun
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.models.config import ConfigError, ModelConfig, config_to_json, is_decoupled
+from pystub_backend.backend.models.ensemble_config import EnsembleGraph
+from pystub_backend.backend.models.ensemble_run import EnsembleRun
 from pystub_backend.backend.models.version import ModelLoadError
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics, reason_for
 from pystub_backend.ipc.status import Status
+
 __all__ = ["EnsembleVersion", "EnsembleScheduler"]
 
 log = logging.getLogger("pystub.ensemble")
@@ -40,7 +41,7 @@ log = logging.getLogger("pystub.ensemble")
 class EnsembleScheduler:
     """Runs ensemble requests; the scheduler face of pystub_backend.backend.scheduling.choice."""
 
-    def __init__(self, version: "EnsembleVersion") -> None:
+    def __init__(self, version: EnsembleVersion) -> None:
         self._version = version
         limit = version.config.ensemble_scheduling.max_inflight_requests
         self._limit = asyncio.Semaphore(limit) if limit > 0 else None

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Collection, Iterable
+from typing import Any
 
 from pystub_backend.backend.models.config import ConfigError, ModelConfig, load_config_file
+
 __all__ = ["EnsembleStep", "EnsembleGraph", "is_ensemble", "ENSEMBLE_PLATFORM", "ensemble_dependencies",
            "ensemble_graph_models", "load_waves", "composes"]
 
@@ -53,7 +55,7 @@ class EnsembleGraph:
     producer: dict[str, int] = field(default_factory=dict)  # ensemble tensor -> the step writing it
 
     @classmethod
-    def from_config(cls, config: ModelConfig) -> "EnsembleGraph":
+    def from_config(cls, config: ModelConfig) -> EnsembleGraph:
         """The graph of a normalized ensemble config. Raises ConfigError naming what is wrong."""
         name = config.name
         if not config.HasField("ensemble_scheduling") or not config.ensemble_scheduling.step:

@@ -27,11 +27,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pystub_backend.backend.models.ensemble_config import EnsembleGraph, EnsembleStep
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from pystub_backend.backend.models.ensemble_config import EnsembleGraph, EnsembleStep
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.ipc.status import Status
+
 __all__ = ["EnsembleRun", "CANCELLED_TEXT"]
 
 CANCELLED_TEXT = "Request was cancelled"
@@ -62,7 +63,7 @@ class _StepError(Exception):
 class _Node:
     __slots__ = ("parent", "responses", "refs")
 
-    def __init__(self, parent: "_Node | None" = None) -> None:
+    def __init__(self, parent: _Node | None = None) -> None:
         self.parent = parent
         self.responses: list[InferResponse] = []
         self.refs = 1

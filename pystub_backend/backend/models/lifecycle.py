@@ -17,13 +17,14 @@ import logging
 import time
 from typing import Any
 
+from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.models.ensemble import EnsembleVersion
 from pystub_backend.backend.models.ensemble_config import is_ensemble
-from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.models.overrides import OverrideDir
-from pystub_backend.backend.models.version import ModelLoadError, ModelVersion
 from pystub_backend.backend.models.repository import ModelSource
+from pystub_backend.backend.models.version import ModelLoadError, ModelVersion
 from pystub_backend.backend.supervision.settings import StubSettings
+
 __all__ = ["ModelEntry", "InFlight", "start_versions", "stop_versions", "retire"]
 
 log = logging.getLogger("pystub.core")

@@ -18,11 +18,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.ipc.names import pid_alive
+
 __all__ = ["FILE_PREFIX", "LoadRequest", "OverrideDir", "parse_load_parameters", "override_file_path",
            "sweep_stale_override_dirs"]
 
@@ -89,7 +91,7 @@ class OverrideDir:
         self.model_dir = model_dir
 
     @classmethod
-    def create(cls, model_name: str, files: Mapping[str, bytes]) -> "OverrideDir":
+    def create(cls, model_name: str, files: Mapping[str, bytes]) -> OverrideDir:
         """Write `files` below a new 0700 directory. Raises ServerError; leaves nothing behind."""
         root = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}_")  # mode 0700
         directory = cls(root, os.path.join(root, model_name))

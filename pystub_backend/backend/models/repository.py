@@ -15,10 +15,18 @@ import logging
 import os
 from dataclasses import dataclass
 
-from pystub_backend.backend.models.config import (ConfigError, ModelConfig, config_from_json, config_to_json, instance_names,
-                                  load_config_file, normalize)
-from pystub_backend.backend.supervision.stub_process import StubProcess, StubStartError
+from pystub_backend.backend.models.config import (
+    ConfigError,
+    ModelConfig,
+    config_from_json,
+    config_to_json,
+    instance_names,
+    load_config_file,
+    normalize,
+)
 from pystub_backend.backend.supervision.settings import StubSettings
+from pystub_backend.backend.supervision.stub_process import StubProcess, StubStartError
+
 __all__ = ["ModelSource", "RepositoryError", "find_models", "prepare_model", "select_versions", "model_file",
            "check_stub_name", "model_fingerprint", "INVALID_STUB_NAME"]
 

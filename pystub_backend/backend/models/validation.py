@@ -16,7 +16,10 @@ Call this after shared-memory references have been resolved into `Tensor.data`.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, ParameterValue, Tensor
@@ -24,7 +27,6 @@ from pystub_backend.backend.models.config import ModelConfig
 from pystub_backend.ipc.bytes_codec import BytesDecodeError, count_elements
 from pystub_backend.ipc.dtypes import WIRE_TO_CODE, config_to_wire, element_size
 from pystub_backend.ipc.status import Status
-from tritonclient.grpc import model_config_pb2
 
 __all__ = ["validate_request", "model_parameters", "RESERVED_PARAMETERS"]
 

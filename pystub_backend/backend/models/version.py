@@ -10,16 +10,27 @@ import time
 from typing import Any
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.supervision.execution_env import ExecutionEnvError, interpreter_command, resolve_execution_env
 from pystub_backend.backend.inference import InferRequest, InferResponse
-from pystub_backend.backend.models.config import ModelConfig, config_parameters, config_to_json, instance_names, is_decoupled
+from pystub_backend.backend.models.config import (
+    ModelConfig,
+    config_parameters,
+    config_to_json,
+    instance_names,
+    is_decoupled,
+)
+from pystub_backend.backend.scheduling.choice import make_scheduler
+from pystub_backend.backend.supervision.execution_env import (
+    ExecutionEnvError,
+    interpreter_command,
+    resolve_execution_env,
+)
 from pystub_backend.backend.supervision.instance import InstanceSpec, InstanceState, ModelInstance
 from pystub_backend.backend.supervision.response_stream import ResponseStream
-from pystub_backend.backend.scheduling.choice import make_scheduler
-from pystub_backend.backend.telemetry.statistics import ModelStatistics
-from pystub_backend.backend.supervision.stub_process import StubStartError
 from pystub_backend.backend.supervision.settings import StubSettings, positive_number
+from pystub_backend.backend.supervision.stub_process import StubStartError
+from pystub_backend.backend.telemetry.statistics import ModelStatistics
 from pystub_backend.ipc.status import Status
+
 __all__ = ["ModelVersion", "ModelLoadError", "instance_args", "RLIMIT_PARAMETERS"]
 
 log = logging.getLogger("pystub.model")

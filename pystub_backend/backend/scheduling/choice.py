@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pystub_backend.backend.scheduling.dynamic import DynamicBatcher
 from pystub_backend.backend.models.config import ModelConfig
-from pystub_backend.backend.scheduling.multiplex import MultiplexScheduler, multiplex_state
 from pystub_backend.backend.scheduling.default import DefaultScheduler
+from pystub_backend.backend.scheduling.dynamic import DynamicBatcher
+from pystub_backend.backend.scheduling.multiplex import MultiplexScheduler, multiplex_state
 from pystub_backend.backend.scheduling.sequence import SequenceBatcher
 from pystub_backend.backend.telemetry.statistics import ModelStatistics
+
 __all__ = ["make_scheduler"]
 
 

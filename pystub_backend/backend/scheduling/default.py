@@ -19,8 +19,16 @@ from typing import Any
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest
 from pystub_backend.backend.supervision.response_stream import ResponseStream
-from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, BatchTiming, ModelStatistics, reason_for
+from pystub_backend.backend.telemetry.statistics import (
+    BACKEND,
+    CANCELED,
+    OTHER,
+    BatchTiming,
+    ModelStatistics,
+    reason_for,
+)
 from pystub_backend.ipc.status import Status
+
 __all__ = ["DefaultScheduler", "PIPELINE_DEPTH"]
 
 PIPELINE_DEPTH = 2

@@ -25,14 +25,30 @@ import asyncio
 import collections
 import logging
 import time
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest
-from pystub_backend.backend.scheduling.request_queue import BatchLimits, PriorityQueue, QueueEntry, QueueFullError, form_batch
+from pystub_backend.backend.scheduling.request_queue import (
+    BatchLimits,
+    PriorityQueue,
+    QueueEntry,
+    QueueFullError,
+    form_batch,
+)
 from pystub_backend.backend.supervision.response_stream import ResponseStream
-from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, REJECTED, BatchTiming, ModelStatistics, reason_for
+from pystub_backend.backend.telemetry.statistics import (
+    BACKEND,
+    CANCELED,
+    OTHER,
+    REJECTED,
+    BatchTiming,
+    ModelStatistics,
+    reason_for,
+)
 from pystub_backend.ipc.status import Status
+
 __all__ = ["DynamicBatcher", "TIMEOUT_MESSAGE"]
 
 log = logging.getLogger("pystub.scheduler")

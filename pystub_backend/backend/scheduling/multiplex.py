@@ -26,17 +26,25 @@ import weakref
 from typing import Any
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.models.config import ModelConfig, config_parameters
-from pystub_backend.backend.scheduling.multiplex_queue import ROUTING_POLICIES, RoutedQueue
 from pystub_backend.backend.features.multiplex_stats import InstanceCounters, multiplex_metric_lines
+from pystub_backend.backend.models.config import ModelConfig, config_parameters
 from pystub_backend.backend.scheduling.default import PIPELINE_DEPTH, DefaultScheduler
-from pystub_backend.backend.telemetry.statistics import ModelStatistics
+from pystub_backend.backend.scheduling.multiplex_queue import ROUTING_POLICIES, RoutedQueue
 from pystub_backend.backend.supervision.handlers import handles
+from pystub_backend.backend.telemetry.statistics import ModelStatistics
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
-from pystub_backend.ipc.messages.multiplex import (MODEL_ID_PARAMETER, MultiplexConfigure, MultiplexLoaded, MultiplexLoadFailed,
-                                    MultiplexUnloaded, MultiplexUsage, model_id_problem)
+from pystub_backend.ipc.messages.multiplex import (
+    MODEL_ID_PARAMETER,
+    MultiplexConfigure,
+    MultiplexLoaded,
+    MultiplexLoadFailed,
+    MultiplexUnloaded,
+    MultiplexUsage,
+    model_id_problem,
+)
 from pystub_backend.ipc.status import Status
 from pystub_backend.ipc.wire import encode
+
 __all__ = ["CAP_PARAMETER", "ROUTING_PARAMETER", "MultiplexSettings", "MultiplexState", "MultiplexScheduler",
            "multiplex_settings", "multiplex_state", "held_ids", "multiplex_stats", "multiplex_metrics",
            "request_model_id"]
@@ -98,7 +106,7 @@ def request_model_id(request: Any) -> str | None:
 class _StubHoldings:
     __slots__ = ("ids", "counters", "state")
 
-    def __init__(self, counters: InstanceCounters, state: "MultiplexState") -> None:
+    def __init__(self, counters: InstanceCounters, state: MultiplexState) -> None:
         self.ids: collections.OrderedDict[str, None] = collections.OrderedDict()  # LRU first
         self.counters = counters
         self.state = state
@@ -107,7 +115,7 @@ class _StubHoldings:
 # Keyed by StubProcess: a stub's holdings die with it, and a new incarnation starts empty.
 _HOLDINGS: weakref.WeakKeyDictionary[Any, _StubHoldings] = weakref.WeakKeyDictionary()
 # Keyed by the version's ModelStatistics: what `multiplex_stats(version)` reports.
-_STATES: weakref.WeakKeyDictionary[ModelStatistics, "MultiplexState"] = weakref.WeakKeyDictionary()
+_STATES: weakref.WeakKeyDictionary[ModelStatistics, MultiplexState] = weakref.WeakKeyDictionary()
 
 
 def _holdings(stub: Any, what: str) -> _StubHoldings | None:

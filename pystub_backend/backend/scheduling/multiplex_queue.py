@@ -34,6 +34,7 @@ import random
 from typing import Any, Protocol
 
 from pystub_backend.ipc.messages.multiplex import MODEL_ID_PARAMETER
+
 __all__ = ["AFFINITY", "RANDOM", "ROUTING_POLICIES", "RoutedQueue", "WINDOW", "MAX_PASSES"]
 
 AFFINITY = "affinity"

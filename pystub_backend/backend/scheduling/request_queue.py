@@ -24,8 +24,9 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Iterator
+from typing import Any
 
 __all__ = ["QueueEntry", "QueuePolicy", "QueueFullError", "PriorityQueue", "BatchLimits", "form_batch",
            "REJECT", "DELAY"]

@@ -26,17 +26,24 @@ import time
 from typing import Any
 
 from pystub_backend.backend import client_link
-
-from pystub_backend.backend.features import sequence_frames
 from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.features import sequence_frames
 from pystub_backend.backend.inference import InferRequest
 from pystub_backend.backend.scheduling.request_queue import BatchLimits
-from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.sequence_controls import Controls, sequence_fields
-from pystub_backend.backend.scheduling.sequence_slots import Lane, SeqItem, Sequence, SlotTable, direct_batch, oldest_batch
+from pystub_backend.backend.scheduling.sequence_slots import (
+    Lane,
+    SeqItem,
+    Sequence,
+    SlotTable,
+    direct_batch,
+    oldest_batch,
+)
+from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics
 from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceEvicted
 from pystub_backend.ipc.status import Status
+
 __all__ = ["SequenceBatcher"]
 
 log = logging.getLogger("pystub.scheduler")

@@ -30,6 +30,7 @@ from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import ParameterValue, Tensor
 from pystub_backend.ipc.bytes_codec import serialize_bytes
 from pystub_backend.ipc.status import Status
+
 __all__ = ["SequenceFields", "Controls", "sequence_fields", "check_config", "FLAG_START", "FLAG_END"]
 
 FLAG_START = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START

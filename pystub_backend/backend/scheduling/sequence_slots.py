@@ -27,6 +27,7 @@ from typing import Any
 
 from pystub_backend.backend.scheduling.request_queue import BatchLimits, QueueEntry, form_batch
 from pystub_backend.backend.scheduling.sequence_controls import SequenceFields
+
 __all__ = ["SeqItem", "Sequence", "Lane", "SlotTable", "direct_batch", "oldest_batch"]
 
 

@@ -10,7 +10,8 @@ Register in a module that `pystub_backend.backend.features.install` imports, so 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["handles", "handler_for", "FrameHandler"]
 

@@ -17,14 +17,16 @@ import collections
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.telemetry.statistics import BatchTiming
-from pystub_backend.backend.supervision.stub_process import StubProcess, StubStartError
 from pystub_backend.backend.supervision.settings import StubSettings
+from pystub_backend.backend.supervision.stub_process import StubProcess, StubStartError
+from pystub_backend.backend.telemetry.statistics import BatchTiming
 from pystub_backend.ipc.status import Status
+
 __all__ = ["InstanceState", "InstanceSpec", "ModelInstance"]
 
 log = logging.getLogger("pystub.supervisor")

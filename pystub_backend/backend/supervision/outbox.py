@@ -9,10 +9,11 @@ loop ever blocks on a slow stub.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
 
-from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.channel import AsyncChannel, ChannelClosedError
+from pystub_backend.ipc.messages import core as msg
+
 __all__ = ["StubOutbox"]
 
 _CHUNK = 2048

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferResponse
 from pystub_backend.ipc.status import Status
+
 __all__ = ["ResponseStream", "CREDIT_WINDOW"]
 
 CREDIT_WINDOW = 64
@@ -32,7 +33,7 @@ class ResponseStream:
         self._wakeup: asyncio.Future | None = None
         self._final = False
         self.cancelled = False
-        self._on_final: list[Callable[["ResponseStream"], None]] = []
+        self._on_final: list[Callable[[ResponseStream], None]] = []
         self.error: ServerError | None = None  # the last error response, for statistics
 
     # -- producer side (the stub's frames) --------------------------------------------------------
@@ -67,7 +68,7 @@ class ResponseStream:
         for callback in callbacks:
             callback(self)
 
-    def when_final(self, callback: Callable[["ResponseStream"], None]) -> None:
+    def when_final(self, callback: Callable[[ResponseStream], None]) -> None:
         """Call `callback(stream)` once the final response is in (now, if it already is)."""
         if self._final:
             callback(self)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pystub_backend.ipc.names import DEFAULT_PREFIX, validate_prefix
+
 __all__ = ["StubSettings", "BackendConfigError", "parse_backend_config", "positive_number"]
 
 MIB = 1 << 20

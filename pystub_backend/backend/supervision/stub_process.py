@@ -23,26 +23,28 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pystub_backend
+from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features import client_shm
 from pystub_backend.backend.features import install as features  # noqa: F401 - registers the features' frame handlers
-from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
-from pystub_backend.backend.telemetry.statistics import BatchTiming
-from pystub_backend.backend.supervision.response_stream import ResponseStream
-from pystub_backend.backend.supervision.handlers import handler_for
-from pystub_backend.backend.supervision.output import OutputForwarder
-from pystub_backend.backend.supervision.outbox import StubOutbox
-from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.models.validation import model_parameters
-from pystub_backend.ipc.messages import core as msg
+from pystub_backend.backend.supervision.handlers import handler_for
+from pystub_backend.backend.supervision.outbox import StubOutbox
+from pystub_backend.backend.supervision.output import OutputForwarder
+from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.supervision.settings import StubSettings
+from pystub_backend.backend.telemetry.statistics import BatchTiming
 from pystub_backend.ipc import names, tensors
 from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import AsyncChannel, ChannelClosedError, ChannelTimeoutError, make_pair
 from pystub_backend.ipc.control_block import ControlBlock
+from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.status import Status
+
 __all__ = ["StubProcess", "StubStartError", "PROJECT_ROOT"]
 
 log = logging.getLogger("pystub.stub")
@@ -100,7 +102,7 @@ class StubProcess:
         self._output: OutputForwarder | None = None
         self._ready_check: asyncio.Future | None = None
         self.has_is_ready = False
-        self.on_death: Callable[["StubProcess"], None] | None = None
+        self.on_death: Callable[[StubProcess], None] | None = None
 
     # -- life cycle ----------------------------------------------------------------------------
     @property

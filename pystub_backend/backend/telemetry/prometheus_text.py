@@ -16,7 +16,7 @@ server writes the text itself, following the format's rules:
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from prometheus_client.utils import floatToGoString
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pystub_backend.ipc.status import Status
+
 __all__ = ["Duration", "ModelStatistics", "BatchTiming", "FAILURE_REASONS", "REJECTED", "CANCELED",
            "BACKEND", "OTHER", "reason_for"]
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from pystub_backend.ipc.wire import message
+
 __all__ = [
     "BlsRequest", "BlsResponse", "BlsCancel", "BlsCleanup", "ModelControl", "ModelControlDone",
     "BlsInspect", "BlsInspectDone", "BLS_CREDIT_WINDOW",

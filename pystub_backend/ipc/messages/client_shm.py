@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pystub_backend.ipc.wire import message
+
 __all__ = ["ClientShmForget"]
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from pystub_backend.ipc.wire import MessageDecodeError, decode, encode, message
+
 __all__ = [
     "MessageDecodeError", "encode", "decode",
     "AutoComplete", "AutoCompleteDone", "Init", "InitDone", "Execute", "ExecuteDone",
@@ -124,8 +125,8 @@ class IsReadyDone(NamedTuple):
     error: str | None  # why not ready, in the text clients see
 
 
-from pystub_backend.ipc.messages import multiplex as messages_multiplex  # noqa: E402,F401 - multiplexing (50-59)
+from pystub_backend.ipc.messages import bls as messages_bls  # noqa: E402,F401 - BLS and model control (20-29)
 from pystub_backend.ipc.messages import client_shm as messages_client_shm  # noqa: E402,F401 - client shared memory (60-69)
 from pystub_backend.ipc.messages import metrics as messages_metrics  # noqa: E402,F401 - custom metrics (30-39)
-from pystub_backend.ipc.messages import bls as messages_bls  # noqa: E402,F401 - BLS and model control (20-29)
+from pystub_backend.ipc.messages import multiplex as messages_multiplex  # noqa: E402,F401 - multiplexing (50-59)
 from pystub_backend.ipc.messages import sequences as messages_sequences  # noqa: E402,F401 - sequences (40-49)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from pystub_backend.ipc.wire import message
+
 __all__ = ["MetricFamilyCreate", "MetricValueQuery", "MetricOps", "MetricReply",
            "ENTRY_CREATE", "ENTRY_UPDATE", "ENTRY_DELETE"]
 

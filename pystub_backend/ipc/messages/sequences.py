@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pystub_backend.ipc.wire import message
+
 __all__ = ["SequenceEvicted", "SequenceRescheduled", "SequenceDropRescheduled", "EVICTION_REASONS"]
 
 # Why a sequence ended without its END request (the `reason` the model's hook receives).

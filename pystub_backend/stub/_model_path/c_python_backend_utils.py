@@ -1,6 +1,7 @@
 """The original's native module, as far as test code uses it: `shared_memory.free_memory()`."""
 
 from pystub_backend.stub.pb_utils import _runtime
+
 __all__ = ["shared_memory"]
 
 

@@ -23,17 +23,19 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.arena import ArenaFullError
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
+from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.bls import BlsInspect, BlsInspectDone, BlsRequest, BlsResponse
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.features.bls_outputs import Cleanup, error_response, response_from_wire
-from pystub_backend.stub.pb_utils import _runtime
 from pystub_backend.stub.handlers import on_phase, on_receiver
+from pystub_backend.stub.pb_utils import _runtime
+
 __all__ = ["BlsClient", "inspect"]
 
 _FINAL = msg.RESPONSE_FINAL
@@ -264,7 +266,7 @@ class BlsClient:
 
 # -- wiring into the stub --------------------------------------------------------------------------
 _client: BlsClient | None = None
-_inspections: dict[int, "queue.SimpleQueue[dict[str, Any]]"] = {}
+_inspections: dict[int, queue.SimpleQueue[dict[str, Any]]] = {}
 _inspection_ids = itertools.count(1)
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from pystub_backend.ipc.dtypes import numpy_dtype
 from pystub_backend.ipc.messages.bls import BlsCancel, BlsCleanup
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
+
 __all__ = ["Cleanup", "response_from_wire", "error_response"]
 
 _CHUNK = 2048  # entries per frame: frames stay far below the frame limit

@@ -31,6 +31,7 @@ from typing import Any
 
 from pystub_backend.ipc.messages.client_shm import ClientShmForget
 from pystub_backend.stub.handlers import on_receiver
+
 __all__ = ["ClientRegions", "RegionError", "REGIONS", "expect_outputs", "output_targets"]
 
 SHM_DIR = "/dev/shm"

@@ -27,13 +27,22 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError, FrameTooLargeError
-from pystub_backend.ipc.messages.metrics import (ENTRY_CREATE, ENTRY_DELETE, ENTRY_UPDATE, MetricFamilyCreate, MetricOps,
-                                  MetricReply, MetricValueQuery)
-from pystub_backend.stub.pb_utils import _runtime
+from pystub_backend.ipc.messages.metrics import (
+    ENTRY_CREATE,
+    ENTRY_DELETE,
+    ENTRY_UPDATE,
+    MetricFamilyCreate,
+    MetricOps,
+    MetricReply,
+    MetricValueQuery,
+)
 from pystub_backend.stub.handlers import before_send, on_phase, on_receiver
+from pystub_backend.stub.pb_utils import _runtime
+
 __all__ = ["MetricsReporter", "MetricsError", "check_label_names", "FLUSH_DELAY", "MAX_ENTRIES", "MAX_OBSERVATIONS"]
 
 FLUSH_DELAY = 0.05
@@ -41,7 +50,7 @@ MAX_ENTRIES = 256
 MAX_OBSERVATIONS = 4096
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
-_reporter: "MetricsReporter | None" = None  # one stub per process: this process's reporter
+_reporter: MetricsReporter | None = None  # one stub per process: this process's reporter
 
 
 class MetricsError(Exception):

@@ -17,8 +17,9 @@ import threading
 from typing import Any
 
 from pystub_backend.ipc.messages.bls import ModelControl, ModelControlDone
-from pystub_backend.stub.pb_utils import _runtime
 from pystub_backend.stub.handlers import on_phase, on_receiver
+from pystub_backend.stub.pb_utils import _runtime
+
 __all__ = ["ModelControlClient", "LOAD_TIMEOUT_SECONDS"]
 
 LOAD_TIMEOUT_SECONDS = 600.0

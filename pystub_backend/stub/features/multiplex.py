@@ -33,8 +33,9 @@ from typing import Any
 from pystub_backend.ipc.messages.multiplex import MultiplexConfigure
 from pystub_backend.stub.event_loop import InstanceLoop
 from pystub_backend.stub.features.multiplex_report import Reporter, Unloading
-from pystub_backend.stub.pb_utils import TritonModelException, _runtime
 from pystub_backend.stub.handlers import on_main
+from pystub_backend.stub.pb_utils import TritonModelException, _runtime
+
 __all__ = ["SubModelCache"]
 
 _HIT, _WAIT, _LOAD = 0, 1, 2

@@ -16,10 +16,17 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pystub_backend.ipc.channel import ChannelClosedError
-from pystub_backend.ipc.messages.multiplex import MultiplexLoaded, MultiplexLoadFailed, MultiplexUnloaded, MultiplexUsage
+from pystub_backend.ipc.messages.multiplex import (
+    MultiplexLoaded,
+    MultiplexLoadFailed,
+    MultiplexUnloaded,
+    MultiplexUsage,
+)
+
 __all__ = ["Reporter", "Unloading"]
 
 _HIT, _WAIT = "hit", "wait"
@@ -108,7 +115,7 @@ class Reporter:
         except Exception as exc:  # a bug here must not pass silently, nor kill the stub
             self._log_error(f"multiplexing reports stopped: {type(exc).__name__}: {exc}")
 
-    def _flush(self, usage: "_Usage") -> None:
+    def _flush(self, usage: _Usage) -> None:
         if not usage.empty:
             self._send(MultiplexUsage(usage.hits, usage.waits, list(usage.recent)))
             usage.clear()

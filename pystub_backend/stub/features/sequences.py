@@ -23,6 +23,7 @@ from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, Seque
 from pystub_backend.stub.executor import RELEASE_RESCHEDULE, format_traceback
 from pystub_backend.stub.handlers import on_main
 from pystub_backend.stub.translate import error_to_wire
+
 __all__ = ["take_rescheduled", "keep_rescheduled", "HOOK_NAME"]
 
 HOOK_NAME = "sequence_evicted"

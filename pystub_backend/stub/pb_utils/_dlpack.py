@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from pystub_backend.ipc.dtypes import numpy_dtype
+
 from ._errors import TritonModelException
 
 __all__ = ["DLPackImport", "import_capsule", "export_capsule", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST"]
@@ -179,7 +180,7 @@ def _validate(tensor: Any) -> tuple[str, list[int], int]:
     return _wire_of(tensor.dtype), shape, device_type
 
 
-def _build(managed: Any, owner: "_Owner", wire: str, shape: list[int], device_type: int) -> DLPackImport:
+def _build(managed: Any, owner: _Owner, wire: str, shape: list[int], device_type: int) -> DLPackImport:
     tensor = managed.dl_tensor
     if device_type == KDL_CUDA:
         return DLPackImport(wire, shape, KDL_CUDA, int(tensor.device.device_id), None, owner)

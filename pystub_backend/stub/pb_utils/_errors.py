@@ -8,6 +8,7 @@ crosses the process boundary as a plain int and means the same thing on the othe
 from __future__ import annotations
 
 from pystub_backend.ipc.status import Status
+
 __all__ = ["TritonError", "TritonModelException", "ErrorCode", "require_str"]
 
 ErrorCode = Status

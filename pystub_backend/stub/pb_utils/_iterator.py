@@ -7,7 +7,8 @@ was the final one, and `cancel`. Iterating after the end replays the cached resp
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._response import InferenceResponse
@@ -27,12 +28,12 @@ class ResponseIterator:
         self._finished = False
         self._lock = threading.Lock()
 
-    def __iter__(self) -> Iterator["InferenceResponse"]:
+    def __iter__(self) -> Iterator[InferenceResponse]:
         if self._finished:
             return iter(list(self._responses))
         return self
 
-    def __next__(self) -> "InferenceResponse":
+    def __next__(self) -> InferenceResponse:
         """The next response; blocks until it arrives. Raises StopIteration after the final one."""
         with self._lock:
             if self._finished:

@@ -107,7 +107,7 @@ class MetricFamily:
         self._liveness = _Liveness()
         weakref.finalize(self, _invalidate, self._liveness)
 
-    def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> "Metric":  # noqa: N802
+    def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:  # noqa: N802
         """A metric of this family. Raises TritonModelException `Failed to create metric. ...`."""
         if labels is not None and not _is_str_dict(labels):
             raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
@@ -143,7 +143,7 @@ class Metric:
 
     @classmethod
     def _create(cls, record: _FamilyRecord, liveness: _Liveness, labels: dict[str, str],
-                buckets: list[float] | None) -> "Metric":
+                buckets: list[float] | None) -> Metric:
         metric = cls.__new__(cls)
         metric._record = record
         metric._liveness = liveness

@@ -96,7 +96,7 @@ class ModelConfig:
     def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
         """Set `decoupled`. Raises ValueError for another property or for changing a value set
         by the configuration."""
-        for key in transaction_policy_dict.keys():
+        for key in transaction_policy_dict:
             if key != "decoupled":
                 raise ValueError(
                     "model transaction property in auto-complete-config function for model "

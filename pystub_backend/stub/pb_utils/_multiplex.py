@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from pystub_backend.ipc.messages.multiplex import MODEL_ID_PARAMETER, model_id_problem
+
 from . import _runtime
 from ._errors import TritonModelException
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from pystub_backend.stub.pb_utils import _runtime
+
 __all__ = ["new_output_array"]
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from . import _runtime
 from ._constants import TRITONSERVER_REQUEST_RELEASE_ALL
@@ -84,7 +85,7 @@ class InferenceRequest:
         cls, *, inputs: list[Tensor], request_id: str, correlation_id: int | str, flags: int, timeout: int,
         parameters_json: str, requested_output_names: set[str], model_name: str, model_version: int,
         response_sender: InferenceResponseSender, trace_context: str | None = None,
-    ) -> "InferenceRequest":
+    ) -> InferenceRequest:
         """Stub-side constructor for a request received from the server; nothing is validated."""
         request = cls.__new__(cls)
         request._setup(

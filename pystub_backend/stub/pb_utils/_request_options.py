@@ -26,7 +26,7 @@ class PreferredMemory:
         self._device_id = preferred_device_id
 
     @classmethod
-    def _default(cls) -> "PreferredMemory":
+    def _default(cls) -> PreferredMemory:
         memory = cls.__new__(cls)
         memory._memory_type = PREFERRED_MEMORY_DEFAULT
         memory._device_id = 0
@@ -63,7 +63,7 @@ class InferenceTrace:
         self._context: str | None = None
 
     @classmethod
-    def _with_context(cls, context: str | None) -> "InferenceTrace":
+    def _with_context(cls, context: str | None) -> InferenceTrace:
         trace = cls()
         trace._context = context or None
         return trace

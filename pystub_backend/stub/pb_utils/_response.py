@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ._errors import TritonError, TritonModelException
 from ._parameters import parameters_to_json
@@ -41,7 +41,7 @@ class InferenceResponse:
     @classmethod
     def _create(
         cls, output_tensors: list[Tensor], error: TritonError | None = None, parameters_json: str = "{}"
-    ) -> "InferenceResponse":
+    ) -> InferenceResponse:
         """Stub-side constructor (BLS results): parameters arrive as JSON already."""
         response = cls.__new__(cls)
         response._outputs = list(output_tensors)

@@ -10,7 +10,8 @@ The hooks are plain module globals: there is one stub per process and it owns th
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 __all__ = [
     "LogSink",

@@ -11,7 +11,8 @@ not have its FINAL overtake an earlier response on the way to the server.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ._constants import TRITONSERVER_RESPONSE_COMPLETE_FINAL
 from ._errors import TritonModelException
@@ -56,7 +57,7 @@ class InferenceResponseSender:
         """True once FINAL was accepted."""
         return self._final_sent
 
-    def send(self, response: "InferenceResponse | None" = None, flags: int = 0) -> None:
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         """Send `response` and/or the FINAL flag.
 
         Raises TritonModelException with the API.md 6.6 texts when the send breaks a rule, and
@@ -73,7 +74,7 @@ class InferenceResponseSender:
             self._update_state(response, flags)
             self._send_callback(response, flags)
 
-    def _update_state(self, response: "InferenceResponse | None", flags: int) -> None:
+    def _update_state(self, response: InferenceResponse | None, flags: int) -> None:
         if not self._decoupled:
             if response is not None and self._sent_count > 0:
                 raise TritonModelException(
@@ -99,7 +100,7 @@ class InferenceResponseSender:
         return self._cancelled
 
 
-def _check_arguments(response: "InferenceResponse | None", flags: int) -> None:
+def _check_arguments(response: InferenceResponse | None, flags: int) -> None:
     if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
         raise TritonModelException("Unable to send response. Unsupported flag provided.")
     if flags == 0 and response is None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from pystub_backend.ipc.bytes_codec import serialize_bytes
 from pystub_backend.ipc.dtypes import WIRE_TO_CODE, wire_name_of
+
 from . import _dlpack
 from ._errors import TritonModelException, require_str
 
@@ -55,7 +56,7 @@ class Tensor:
         self._exported: np.ndarray | None = None
 
     @classmethod
-    def _from_array(cls, name: str, array: np.ndarray, wire_dtype: str | None = None) -> "Tensor":
+    def _from_array(cls, name: str, array: np.ndarray, wire_dtype: str | None = None) -> Tensor:
         """Wrap `array` without copying or validating it (stub-side constructor).
 
         `wire_dtype` is needed only for BF16, whose bits arrive as a uint16 array; otherwise the
@@ -69,7 +70,7 @@ class Tensor:
         return tensor
 
     @staticmethod
-    def from_dlpack(name: str, dlpack_tensor: object) -> "Tensor":
+    def from_dlpack(name: str, dlpack_tensor: object) -> Tensor:
         """A tensor sharing the memory of a DLPack capsule or `__dlpack__` object (no copy).
 
         Raises TritonModelException `Tensor name cannot be an empty string.`,

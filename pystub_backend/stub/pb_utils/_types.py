@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from pystub_backend.ipc.bytes_codec import BytesDecodeError, deserialize_bytes, serialize_bytes
+
 from ._errors import TritonModelException
 
 __all__ = [

@@ -23,14 +23,15 @@ import logging
 from typing import Any
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from pystub_backend.backend.features.bls.payloads import REGISTRY, PayloadKey
+from pystub_backend.backend.inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from pystub_backend.backend.supervision.response_stream import ResponseStream
-from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.arena import ArenaFullError
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
+from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.bls import BLS_CREDIT_WINDOW, BlsRequest, BlsResponse
 from pystub_backend.ipc.status import Status
+
 __all__ = ["BlsCall", "build_request", "CANCELLED_TEXT"]
 
 log = logging.getLogger("pystub.bls")

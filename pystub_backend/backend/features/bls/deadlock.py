@@ -25,7 +25,8 @@ only refuses what certainly cannot finish; every other wait is still bounded by 
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = ["deadlock_reason"]
 

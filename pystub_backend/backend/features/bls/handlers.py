@@ -18,19 +18,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable
+from collections.abc import Awaitable
+from typing import Any
 
+from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.bls.call import BlsCall, build_request
 from pystub_backend.backend.features.bls.deadlock import deadlock_reason
-from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import InferRequest
 from pystub_backend.backend.features.bls.payloads import REGISTRY
+from pystub_backend.backend.inference import InferRequest
 from pystub_backend.backend.supervision.handlers import handles
-from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
-from pystub_backend.ipc.messages.bls import (BlsCancel, BlsCleanup, BlsInspect, BlsInspectDone, BlsRequest, ModelControl,
-                              ModelControlDone)
+from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.messages.bls import (
+    BlsCancel,
+    BlsCleanup,
+    BlsInspect,
+    BlsInspectDone,
+    BlsRequest,
+    ModelControl,
+    ModelControlDone,
+)
 from pystub_backend.ipc.status import Status
+
 __all__ = ["target_error", "DECOUPLED_TEXT"]
 
 log = logging.getLogger("pystub.bls")

@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["PayloadRegistry", "PayloadKey", "REGISTRY", "SWEEP_SECONDS"]
 

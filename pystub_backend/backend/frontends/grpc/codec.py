@@ -30,6 +30,7 @@ from pystub_backend.backend.inference import (
 )
 from pystub_backend.ipc.bytes_codec import serialize_bytes
 from pystub_backend.ipc.dtypes import numpy_dtype
+
 __all__ = [
     "ParsedInferRequest",
     "parse_infer_request",

@@ -31,6 +31,7 @@ from pystub_backend.backend.frontends.grpc.codec import (
 )
 from pystub_backend.backend.frontends.grpc.stream import stream_infer
 from pystub_backend.backend.inference import ServerCore
+
 __all__ = ["create_grpc_server", "InferenceServicer"]
 
 _log = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2
@@ -24,6 +25,7 @@ from pystub_backend.backend import client_link
 from pystub_backend.backend.errors import ServerError, forget_traceback, grpc_code
 from pystub_backend.backend.frontends.grpc.codec import decode_infer_request, encode_infer_response
 from pystub_backend.backend.inference import InferResponse, ServerCore
+
 __all__ = ["stream_infer", "EMPTY_FINAL_KEY"]
 
 log = logging.getLogger("pystub.grpc")

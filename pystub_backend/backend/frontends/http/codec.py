@@ -27,6 +27,7 @@ from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.json_tensors import json_to_tensor_bytes
 from pystub_backend.backend.inference import InferRequest, ParameterValue, RequestedOutput, Tensor
 from pystub_backend.ipc.dtypes import WIRE_TO_CODE
+
 __all__ = [
     "INFERENCE_HEADER",
     "SHM_REGION",

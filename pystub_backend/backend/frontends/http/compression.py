@@ -10,6 +10,7 @@ from __future__ import annotations
 import zlib
 
 from pystub_backend.backend.errors import ServerError, Status
+
 __all__ = ["compress_body", "decompress_body", "response_encoding"]
 
 # wbits: 16+MAX_WBITS reads a gzip wrapper, MAX_WBITS a zlib wrapper, -MAX_WBITS a bare stream.

@@ -21,6 +21,7 @@ from aiohttp import web
 from pystub_backend.backend import log as backend_log
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.models.overrides import FILE_PREFIX
+
 __all__ = ["control_routes"]
 
 

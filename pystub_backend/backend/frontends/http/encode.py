@@ -15,6 +15,7 @@ from typing import Any
 from pystub_backend.backend.frontends.http.codec import INFERENCE_HEADER, SHM_REGION, OutputFormat
 from pystub_backend.backend.frontends.http.json_tensors import tensor_to_json
 from pystub_backend.backend.inference import InferResponse, Tensor
+
 __all__ = ["EncodedResponse", "encode_infer_response"]
 
 

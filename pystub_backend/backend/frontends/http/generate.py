@@ -25,6 +25,7 @@ from aiohttp import web
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.json_tensors import json_to_tensor_bytes, tensor_to_json
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore, Tensor
+
 __all__ = ["generate_request", "response_object", "generate", "generate_stream"]
 
 

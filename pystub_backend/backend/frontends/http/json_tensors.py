@@ -22,6 +22,7 @@ from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.inference import Tensor
 from pystub_backend.ipc.bytes_codec import deserialize_bytes, serialize_bytes
 from pystub_backend.ipc.dtypes import numpy_dtype
+
 __all__ = ["json_to_tensor_bytes", "tensor_to_json"]
 
 _INTEGER_TYPES = ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")

@@ -16,6 +16,7 @@ from pystub_backend.backend.frontends.http.codec import Body, DecodedRequest, Ou
 from pystub_backend.backend.inference import InferRequest, Tensor
 from pystub_backend.ipc.bytes_codec import BytesDecodeError, count_elements
 from pystub_backend.ipc.dtypes import element_size
+
 __all__ = ["RawInputSpec", "decode_raw_request", "raw_input_spec"]
 
 

@@ -18,7 +18,6 @@ from aiohttp import web
 
 from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, http_status
-from pystub_backend.backend.frontends.http.generate import generate, generate_stream
 from pystub_backend.backend.frontends.http.codec import (
     INFERENCE_HEADER,
     Body,
@@ -33,10 +32,12 @@ from pystub_backend.backend.frontends.http.compression import (
 )
 from pystub_backend.backend.frontends.http.control import control_routes
 from pystub_backend.backend.frontends.http.encode import EncodedResponse, encode_infer_response
+from pystub_backend.backend.frontends.http.generate import generate, generate_stream
 from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_input_spec
 from pystub_backend.backend.frontends.http.shm import shm_routes
 from pystub_backend.backend.inference import ServerCore
 from pystub_backend.ipc.messages.multiplex import MODEL_ID_HEADER, MODEL_ID_PARAMETER
+
 __all__ = ["create_http_app"]
 
 _log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from pystub_backend.backend.errors import ServerError, Status
+
 __all__ = ["shm_routes"]
 
 _SYSTEM = "/v2/systemsharedmemory"
