@@ -12,7 +12,9 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
+from pystub_backend.backend.features.response_cache import cache_from_config
 from pystub_backend.backend.log import LogSettings, configure_logging
+from pystub_backend.backend.scheduling.rate_limiter import RATE_LIMIT_MODES, ResourceLimit, parse_resource_limit
 from pystub_backend.backend.supervision.settings import BackendConfigError, StubSettings, parse_backend_config
 
 __all__ = ["ServerOptions", "parse_args", "main"]
@@ -49,6 +51,11 @@ class ServerOptions:
     load_models: list[str] = field(default_factory=list)
     repository_poll_secs: float = 15.0
     allow_client_shm: bool = False
+    # --cache-config=<cache>,<key>=<value> (and the deprecated --response-cache-byte-size N, which
+    # means local,size=N): {"local": {"size": "1048576"}}; empty means no response cache.
+    cache_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    rate_limit: str = "off"  # --rate-limit: off | execution_count
+    rate_limit_resources: list[ResourceLimit] = field(default_factory=list)  # --rate-limit-resource
     settings: StubSettings = field(default_factory=StubSettings)
     log: LogSettings = field(default_factory=LogSettings)
     ignored: list[str] = field(default_factory=list)
@@ -84,6 +91,36 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _cache_config_entry(text: str) -> tuple[str, str, str]:
+    """One `--cache-config=<cache>,<key>=<value>` (Triton's texts)."""
+    cache, _, setting = text.partition(",")
+    key, equals, value = setting.partition("=")
+    if not cache or not equals or not key:
+        raise argparse.ArgumentTypeError(f"No cache specified. --cache-config option format is <cache name>,"
+                                         f"<setting>=<value>. Got {text}")
+    return cache, key, value
+
+
+def _rate_limit_resource(text: str) -> ResourceLimit:
+    try:
+        return parse_resource_limit(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _cache_config(entries: list[tuple[str, str, str]], byte_size: int | None) -> dict[str, dict[str, str]]:
+    """Raises ValueError (Triton's text) when both forms are given."""
+    if entries and byte_size is not None:
+        raise ValueError("Incompatible flags --response-cache-byte-size and --cache-config both provided. "
+                         "Please provide one or the other.")
+    if byte_size is not None:
+        return {"local": {"size": str(byte_size)}}
+    config: dict[str, dict[str, str]] = {}
+    for cache, key, value in entries:
+        config.setdefault(cache, {})[key] = value
+    return config
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pystub-backend", allow_abbrev=False,
                                      description="Serve Triton Python-backend models over KServe v2.")
@@ -111,6 +148,13 @@ def _build_parser() -> argparse.ArgumentParser:
     add("--repository-poll-secs", type=_positive_seconds, default=15.0, metavar="N")
     add("--allow-client-shm", type=parse_bool, default=False, metavar="BOOL",
         help="enable the system shared memory extension (default false, as in Triton)")
+    add("--cache-config", type=_cache_config_entry, action="append", default=[], metavar="CACHE,KEY=VALUE",
+        help="response cache: local,size=<bytes> (repeatable)")
+    add("--response-cache-byte-size", type=int, default=None, metavar="N", help="deprecated: local,size=N")
+    add("--rate-limit", choices=RATE_LIMIT_MODES, default="off",
+        help="execution_count: instances run when their rate_limiter resources are free")
+    add("--rate-limit-resource", type=_rate_limit_resource, action="append", default=[],
+        metavar="NAME:COUNT[:DEVICE]", help="how many of a rate-limiter resource there are (repeatable)")
     add("--log-verbose", type=int, default=0)
     add("--log-info", type=parse_bool, default=True, metavar="BOOL")
     add("--log-warning", type=parse_bool, default=True, metavar="BOOL")
@@ -142,6 +186,12 @@ def parse_args(argv: list[str]) -> ServerOptions:
         log=LogSettings(log_file=args.log_file, log_info=args.log_info, log_warning=args.log_warning,
                         log_error=args.log_error, log_verbose_level=args.log_verbose, log_format=args.log_format))
     options.metrics_interval_ms, options.allow_cpu_metrics = args.metrics_interval_ms, args.allow_cpu_metrics
+    try:
+        options.cache_config = _cache_config(args.cache_config, args.response_cache_byte_size)
+        cache_from_config(options.cache_config)  # a cache pystub cannot make is a usage error
+    except ValueError as exc:
+        parser.error(str(exc))
+    options.rate_limit, options.rate_limit_resources = args.rate_limit, args.rate_limit_resource
     for flag in _GPU_ONLY + _NO_OPS:
         if getattr(args, flag[2:].replace("-", "_")) is not None:
             options.ignored.append(flag)

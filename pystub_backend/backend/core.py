@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.client_shm import ClientShmRegistry
+from pystub_backend.backend.features.response_cache import cache_from_config
 from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.models.config import ConfigError, ModelConfig, config_from_json, model_metadata
 from pystub_backend.backend.models.ensemble_config import (
@@ -30,6 +31,7 @@ from pystub_backend.backend.models.repository import (
 )
 from pystub_backend.backend.models.validation import validate_request
 from pystub_backend.backend.models.version import ModelVersion
+from pystub_backend.backend.scheduling.rate_limiter import RateLimiter, ResourceLimit
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.telemetry.statistics import REJECTED
@@ -62,6 +64,9 @@ class CoreOptions:
     startup_models: list[str] = field(default_factory=list)  # explicit mode; "*" means all
     poll_seconds: float = 15.0
     allow_client_shm: bool = False  # the system shared memory extension (Triton's default: off)
+    cache_config: dict[str, dict[str, str]] = field(default_factory=dict)  # --cache-config; empty: no cache
+    rate_limit: str = "off"  # --rate-limit
+    rate_limit_resources: list[ResourceLimit] = field(default_factory=list)
 
 
 def _load_error(name: str, text: str) -> ServerError:
@@ -82,6 +87,10 @@ class Core:
         self.client_shm = ClientShmRegistry(options.allow_client_shm, options.settings.shm_prefix)
         if self.client_shm.enabled:
             self.extensions.append(SYSTEM_SHARED_MEMORY)
+        # Server-wide services the model versions find here (ModelVersion's `context`).
+        self.response_cache = cache_from_config(options.cache_config)  # raises CacheConfigError
+        self.rate_limiter = (RateLimiter(options.rate_limit_resources)
+                             if options.rate_limit == "execution_count" else None)
         self._models: dict[str, ModelEntry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._operations: set[asyncio.Task[Any]] = set()

@@ -98,7 +98,8 @@ async def serve(options: ServerOptions) -> int:
                             auto_complete=options.auto_complete, strict_readiness=options.strict_readiness,
                             server_id=options.server_id, model_control_mode=options.model_control_mode,
                             startup_models=options.load_models, poll_seconds=options.repository_poll_secs,
-                            allow_client_shm=options.allow_client_shm))
+                            allow_client_shm=options.allow_client_shm, cache_config=options.cache_config,
+                            rate_limit=options.rate_limit, rate_limit_resources=options.rate_limit_resources))
     listeners = Listeners()
     try:
         try:

@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 from aiohttp import web
 
+from pystub_backend.backend.features.cache_metrics import write_cache_gauges, write_model_cache_families
 from pystub_backend.backend.features.custom_metrics import KIND_NAMES, CustomMetrics, registry_for
 from pystub_backend.backend.scheduling.multiplex import multiplex_metrics
 from pystub_backend.backend.telemetry.prometheus_text import TextWriter
@@ -126,6 +127,7 @@ def _inference_families(writer: TextWriter, versions: list[Any]) -> None:
             writer.sample(_FAILURE[0], [*_version_labels(version), ("reason", reason)], version.stats.failures[reason])
     for name, help_text, getter in _COUNTERS:
         _per_version(writer, versions, name, "counter", help_text, lambda v, getter=getter: getter(v.stats))
+    write_model_cache_families(writer, versions)  # response cache hook: nv_cache_*_per_model, in Triton's place
     _per_version(writer, versions, "nv_inference_pending_request_count", "gauge",
                  "Instantaneous number of pending requests awaiting execution per-model.",
                  lambda v: v.scheduler.queued if v.scheduler is not None else 0)
@@ -203,6 +205,7 @@ def render_metrics(core: Any, poller: SystemPoller | None = None) -> str:
     versions = core.model_versions()
     _inference_families(writer, versions)
     _system_families(writer, poller)
+    write_cache_gauges(writer, getattr(core, "response_cache", None))  # response cache hook: nv_cache_util, ...
     _stub_families(writer, versions, poller)
     writer.raw(multiplex_metrics(core))  # pystub_multiplexed_* (pystub_backend.backend.features.multiplex_stats)
     _custom_families(writer, registry_for(core))

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.features.response_cache import cache_refusal, cached_infer, cached_stream, version_cache
 from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.models.config import (
     ModelConfig,
@@ -19,6 +20,7 @@ from pystub_backend.backend.models.config import (
     is_decoupled,
 )
 from pystub_backend.backend.scheduling.choice import make_scheduler
+from pystub_backend.backend.scheduling.rate_limiter import RateLimitError, rate_limited
 from pystub_backend.backend.supervision.execution_env import (
     ExecutionEnvError,
     interpreter_command,
@@ -81,6 +83,7 @@ class ModelVersion:
         self.config_json = config_to_json(config)
         self.decoupled = is_decoupled(config)
         self.stats = ModelStatistics(self.name, str(version))
+        self.response_cache = version_cache(config, context)  # None: no cache, or not enabled for the model
         self.instances: list[ModelInstance] = []
         self.scheduler: Any = None  # see pystub_backend.backend.scheduling.choice
         self.state = "UNAVAILABLE"
@@ -140,17 +143,22 @@ class ModelVersion:
         self.state = "LOADING"
         config_json = json.dumps(self.config_json)
         try:
+            refusal = cache_refusal(self.config, self.decoupled)  # response cache hook: Triton's refusals
+            if refusal is not None:
+                raise ModelLoadError(refusal)
             if not os.path.isfile(self.model_path):
                 raise ModelLoadError(f"Failed to preinitialize Python stub: Python model file not found in "
                                      f"'{os.path.abspath(self.model_path)}'")
             self.instances = [ModelInstance(name, self._spec(name, kind, config_json))
                               for _, name, kind in instance_names(self.config)]
+            # rate limiter hook: with --rate-limit=execution_count, executes wait for their group's resources
+            scheduled = rate_limited(self.instances, self.config, getattr(self.context, "rate_limiter", None))
             await asyncio.gather(*(instance.start() for instance in self.instances))
-        except (StubStartError, ModelLoadError, OSError) as exc:
+        except (StubStartError, ModelLoadError, RateLimitError, OSError) as exc:
             await self._stop_instances(self.settings.stub_timeout_seconds)
             self.state, self.reason = "UNAVAILABLE", str(exc)
             raise ModelLoadError(str(exc)) from exc
-        self.scheduler = make_scheduler(self.config, self.instances, self.stats)
+        self.scheduler = make_scheduler(self.config, scheduled, self.stats)
         self.scheduler.start()
         self._monitor = asyncio.ensure_future(self._watch_health())
         self.state, self.reason = "READY", ""
@@ -175,12 +183,18 @@ class ModelVersion:
         """
         self._check_serving()
         request.model_version = str(self.version)
+        if self.response_cache is not None:  # response cache hook: a hit never reaches the scheduler
+            return await cached_infer(self.response_cache, self.stats, request,
+                                      lambda: self.scheduler.schedule(request, batch_size))  # type: ignore[union-attr]
         return await self.scheduler.schedule(request, batch_size)  # type: ignore[union-attr]
 
     async def infer_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         """Schedule the (validated) request; its responses arrive on the stream. Raises ServerError."""
         self._check_serving()
         request.model_version = str(self.version)  # responses name the version that served them
+        if self.response_cache is not None:  # response cache hook (default-mode models only: one response)
+            return await cached_stream(self.response_cache, self.stats, request,
+                                       lambda: self.scheduler.schedule(request, batch_size))  # type: ignore[union-attr]
         return await self.scheduler.schedule_stream(request, batch_size)  # type: ignore[union-attr]
 
     def _check_serving(self) -> None:

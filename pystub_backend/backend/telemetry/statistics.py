@@ -79,6 +79,8 @@ class ModelStatistics:
         self.compute_input = Duration()
         self.compute_infer = Duration()
         self.compute_output = Duration()
+        self.cache_hit = Duration()  # the response cache (pystub_backend.backend.features.response_cache)
+        self.cache_miss = Duration()
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
         self._batches: dict[int, _BatchStats] = {}
         self._created = time.monotonic()
@@ -116,7 +118,6 @@ class ModelStatistics:
         self.failures[reason] += 1
 
     def as_dict(self) -> dict[str, Any]:
-        empty = Duration().as_dict()
         return {
             "name": self.name,
             "version": self.version,
@@ -126,7 +127,7 @@ class ModelStatistics:
             "inference_stats": {
                 "success": self.success.as_dict(), "fail": self.fail.as_dict(), "queue": self.queue.as_dict(),
                 "compute_input": self.compute_input.as_dict(), "compute_infer": self.compute_infer.as_dict(),
-                "compute_output": self.compute_output.as_dict(), "cache_hit": empty, "cache_miss": empty,
+                "compute_output": self.compute_output.as_dict(), "cache_hit": self.cache_hit.as_dict(), "cache_miss": self.cache_miss.as_dict(),
             },
             "response_stats": {},
             "batch_stats": [

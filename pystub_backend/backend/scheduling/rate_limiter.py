@@ -1,0 +1,200 @@
+"""The rate limiter: `--rate-limit=execution_count` runs an instance only while the resources its
+instance group's `rate_limiter` names are free, and hands free resources out by `priority`.
+
+    scheduler ──▶ RateLimitedInstance.execute_streams ──▶ RateLimiter.acquire(needs, priority)
+                      │ (waits: the resources are taken)      ▲
+                      ▼                                       │ release: the waiters that now fit
+                  ModelInstance.execute_streams ──────────────┘ go, best priority first
+
+What Triton 2.51 does, and so pystub (checked against it):
+- `--rate-limit` is `off` by default: `rate_limiter` sections are then ignored;
+- resources are server-wide (every model's instances share them). How many of a resource there
+  are: `--rate-limit-resource=<name>:<count>[:<device>]`, else the largest count any one loaded
+  instance asks for (so two instances that each need 1 of a resource nobody declared take turns);
+- an instance that needs more than `--rate-limit-resource` declares fails to load with Triton's
+  text (`capacity_error`); a malformed flag is a usage error with Triton's text;
+- a lower `priority` number goes first (Triton weights chances by priority; pystub serves the best
+  priority that fits, oldest first within a priority).
+
+pystub's instances are CPU processes: per-device resources all count on device 0, `global`
+resources are shared by every device, and a `<device>` other than 0 in the flag counts for nothing.
+An instance holds its resources for its `execute`, from the moment it is handed a batch until the
+model returns (not while a decoupled model keeps sending afterwards).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RATE_LIMIT_MODES", "ResourceLimit", "RateLimiter", "RateLimitedInstance", "parse_resource_limit",
+           "rate_limited", "RateLimitError"]
+
+RATE_LIMIT_MODES = ("off", "execution_count")
+_GLOBAL = -1  # the device key of `global: true` resources
+_CPU_DEVICE = 0
+
+
+class RateLimitError(ValueError):
+    """A rate_limiter configuration pystub cannot honour; the message is Triton's text."""
+
+
+@dataclass(frozen=True)
+class ResourceLimit:
+    """One `--rate-limit-resource`: `device` None means every device."""
+
+    name: str
+    count: int
+    device: int | None = None
+
+
+def _number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"Invalid option value. Got {text}") from None
+    if value < 0:
+        raise ValueError(f"Invalid option value. Got {text}")
+    return value
+
+
+def parse_resource_limit(text: str) -> ResourceLimit:
+    """`<name>:<count>[:<device>]`. Raises ValueError with Triton's text."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0]:
+        raise ValueError(f"--rate-limit-resource option format is '<resource_name>:<count>:<device>' or "
+                         f"'<resource_name>:<count>'. Got {text}")
+    device = _number(parts[2]) if len(parts) == 3 else None
+    return ResourceLimit(parts[0], _number(parts[1]), device)
+
+
+Needs = dict[tuple[str, int], int]  # (resource, device key) -> count
+
+
+def instance_needs(group: Any) -> Needs:
+    """What one instance of the `instance_group` entry needs while it executes."""
+    needs: Needs = {}
+    for resource in group.rate_limiter.resources:
+        key = (resource.name, _GLOBAL if getattr(resource, "global") else _CPU_DEVICE)
+        needs[key] = needs.get(key, 0) + int(resource.count)
+    return needs
+
+
+def capacity_error(name: str, available: int, needed: int) -> str:
+    return (f'Resource count for "{name}" is limited to {available} which will prevent scheduling of one or more '
+            f'model instances, the minimum required count is {needed}')
+
+
+class RateLimiter:
+    """The server's resources and who waits for them. Event-loop only."""
+
+    def __init__(self, limits: list[ResourceLimit]) -> None:
+        self._declared: dict[tuple[str, int], int] = {}
+        for limit in limits:
+            # A resource declared without a device counts for every device, a global one included.
+            if limit.device is None:
+                self._declared[(limit.name, _CPU_DEVICE)] = limit.count
+                self._declared[(limit.name, _GLOBAL)] = limit.count
+            elif limit.device == _CPU_DEVICE:
+                self._declared[(limit.name, _CPU_DEVICE)] = limit.count
+        self._largest: dict[tuple[str, int], int] = {}  # undeclared: the largest single need seen
+        self._in_use: dict[tuple[str, int], int] = {}
+        self._waiters: list[tuple[int, int, Needs, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    def available(self, key: tuple[str, int]) -> int:
+        return self._declared.get(key, self._largest.get(key, 0))
+
+    def register(self, needs: Needs) -> None:
+        """An instance with these needs is loading. Raises RateLimitError (Triton's text) when a
+        declared resource has fewer than it needs."""
+        for key, count in needs.items():
+            if key in self._declared and self._declared[key] < count:
+                raise RateLimitError(capacity_error(key[0], self._declared[key], count))
+        for key, count in needs.items():
+            self._largest[key] = max(self._largest.get(key, 0), count)
+
+    def _fits(self, needs: Needs) -> bool:
+        return all(self._in_use.get(key, 0) + count <= self.available(key) for key, count in needs.items())
+
+    async def acquire(self, needs: Needs, priority: int) -> None:
+        """Wait until `needs` fit, then take them. Cancellation leaves nothing taken."""
+        if not self._waiters and self._fits(needs):
+            self._take(needs)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter = (priority, next(self._order), needs, future)
+        self._waiters.append(waiter)
+        self._waiters.sort(key=lambda w: (w[0], w[1]))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            elif future.done() and not future.cancelled():
+                self.release(needs)  # granted as we were cancelled: give it back
+            raise
+
+    def release(self, needs: Needs) -> None:
+        for key, count in needs.items():
+            self._in_use[key] = self._in_use.get(key, 0) - count
+        self._grant()
+
+    def _take(self, needs: Needs) -> None:
+        for key, count in needs.items():
+            self._in_use[key] = self._in_use.get(key, 0) + count
+
+    def _grant(self) -> None:
+        """Start the waiters that fit now, best priority (then oldest) first; a waiter that does not
+        fit does not hold back a later one that does."""
+        for waiter in list(self._waiters):
+            _, _, needs, future = waiter
+            if future.done():
+                self._waiters.remove(waiter)
+            elif self._fits(needs):
+                self._waiters.remove(waiter)
+                self._take(needs)
+                future.set_result(None)
+
+
+class RateLimitedInstance:
+    """A model instance whose executes take its group's resources first; everything else is the
+    instance's own (schedulers use it in place of the instance)."""
+
+    def __init__(self, instance: Any, limiter: RateLimiter, needs: Needs, priority: int) -> None:
+        self._instance = instance
+        self._limiter = limiter
+        self._needs = needs
+        self._priority = priority
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._instance, name)
+
+    async def execute_streams(self, requests: list[Any], on_sent: Callable[[list[Any]], None] | None = None
+                              ) -> tuple[list[Any], Any]:
+        await self._limiter.acquire(self._needs, self._priority)
+        try:
+            return await self._instance.execute_streams(requests, on_sent)
+        finally:
+            self._limiter.release(self._needs)
+
+
+def rate_limited(instances: list[Any], config: Any, limiter: RateLimiter | None) -> list[Any]:
+    """The instances as schedulers should see them: wrapped when rate limiting is on and their group
+    names resources. `instances` are in `instance_names` order (group by group). Raises
+    RateLimitError."""
+    if limiter is None:
+        return instances
+    groups = [group for group in config.instance_group for _ in range(max(1, int(group.count)))]
+    if len(groups) != len(instances):
+        return instances  # not one instance per group slot (cannot happen for instance_names)
+    wrapped: list[Any] = []
+    for instance, group in zip(instances, groups, strict=True):
+        needs = instance_needs(group)
+        limiter.register(needs)
+        priority = int(group.rate_limiter.priority) or 1
+        wrapped.append(RateLimitedInstance(instance, limiter, needs, priority) if needs else instance)
+    return wrapped
