@@ -20,6 +20,7 @@ from pystub_backend.backend.models.config import (
     is_decoupled,
 )
 from pystub_backend.backend.scheduling.choice import make_scheduler
+from pystub_backend.backend.scheduling.implicit_state import ImplicitState, StateConfigError
 from pystub_backend.backend.scheduling.rate_limiter import RateLimitError, rate_limited
 from pystub_backend.backend.supervision.execution_env import (
     ExecutionEnvError,
@@ -151,14 +152,17 @@ class ModelVersion:
                                      f"'{os.path.abspath(self.model_path)}'")
             self.instances = [ModelInstance(name, self._spec(name, kind, config_json))
                               for _, name, kind in instance_names(self.config)]
+            state = ImplicitState.from_config(self.config, self.model_dir)  # implicit state hook (load checks)
             # rate limiter hook: with --rate-limit=execution_count, executes wait for their group's resources
             scheduled = rate_limited(self.instances, self.config, getattr(self.context, "rate_limiter", None))
             await asyncio.gather(*(instance.start() for instance in self.instances))
-        except (StubStartError, ModelLoadError, RateLimitError, OSError) as exc:
+        except (StubStartError, ModelLoadError, RateLimitError, StateConfigError, OSError) as exc:
             await self._stop_instances(self.settings.stub_timeout_seconds)
             self.state, self.reason = "UNAVAILABLE", str(exc)
             raise ModelLoadError(str(exc)) from exc
         self.scheduler = make_scheduler(self.config, scheduled, self.stats)
+        if state is not None:  # implicit state hook: the sequence batcher adds and hides the state tensors
+            self.scheduler.implicit_state = state
         self.scheduler.start()
         self._monitor = asyncio.ensure_future(self._watch_health())
         self.state, self.reason = "READY", ""

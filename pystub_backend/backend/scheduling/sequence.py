@@ -29,6 +29,7 @@ from pystub_backend.backend import client_link
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features import sequence_frames
 from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.scheduling.implicit_state import ImplicitState
 from pystub_backend.backend.scheduling.request_queue import BatchLimits
 from pystub_backend.backend.scheduling.sequence_controls import Controls, sequence_fields
 from pystub_backend.backend.scheduling.sequence_slots import (
@@ -80,6 +81,7 @@ class SequenceBatcher:
         self._idle_timer_ns = 0
         self._loop: Any = None
         self._closed: ServerError | None = None  # fail_queued or stop: no new sequence work
+        self.implicit_state: ImplicitState | None = None  # set by ModelVersion.load (sequence_batching.state)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -135,6 +137,8 @@ class SequenceBatcher:
             raise ServerError(f"inference request for sequence {cid} to model '{self._model}' must specify the "
                               f"START flag on the first request of the sequence", Status.INVALID_ARG)
         request.inputs.extend(self._controls.tensors(fields, self._model))
+        if self.implicit_state is not None:  # implicit state hook: the state inputs, as Triton gives them
+            request.inputs.extend(self.implicit_state.tensors())
         request.correlation_id, request.flags = cid, fields.flags
         if sequence is None:
             sequence = self._table.start(cid)
@@ -243,11 +247,12 @@ class SequenceBatcher:
         for item, result in zip(batch, results, strict=True):
             self._after(item, result, started, timing)
 
-    @staticmethod
-    def _sent(batch: list[SeqItem], results: list[Any]) -> None:
+    def _sent(self, batch: list[SeqItem], results: list[Any]) -> None:
         """The batch is on its way: an eviction may now cancel a request while the model runs it."""
         for item, result in zip(batch, results, strict=True):
             item.sent = None if isinstance(result, ServerError) else result
+            if item.sent is not None and self.implicit_state is not None:  # implicit state hook
+                item.sent.on_put = self.implicit_state.hide_outputs  # the client never sees state outputs
 
     def on_rescheduled(self, request: InferRequest, rid: int) -> bool:
         """The model rescheduled `request` of the running batch (sequence_frames); False when it

@@ -35,6 +35,8 @@ class ResponseStream:
         self.cancelled = False
         self._on_final: list[Callable[[ResponseStream], None]] = []
         self.error: ServerError | None = None  # the last error response, for statistics
+        # Sees every response before a consumer does (implicit state takes the state outputs out).
+        self.on_put: Callable[[InferResponse], None] | None = None
 
     # -- producer side (the stub's frames) --------------------------------------------------------
     @property
@@ -49,6 +51,8 @@ class ResponseStream:
             self.error = response.error
         response.final = final
         response.model_version = self.model_version or response.model_version
+        if self.on_put is not None:
+            self.on_put(response)
         if self.cancelled:
             response.release()
         else:
