@@ -27,8 +27,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from pystub_backend.backend.inference import InferRequest, InferResponse, ParameterValue, Tensor
+import numpy as np
+
 from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import Buffer, InferRequest, InferResponse, ParameterValue, Tensor
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import ModelStatistics
 
@@ -82,6 +84,12 @@ def cache_refusal(config: object, decoupled: bool) -> str | None:
     return None
 
 
+def _byte_view(data: Buffer) -> memoryview:
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).data.cast("B")
+    return memoryview(data).cast("B")
+
+
 @dataclass
 class _Entry:
     outputs: list[Tensor]
@@ -118,7 +126,7 @@ class ResponseCache:
             digest.update(len(part).to_bytes(8, "little") + part.encode())
         for tensor in sorted(request.inputs, key=lambda t: t.name):
             name = tensor.name.encode()
-            data = memoryview(tensor.data).cast("B")
+            data = _byte_view(tensor.data)
             # lengths go in too, so no two different inputs hash the same bytes
             digest.update(len(name).to_bytes(8, "little") + name + data.nbytes.to_bytes(8, "little"))
             digest.update(data)
@@ -136,7 +144,7 @@ class ResponseCache:
     def insert(self, key: bytes, response: InferResponse) -> bool:
         """Store a copy of `response` (its outputs may view shared memory); evict the least recently
         used entries to make room. False when the entry is larger than the whole cache."""
-        outputs = [Tensor(t.name, t.datatype, tuple(t.shape), bytes(memoryview(t.data).cast("B")),
+        outputs = [Tensor(t.name, t.datatype, tuple(t.shape), bytes(_byte_view(t.data)),
                           dict(t.parameters)) for t in response.outputs]
         nbytes = ENTRY_OVERHEAD + sum(len(t.data) + len(t.name) + _TENSOR_OVERHEAD + 8 * len(t.shape)
                                       for t in outputs)
@@ -168,7 +176,8 @@ def version_cache(config: object, server: object) -> ResponseCache | None:
     return cache if isinstance(cache, ResponseCache) and cache_enabled(config) else None
 
 
-async def cached_infer(cache: ResponseCache, stats: ModelStatistics, request: InferRequest, run: Callable[[], Awaitable[InferResponse]]) -> InferResponse:
+async def cached_infer(cache: ResponseCache, stats: ModelStatistics, request: InferRequest,
+                       run: Callable[[], Awaitable[InferResponse]]) -> InferResponse:
     """Answer `request` from the cache, or `run()` it and store its response. Raises what `run` raises."""
     started = time.monotonic_ns()
     key = cache.key(request)

@@ -189,7 +189,7 @@ class ModelVersion:
         request.model_version = str(self.version)
         if self.response_cache is not None:  # response cache hook: a hit never reaches the scheduler
             return await cached_infer(self.response_cache, self.stats, request,
-                                      lambda: self.scheduler.schedule(request, batch_size))  # type: ignore[union-attr]
+                                      lambda: self.scheduler.schedule(request, batch_size))
         return await self.scheduler.schedule(request, batch_size)  # type: ignore[union-attr]
 
     async def infer_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
@@ -198,7 +198,7 @@ class ModelVersion:
         request.model_version = str(self.version)  # responses name the version that served them
         if self.response_cache is not None:  # response cache hook (default-mode models only: one response)
             return await cached_stream(self.response_cache, self.stats, request,
-                                       lambda: self.scheduler.schedule(request, batch_size))  # type: ignore[union-attr]
+                                       lambda: self.scheduler.schedule(request, batch_size))
         return await self.scheduler.schedule_stream(request, batch_size)  # type: ignore[union-attr]
 
     def _check_serving(self) -> None:
