@@ -26,20 +26,32 @@ from harness import Backend, make_repository, module_backend
 MODEL = "cache_probe"
 DECOUPLED_TEXT = ("Response Cache does not currently support model cache_decoupled with 'decoupled' transaction "
                   "policy. Please disable the response cache.")
+ENSEMBLE_CONFIG = """platform: "ensemble"
+max_batch_size: 0
+input [ { name: "X", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "Y", data_type: TYPE_FP32, dims: [ -1 ] }, { name: "C", data_type: TYPE_INT64, dims: [ 1 ] } ]
+response_cache { enable: true }
+ensemble_scheduling { step [ { model_name: "cache_plain" model_version: -1 input_map { key: "INPUT0" value: "X" }
+                               output_map [ { key: "OUTPUT0" value: "Y" }, { key: "CALLS" value: "C" } ] } ] }
+"""
 SEQUENCE_TEXT = ("Response Cache does not currently support model cache_sequence with sequence batching "
                  "scheduler. Please disable the response cache.")
 
 
 def cache_repository(directory: Path) -> Path:
-    """cache_probe, and two variants Triton refuses: decoupled, and with a sequence batcher."""
+    """cache_probe, two variants Triton refuses (decoupled, with a sequence batcher), and an ensemble that
+    caches over cache_plain, a variant that does not."""
     repository = make_repository(directory, MODEL)
     config = (repository / MODEL / "config.pbtxt").read_text()
     variants = {"cache_decoupled": config + "model_transaction_policy { decoupled: true }\n",
-                "cache_sequence": config + "sequence_batching { }\n"}
+                "cache_sequence": config + "sequence_batching { }\n",
+                "cache_plain": config.replace("response_cache { enable: true }", "")}
     for name, text in variants.items():
         (repository / name / "1").mkdir(parents=True)
         (repository / name / "config.pbtxt").write_text(text)
         (repository / name / "1" / "model.py").write_text((repository / MODEL / "1" / "model.py").read_text())
+    (repository / "cache_ensemble" / "1").mkdir(parents=True)
+    (repository / "cache_ensemble" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     return repository
 
 
@@ -170,3 +182,19 @@ def test_without_a_cache_configured_the_model_loads_and_nothing_is_cached(tmp_pa
         text = metrics_text(backend)
         assert sample(text, "nv_cache_num_hits_per_model") == 0  # printed, as Triton does, at zero
         assert "nv_cache_util" not in text
+
+
+def test_top_level_ensemble_requests_are_cached(backend: Backend, http: Any) -> None:
+    # As on Triton 2.51: the ensemble's response is cached; its composing model ran once.
+    def calls() -> int:
+        tensor = httpclient.InferInput("X", [3], "FP32")
+        tensor.set_data_from_numpy(np.arange(3, dtype=np.float32) + 4000)
+        return int(http.infer("cache_ensemble", [tensor]).as_numpy("C")[0])
+
+    assert [calls() for _ in range(3)] == [1, 1, 1]
+    row = http.get_inference_statistics("cache_ensemble")["model_stats"][0]
+    assert (row["inference_stats"]["cache_hit"]["count"], row["inference_stats"]["cache_miss"]["count"]) == (2, 1)
+    assert row["inference_stats"]["success"]["count"] == 3
+    plain = http.get_inference_statistics("cache_plain")["model_stats"][0]
+    assert plain["inference_stats"]["success"]["count"] == 1
+    assert sample(metrics_text(backend), "nv_cache_num_hits_per_model", '{model="cache_ensemble",version="1"}') == 2

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.features.response_cache import cached_stream, version_cache
 from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.models.config import ConfigError, ModelConfig, config_to_json, is_decoupled
 from pystub_backend.backend.models.ensemble_config import EnsembleGraph
@@ -137,6 +138,7 @@ class EnsembleVersion:
         self.state = "UNAVAILABLE"
         self.reason = ""
         self.graph: EnsembleGraph | None = None
+        self.response_cache = version_cache(config, core)  # Triton caches top-level ensemble requests too
 
     # -- readiness -------------------------------------------------------------------------------------
     @property
@@ -212,7 +214,19 @@ class EnsembleVersion:
             raise ServerError(f"Request for unknown model: '{self.name}' version {self.version} is not at "
                               f"ready state", Status.UNAVAILABLE)
         request.model_version = str(self.version)
+        if self.response_cache is not None and not self.decoupled:  # response cache hook
+            return await cached_stream(self.response_cache, self.stats, request,
+                                       lambda: self._single(request, batch_size))
         return await self.scheduler.schedule_stream(request, batch_size)
+
+    async def _single(self, request: InferRequest, batch_size: int) -> InferResponse:
+        assert self.scheduler is not None
+        stream = await self.scheduler.schedule_stream(request, batch_size)
+        try:
+            return await stream.single()
+        except asyncio.CancelledError:
+            stream.cancel()
+            raise
 
     def instance(self, name: str) -> None:
         return None
