@@ -11,6 +11,7 @@ with Triton's text.
 
 from __future__ import annotations
 
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,9 +25,12 @@ REQUESTS = 4
 DELAY_MS = 300
 
 
-def spans(backend: Backend, model: str = MODEL) -> list[tuple[float, float]]:
-    """The (start, end) of each of REQUESTS concurrent executes, sorted by start."""
-    def one(_: int) -> tuple[float, float]:
+def spans(backend: Backend, *models: str) -> list[tuple[float, float]]:
+    """The (start, end) of each of REQUESTS concurrent executes (to `models` in turn), sorted by start."""
+    models = models or (MODEL,)
+
+    def one(index: int) -> tuple[float, float]:
+        model = models[index % len(models)]
         client = httpclient.InferenceServerClient(backend.http_url, network_timeout=60)
         try:
             tensor = httpclient.InferInput("DELAY_MS", [1], "INT32")
@@ -101,3 +105,16 @@ def test_bad_flags_are_usage_errors(repository: Path, flag: str, text: str) -> N
     assert backend.wait_exit() == 2
     backend.stop(check=False)
     assert text in backend.log()
+
+
+def test_resources_are_shared_by_every_model(tmp_path: Path) -> None:
+    # As on Triton 2.51 (measured): two models of one instance each, both needing R, take turns.
+    source = make_repository(tmp_path / "source", MODEL) / MODEL
+    repository = tmp_path / "models"
+    for name in ("span_a", "span_b"):
+        shutil.copytree(source, repository / name)
+        config = repository / name / "config.pbtxt"
+        config.write_text(config.read_text().replace("count: 2, kind", "count: 1, kind"))
+    with Backend(repository, "--rate-limit=execution_count") as backend:
+        found = spans(backend, "span_a", "span_b")
+    assert overlaps(found) == 0, found
