@@ -9,11 +9,13 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from pystub_backend.backend.scheduling.rate_limiter import (
+    RateLimitedInstance,
     RateLimiter,
     RateLimitError,
     ResourceLimit,
     parse_resource_limit,
     rate_limited,
+    unregister,
 )
 
 CPU = 0
@@ -31,12 +33,14 @@ def test_resource_flag_forms() -> None:
             parse_resource_limit(bad)
 
 
-def test_undeclared_resources_are_the_largest_single_need() -> None:
+def test_undeclared_resources_are_the_largest_single_need_of_the_loaded_instances() -> None:
     limiter = RateLimiter([])
-    limiter.register({("R", CPU): 1})
-    limiter.register({("R", CPU): 3})
-    limiter.register({("R", CPU): 2})
+    small, big = [{("R", CPU): 1}, {("R", CPU): 2}], [{("R", CPU): 3}]
+    limiter.register(small)
+    limiter.register(big)
     assert limiter.available(("R", CPU)) == 3
+    limiter.unregister(big)  # that model unloaded
+    assert limiter.available(("R", CPU)) == 2
 
 
 def test_declared_resources_and_the_capacity_check() -> None:
@@ -46,7 +50,8 @@ def test_declared_resources_and_the_capacity_check() -> None:
     assert limiter.available(("T", CPU)) == 0  # device 1: no such device in pystub
     with pytest.raises(RateLimitError, match='Resource count for "R" is limited to 1 which will prevent scheduling '
                                              'of one or more model instances, the minimum required count is 2'):
-        limiter.register({("R", CPU): 2})
+        limiter.register([{("S", CPU): 1}, {("R", CPU): 2}])
+    assert limiter.available(("S", GLOBAL)) == 0  # all or nothing: S was not registered either
 
 
 def test_freed_resources_go_to_the_best_priority_then_the_oldest() -> None:
@@ -136,3 +141,6 @@ def test_wrapped_instances_take_turns_and_keep_their_faces() -> None:
 
     asyncio.run(both())
     assert log in (["start a", "end a", "start b", "end b"], ["start b", "end b", "start a", "end a"])
+    assert isinstance(wrapped[0], RateLimitedInstance)
+    unregister(wrapped)
+    assert wrapped[0].limiter.available(("R", CPU)) == 0

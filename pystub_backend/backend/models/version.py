@@ -21,7 +21,7 @@ from pystub_backend.backend.models.config import (
 )
 from pystub_backend.backend.scheduling.choice import make_scheduler
 from pystub_backend.backend.scheduling.implicit_state import ImplicitState, StateConfigError
-from pystub_backend.backend.scheduling.rate_limiter import RateLimitError, rate_limited
+from pystub_backend.backend.scheduling.rate_limiter import RateLimitError, rate_limited, unregister
 from pystub_backend.backend.supervision.execution_env import (
     ExecutionEnvError,
     interpreter_command,
@@ -90,6 +90,7 @@ class ModelVersion:
         self.state = "UNAVAILABLE"
         self.reason = ""
         self._monitor: asyncio.Task | None = None
+        self._scheduled: list[Any] = []  # the instances as the scheduler sees them (rate limiter)
 
     # -- readiness -------------------------------------------------------------------------------
     @property
@@ -154,7 +155,8 @@ class ModelVersion:
                               for _, name, kind in instance_names(self.config)]
             state = ImplicitState.from_config(self.config, self.model_dir)  # implicit state hook (load checks)
             # rate limiter hook: with --rate-limit=execution_count, executes wait for their group's resources
-            scheduled = rate_limited(self.instances, self.config, getattr(self.context, "rate_limiter", None))
+            scheduled = self._scheduled = rate_limited(self.instances, self.config,
+                                                       getattr(self.context, "rate_limiter", None))
             await asyncio.gather(*(instance.start() for instance in self.instances))
         except (StubStartError, ModelLoadError, RateLimitError, StateConfigError, OSError) as exc:
             await self._stop_instances(self.settings.stub_timeout_seconds)
@@ -224,6 +226,8 @@ class ModelVersion:
         self.state, self.reason = "UNAVAILABLE", "unloaded"
 
     async def _stop_instances(self, timeout: float) -> None:
+        unregister(self._scheduled)  # rate limiter hook: gone instances no longer size resources
+        self._scheduled = []
         await asyncio.gather(*(instance.stop(timeout) for instance in self.instances))
         self.instances = [i for i in self.instances if i.state is not InstanceState.STOPPED]
 

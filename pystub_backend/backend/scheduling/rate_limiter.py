@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["RATE_LIMIT_MODES", "ResourceLimit", "RateLimiter", "RateLimitedInstance", "parse_resource_limit",
-           "rate_limited", "RateLimitError"]
+           "rate_limited", "unregister", "RateLimitError"]
 
 RATE_LIMIT_MODES = ("off", "execution_count")
 _GLOBAL = -1  # the device key of `global: true` resources
@@ -100,22 +100,30 @@ class RateLimiter:
                 self._declared[(limit.name, _GLOBAL)] = limit.count
             elif limit.device == _CPU_DEVICE:
                 self._declared[(limit.name, _CPU_DEVICE)] = limit.count
-        self._largest: dict[tuple[str, int], int] = {}  # undeclared: the largest single need seen
+        self._registered: list[Needs] = []  # the loaded instances' needs: undeclared counts follow them
         self._in_use: dict[tuple[str, int], int] = {}
         self._waiters: list[tuple[int, int, Needs, asyncio.Future[None]]] = []
         self._order = itertools.count()
 
     def available(self, key: tuple[str, int]) -> int:
-        return self._declared.get(key, self._largest.get(key, 0))
+        if key in self._declared:
+            return self._declared[key]
+        return max((needs.get(key, 0) for needs in self._registered), default=0)
 
-    def register(self, needs: Needs) -> None:
-        """An instance with these needs is loading. Raises RateLimitError (Triton's text) when a
-        declared resource has fewer than it needs."""
-        for key, count in needs.items():
-            if key in self._declared and self._declared[key] < count:
-                raise RateLimitError(capacity_error(key[0], self._declared[key], count))
-        for key, count in needs.items():
-            self._largest[key] = max(self._largest.get(key, 0), count)
+    def register(self, instances_needs: list[Needs]) -> None:
+        """A model's instances with these needs are loading: all or none are registered. Raises
+        RateLimitError (Triton's text) when a declared resource has fewer than one needs."""
+        for needs in instances_needs:
+            for key, count in needs.items():
+                if key in self._declared and self._declared[key] < count:
+                    raise RateLimitError(capacity_error(key[0], self._declared[key], count))
+        self._registered.extend(instances_needs)
+
+    def unregister(self, instances_needs: list[Needs]) -> None:
+        """Those instances are gone (unloaded, or their load failed)."""
+        for needs in instances_needs:
+            self._registered.remove(needs)
+        self._grant()
 
     def _fits(self, needs: Needs) -> bool:
         return all(self._in_use.get(key, 0) + count <= self.available(key) for key, count in needs.items())
@@ -166,8 +174,8 @@ class RateLimitedInstance:
 
     def __init__(self, instance: Any, limiter: RateLimiter, needs: Needs, priority: int) -> None:
         self._instance = instance
-        self._limiter = limiter
-        self._needs = needs
+        self.limiter = limiter
+        self.needs = needs
         self._priority = priority
 
     def __getattr__(self, name: str) -> Any:
@@ -175,11 +183,11 @@ class RateLimitedInstance:
 
     async def execute_streams(self, requests: list[Any], on_sent: Callable[[list[Any]], None] | None = None
                               ) -> tuple[list[Any], Any]:
-        await self._limiter.acquire(self._needs, self._priority)
+        await self.limiter.acquire(self.needs, self._priority)
         try:
             return await self._instance.execute_streams(requests, on_sent)
         finally:
-            self._limiter.release(self._needs)
+            self.limiter.release(self.needs)
 
 
 def rate_limited(instances: list[Any], config: Any, limiter: RateLimiter | None) -> list[Any]:
@@ -191,10 +199,15 @@ def rate_limited(instances: list[Any], config: Any, limiter: RateLimiter | None)
     groups = [group for group in config.instance_group for _ in range(max(1, int(group.count)))]
     if len(groups) != len(instances):
         return instances  # not one instance per group slot (cannot happen for instance_names)
-    wrapped: list[Any] = []
-    for instance, group in zip(instances, groups, strict=True):
-        needs = instance_needs(group)
-        limiter.register(needs)
-        priority = int(group.rate_limiter.priority) or 1
-        wrapped.append(RateLimitedInstance(instance, limiter, needs, priority) if needs else instance)
-    return wrapped
+    needs = [instance_needs(group) for group in groups]
+    limiter.register([n for n in needs if n])
+    return [RateLimitedInstance(instance, limiter, n, int(group.rate_limiter.priority) or 1) if n else instance
+            for instance, group, n in zip(instances, groups, needs, strict=True)]
+
+
+def unregister(instances: list[Any]) -> None:
+    """The model version these (`rate_limited`) instances belong to is gone: its needs no longer
+    size undeclared resources."""
+    for instance in instances:
+        if isinstance(instance, RateLimitedInstance):
+            instance.limiter.unregister([instance.needs])
