@@ -8,8 +8,8 @@
 
 What Triton 2.51 does, and so pystub (checked against it):
 - the key is the model name, its version and each input's name and data, nothing else: neither
-  request parameters nor the outputs asked for. A hit answers with every output the cached
-  response had, even ones the request did not ask for;
+  request parameters nor the outputs asked for (Triton then answers a hit with every output the
+  cached response had, asked for or not; pystub's frontends send only the outputs asked for);
 - without a cache configured, `response_cache { enable: true }` loads and does nothing; the
   per-model `nv_cache_*_per_model` counters are still printed (zero) for such a model;
 - a decoupled model or one with a sequence batcher and `response_cache { enable: true }` fails to
