@@ -127,7 +127,8 @@ class ModelStatistics:
             "inference_stats": {
                 "success": self.success.as_dict(), "fail": self.fail.as_dict(), "queue": self.queue.as_dict(),
                 "compute_input": self.compute_input.as_dict(), "compute_infer": self.compute_infer.as_dict(),
-                "compute_output": self.compute_output.as_dict(), "cache_hit": self.cache_hit.as_dict(), "cache_miss": self.cache_miss.as_dict(),
+                "compute_output": self.compute_output.as_dict(), "cache_hit": self.cache_hit.as_dict(),
+                "cache_miss": self.cache_miss.as_dict(),
             },
             "response_stats": {},
             "batch_stats": [
