@@ -30,9 +30,9 @@ from pystub_backend.stub import output_buffers, pb_utils
 from pystub_backend.stub.batched import BatchedExecute, has_execute_batch
 from pystub_backend.stub.event_loop import InstanceLoop
 from pystub_backend.stub.executor import check_return, failure_text, format_traceback, run_execute
-from pystub_backend.stub.features import install as features  # noqa: F401 - registers the features' frame handlers
-from pystub_backend.stub.features.sequences import keep_rescheduled, take_rescheduled
-from pystub_backend.stub.handlers import main_handler, notify_phase, receiver_handler, send_hooks
+from pystub_backend.stub.features.install import install_features
+from pystub_backend.stub.features.sequences import RescheduledRequests, report_rescheduled
+from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.liveness import Heartbeat, ignore_termination_signals, set_parent_death_signal
 from pystub_backend.stub.loader import LoadError, load_model_class
 from pystub_backend.stub.pb_utils import _runtime
@@ -74,7 +74,10 @@ class Stub:
         self.model_version = 0
         self.decoupled = False
         self.batched: BatchedExecute | None = None  # pystub extension: the model's execute_batch
-        self._send_hooks = tuple(send_hooks())
+        self.rescheduled = RescheduledRequests()  # iterative sequences (features/sequences.py)
+        self.handlers = StubHandlers()
+        install_features(self.handlers)
+        self._send_hooks = self.handlers.send_hooks()
         output_buffers.install(self.s2p)  # pb_utils.new_output_array
         self.requests = RequestRegistry(self.instance, self.send, self.s2p, lambda: self.decoupled,
                                         options.send_timeout)
@@ -121,7 +124,7 @@ class Stub:
             self.requests.on_credits(message.credits)
         elif isinstance(message, msg.Cancel):
             self.requests.on_cancel(message.rids)
-        elif (feature := receiver_handler(type(message))) is not None:
+        elif (feature := self.handlers.receiver_handler(type(message))) is not None:
             feature(self, message)
         elif isinstance(message, msg.IsReady):
             # Readiness is asked while execute may run: answer from a thread of its own.
@@ -156,7 +159,7 @@ class Stub:
                 if handler is not None:
                     handler(message)
                 else:
-                    feature = main_handler(type(message))
+                    feature = self.handlers.main_handler(type(message))
                     if feature is None:
                         self.log_error(f"stub '{self.instance}' has no handler for {type(message).__name__}")
                     else:
@@ -199,7 +202,7 @@ class Stub:
         self.model_version = int(args["model_version"])
         self.decoupled = bool(message.settings.get("decoupled", False))
         _runtime.set_model_dir(os.path.dirname(message.model_path))
-        notify_phase(self, "initializing")
+        self.handlers.notify_phase(self, "initializing")
         try:
             model_class = load_model_class(message.model_path)
             if not callable(getattr(model_class, "execute", None)) and not has_execute_batch(model_class):
@@ -214,12 +217,12 @@ class Stub:
             self.send(msg.InitDone(self._describe(exc).split("\n\n", 1)[0], format_traceback(exc), False))
             return
         self.control.set_state(StubState.READY)
-        notify_phase(self, "ready")
+        self.handlers.notify_phase(self, "ready")
         self.send(msg.InitDone(None, None, callable(getattr(self.model, "is_ready", None))))
 
     def _finalize(self, message: msg.Finalize) -> None:
         self.control.set_state(StubState.FINALIZING)
-        notify_phase(self, "finalizing")
+        self.handlers.notify_phase(self, "finalizing")
         error = None
         finalize = getattr(self.model, "finalize", None)
         if finalize is not None:
@@ -261,7 +264,7 @@ class Stub:
         self.control.execute_started()
         try:
             for wire in message.requests:
-                kept = take_rescheduled(wire[0])  # pystub sequences: a rescheduled request runs as itself
+                kept = self.rescheduled.take(wire[0])  # pystub sequences: a rescheduled request runs as itself
                 if kept is None:
                     sender, state = self.requests.make_sender(wire)
                     states.append(state)  # registered now: closed below even if its request cannot be built
@@ -275,7 +278,7 @@ class Stub:
                 if entry is not None and not state.final:
                     self.requests.close(state)
                     responses.append(response_to_wire(wire[0], entry, _FINAL, set(wire[3]), self.s2p))
-            keep_rescheduled(self, requests, states)  # pystub sequences: report them before EXECUTE_DONE
+            report_rescheduled(self, requests, states)  # pystub sequences: report them before EXECUTE_DONE
         except Exception as exc:
             text = failure_text(self.instance, exc)
             self.log_error(f"{text}\n{format_traceback(exc)}")

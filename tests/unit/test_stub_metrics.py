@@ -149,5 +149,7 @@ def test_an_unanswered_call_times_out_with_what_it_waited_for() -> None:
 
 
 def test_the_before_send_hook_is_registered() -> None:
-    from pystub_backend.stub.handlers import send_hooks
-    assert stub_metrics._flush_before in send_hooks()
+    from pystub_backend.stub.handlers import StubHandlers
+    handlers = StubHandlers()
+    stub_metrics.register(handlers)
+    assert stub_metrics._flush_before in handlers.send_hooks()

@@ -33,10 +33,10 @@ from pystub_backend.ipc.messages.bls import BlsInspect, BlsInspectDone, BlsReque
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.features.bls_outputs import Cleanup, error_response, response_from_wire
-from pystub_backend.stub.handlers import on_phase, on_receiver
+from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.pb_utils import _runtime
 
-__all__ = ["BlsClient", "inspect"]
+__all__ = ["BlsClient", "inspect", "register"]
 
 _FINAL = msg.RESPONSE_FINAL
 
@@ -270,7 +270,6 @@ _inspections: dict[int, queue.SimpleQueue[dict[str, Any]]] = {}
 _inspection_ids = itertools.count(1)
 
 
-@on_phase("ready")
 def _enable(stub: Any) -> None:
     global _client
     if _client is None:
@@ -278,18 +277,15 @@ def _enable(stub: Any) -> None:
     _runtime.set_bls_handler(_client)
 
 
-@on_phase("finalizing")
 def _disable(stub: Any) -> None:
     _runtime.set_bls_handler(None)
 
 
-@on_receiver(BlsResponse)
 def _on_response(stub: Any, message: BlsResponse) -> None:
     if _client is not None:
         _client.on_response(message)
 
 
-@on_receiver(BlsInspectDone)
 def _on_inspected(stub: Any, message: BlsInspectDone) -> None:
     waiter = _inspections.get(message.token)
     if waiter is not None:
@@ -321,3 +317,11 @@ def inspect(timeout: float = 10.0) -> dict[str, Any]:
     facts.update(calls_in_flight=client.in_flight(), outputs_held=client.cleanup.leased,
                  s2p_used=stub.s2p.used, s2p_allocations=stub.s2p.allocation_count)
     return facts
+
+
+def register(handlers: StubHandlers) -> None:
+    """Wire BLS into a stub: enable `exec` once the model is ready, route the backend's answers."""
+    handlers.on_phase("ready", _enable)
+    handlers.on_phase("finalizing", _disable)
+    handlers.on_receiver(BlsResponse, _on_response)
+    handlers.on_receiver(BlsInspectDone, _on_inspected)

@@ -40,10 +40,10 @@ from pystub_backend.ipc.messages.metrics import (
     MetricReply,
     MetricValueQuery,
 )
-from pystub_backend.stub.handlers import before_send, on_phase, on_receiver
+from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.pb_utils import _runtime
 
-__all__ = ["MetricsReporter", "MetricsError", "check_label_names", "FLUSH_DELAY", "MAX_ENTRIES", "MAX_OBSERVATIONS"]
+__all__ = ["MetricsReporter", "MetricsError", "check_label_names", "FLUSH_DELAY", "MAX_ENTRIES", "MAX_OBSERVATIONS", "register"]
 
 FLUSH_DELAY = 0.05
 MAX_ENTRIES = 256
@@ -215,7 +215,6 @@ class MetricsReporter:
 
 
 # -- wiring into the stub ---------------------------------------------------------------------------
-@on_phase("initializing")
 def _install(stub: Any) -> None:
     """Connect pb_utils metrics to the backend before the model is imported (module-level
     metric families are common)."""
@@ -226,14 +225,19 @@ def _install(stub: Any) -> None:
     _runtime.set_metric_reporter(reporter)
 
 
-@before_send
 def _flush_before(stub: Any, message: Any) -> None:
     reporter = _reporter
     if reporter is not None and reporter.pending and type(message) is not MetricOps:
         reporter.flush()
 
 
-@on_receiver(MetricReply)
 def _on_reply(stub: Any, message: MetricReply) -> None:
     if _reporter is not None:
         _reporter.on_reply(message)
+
+
+def register(handlers: StubHandlers) -> None:
+    """Wire custom metrics into a stub: the reporter, its flush before other frames, its replies."""
+    handlers.on_phase("initializing", _install)
+    handlers.before_send(_flush_before)
+    handlers.on_receiver(MetricReply, _on_reply)
