@@ -5,7 +5,8 @@ typed value, and a frame with an unknown kind, the wrong arity or a field of the
 rejected as corrupt (`MessageDecodeError`), never half-used. Field types are read from the
 class's annotations and checked one level deep (a `list[list[int]]` must be a list of lists; what
 those hold is the handler's business), leniently where msgpack may blur them (an int is accepted
-for a float or a bool). Kind numbers are allocated by range so that each
+for a float or a bool). Fields typed with a record of `pystub_backend.ipc.records` (alone, in a
+`list[...]` or `| None`) are built into that record, checked the same way. Kind numbers are allocated by range so that each
 feature keeps its catalogue in a module of its own:
 
     1-19   core (pystub_backend/ipc/messages/core.py)          40-49  sequences
@@ -22,14 +23,18 @@ from typing import Any, NamedTuple, TypeVar, Union
 
 import msgpack
 
-__all__ = ["message", "encode", "decode", "MessageDecodeError", "registered_kinds"]
+__all__ = ["message", "encode", "decode", "MessageDecodeError", "registered_kinds", "kind_of"]
 
 _T = TypeVar("_T")
 _KIND_OF: dict[type, int] = {}
 _TYPE_OF: dict[int, type] = {}
 _ARITY: dict[int, int] = {}
 _Check = Callable[[Any], bool]
-_CHECKS: dict[int, list[tuple[str, _Check]]] = {}  # per kind, built on first decode
+_Convert = Callable[[Any], Any]
+# Per message or record class, built on first decode: (index, name, check | None, convert | None)
+# for each field that is checked or built; fields annotated `Any` are neither.
+_Spec = list[tuple[int, str, "_Check | None", "_Convert | None"]]
+_SPECS: dict[type, _Spec] = {}
 
 
 class MessageDecodeError(ValueError):
@@ -52,13 +57,19 @@ def registered_kinds() -> dict[int, type]:
     return dict(_TYPE_OF)
 
 
+def kind_of(cls: type) -> int:
+    """The kind number of a registered message class. Raises KeyError for any other class."""
+    return _KIND_OF[cls]
+
+
 def encode(value: NamedTuple) -> bytes:
-    """The frame for a registered message."""
+    """The frame for a registered message (records inside it encode as arrays of their fields)."""
     return msgpack.packb((_KIND_OF[type(value)], *value), use_bin_type=True)
 
 
 def decode(frame: bytes) -> Any:
-    """The message in `frame`. Raises MessageDecodeError for anything that is not a valid frame."""
+    """The message in `frame`, its records built. Raises MessageDecodeError for anything that is
+    not a valid frame."""
     try:
         items = msgpack.unpackb(frame, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types for corrupt input
@@ -71,30 +82,76 @@ def decode(frame: bytes) -> Any:
         raise MessageDecodeError(f"unknown message kind {kind}")
     if len(items) - 1 != _ARITY[kind]:
         raise MessageDecodeError(f"message {cls.__name__} has {len(items) - 1} fields, expected {_ARITY[kind]}")
-    checks = _CHECKS.get(kind)
-    if checks is None:
-        checks = _CHECKS[kind] = _field_checks(cls)
-    for index, (name, check) in enumerate(checks, 1):
-        if not check(items[index]):
-            raise MessageDecodeError(f"message {cls.__name__} has a field '{name}' of type "
-                                     f"{type(items[index]).__name__}")
-    return cls(*items[1:])
+    del items[0]
+    _apply(cls, "message", items)
+    return cls(*items)
 
 
-def _field_checks(cls: type) -> list[tuple[str, _Check]]:
+def _apply(cls: type, what: str, values: list[Any]) -> None:
+    """Check `values` (the fields of `cls`, in order) and build their records, in place."""
+    spec = _SPECS.get(cls)
+    if spec is None:
+        spec = _SPECS[cls] = _spec_of(cls)
+    count = len(values)
+    for index, name, check, convert in spec:
+        if index >= count:  # a trailing field with a default, absent from this array
+            return
+        value = values[index]
+        if check is not None and not check(value):
+            raise MessageDecodeError(f"{what} {cls.__name__} has a field '{name}' of type {type(value).__name__}")
+        if convert is not None:
+            values[index] = convert(value)
+
+
+def _record_parser(cls: type) -> _Convert:
+    """Build a record of `cls` from its array, checked like a message's fields."""
+    fields = cls._fields  # type: ignore[attr-defined]
+    total, required = len(fields), len(fields) - len(cls._field_defaults)  # type: ignore[attr-defined]
+
+    def parse(value: Any) -> Any:
+        if type(value) is not list or not required <= len(value) <= total:
+            raise MessageDecodeError(f"a {cls.__name__} record must be an array of {required}-{total} fields")
+        _apply(cls, "record", value)
+        return cls(*value)
+    return parse
+
+
+def _is_record(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, tuple) and hasattr(annotation, "_fields")
+
+
+def _spec_of(cls: type) -> _Spec:
     try:
         hints = typing.get_type_hints(cls)
     except Exception:  # noqa: BLE001 - an annotation that does not resolve is simply not checked
         hints = {}
-    checks: list[tuple[str, _Check]] = []
-    for name in cls._fields:  # type: ignore[attr-defined]
-        check = _check_for(hints.get(name, Any))
-        checks.append((name, check if check is not None else _anything))
-    return checks
+    spec: _Spec = []
+    for index, name in enumerate(cls._fields):  # type: ignore[attr-defined]
+        check, convert = _field_for(hints.get(name, Any))
+        if check is not None or convert is not None:
+            spec.append((index, name, check, convert))
+    return spec
 
 
-def _anything(value: Any) -> bool:
-    return True
+def _field_for(annotation: Any) -> tuple[_Check | None, _Convert | None]:
+    """(shallow type test, record builder) for one annotation; None for "anything" / "as is"."""
+    if _is_record(annotation):
+        return None, _record_parser(annotation)
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        inner = args[0] if args[1] is type(None) else args[1]
+        if _is_record(inner):  # `Record | None`
+            parse = _record_parser(inner)
+            return None, lambda value: None if value is None else parse(value)
+    if origin is list and args and _is_record(args[0]):  # `list[Record]`
+        parse = _record_parser(args[0])
+        return _is_list, lambda value: [parse(item) for item in value]
+    return _check_for(annotation), None
+
+
+def _is_list(value: Any) -> bool:
+    return type(value) is list
 
 
 _SCALARS: dict[Any, tuple[type, ...]] = {int: (int,), bool: (bool, int), float: (float, int), str: (str,),

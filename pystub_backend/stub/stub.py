@@ -264,7 +264,7 @@ class Stub:
         self.control.execute_started()
         try:
             for wire in message.requests:
-                kept = self.rescheduled.take(wire[0])  # pystub sequences: a rescheduled request runs as itself
+                kept = self.rescheduled.take(wire.rid)  # pystub sequences: a rescheduled request runs as itself
                 if kept is None:
                     sender, state = self.requests.make_sender(wire)
                     states.append(state)  # registered now: closed below even if its request cannot be built
@@ -277,7 +277,7 @@ class Stub:
             for wire, state, entry in zip(message.requests, states, entries):
                 if entry is not None and not state.final:
                     self.requests.close(state)
-                    responses.append(response_to_wire(wire[0], entry, _FINAL, set(wire[3]), self.s2p))
+                    responses.append(response_to_wire(wire.rid, entry, _FINAL, set(wire.requested_outputs), self.s2p))
             report_rescheduled(self, requests, states)  # pystub sequences: report them before EXECUTE_DONE
         except Exception as exc:
             text = failure_text(self.instance, exc)
@@ -286,7 +286,7 @@ class Stub:
             for state in states:
                 self.requests.close(state)  # the backend fails every request that is still open
             for response in responses:
-                self._free([t[3] for t in response[3]])
+                self._free([t.handle for t in response.outputs])
             responses = []
         finally:
             self.control.execute_finished()

@@ -16,24 +16,22 @@ they are imported at the bottom of this module so that every process can decode 
                                           Log
                                           Release (p2s handles; inputs the stub is done with)
 
-Wire tuples inside messages (plain lists, for speed):
-    tensor   = [name, datatype, shape, handle]
-    request  = [rid, id, inputs: [tensor], requested_outputs: [name], parameters_json,
-                correlation_id, flags, timeout_us]
-    response = [rid, flags, error: [code, message] | None, outputs: [tensor], parameters_json]
+Records inside messages (WireRequest, WireResponse, WireTensor, WireError) are NamedTuples of
+`pystub_backend.ipc.records`, where their array forms are drawn.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from pystub_backend.ipc.records import WireError, WireRequest, WireResponse, WireTensor
 from pystub_backend.ipc.wire import MessageDecodeError, decode, encode, message
 
 __all__ = [
     "MessageDecodeError", "encode", "decode",
     "AutoComplete", "AutoCompleteDone", "Init", "InitDone", "Execute", "ExecuteDone",
     "Response", "Release", "Log", "Finalize", "FinalizeDone", "IsReady", "IsReadyDone", "Cancel",
-    "RESPONSE_FINAL",
+    "RESPONSE_FINAL", "WireError", "WireRequest", "WireResponse", "WireTensor",
 ]
 
 RESPONSE_FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -68,20 +66,20 @@ class InitDone(NamedTuple):
 @message(5)
 class Execute(NamedTuple):
     batch_id: int
-    requests: list[list[Any]]
+    requests: list[WireRequest]
     releases: list[list[int]]
 
 
 @message(6)
 class ExecuteDone(NamedTuple):
     batch_id: int
-    error: list[Any] | None
-    responses: list[list[Any]]
+    error: WireError | None
+    responses: list[WireResponse]
 
 
 @message(7)
 class Response(NamedTuple):
-    response: list[Any]
+    response: WireResponse
 
 
 @message(8)

@@ -30,6 +30,7 @@ from pystub_backend.ipc.arena import ArenaFullError
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.bls import BlsInspect, BlsInspectDone, BlsRequest, BlsResponse
+from pystub_backend.ipc.records import WireError, WireRequest, WireResponse, WireTensor
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.features.bls_outputs import Cleanup, error_response, response_from_wire
@@ -55,7 +56,7 @@ class _Call:
         self.timeout = timeout  # seconds each wait for a response may take
         self.timeout_is_requests = timeout_is_requests  # else the stub timeout
         self.inputs: list[list[int]] = []
-        self.responses: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
+        self.responses: queue.SimpleQueue[WireResponse] = queue.SimpleQueue()
         self.notify: Callable[[], None] | None = None  # async callers: wakes the awaiting coroutine
         self.abandoned = False  # the model stopped waiting; responses are dropped on arrival
         self.done = False  # the model has taken the final response
@@ -109,8 +110,8 @@ class BlsClient:
         except (ArenaFullError, pb_utils.TritonModelException) as exc:
             return self._fail_locally(call, str(exc))
         version = request._model_version
-        wire = [call.id, request.request_id(), wire_inputs, sorted(request.requested_output_names()),
-                request.parameters(), request.correlation_id(), request.flags(), timeout_us]
+        wire = WireRequest(call.id, request.request_id(), wire_inputs, sorted(request.requested_output_names()),
+                           request.parameters(), request.correlation_id(), request.flags(), timeout_us)
         with self._lock:
             self._calls[call.id] = call
         try:
@@ -122,8 +123,8 @@ class BlsClient:
             return self._fail_locally(call, f"cannot reach the server: {exc}")
         return call
 
-    def _place_inputs(self, request: Any, call: _Call) -> list[list[Any]]:
-        placed: list[list[Any]] = []
+    def _place_inputs(self, request: Any, call: _Call) -> list[WireTensor]:
+        placed: list[WireTensor] = []
         try:
             for tensor in request.inputs():
                 datatype, shape, buffer = tensor._wire_payload()
@@ -131,7 +132,7 @@ class BlsClient:
                 # already live in): the call frees its input handles when its final arrives.
                 handle = list(self._stub.s2p.write(buffer))
                 call.inputs.append(handle)
-                placed.append([tensor.name(), datatype, list(shape), handle])
+                placed.append(WireTensor(tensor.name(), datatype, list(shape), handle))
         except BaseException:
             self._free_inputs(call)
             raise
@@ -140,7 +141,7 @@ class BlsClient:
     def _fail_locally(self, call: _Call, text: str) -> _Call:
         """A call that never reached the backend: its answer is an error response, already final."""
         self._free_inputs(call)
-        call.responses.put([call.id, _FINAL, [int(Status.INTERNAL), text], [], "{}"])
+        call.responses.put(WireResponse(call.id, _FINAL, WireError(int(Status.INTERNAL), text), [], "{}"))
         if call.notify is not None:
             call.notify()
         return call
@@ -246,7 +247,7 @@ class BlsClient:
             elif call.notify is not None:
                 call.notify()
 
-    def _release_outputs(self, wire: list[Any]) -> None:
+    def _release_outputs(self, wire: WireResponse) -> None:
         for wire_tensor in wire[3]:
             if wire_tensor[3][0] >= 0:
                 self.cleanup.release(wire_tensor[3])

@@ -27,6 +27,7 @@ from pystub_backend.ipc.arena import ArenaReader
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.dtypes import numpy_dtype
 from pystub_backend.ipc.messages.bls import BlsCancel, BlsCleanup
+from pystub_backend.ipc.records import WireResponse, WireTensor
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
 
@@ -120,7 +121,7 @@ class Cleanup:
         return np.asarray(owner)
 
 
-def _output(cleanup: Cleanup, reader: ArenaReader, wire_tensor: list[Any]) -> Any:
+def _output(cleanup: Cleanup, reader: ArenaReader, wire_tensor: WireTensor) -> Any:
     name, datatype, shape, handle = wire_tensor
     if handle[0] < 0:  # empty tensor: nothing stored
         dtype = np.object_ if datatype == "BYTES" else ("<u2" if datatype == "BF16" else numpy_dtype(datatype))
@@ -139,7 +140,7 @@ def error_response(code: int, message: str) -> Any:
     return pb_utils.InferenceResponse._create([], pb_utils.TritonError(message, Status.coerce(code)))
 
 
-def response_from_wire(cleanup: Cleanup, reader: ArenaReader, wire: list[Any]) -> Any | None:
+def response_from_wire(cleanup: Cleanup, reader: ArenaReader, wire: WireResponse) -> Any | None:
     """The pb_utils response of a wire response, or None for a flags-only final."""
     _, _, error, outputs, parameters_json = wire
     if parameters_json is None:

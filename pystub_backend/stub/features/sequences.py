@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceEvicted, SequenceRescheduled
+from pystub_backend.ipc.records import WireResponse
 from pystub_backend.stub.executor import RELEASE_RESCHEDULE, format_traceback
 from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.translate import error_to_wire
@@ -106,7 +107,7 @@ def _on_drop(stub: Stub, message: SequenceDropRescheduled) -> None:
     """The backend will not run these rescheduled requests again: end each with the error."""
     code, text = message.error
     for rid in stub.rescheduled.drop(message.rids, stub.requests.close):
-        stub.send(msg.Response([rid, msg.RESPONSE_FINAL, error_to_wire(int(code), str(text)), [], "{}"]))  # type: ignore[arg-type]
+        stub.send(msg.Response(WireResponse(rid, msg.RESPONSE_FINAL, error_to_wire(int(code), str(text)), [], "{}")))
 
 
 def register(handlers: StubHandlers) -> None:
