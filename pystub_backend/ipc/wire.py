@@ -6,12 +6,8 @@ rejected as corrupt (`MessageDecodeError`), never half-used. Field types are rea
 class's annotations and checked one level deep (a `list[list[int]]` must be a list of lists; what
 those hold is the handler's business), leniently where msgpack may blur them (an int is accepted
 for a float or a bool). Fields typed with a record of `pystub_backend.ipc.records` (alone, in a
-`list[...]` or `| None`) are built into that record, checked the same way. Kind numbers are allocated by range so that each
-feature keeps its catalogue in a module of its own:
-
-    1-19   core (pystub_backend/ipc/messages/core.py)          40-49  sequences
-    20-29  BLS and model control           50-59  multiplexing
-    30-39  metrics                         60-69  client shared memory
+`list[...]` or `| None`) are built into that record, checked the same way. Every kind is listed,
+with its direction and feature, in `pystub_backend.ipc.messages.catalogue`.
 """
 
 from __future__ import annotations

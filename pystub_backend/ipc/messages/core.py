@@ -1,8 +1,8 @@
 """The core message catalogue (kinds 1-19); the wire form and the kind registry are in `pystub_backend.ipc.wire`.
 
 Tensor bytes never travel in frames: frames carry arena handles `[segment, offset, nbytes]`.
-Features keep their own catalogues (`ipc/messages_<feature>.py`, kinds by range, see pystub_backend.ipc.wire);
-they are imported at the bottom of this module so that every process can decode every kind.
+Features keep their messages in modules of their own (kinds by range); the package
+`pystub_backend.ipc.messages` imports them all and lists every kind in `catalogue.CATALOGUE`.
 
     backend -> stub                       stub -> backend
     ---------------                       ---------------
@@ -122,9 +122,3 @@ class IsReadyDone(NamedTuple):
     ready: bool
     error: str | None  # why not ready, in the text clients see
 
-
-from pystub_backend.ipc.messages import bls as messages_bls  # noqa: E402,F401 - BLS and model control (20-29)
-from pystub_backend.ipc.messages import client_shm as messages_client_shm  # noqa: E402,F401 - client shared memory (60-69)
-from pystub_backend.ipc.messages import metrics as messages_metrics  # noqa: E402,F401 - custom metrics (30-39)
-from pystub_backend.ipc.messages import multiplex as messages_multiplex  # noqa: E402,F401 - multiplexing (50-59)
-from pystub_backend.ipc.messages import sequences as messages_sequences  # noqa: E402,F401 - sequences (40-49)
