@@ -37,7 +37,10 @@ def build_request(wire: WireRequest, reader: ArenaReader, model_name: str, model
     """A `pb_utils.InferenceRequest` for the wire request. Raises ValueError for a corrupt one."""
     if wire.output_regions:
         client_shm.expect_outputs(wire.rid, sender, wire.output_regions)
-    inputs = [pb_utils.Tensor._from_array(t.name, tensors.to_array(reader, t, client_shm.REGIONS))
+    # BF16 arrives as its raw uint16 bits; the datatype keeps it BF16 (as_numpy refuses it, DLPack
+    # exports bfloat16), as on Triton.
+    inputs = [pb_utils.Tensor._from_array(t.name, tensors.to_array(reader, t, client_shm.REGIONS),
+                                          "BF16" if t.datatype == "BF16" else None)
               for t in wire.inputs]
     return pb_utils.InferenceRequest._from_server(
         inputs=inputs, request_id=wire.id, correlation_id=wire.correlation_id, flags=wire.flags,

@@ -46,7 +46,7 @@ class _Call:
     """One call as the stub sees it: responses queue up here as the receiver thread gets them."""
 
     __slots__ = ("id", "model_name", "decoupled", "timeout", "timeout_is_requests", "inputs", "responses",
-                 "notify", "abandoned", "done")
+                 "notify", "wake_on_first", "abandoned", "done")
 
     def __init__(self, call_id: int, model_name: str, decoupled: bool, timeout: float,
                  timeout_is_requests: bool) -> None:
@@ -58,6 +58,7 @@ class _Call:
         self.inputs: list[list[int]] = []
         self.responses: queue.SimpleQueue[WireResponse] = queue.SimpleQueue()
         self.notify: Callable[[], None] | None = None  # async callers: wakes the awaiting coroutine
+        self.wake_on_first = False  # notify on the first response (decoupled), else on the final
         self.abandoned = False  # the model stopped waiting; responses are dropped on arrival
         self.done = False  # the model has taken the final response
 
@@ -83,28 +84,32 @@ class BlsClient:
         return self._async_exec(request, decoupled)
 
     async def _async_exec(self, request: Any, decoupled: bool) -> Any:
-        if decoupled:
-            return self._iterator(self._start(request, True))
+        """Yield to the event loop until the call's final response (default mode) or its first
+        response (decoupled: as on Triton, the iterator is handed out once one is there), so that
+        other coroutines of the instance run meanwhile."""
         loop = asyncio.get_running_loop()
         arrived = loop.create_future()
 
-        def notify() -> None:  # receiver thread: the final response is in
+        def notify() -> None:  # receiver thread: the awaited response is in
             loop.call_soon_threadsafe(lambda: arrived.done() or arrived.set_result(None))
 
-        call = self._start(request, False, notify)
+        call = self._start(request, decoupled, notify, wake_on_first=decoupled)
         try:
             await asyncio.wait_for(asyncio.shield(arrived), call.timeout)
         except asyncio.TimeoutError:
-            pass  # _single sees no final and answers with the timeout error
+            pass  # the iterator's first wait, or _single, answers with the timeout error
+        if decoupled:
+            return self._iterator(call)
         return self._single(call, wait=False)
 
     # -- starting a call -----------------------------------------------------------------------------
-    def _start(self, request: Any, decoupled: bool, notify: Callable[[], None] | None = None) -> _Call:
+    def _start(self, request: Any, decoupled: bool, notify: Callable[[], None] | None = None,
+               wake_on_first: bool = False) -> _Call:
         stub = self._stub
         timeout_us = request.timeout()
         call = _Call(next(self._ids), request._model_name, decoupled,
                      timeout_us / 1e6 if timeout_us else stub.options.send_timeout, bool(timeout_us))
-        call.notify = notify
+        call.notify, call.wake_on_first = notify, wake_on_first
         try:
             wire_inputs = self._place_inputs(request, call)
         except (ArenaFullError, pb_utils.TritonModelException) as exc:
@@ -240,6 +245,8 @@ class BlsClient:
             self._release_outputs(wire)
         else:
             call.responses.put(wire)
+            if call.wake_on_first and call.notify is not None:
+                call.notify()
         if call is not None and final:
             self._free_inputs(call)  # the backend reads them no more
             if call.abandoned:

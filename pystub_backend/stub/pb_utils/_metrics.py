@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _runtime
-from ._errors import TritonModelException
+from ._errors import TritonModelException, require_str
 
 __all__ = ["MetricFamily", "Metric", "MetricKind"]
 
@@ -90,8 +90,8 @@ class MetricFamily:
     MetricKind = MetricKind
 
     def __init__(self, name: str, description: str, kind: MetricKind) -> None:
-        _require_str("name", name)
-        _require_str("description", description)
+        name = require_str("name", name)
+        description = require_str("description", description)
         kind = _kind(kind)
         known = _families.get(name)
         try:
@@ -289,11 +289,6 @@ def _kind(kind: object) -> MetricKind:
         except ValueError:
             pass
     raise TypeError(f"kind must be a MetricFamily kind (COUNTER, GAUGE, HISTOGRAM), got {kind!r}")
-
-
-def _require_str(what: str, value: object) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value)}")
 
 
 def _is_str_dict(labels: object) -> bool:

@@ -179,10 +179,7 @@ def _input_list(inputs: object) -> list[Tensor]:
 
 
 def _name_list(names: object) -> list[str]:
-    items = _sequence("requested_output_names", names)
-    for item in items:
-        require_str("requested output name", item)
-    return items
+    return [require_str("requested output name", item) for item in _sequence("requested_output_names", names)]
 
 
 def _sequence(what: str, value: object) -> list[Any]:
