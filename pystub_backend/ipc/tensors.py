@@ -114,10 +114,8 @@ def to_array(reader: ArenaReader, wire_tensor: WireTensor, regions: RegionViews 
         count *= dim
     if datatype == "BYTES":
         return deserialize_bytes(view, count).reshape(shape)
-    if datatype == "BF16":
-        array = np.frombuffer(view, dtype="<u2")
-    else:
-        array = np.frombuffer(view, dtype=numpy_dtype(datatype))
+    # BF16 has no numpy type: its raw bits travel as uint16 (pb_utils keeps the tensor BF16).
+    array = np.frombuffer(view, dtype="<u2" if datatype == "BF16" else numpy_dtype(datatype))
     if array.size != count:
         raise ValueError(f"tensor '{name}' holds {array.size} elements, its shape {shape} needs {count}")
     return array.reshape(shape)

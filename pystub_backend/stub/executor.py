@@ -46,7 +46,7 @@ def check_return(result: Any, requests: list[Any], decoupled: bool, instance_nam
         raise ExecuteRuleError(
             "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
             f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(result)}\n")
-    for request, entry in zip(requests, result):
+    for request, entry in zip(requests, result, strict=True):
         rescheduled = getattr(request, "_release_flags", 1) == RELEASE_RESCHEDULE
         if rescheduled and entry is not None:
             raise ExecuteRuleError("Expected a None object in the execute function return list for "

@@ -18,6 +18,7 @@ import resource
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,7 +148,7 @@ class Stub:
         heartbeat.start()
         threading.Thread(target=self._receive, name="pystub-receiver", daemon=True).start()
         _runtime.set_log_sink(self._log_from_model)
-        handlers = {msg.AutoComplete: self._auto_complete, msg.Init: self._init,
+        handlers: dict[type, Callable[[Any], None]] = {msg.AutoComplete: self._auto_complete, msg.Init: self._init,
                     msg.Execute: self._execute, msg.Finalize: self._finalize}
         while True:
             message = self.work.get()
@@ -274,7 +275,7 @@ class Stub:
                     states.append(kept[1])
             result = run_execute(self.model, requests, self.decoupled, self.loop, self.log_error, self.batched)
             entries = check_return(result, requests, self.decoupled, self.instance)
-            for wire, state, entry in zip(message.requests, states, entries):
+            for wire, state, entry in zip(message.requests, states, entries, strict=False):  # decoupled: no entries
                 if entry is not None and not state.final:
                     self.requests.close(state)
                     responses.append(response_to_wire(wire.rid, entry, _FINAL, set(wire.requested_outputs), self.s2p))

@@ -67,7 +67,8 @@ def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
         return WireResponse(rid, flags, None, [], None)
     if response.has_error():
         error = response.error()
-        return WireResponse(rid, flags, error_to_wire(error.code(), error.message()), [], _response_parameters(response))
+        wire_error = error_to_wire(error.code(), error.message())
+        return WireResponse(rid, flags, wire_error, [], _response_parameters(response))
     targets = client_shm.output_targets(rid)
     outputs: list[WireTensor] = []
     try:

@@ -16,13 +16,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pystub_backend.stub.stub import StubOptions
 
 __all__ = ["parse_args", "run", "isolate_model_imports"]
 
 _SITE_DIRS = ("site-packages", "dist-packages")
 
 
-def parse_args(argv: list[str]) -> StubOptions:  # noqa: F821 - imported lazily below
+def parse_args(argv: list[str]) -> StubOptions:
     from pystub_backend.stub.stub import StubOptions
     parser = argparse.ArgumentParser(prog="triton_python_backend_stub")
     parser.add_argument("instance")

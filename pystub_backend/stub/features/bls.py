@@ -90,8 +90,12 @@ class BlsClient:
         loop = asyncio.get_running_loop()
         arrived = loop.create_future()
 
+        def wake() -> None:
+            if not arrived.done():
+                arrived.set_result(None)
+
         def notify() -> None:  # receiver thread: the awaited response is in
-            loop.call_soon_threadsafe(lambda: arrived.done() or arrived.set_result(None))
+            loop.call_soon_threadsafe(wake)
 
         call = self._start(request, decoupled, notify, wake_on_first=decoupled)
         try:

@@ -104,7 +104,7 @@ class Cleanup:
                     self._closed = True
                 return
 
-    def lease(self, reader: ArenaReader, wire_tensor: list[Any]) -> np.ndarray:
+    def lease(self, reader: ArenaReader, wire_tensor: WireTensor) -> np.ndarray:
         """A read-only array viewing the output's p2s bytes; they go back when it is collected."""
         name, datatype, shape, handle = wire_tensor
         dtype = np.dtype("<u2") if datatype == "BF16" else np.dtype(numpy_dtype(datatype))
@@ -148,12 +148,12 @@ def response_from_wire(cleanup: Cleanup, reader: ArenaReader, wire: WireResponse
     if error is not None:
         return pb_utils.InferenceResponse._create([], pb_utils.TritonError(error[1], Status.coerce(error[0])),
                                                   parameters_json or "{}")
-    tensors_out = []
+    tensors_out: list[Any] = []
     try:
-        for index, wire_tensor in enumerate(outputs):
+        for wire_tensor in outputs:
             tensors_out.append(_output(cleanup, reader, wire_tensor))
     except (ValueError, OSError) as exc:
-        for wire_tensor in outputs[index + 1:]:
+        for wire_tensor in outputs[len(tensors_out) + 1:]:  # the failed one released its own handle
             if wire_tensor[3][0] >= 0:
                 cleanup.release(wire_tensor[3])
         return error_response(Status.INTERNAL, f"corrupt BLS output: {exc}")

@@ -43,7 +43,8 @@ from pystub_backend.ipc.messages.metrics import (
 from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.pb_utils import _runtime
 
-__all__ = ["MetricsReporter", "MetricsError", "check_label_names", "FLUSH_DELAY", "MAX_ENTRIES", "MAX_OBSERVATIONS", "register"]
+__all__ = ["MetricsReporter", "MetricsError", "check_label_names", "FLUSH_DELAY", "MAX_ENTRIES", "MAX_OBSERVATIONS",
+           "register"]
 
 FLUSH_DELAY = 0.05
 MAX_ENTRIES = 256

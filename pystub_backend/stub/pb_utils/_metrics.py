@@ -40,6 +40,9 @@ class MetricKind(enum.IntEnum):
     HISTOGRAM = 2
 
 
+_Kind = MetricKind  # for annotations inside MetricFamily, whose own `MetricKind` attribute shadows it
+
+
 _KIND_NAME = {
     MetricKind.COUNTER: "TRITONSERVER_METRIC_KIND_COUNTER",
     MetricKind.GAUGE: "TRITONSERVER_METRIC_KIND_GAUGE",
@@ -89,7 +92,7 @@ class MetricFamily:
     HISTOGRAM = MetricKind.HISTOGRAM
     MetricKind = MetricKind
 
-    def __init__(self, name: str, description: str, kind: MetricKind) -> None:
+    def __init__(self, name: str, description: str, kind: _Kind) -> None:
         name = require_str("name", name)
         description = require_str("description", description)
         kind = _kind(kind)
@@ -137,6 +140,12 @@ class Metric:
 
     Every method raises TritonModelException `Failed to <op> metric value: <reason>`.
     """
+
+    _record: _FamilyRecord
+    _liveness: _Liveness
+    _labels: dict[str, str]
+    _key: str
+    _series: _Series
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("Metric objects are created with MetricFamily.Metric(labels, buckets)")
@@ -220,7 +229,7 @@ class Metric:
             if series.buckets is None:
                 return {"value": series.value}
             return {"sum": series.total, "count": series.count,
-                    "buckets": dict(zip(series.buckets, series.bucket_counts))}
+                    "buckets": dict(zip(series.buckets, series.bucket_counts, strict=False))}
 
 
 def _apply(series: _Series, op: str, value: float) -> None:

@@ -29,6 +29,7 @@ class Tensor:
     """
 
     __slots__ = ("_name", "_wire", "_array", "_shape", "_serialized", "_device", "_owner", "_exported", "__weakref__")
+    _serialized: bytes | None  # BYTES tensors: the wire form, built once
 
     def __init__(self, name: str, array: np.ndarray, /) -> None:
         name = _check_name(name)
@@ -50,7 +51,7 @@ class Tensor:
         self._wire = wire
         self._array = array
         self._shape = [int(d) for d in (array.shape if shape is None else shape)]  # type: ignore[union-attr]
-        self._serialized: bytes | None = None
+        self._serialized = None
         self._device = (_dlpack.KDL_CPU, 0)
         self._owner: Any = None
         self._exported: np.ndarray | None = None
