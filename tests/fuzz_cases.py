@@ -465,6 +465,8 @@ def _typed_value(annotation: Any) -> st.SearchStrategy[Any]:
         args = typing.get_args(annotation)
         if args and isinstance(args[0], type) and hasattr(args[0], "_fields"):
             return st.lists(_typed_record(args[0]), max_size=3)
+        if args and typing.get_origin(args[0]) in (typing.Union, types.UnionType):  # e.g. list[RecordA | RecordB]
+            return st.lists(_typed_value(args[0]), max_size=3)
         if args and typing.get_origin(args[0]) is list:
             return st.lists(st.lists(_msgpack_values, max_size=5), max_size=3)
         return st.lists(_msgpack_values, max_size=5)

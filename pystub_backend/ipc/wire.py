@@ -6,7 +6,8 @@ rejected as corrupt (`MessageDecodeError`), never half-used. Field types are rea
 class's annotations and checked one level deep (a `list[list[int]]` must be a list of lists; what
 those hold is the handler's business), leniently where msgpack may blur them (an int is accepted
 for a float or a bool). Fields typed with a record of `pystub_backend.ipc.records` (alone, in a
-`list[...]` or `| None`) are built into that record, checked the same way. Every kind is listed,
+`list[...]` or `| None`) are built into that record, checked the same way; a list of a union of
+records builds the one whose length the array has. Every kind is listed,
 with its direction and feature, in `pystub_backend.ipc.messages.catalogue`.
 """
 
@@ -112,7 +113,7 @@ def _compile(cls: type, what: str, spec: _Spec) -> Callable[[list[Any]], None]:
             lines.append(f"{indent}values[{index}] = c{position}(values[{index}])")
     lines.append("    return None")
     exec("\n".join(lines), namespace)  # noqa: S102 - code built above from the class's own annotations
-    return namespace["apply"]  # type: ignore[no-any-return]
+    return namespace["apply"]
 
 
 def _bad_field(cls: type, what: str, spec: _Spec) -> Callable[[int, Any], None]:
@@ -140,6 +141,21 @@ def _record_parser(cls: type) -> _Convert:
         if len(value) < total:
             value.extend(defaults[len(value) - required:])
         return _new_tuple(cls, value)
+    return parse
+
+
+def _union_parser(members: tuple[type, ...]) -> _Convert:
+    """Build whichever record of `members` has the array's length (each must have its own)."""
+    by_length = {len(member._fields): _record_parser(member) for member in members}  # type: ignore[attr-defined]
+    if len(by_length) != len(members) or any(member._field_defaults for member in members):  # type: ignore[attr-defined]
+        raise TypeError(f"records {[m.__name__ for m in members]} cannot be told apart by their length")
+    names = " | ".join(member.__name__ for member in members)
+
+    def parse(value: Any) -> Any:
+        member = by_length.get(len(value)) if type(value) is list else None
+        if member is None:
+            raise MessageDecodeError(f"a {names} record must be an array of {sorted(by_length)} fields")
+        return member(value)
     return parse
 
 
@@ -174,6 +190,10 @@ def _field_for(annotation: Any) -> tuple[tuple[type, ...] | None, _Check | None,
             return (list, type(None)), None, lambda value: None if value is None else parse(value)
     if origin is list and args and _is_record(args[0]):  # `list[Record]`
         parse = _record_parser(args[0])
+        return (list,), None, lambda value: [parse(item) for item in value]
+    members = typing.get_args(args[0]) if origin is list and args else ()
+    if members and all(_is_record(member) for member in members):  # `list[RecordA | RecordB]`
+        parse = _union_parser(members)
         return (list,), None, lambda value: [parse(item) for item in value]
     allowed = _types_for(annotation)
     if allowed is not None:

@@ -1,5 +1,6 @@
-"""Client shared memory without a server: the backend's registry (pystub_backend.backend.features.client_shm), the stub's
-mappings (pystub_backend.stub.features.client_shm), region handles (pystub_backend.ipc.tensors) and the stub writing outputs
+"""Client shared memory without a server: the backend's registry
+(pystub_backend.backend.features.client_shm), the stub's mappings (pystub_backend.stub.features.client_shm),
+region handles (pystub_backend.ipc.tensors) and the stub writing outputs
 (pystub_backend.stub.translate), on real /dev/shm objects that the test creates and unlinks itself.
 """
 

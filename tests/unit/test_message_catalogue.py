@@ -83,3 +83,23 @@ def test_a_malformed_record_is_a_corrupt_frame(request_array: object, why: str) 
     frame = msgpack.packb([kind_of(msg.Execute), 1, [request_array], []])
     with pytest.raises(MessageDecodeError, match=why):
         decode(frame)
+
+
+def test_metric_entries_are_told_apart_by_length() -> None:
+    from pystub_backend.ipc.messages.metrics import (
+        ENTRY_CREATE,
+        ENTRY_DELETE,
+        ENTRY_UPDATE,
+        MetricCreate,
+        MetricDelete,
+        MetricOps,
+        MetricUpdate,
+    )
+    entries = [[ENTRY_CREATE, "f", {"a": "b"}, None], [ENTRY_UPDATE, "f", {}, None, 1.5, [2.0]],
+               [ENTRY_DELETE, "f", {}]]
+    decoded = decode(msgpack.packb([kind_of(MetricOps), entries]))
+    assert [type(e) for e in decoded.entries] == [MetricCreate, MetricUpdate, MetricDelete]
+    assert decoded.entries[1].delta == 1.5 and decoded.entries[1].observations == [2.0]
+    with pytest.raises(MessageDecodeError, match=r"MetricCreate \| MetricUpdate \| MetricDelete record must be an "
+                                                 r"array of \[3, 4, 6\] fields"):
+        decode(msgpack.packb([kind_of(MetricOps), [[ENTRY_DELETE, "f", {}, None, 1]]]))

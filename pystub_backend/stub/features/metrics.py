@@ -35,9 +35,12 @@ from pystub_backend.ipc.messages.metrics import (
     ENTRY_CREATE,
     ENTRY_DELETE,
     ENTRY_UPDATE,
+    MetricCreate,
+    MetricDelete,
     MetricFamilyCreate,
     MetricOps,
     MetricReply,
+    MetricUpdate,
     MetricValueQuery,
 )
 from pystub_backend.stub.handlers import StubHandlers
@@ -49,6 +52,8 @@ __all__ = ["MetricsReporter", "MetricsError", "check_label_names", "FLUSH_DELAY"
 FLUSH_DELAY = 0.05
 MAX_ENTRIES = 256
 MAX_OBSERVATIONS = 4096
+_RECORD_OF: dict[int, type[MetricCreate] | type[MetricUpdate] | type[MetricDelete]] = {
+    ENTRY_CREATE: MetricCreate, ENTRY_UPDATE: MetricUpdate, ENTRY_DELETE: MetricDelete}
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 _reporter: MetricsReporter | None = None  # one stub per process: this process's reporter
@@ -163,7 +168,8 @@ class MetricsReporter:
         for start in range(0, len(entries), MAX_ENTRIES):
             chunk = entries[start:start + MAX_ENTRIES]
             try:
-                self._send(MetricOps(chunk))
+                # Buffered as lists (an UPDATE takes changes in place until it is sent).
+                self._send(MetricOps([_RECORD_OF[entry[0]](*entry) for entry in chunk]))
             except FrameTooLargeError:
                 if len(chunk) == 1:
                     sys.stderr.write(f"pystub: dropped a change of metric family '{chunk[0][1]}': its "
