@@ -29,7 +29,7 @@ from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import output_buffers, pb_utils
 from pystub_backend.stub.batched import BatchedExecute, has_execute_batch
-from pystub_backend.stub.event_loop import InstanceLoop
+from pystub_backend.stub.event_loop import InstanceLoop, unwrap
 from pystub_backend.stub.executor import check_return, failure_text, format_traceback, run_execute
 from pystub_backend.stub.features.install import install_features
 from pystub_backend.stub.features.sequences import RescheduledRequests, report_rescheduled
@@ -248,7 +248,8 @@ class Stub:
                 ready = True
             else:
                 error = f"Model '{self.instance}' is not ready (user-defined check failed)."
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - the model's sys.exit() too: the backend gets its answer
+            exc = unwrap(exc)
             error = f"is_ready() of model '{self.instance}' raised {type(exc).__name__}: {exc}"
         try:
             self.send(msg.IsReadyDone(token, ready, error))

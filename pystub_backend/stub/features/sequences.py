@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceEvicted, SequenceRescheduled
 from pystub_backend.ipc.records import WireResponse
+from pystub_backend.stub.event_loop import unwrap
 from pystub_backend.stub.executor import RELEASE_RESCHEDULE, format_traceback
 from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.translate import error_to_wire
@@ -92,7 +93,8 @@ def _on_evicted(stub: Stub, message: SequenceEvicted) -> None:
         result = hook(message.correlation_id, message.reason)
         if inspect.isawaitable(result):
             stub.loop.submit(_await(result)).result()
-    except Exception as exc:  # the model's bug: logged, never fatal
+    except BaseException as exc:  # noqa: BLE001 - the model's bug (sys.exit() too): logged, never fatal
+        exc = unwrap(exc)
         stub.log_error(f"{HOOK_NAME}({message.correlation_id!r}, {message.reason!r}) of model '{stub.instance}' "
                        f"raised {type(exc).__name__}: {exc}\n{format_traceback(exc)}")
     finally:
