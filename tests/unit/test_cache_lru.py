@@ -11,6 +11,7 @@ from tritonclient.grpc import model_config_pb2
 
 from pystub_backend.backend.features.response_cache import (
     ENTRY_OVERHEAD,
+    THREAD_HASH_BYTES,
     CacheConfigError,
     ResponseCache,
     cache_from_config,
@@ -136,3 +137,20 @@ def test_error_responses_are_not_stored() -> None:
 
     asyncio.run(cached_infer(cache, stats, request(), failing))
     assert cache.entries == 0 and stats.cache_miss.count == 1
+
+
+def test_large_inputs_are_hashed_off_the_loop_to_the_same_key() -> None:
+    cache, stats, runs = ResponseCache(1 << 20), ModelStatistics("m", "1"), []
+    big = InferRequest("m", "1", inputs=[Tensor("X", "UINT8", (THREAD_HASH_BYTES,), bytes(THREAD_HASH_BYTES))])
+
+    async def run() -> InferResponse:
+        runs.append(1)
+        return response(4)
+
+    async def twice() -> None:
+        for _ in range(2):
+            await cached_infer(cache, stats, big, run)
+
+    asyncio.run(twice())
+    assert len(runs) == 1 and stats.cache_hit.count == 1
+    assert cache.lookup(ResponseCache.key(big)) is not None
