@@ -39,8 +39,8 @@ __all__ = ["ResponseCache", "CacheConfigError", "cache_from_config", "cache_enab
            "cache_refusal", "cached_infer", "THREAD_HASH_BYTES", "cached_stream", "version_cache", "ENTRY_OVERHEAD"]
 
 ENTRY_OVERHEAD = 64  # bytes an entry costs beyond its tensors: key, list, bookkeeping
-# Inputs at least this large are hashed on a worker thread: hashing runs at about 1 GB/s, and the
-# event loop serves every other request meanwhile.
+# Inputs at least this large are hashed on a worker thread, so the event loop serves the other
+# requests meanwhile (hashing 64 MiB took 0.4 s on a busy two-core machine).
 THREAD_HASH_BYTES = 1 << 20
 _TENSOR_OVERHEAD = 16
 
