@@ -39,8 +39,13 @@ def parse_args(argv: list[str]) -> StubOptions:  # noqa: F821 - imported lazily 
 
 
 def run(argv: list[str] | None = None) -> None:
+    from pystub_backend.ipc.exit_codes import StubExitCode
     from pystub_backend.stub.stub import main
-    code = main(parse_args(sys.argv[1:] if argv is None else argv))
+    try:
+        options = parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exc:  # argparse said why on stderr
+        os._exit(StubExitCode.OK if exc.code == 0 else StubExitCode.BAD_ARGUMENTS)
+    code = main(options)
     # os._exit: threads a model started must not keep a finished stub alive.
     os._exit(code)
 

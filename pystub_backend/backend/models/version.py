@@ -6,10 +6,10 @@ import asyncio
 import json
 import logging
 import os
-import time
 from typing import Any
 
 from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.features.install import feature_services
 from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.models.config import (
     ModelConfig,
@@ -19,15 +19,16 @@ from pystub_backend.backend.models.config import (
     is_decoupled,
 )
 from pystub_backend.backend.scheduling.choice import make_scheduler
+from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.execution_env import (
     ExecutionEnvError,
     interpreter_command,
     resolve_execution_env,
 )
-from pystub_backend.backend.supervision.instance import InstanceSpec, InstanceState, ModelInstance
+from pystub_backend.backend.supervision.instance import InstanceSpec, InstanceState, ModelInstance, watch_health
 from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.supervision.services import ServerCore
 from pystub_backend.backend.supervision.settings import StubSettings, positive_number
-from pystub_backend.backend.supervision.stub_process import StubStartError
 from pystub_backend.backend.telemetry.statistics import ModelStatistics
 from pystub_backend.ipc.status import Status
 
@@ -70,9 +71,9 @@ def _parameter_number(parameters: dict[str, str], name: str, kind: type) -> Any:
 
 class ModelVersion:
     def __init__(self, config: ModelConfig, version: int, model_dir: str, model_path: str,
-                 settings: StubSettings, context: Any = None) -> None:
+                 settings: StubSettings, core: ServerCore | None = None) -> None:
         self.config = config
-        self.context = context
+        self.services = feature_services(core)  # what this version's stubs' feature handlers may use
         self.name = config.name
         self.version = version
         self.model_dir = model_dir
@@ -113,7 +114,7 @@ class ModelVersion:
         error = self.health_error()
         if error is not None:
             return error.message
-        reasons = await asyncio.gather(*(i.stub.check_ready() for i in self.instances if i.healthy and i.stub))
+        reasons = await asyncio.gather(*(i.check_ready() for i in self.instances if i.healthy))
         return None if any(reason is None for reason in reasons) else next(r for r in reasons if r)
 
     # -- loading -------------------------------------------------------------------------------------
@@ -133,7 +134,7 @@ class ModelVersion:
                                self.model_dir, self.version),
             stub_settings={"decoupled": self.decoupled}, settings=self.settings,
             execute_timeout=_parameter_number(parameters, EXECUTE_TIMEOUT_PARAMETER, float),
-            rlimits={k: v for k, v in rlimits.items() if v is not None}, python=python, context=self.context)
+            rlimits={k: v for k, v in rlimits.items() if v is not None}, python=python, services=self.services)
 
     async def load(self) -> None:
         """Start and initialize every instance. Raises ModelLoadError (and stops what started)."""
@@ -152,20 +153,10 @@ class ModelVersion:
             raise ModelLoadError(str(exc)) from exc
         self.scheduler = make_scheduler(self.config, self.instances, self.stats)
         self.scheduler.start()
-        self._monitor = asyncio.ensure_future(self._watch_health())
-        self.state, self.reason = "READY", ""
-
-    async def _watch_health(self) -> None:
-        """Replace stubs that froze (no heartbeat) or overran the execute deadline. Death is seen
-        at once through the channel; this loop catches the hangs."""
+        # Hangs (frozen heartbeat, execute deadline) are the supervisor's to find; deaths it sees at once.
         interval = min(0.5, self.settings.heartbeat_timeout_seconds / 4)
-        while True:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            for instance in self.instances:
-                reason = instance.check_health(now)
-                if reason is not None:
-                    instance.fail(reason)
+        self._monitor = asyncio.ensure_future(watch_health(lambda: self.instances, interval))
+        self.state, self.reason = "READY", ""
 
     # -- serving -------------------------------------------------------------------------------------
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:

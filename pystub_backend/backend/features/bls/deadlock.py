@@ -42,16 +42,15 @@ def _live_stubs(core: Any) -> dict[str, list[Any]]:
 
 
 def _has_unheld_instance(core: Any, model: str) -> bool:
-    # ModelInstance.held: an execute of its current stub waits for a BLS call (pystub_backend.backend.features.bls.call).
+    # ModelInstance.held: an execute of its current stub waits for a BLS call (features.bls.call).
     return any(instance.healthy and not getattr(instance, "held", True)
                for version in core.model_versions() if version.name == model
                for instance in getattr(version, "instances", ()))
 
 
 def _pending_requests(stub: Any) -> Iterable[Any]:
-    # The requests a stub holds (sent to it, final response not yet in). StubProcess keeps them in
-    # `_pending`; read-only use, and an absent table just means "nothing known".
-    return (entry.request for entry in list(getattr(stub, "_pending", {}).values()))
+    # The requests a stub holds (sent to it, final response not yet in).
+    return stub.requests_in_flight()
 
 
 def deadlock_reason(core: Any, payloads: Iterable[Any], caller: Any, target: str, holds: bool) -> str | None:
