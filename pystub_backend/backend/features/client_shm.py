@@ -369,9 +369,9 @@ def attach_regions(request: InferRequest, stub: StubProcess, stream: ResponseStr
     """Hold the request's regions until its stream is final (the stub reads and writes them until
     then) and note that `stub` maps them. Returns {output name: region handle} for the wire."""
     regions = [t.region for t in request.inputs if isinstance(t, ShmTensor) and t.region is not None]
-    outputs = {}
+    outputs: dict[str, list[Any]] = {}
     for output in request.outputs:
-        if isinstance(output, ShmOutput) and output.region is not None:
+        if isinstance(output, ShmOutput) and output.region is not None and output.handle is not None:
             regions.append(output.region)
             outputs[output.name] = output.handle
     if regions:

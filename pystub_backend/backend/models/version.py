@@ -166,13 +166,13 @@ class ModelVersion:
         """
         self._check_serving()
         request.model_version = str(self.version)
-        return await self.scheduler.schedule(request, batch_size)  # type: ignore[union-attr]
+        return await self.scheduler.schedule(request, batch_size)
 
     async def infer_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         """Schedule the (validated) request; its responses arrive on the stream. Raises ServerError."""
         self._check_serving()
         request.model_version = str(self.version)  # responses name the version that served them
-        return await self.scheduler.schedule_stream(request, batch_size)  # type: ignore[union-attr]
+        return await self.scheduler.schedule_stream(request, batch_size)
 
     def _check_serving(self) -> None:
         if self.scheduler is None or not self.loaded:

@@ -37,6 +37,9 @@ class ServedVersion(Protocol):
     def name(self) -> str: ...
 
     @property
+    def version(self) -> int | str: ...
+
+    @property
     def ready(self) -> bool: ...
 
 

@@ -179,7 +179,7 @@ class BlsCall:
         if error is not None:
             await self._send_final_error(error)
             return None
-        if self._cancel_requested:
+        if self._cancel_requested and self.stream is not None:
             self.stream.cancel()
         return self.stream
 
@@ -238,6 +238,8 @@ class BlsCall:
             return
         flags = _FINAL if response.final else 0
         placed: list[list[Any]] = []
+        wire: list[Any]
+        p2s = self.caller.p2s
         try:
             if response.flags_only:
                 wire = [self.call_id, flags, None, [], None]
@@ -246,8 +248,10 @@ class BlsCall:
                         _parameters_json(response)]
             else:
                 try:
+                    if p2s is None:
+                        raise ArenaFullError(f"stub '{self.caller.instance_name}' has no p2s arena")
                     for tensor in response.outputs:  # a fresh allocation each: the stub frees each one
-                        handle = list(self.caller.p2s.write(tensor.data))
+                        handle = list(p2s.write(tensor.data))
                         placed.append([tensor.name, tensor.datatype, list(tensor.shape), handle])
                     wire = [self.call_id, flags, None, placed, _parameters_json(response)]
                 except ArenaFullError as exc:
@@ -285,9 +289,11 @@ class BlsCall:
             return False
 
     def _free(self, placed: list[list[Any]]) -> None:
+        p2s = self.caller.p2s
         for wire in placed:
             try:
-                self.caller.p2s.free(wire[3])
+                if p2s is not None:
+                    p2s.free(wire[3])
             except (KeyError, IndexError, ValueError, TypeError, AttributeError):
                 pass
 
