@@ -9,7 +9,7 @@ import pytest
 
 FACES = {
     "pystub_backend.backend.supervision": {
-        "BackendConfigError", "FrameHandler", "FrameHandlers", "InstanceSpec", "InstanceState", "ModelInstance",
+        "BackendConfigError", "Handler", "BackendHandlers", "InstanceSpec", "InstanceState", "ModelInstance",
         "ResponseStream", "RestartPolicy", "ServerCore", "StubProcess", "StubServices", "StubSettings",
         "StubStartError", "parse_backend_config", "watch_health",
     },
@@ -32,14 +32,14 @@ def test_the_public_face_is_what_it_says(package: str) -> None:
 
 def test_every_backend_feature_frame_kind_has_exactly_one_handler() -> None:
     from pystub_backend.backend.features.install import install_features
-    from pystub_backend.backend.supervision.handlers import FrameHandlers
+    from pystub_backend.backend.supervision.handlers import BackendHandlers
     from pystub_backend.ipc.messages import bls, metrics, multiplex, sequences
 
-    handlers = install_features(FrameHandlers())
+    handlers = install_features(BackendHandlers())
     expected = {bls.BlsRequest, bls.BlsCancel, bls.BlsCleanup, bls.BlsInspect, bls.ModelControl,
                 metrics.MetricFamilyCreate, metrics.MetricOps, metrics.MetricValueQuery,
                 sequences.SequenceRescheduled, multiplex.MultiplexLoaded, multiplex.MultiplexLoadFailed,
                 multiplex.MultiplexUnloaded, multiplex.MultiplexUsage}
-    assert set(handlers.kinds()) == expected
+    assert set(handlers.handled_kinds()) == expected
     with pytest.raises(ValueError, match="already has a handler"):
         install_features(handlers)  # registering twice is refused, not silently overwritten

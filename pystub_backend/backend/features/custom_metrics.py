@@ -39,7 +39,7 @@ from pystub_backend.ipc.messages.metrics import (
 )
 
 if TYPE_CHECKING:
-    from pystub_backend.backend.supervision.handlers import FrameHandlers
+    from pystub_backend.backend.supervision.handlers import BackendHandlers
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
 __all__ = ["register", "CustomMetrics", "CustomFamily", "CustomSeries", "CustomMetricError", "registry_for",
@@ -220,8 +220,8 @@ def _on_value_query(stub: StubProcess, message: MetricValueQuery) -> None:
     stub.send_soon(reply)
 
 
-def register(handlers: FrameHandlers) -> None:
+def register(handlers: BackendHandlers) -> None:
     """The frames of pb_utils.MetricFamily / Metric from the stubs."""
-    handlers.add(MetricFamilyCreate, _on_family_create)
-    handlers.add(MetricOps, _on_ops)
-    handlers.add(MetricValueQuery, _on_value_query)
+    handlers.on_frame(MetricFamilyCreate, _on_family_create)
+    handlers.on_frame(MetricOps, _on_ops)
+    handlers.on_frame(MetricValueQuery, _on_value_query)

@@ -15,7 +15,7 @@ from pystub_backend.backend.features import custom_metrics, sequence_frames
 from pystub_backend.backend.features.bls import handlers as bls
 from pystub_backend.backend.features.bls.payloads import REGISTRY
 from pystub_backend.backend.scheduling import multiplex
-from pystub_backend.backend.supervision.handlers import FrameHandlers
+from pystub_backend.backend.supervision.handlers import BackendHandlers
 from pystub_backend.backend.supervision.services import StubServices
 
 if TYPE_CHECKING:
@@ -23,10 +23,10 @@ if TYPE_CHECKING:
 
 __all__ = ["install_features", "feature_services"]
 
-_handlers: FrameHandlers | None = None
+_handlers: BackendHandlers | None = None
 
 
-def install_features(handlers: FrameHandlers) -> FrameHandlers:
+def install_features(handlers: BackendHandlers) -> BackendHandlers:
     """Register every backend feature's frame handlers in `handlers`; returns it."""
     custom_metrics.register(handlers)  # pb_utils.MetricFamily / Metric from the stubs
     sequence_frames.register(handlers)  # sequence batching: rescheduled requests
@@ -39,6 +39,6 @@ def feature_services(core: ServerCore | None) -> StubServices:
     """The services of the server whose core is `core` (None: a stub outside a server)."""
     global _handlers
     if _handlers is None:  # the handlers are plain functions: one table serves every server
-        _handlers = install_features(FrameHandlers())
+        _handlers = install_features(BackendHandlers())
     return StubServices(handlers=_handlers, custom_metrics=custom_metrics.registry_for(core),
                         bls_payloads=REGISTRY, core=core)

@@ -19,7 +19,7 @@ from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, Seque
 from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
-    from pystub_backend.backend.supervision.handlers import FrameHandlers
+    from pystub_backend.backend.supervision.handlers import BackendHandlers
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
 __all__ = ["register", "send_to_stub", "flush", "OWNERS", "NOT_ITERATIVE"]
@@ -63,6 +63,6 @@ def _on_rescheduled(stub: StubProcess, message: SequenceRescheduled) -> None:
         stub.send_soon(SequenceDropRescheduled(refused, [int(Status.INTERNAL), text]))
 
 
-def register(handlers: FrameHandlers) -> None:
+def register(handlers: BackendHandlers) -> None:
     """SequenceRescheduled from the stubs."""
-    handlers.add(SequenceRescheduled, _on_rescheduled)
+    handlers.on_frame(SequenceRescheduled, _on_rescheduled)

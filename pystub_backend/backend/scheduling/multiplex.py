@@ -30,7 +30,7 @@ from pystub_backend.backend.features.multiplex_stats import InstanceCounters, mu
 from pystub_backend.backend.models.config import ModelConfig, config_parameters
 from pystub_backend.backend.scheduling.default import PIPELINE_DEPTH, DefaultScheduler
 from pystub_backend.backend.scheduling.multiplex_queue import ROUTING_POLICIES, RoutedQueue
-from pystub_backend.backend.supervision.handlers import FrameHandlers
+from pystub_backend.backend.supervision.handlers import BackendHandlers
 from pystub_backend.backend.telemetry.statistics import ModelStatistics
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages.multiplex import (
@@ -162,11 +162,11 @@ def _on_usage(stub: Any, message: MultiplexUsage) -> None:
                 holdings.ids.move_to_end(model_id)
 
 
-def register(handlers: FrameHandlers) -> None:
+def register(handlers: BackendHandlers) -> None:
     """The stubs' reports of their sub-model caches (called by features.install)."""
     for kind, handler in ((MultiplexLoaded, _on_loaded), (MultiplexLoadFailed, _on_load_failed),
                           (MultiplexUnloaded, _on_unloaded), (MultiplexUsage, _on_usage)):
-        handlers.add(kind, handler)
+        handlers.on_frame(kind, handler)
 
 
 def held_ids(instance: Any) -> list[str]:

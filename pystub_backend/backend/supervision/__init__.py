@@ -5,7 +5,7 @@
     exchange.RequestExchange   its requests in flight (one record per request id)
     frames.FrameLink           its frames: `send(message, timeout)`, `send_soon`, dispatch
     services.StubServices      what feature frame handlers may use (handlers, core, registries)
-    handlers.FrameHandlers     the frame table features register into (features.install)
+    handlers.BackendHandlers     the frame table features register into (features.install)
 
 The names below load on first use: the feature modules this package dispatches to import its
 handler and service types, so importing everything here eagerly would be an import cycle.
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pystub_backend.backend.supervision.errors import StubStartError
-    from pystub_backend.backend.supervision.handlers import FrameHandler, FrameHandlers
+    from pystub_backend.backend.supervision.handlers import BackendHandlers, Handler
     from pystub_backend.backend.supervision.instance import (
         InstanceSpec,
         InstanceState,
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
 _HOMES = {
-    "StubStartError": "errors", "FrameHandler": "handlers", "FrameHandlers": "handlers",
+    "StubStartError": "errors", "Handler": "handlers", "BackendHandlers": "handlers",
     "InstanceSpec": "instance", "InstanceState": "instance", "ModelInstance": "instance",
     "RestartPolicy": "instance", "watch_health": "instance", "ResponseStream": "response_stream",
     "ServerCore": "services", "StubServices": "services", "BackendConfigError": "settings",
@@ -40,7 +40,7 @@ _HOMES = {
 }
 
 __all__ = [
-    "BackendConfigError", "FrameHandler", "FrameHandlers", "InstanceSpec", "InstanceState", "ModelInstance",
+    "BackendConfigError", "Handler", "BackendHandlers", "InstanceSpec", "InstanceState", "ModelInstance",
     "ResponseStream", "RestartPolicy", "ServerCore", "StubProcess", "StubServices", "StubSettings",
     "StubStartError", "parse_backend_config", "watch_health",
 ]

@@ -11,7 +11,7 @@ dispatcher of the frames the stub sends back.
     request_reply(...)       send and wait for the reply of a given class (INIT, IS_READY, ...)
 
 Incoming frames: the request frames (RESPONSE, EXECUTE_DONE, RELEASE) go to the request exchange,
-LOG to the backend log, feature frames to the server's FrameHandlers, replies to their waiter.
+LOG to the backend log, feature frames to the server's BackendHandlers, replies to their waiter.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class FrameLink:
             self._on_log(message)
         elif kind is msg.Release:
             exchange.free_p2s(message.handles)
-        elif (feature := self._stub.services.handlers.get(kind)) is not None:
+        elif (feature := self._stub.services.handlers.frame_handler(kind)) is not None:
             feature(self._stub, message)
         else:
             waiter = self._waiters.get(kind)

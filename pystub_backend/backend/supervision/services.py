@@ -1,7 +1,7 @@
 """What the server hands each stub for its feature frame handlers: a typed seam, not the core.
 
     StubServices
-        handlers        FrameHandlers   the frame table every stub of this server dispatches to
+        handlers        BackendHandlers   the frame table every stub of this server dispatches to
         core            ServerCore      BLS targets (lookup, readiness, infer) and model control;
                                         None for stubs outside a server (auto-complete, tools)
         custom_metrics  CustomMetrics   pb_utils.MetricFamily / Metric of this server's models
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from pystub_backend.backend.features.custom_metrics import CustomMetrics
     from pystub_backend.backend.inference import InferRequest
     from pystub_backend.backend.models.config import ModelConfig
-    from pystub_backend.backend.supervision.handlers import FrameHandlers
+    from pystub_backend.backend.supervision.handlers import BackendHandlers
     from pystub_backend.backend.supervision.response_stream import ResponseStream
 
 __all__ = ["ServerCore", "ServedVersion", "StubServices"]
@@ -63,7 +63,7 @@ class ServerCore(Protocol):
 
 @dataclass(frozen=True)
 class StubServices:
-    handlers: FrameHandlers
+    handlers: BackendHandlers
     custom_metrics: CustomMetrics
     bls_payloads: PayloadRegistry
     core: ServerCore | None = None

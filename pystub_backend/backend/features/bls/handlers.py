@@ -38,7 +38,7 @@ from pystub_backend.ipc.messages.bls import (
 from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
-    from pystub_backend.backend.supervision.handlers import FrameHandlers
+    from pystub_backend.backend.supervision.handlers import BackendHandlers
     from pystub_backend.backend.supervision.services import ServerCore
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
@@ -172,10 +172,10 @@ async def _model_control(stub: StubProcess, message: ModelControl) -> None:
     await _reply(stub, ModelControlDone(message.token, result, error))
 
 
-def register(handlers: FrameHandlers) -> None:
+def register(handlers: BackendHandlers) -> None:
     """BLS calls and model control from the stubs."""
-    handlers.add(BlsRequest, _on_request)
-    handlers.add(BlsCancel, _on_cancel)
-    handlers.add(BlsCleanup, _on_cleanup)
-    handlers.add(BlsInspect, _on_inspect)
-    handlers.add(ModelControl, _on_model_control)
+    handlers.on_frame(BlsRequest, _on_request)
+    handlers.on_frame(BlsCancel, _on_cancel)
+    handlers.on_frame(BlsCleanup, _on_cleanup)
+    handlers.on_frame(BlsInspect, _on_inspect)
+    handlers.on_frame(ModelControl, _on_model_control)
