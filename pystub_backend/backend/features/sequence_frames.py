@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceEvicted, SequenceRescheduled
 from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
+    from pystub_backend.backend.inference import InferRequest
     from pystub_backend.backend.supervision.handlers import BackendHandlers
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
@@ -26,9 +27,16 @@ __all__ = ["register", "send_to_stub", "flush", "OWNERS", "NOT_ITERATIVE"]
 
 log = logging.getLogger("pystub.scheduler")
 
-# StubProcess -> the iterative sequence batcher whose batches it runs (set before each batch); the
-# batcher lives in scheduling (pystub_backend.backend.scheduling.sequence) and is not imported here.
-OWNERS: weakref.WeakKeyDictionary[StubProcess, Any] = weakref.WeakKeyDictionary()
+
+
+class RescheduleOwner(Protocol):
+    """The sequence batcher whose batch runs on a stub (scheduling.sequence.SequenceBatcher)."""
+
+    def on_rescheduled(self, request: InferRequest, rid: int) -> bool: ...
+
+
+# StubProcess -> the iterative sequence batcher whose batches it runs (set before each batch).
+OWNERS: weakref.WeakKeyDictionary[StubProcess, RescheduleOwner] = weakref.WeakKeyDictionary()
 
 NOT_ITERATIVE = ("Failed to reschedule the request of model '{model}': request rescheduling requires "
                  "'sequence_batching {{ iterative_sequence: true }}' in the model configuration. The request "

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.ipc.channel import AsyncChannel, ChannelClosedError, ChannelTimeoutError
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FrameLink"]
 
+_Reply = TypeVar("_Reply")
+
 log = logging.getLogger("pystub.stub")
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 
@@ -40,7 +42,7 @@ class FrameLink:
         self._stub = stub
         self._timeout = timeout
         self.channel: AsyncChannel | None = None
-        self._waiters: dict[type, asyncio.Future[Any]] = {}
+        self._waiters: dict[type, asyncio.Future[object]] = {}
         self._last_soon: asyncio.Task[None] | None = None
         self._soon_tasks: set[asyncio.Task[None]] = set()
 
@@ -100,12 +102,12 @@ class FrameLink:
             await asyncio.wait({last})
 
     # -- replies -----------------------------------------------------------------------------------
-    async def request_reply(self, message: NamedTuple, reply: type, timeout: float, what: str) -> Any:
+    async def request_reply(self, message: NamedTuple, reply: type[_Reply], timeout: float, what: str) -> _Reply:
         """Send `message` and return the stub's `reply`-class answer. Raises StubStartError when
         the stub dies or `timeout` s pass (the text names `what`)."""
         if self.closed:
             raise StubStartError(self._stub.death_text(what))
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._waiters[reply] = future  # registered before the reply can arrive
         try:
             try:
@@ -113,7 +115,7 @@ class FrameLink:
             except (ChannelClosedError, ChannelTimeoutError) as exc:
                 raise StubStartError(f"{self._stub.death_text(what)} ({exc})") from exc
             try:
-                return await asyncio.wait_for(future, timeout)
+                return cast(_Reply, await asyncio.wait_for(future, timeout))
             except asyncio.TimeoutError:
                 raise StubStartError(f"timed out after {timeout:.0f} s waiting for {what} from stub "
                                      f"'{self._stub.instance_name}'") from None
@@ -140,7 +142,7 @@ class FrameLink:
             log.error("dropped a malformed %s frame from stub '%s': %s: %s", type(message).__name__,
                       self._stub.instance_name, type(exc).__name__, exc)
 
-    def _dispatch(self, message: Any) -> None:
+    def _dispatch(self, message: Any) -> None:  # a decoded message: any registered class
         kind = type(message)
         exchange = self._stub.exchange
         if kind is msg.Response:
