@@ -39,7 +39,7 @@ from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.telemetry.statistics import BatchTiming
 from pystub_backend.ipc import names
 from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
-from pystub_backend.ipc.channel import AsyncChannel, make_pair
+from pystub_backend.ipc.channel import make_pair
 from pystub_backend.ipc.control_block import ControlBlock
 from pystub_backend.ipc.exit_codes import describe_exit
 from pystub_backend.ipc.messages import core as msg
@@ -92,10 +92,6 @@ class StubProcess:
     @property
     def in_flight(self) -> int:
         return self.exchange.in_flight
-
-    @property
-    def channel(self) -> AsyncChannel | None:
-        return self.link.channel
 
     def heartbeat_age(self, now: float) -> float:
         """Seconds since the stub's last heartbeat (since spawn, before the first one)."""
