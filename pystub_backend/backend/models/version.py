@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, Protocol
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.install import feature_services
@@ -32,13 +32,31 @@ from pystub_backend.backend.supervision.settings import StubSettings, positive_n
 from pystub_backend.backend.telemetry.statistics import ModelStatistics
 from pystub_backend.ipc.status import Status
 
-__all__ = ["ModelVersion", "ModelLoadError", "instance_args", "RLIMIT_PARAMETERS"]
+__all__ = ["ModelVersion", "ModelLoadError", "Scheduler", "instance_args", "RLIMIT_PARAMETERS"]
 
 log = logging.getLogger("pystub.model")
 
 # Config parameters that limit each stub (pystub extension): parameter name -> rlimit name.
 RLIMIT_PARAMETERS = {"STUB_MEMORY_LIMIT_BYTES": "as", "STUB_CPU_LIMIT_SECONDS": "cpu", "STUB_MAX_OPEN_FILES": "nofile"}
 EXECUTE_TIMEOUT_PARAMETER = "EXECUTE_TIMEOUT_SECONDS"
+
+
+class Scheduler(Protocol):
+    """What a version asks of its scheduler (pystub_backend.backend.scheduling: default, dynamic,
+    sequence, multiplex)."""
+
+    @property
+    def queued(self) -> int: ...
+
+    def start(self) -> None: ...
+
+    async def schedule(self, request: InferRequest, batch_size: int) -> InferResponse: ...
+
+    async def schedule_stream(self, request: InferRequest, batch_size: int) -> ResponseStream: ...
+
+    def fail_queued(self, error: ServerError) -> int: ...
+
+    async def stop(self, reason: str) -> None: ...
 
 
 class ModelLoadError(Exception):
@@ -83,7 +101,7 @@ class ModelVersion:
         self.decoupled = is_decoupled(config)
         self.stats = ModelStatistics(self.name, str(version))
         self.instances: list[ModelInstance] = []
-        self.scheduler: Any = None  # see pystub_backend.backend.scheduling.choice
+        self.scheduler: Scheduler | None = None  # see pystub_backend.backend.scheduling.choice
         self.state = "UNAVAILABLE"
         self.reason = ""
         self._monitor: asyncio.Task | None = None
@@ -164,23 +182,25 @@ class ModelVersion:
 
         An instance that is restarting is expected back: its requests wait in the queue for it.
         """
-        self._check_serving()
+        scheduler = self._serving_scheduler()
         request.model_version = str(self.version)
-        return await self.scheduler.schedule(request, batch_size)
+        return await scheduler.schedule(request, batch_size)
 
     async def infer_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         """Schedule the (validated) request; its responses arrive on the stream. Raises ServerError."""
-        self._check_serving()
+        scheduler = self._serving_scheduler()
         request.model_version = str(self.version)  # responses name the version that served them
-        return await self.scheduler.schedule_stream(request, batch_size)
+        return await scheduler.schedule_stream(request, batch_size)
 
-    def _check_serving(self) -> None:
+    def _serving_scheduler(self) -> Scheduler:
+        """The scheduler, when the version can take requests. Raises ServerError."""
         if self.scheduler is None or not self.loaded:
             raise ServerError(f"Request for unknown model: '{self.name}' version {self.version} is not at "
                               f"ready state", Status.UNAVAILABLE)
         if not any(instance.usable for instance in self.instances):
             raise self.health_error() or ServerError(f"Model '{self.name}' has no usable instance",
                                                      Status.UNAVAILABLE)
+        return self.scheduler
 
     def instance(self, name: str) -> ModelInstance | None:
         return next((i for i in self.instances if i.name == name), None)
