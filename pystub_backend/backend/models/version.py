@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import os
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.install import feature_services
@@ -39,6 +39,7 @@ log = logging.getLogger("pystub.model")
 # Config parameters that limit each stub (pystub extension): parameter name -> rlimit name.
 RLIMIT_PARAMETERS = {"STUB_MEMORY_LIMIT_BYTES": "as", "STUB_CPU_LIMIT_SECONDS": "cpu", "STUB_MAX_OPEN_FILES": "nofile"}
 EXECUTE_TIMEOUT_PARAMETER = "EXECUTE_TIMEOUT_SECONDS"
+_Number = TypeVar("_Number", int, float)
 
 
 class Scheduler(Protocol):
@@ -77,7 +78,7 @@ def instance_args(config: ModelConfig, config_json: str, instance_name: str, kin
     }
 
 
-def _parameter_number(parameters: dict[str, str], name: str, kind: type) -> Any:
+def _parameter_number(parameters: dict[str, str], name: str, kind: type[_Number]) -> _Number | None:
     value = parameters.get(name)
     if value is None or value == "":
         return None
