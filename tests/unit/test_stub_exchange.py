@@ -31,8 +31,8 @@ class Harness:
     """A StubProcess wired by hand to a peer channel the test drives, and to a child process that
     exits with a given code after a given time (what `alive` and `death_reason` read)."""
 
-    def __init__(self, sleep: float = 60.0, code: int = 0) -> None:
-        self.stub = StubProcess("exchange_0", StubSettings(stub_timeout_seconds=0.3), "exchange")
+    def __init__(self, sleep: float = 60.0, code: int = 0, timeout: float = 0.3) -> None:
+        self.stub = StubProcess("exchange_0", StubSettings(stub_timeout_seconds=timeout), "exchange")
         parent, child = make_pair()
         self.peer = BlockingChannel(child)
         stub = self.stub
@@ -119,6 +119,24 @@ def test_send_times_out_naming_the_message_and_the_stub() -> None:
         assert time.monotonic() - started < 5.0
 
     _run(test)
+
+
+def test_send_soon_never_blocks_and_keeps_the_order_through_a_full_queue() -> None:
+    async def test(h: Harness) -> None:
+        started = time.monotonic()
+        for token in range(200):  # far more than the queue holds: the rest wait in order
+            h.stub.send_soon(msg.Cancel([token] + [0] * 2000))
+        assert time.monotonic() - started < 0.5, "send_soon must not wait for the stub"
+        flushed = asyncio.ensure_future(h.stub.flush())
+        received = []
+        for _ in range(200):
+            message = await h.receive()
+            assert isinstance(message, msg.Cancel)
+            received.append(message.rids[0])
+        await asyncio.wait_for(flushed, 5.0)
+        assert received == list(range(200))
+
+    _run(test, timeout=10.0)  # the queued frames wait at most this long for room: none is dropped
 
 
 def test_death_reason_names_a_stub_exit_code() -> None:
