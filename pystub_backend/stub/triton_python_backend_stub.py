@@ -65,8 +65,12 @@ def isolate_model_imports(working_dir: str) -> None:
 
 def run(argv: list[str] | None = None) -> None:
     working_dir = os.path.abspath(os.getcwd())
-    options = parse_args(sys.argv[1:] if argv is None else argv)
+    from pystub_backend.ipc.exit_codes import StubExitCode
     from pystub_backend.stub.stub import main
+    try:
+        options = parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exc:  # argparse said why on stderr
+        os._exit(StubExitCode.OK if exc.code == 0 else StubExitCode.BAD_ARGUMENTS)
     isolate_model_imports(working_dir)
     code = main(options)
     # os._exit: threads a model started must not keep a finished stub alive.
