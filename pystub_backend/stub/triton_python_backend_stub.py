@@ -61,6 +61,13 @@ def isolate_model_imports(working_dir: str) -> None:
         drop.add(project_root)
     sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) not in drop]
     sys.argv[:] = [""]
+    # multiprocessing's spawn re-imports the parent's __main__ in each child by its module name,
+    # which no longer resolves once pystub's root is off sys.path; without a spec the child runs
+    # this file by path instead, and it imports nothing of pystub at module level. (Triton's
+    # stub has no Python __main__ at all.)
+    main = sys.modules.get("__main__")
+    if main is not None and getattr(main, "__file__", None) == __file__:
+        main.__spec__ = None
 
 
 def run(argv: list[str] | None = None) -> None:
