@@ -23,7 +23,7 @@ _GPU_ONLY = ("--cuda-memory-pool-byte-size", "--pinned-memory-pool-byte-size",
              "--min-supported-compute-capability", "--allow-gpu-metrics")
 _NO_OPS = ("--grpc-infer-allocation-pool-size", "--http-thread-count")
 # Flags whose features arrive with later work; they fail clearly instead of being ignored.
-_NOT_SUPPORTED_YET = ("--backend-directory",)
+_NOT_SUPPORTED_YET: tuple[str, ...] = ()
 
 
 @dataclass
@@ -49,6 +49,7 @@ class ServerOptions:
     load_models: list[str] = field(default_factory=list)
     repository_poll_secs: float = 15.0
     allow_client_shm: bool = False
+    backend_directory: str = ""  # Python-based backends: <dir>/<backend>/model.py
     settings: StubSettings = field(default_factory=StubSettings)
     log: LogSettings = field(default_factory=LogSettings)
     ignored: list[str] = field(default_factory=list)
@@ -105,6 +106,8 @@ def _build_parser() -> argparse.ArgumentParser:
     add("--strict-model-config", type=parse_bool, default=None, metavar="BOOL")
     add("--disable-auto-complete-config", action="store_true")
     add("--backend-config", action="append", default=[], metavar="python,KEY=VALUE")
+    add("--backend-directory", default="", metavar="DIR",
+        help="where Python-based backends live: <DIR>/<backend>/model.py")
     add("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
     add("--load-model", dest="load_models", action="append", default=[], metavar="NAME",
         help="model to load at start-up in explicit mode (repeatable; '*' loads all)")
@@ -142,6 +145,7 @@ def parse_args(argv: list[str]) -> ServerOptions:
         log=LogSettings(log_file=args.log_file, log_info=args.log_info, log_warning=args.log_warning,
                         log_error=args.log_error, log_verbose_level=args.log_verbose, log_format=args.log_format))
     options.metrics_interval_ms, options.allow_cpu_metrics = args.metrics_interval_ms, args.allow_cpu_metrics
+    options.backend_directory = settings.backend_directory = args.backend_directory  # config-sections hook
     for flag in _GPU_ONLY + _NO_OPS:
         if getattr(args, flag[2:].replace("-", "_")) is not None:
             options.ignored.append(flag)

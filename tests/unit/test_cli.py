@@ -65,9 +65,11 @@ def test_gpu_only_and_noop_flags_are_accepted_and_recorded():
                                     "--http-thread-count"}
 
 
-def test_features_of_later_issues_are_named():
+def test_backend_directory_reaches_the_options_and_the_stub_settings():
+    # It was "not supported yet" until Python-based backends arrived (tests/integration/test_python_backends.py).
     options = parse_args(["--model-repository=/m", "--backend-directory=/b"])
-    assert set(options.not_supported) == {"--backend-directory"}
+    assert (options.backend_directory, options.settings.backend_directory, options.not_supported) == ("/b", "/b", {})
+    assert parse_args(["--model-repository=/m"]).backend_directory == ""
 
 
 def test_allow_client_shm_is_off_by_default_as_in_triton():
@@ -108,12 +110,6 @@ def test_unknown_flag_is_a_usage_error_naming_it():
     result = _run_cli("--model-repository=/m", "--no-such-flag=1")
     assert result.returncode == 2
     assert "--no-such-flag" in result.stderr
-
-
-def test_not_supported_yet_exits_with_its_name():
-    result = _run_cli("--model-repository=/m", "--backend-directory=/b")
-    assert result.returncode == 2
-    assert "not supported yet: --backend-directory" in result.stderr
 
 
 def test_missing_repository_exits_nonzero(tmp_path):

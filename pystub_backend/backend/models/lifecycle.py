@@ -18,9 +18,11 @@ import time
 from typing import Any
 
 from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.models.config_support import log_unused_fields
 from pystub_backend.backend.models.ensemble import EnsembleVersion
 from pystub_backend.backend.models.ensemble_config import is_ensemble
 from pystub_backend.backend.models.overrides import OverrideDir
+from pystub_backend.backend.models.python_backends import model_file_for
 from pystub_backend.backend.models.repository import ModelSource
 from pystub_backend.backend.models.version import ModelLoadError, ModelVersion
 from pystub_backend.backend.supervision.settings import StubSettings
@@ -145,6 +147,7 @@ async def start_versions(source: ModelSource, settings: StubSettings, context: A
         log.info("successfully loaded '%s' version %d", source.name, version)
         return model_version
 
+    log_unused_fields(source.config)  # config-sections hook: name the fields pystub ignores, once per load
     results = await asyncio.gather(*(start(version) for version in source.versions))
     loaded = {v: r for v, r in zip(source.versions, results) if not isinstance(r, str)}
     failed = {v: r for v, r in zip(source.versions, results) if isinstance(r, str)}
@@ -154,7 +157,9 @@ async def start_versions(source: ModelSource, settings: StubSettings, context: A
 def _make_version(source: ModelSource, version: int, settings: StubSettings, context: Any) -> Any:
     if is_ensemble(source.config):  # no model.py and no instances: the steps run on other models
         return EnsembleVersion(source.config, version, source.model_dir, context)
-    return ModelVersion(source.config, version, source.model_dir, source.model_path(version), settings, context)
+    # config-sections hook: a Python-based backend's model.py replaces the version's (python_backends)
+    model_path = model_file_for(source.config, source.model_path(version), settings.backend_directory)
+    return ModelVersion(source.config, version, source.model_dir, model_path, settings, context)
 
 
 async def stop_versions(versions: dict[int, ModelVersion], timeout: float) -> None:

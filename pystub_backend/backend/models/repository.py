@@ -24,6 +24,7 @@ from pystub_backend.backend.models.config import (
     load_config_file,
     normalize,
 )
+from pystub_backend.backend.models.python_backends import model_file_for, with_backend_runtime
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess, StubStartError
 
@@ -135,8 +136,10 @@ async def prepare_model(name: str, model_dir: str, settings: StubSettings, auto_
         versions = _numeric_subdirs(model_dir)
         if auto_complete and versions and not config.platform:
             latest_path = os.path.join(model_dir, str(versions[-1]), model_file(config))
+            latest_path = model_file_for(config, latest_path, settings.backend_directory)  # config-sections hook
             config = await _auto_complete(config, latest_path, settings)
         config = normalize(config, name)
+        config = with_backend_runtime(config, settings.backend_directory)  # config-sections hook
     except (ConfigError, StubStartError, OSError) as exc:
         raise RepositoryError(str(exc)) from exc
     for _, instance_name, _ in instance_names(config):

@@ -18,6 +18,7 @@ from pystub_backend.backend.models.config import (
     instance_names,
     is_decoupled,
 )
+from pystub_backend.backend.models.warmup import WarmupError, run_warmup
 from pystub_backend.backend.scheduling.choice import make_scheduler
 from pystub_backend.backend.supervision.execution_env import (
     ExecutionEnvError,
@@ -146,7 +147,9 @@ class ModelVersion:
             self.instances = [ModelInstance(name, self._spec(name, kind, config_json))
                               for _, name, kind in instance_names(self.config)]
             await asyncio.gather(*(instance.start() for instance in self.instances))
-        except (StubStartError, ModelLoadError, OSError) as exc:
+            # config-sections hook: model_warmup runs on every instance before the model is ready
+            await run_warmup(self.config, self.model_dir, self.instances, self.settings.stub_init_timeout_seconds)
+        except (StubStartError, ModelLoadError, WarmupError, OSError) as exc:
             await self._stop_instances(self.settings.stub_timeout_seconds)
             self.state, self.reason = "UNAVAILABLE", str(exc)
             raise ModelLoadError(str(exc)) from exc

@@ -33,8 +33,10 @@ from pystub_backend.backend.features import install as features  # noqa: F401 - 
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
 from pystub_backend.backend.models.validation import model_parameters
 from pystub_backend.backend.supervision.handlers import handler_for
+from pystub_backend.backend.supervision.init_failure import died_during_initialize
 from pystub_backend.backend.supervision.outbox import StubOutbox
 from pystub_backend.backend.supervision.output import OutputForwarder
+from pystub_backend.backend.supervision.ready_probe import ReadyProbe
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.telemetry.statistics import BatchTiming
@@ -100,7 +102,7 @@ class StubProcess:
         self._outbox = StubOutbox(lambda: self.channel)
         self._dead = False
         self._output: OutputForwarder | None = None
-        self._ready_check: asyncio.Future | None = None
+        self._ready_probe = ReadyProbe(self, settings.stub_timeout_seconds)  # config-sections hook
         self.has_is_ready = False
         self.on_death: Callable[[StubProcess], None] | None = None
 
@@ -108,6 +110,10 @@ class StubProcess:
     @property
     def alive(self) -> bool:
         return not self._dead and self.process is not None and self.process.poll() is None
+
+    def exited(self) -> bool:
+        """The process has ended and was reaped (its exit status is known)."""
+        return self.process is not None and self.process.poll() is not None
 
     @property
     def pid(self) -> int | None:
@@ -210,31 +216,28 @@ class StubProcess:
 
     async def initialize(self, model_path: str, args: dict[str, str], settings: dict[str, Any]) -> None:
         """Run the model's initialize. Raises StubStartError with the model's error text."""
-        reply = await self._request_reply(msg.Init(model_path, args, settings), msg.InitDone,
-                                          self.settings.stub_init_timeout_seconds, "initialize")
+        try:
+            reply = await self._request_reply(msg.Init(model_path, args, settings), msg.InitDone,
+                                              self.settings.stub_init_timeout_seconds, "initialize")
+        except StubStartError as exc:  # config-sections hook: a death fails the load with Triton's text
+            raise StubStartError(await died_during_initialize(self, exc)) from exc
         if reply.error is not None:
             raise StubStartError(reply.error + (f"\n{reply.traceback}" if reply.traceback else ""))
         self.has_is_ready = bool(reply.has_is_ready)
 
     async def check_ready(self, timeout: float = 5.0) -> str | None:
-        """The model's own readiness (API.md 2.3): None when ready, else why not. Concurrent checks
-        share one call; a model without `is_ready` is ready while its stub lives."""
+        """The model's own readiness (API.md 2.3): None when ready, else why not. One call at a
+        time: checks that come while it runs wait for it (ready_probe); a model without
+        `is_ready` is ready while its stub lives."""
         if not self.alive:
             return self.unhealthy_error().message
         if not self.has_is_ready:
             return None
-        if self._ready_check is None or self._ready_check.done():
-            self._ready_check = asyncio.ensure_future(self._ask_ready(timeout))
-        return await asyncio.shield(self._ready_check)
+        return await self._ready_probe.check(timeout)
 
-    async def _ask_ready(self, timeout: float) -> str | None:
-        try:
-            reply = await self._request_reply(msg.IsReady(next(self._ids)), msg.IsReadyDone, timeout, "is_ready")
-        except StubStartError as exc:
-            if "timed out" in str(exc):
-                return "Timed out waiting for user-defined is_ready() response"
-            return self.unhealthy_error().message
-        return None if reply.ready else reply.error
+    # The two waits the ready probe uses (config-sections hook: ready_probe.ReadyTransport).
+    request_reply = _request_reply
+    await_reply = _await_reply
 
     async def auto_complete(self, model_path: str, config_json: str) -> str:
         """Run `auto_complete_config`; returns the completed config JSON. Raises StubStartError."""
