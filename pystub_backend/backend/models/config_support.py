@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from tritonclient.grpc import model_config_pb2
+
 from pystub_backend.backend.models.config import ModelConfig
 
 __all__ = ["FIELD_SUPPORT", "unused_fields", "log_unused_fields"]
@@ -54,7 +56,7 @@ FIELD_SUPPORT: dict[str, tuple[str, str]] = {
 
 def _optimization_set(config: ModelConfig) -> bool:
     """Set beyond the pinned-memory defaults normalization fills in."""
-    optimization = type(config.optimization)()
+    optimization = model_config_pb2.ModelOptimizationPolicy()
     optimization.CopyFrom(config.optimization)
     for name in ("input_pinned_memory", "output_pinned_memory"):
         if getattr(optimization, name).enable:
