@@ -92,7 +92,11 @@ def test_samples_run_per_instance_in_order_before_the_model_is_ready(tmp_path: P
     with Backend(repository) as backend:
         # The server only reports its ports (Backend.start returns) once every model is loaded.
         runs = executes(log)
-        assert HTTP(backend).is_model_ready("warm")
+        client = HTTP(backend)
+        try:
+            assert client.is_model_ready("warm")
+        finally:
+            client.close()
         log_text = backend.log()
     assert log_text.index("running warmup sample 'file' for iteration 1") < log_text.index(
         "successfully loaded 'warm' version 1")
