@@ -6,15 +6,13 @@ import asyncio
 
 import pytest
 
+from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.ready_probe import TIMED_OUT, ReadyProbe
-from pystub_backend.backend.supervision.stub_process import StubStartError
 from pystub_backend.ipc.messages import core as msg
 
 
 class FakeStub:
     """Answers IsReady calls when the test says so; replies may be stale (an earlier token)."""
-
-    instance_name = "fake_0_0"
 
     def __init__(self) -> None:
         self.sent: list[int] = []
@@ -35,7 +33,7 @@ class FakeStub:
 def test_checks_during_a_slow_call_wait_for_it_and_get_its_answer():
     async def scenario() -> None:
         stub = FakeStub()
-        probe = ReadyProbe(stub, call_timeout=30)
+        probe = ReadyProbe(stub, "fake_0_0", call_timeout=30)
         assert await probe.check(answer_timeout=0.05) == TIMED_OUT
         second = asyncio.ensure_future(probe.check(answer_timeout=5))
         await asyncio.sleep(0.05)
@@ -54,7 +52,7 @@ def test_checks_during_a_slow_call_wait_for_it_and_get_its_answer():
 def test_a_late_answer_of_a_given_up_call_answers_nothing():
     async def scenario() -> None:
         stub = FakeStub()
-        probe = ReadyProbe(stub, call_timeout=0.1)
+        probe = ReadyProbe(stub, "fake_0_0", call_timeout=0.1)
         assert await probe.check(answer_timeout=1) == TIMED_OUT  # call 1 given up after its own deadline
         check = asyncio.ensure_future(probe.check(answer_timeout=1))
         await asyncio.sleep(0.01)
@@ -76,6 +74,6 @@ def test_a_dead_stub_is_not_ready(failure: StubStartError, text: str):
             raise failure
 
     async def scenario() -> None:
-        assert await ReadyProbe(DeadStub(), call_timeout=1).check() == text
+        assert await ReadyProbe(DeadStub(), "fake_0_0", call_timeout=1).check() == text
 
     asyncio.run(scenario())

@@ -50,7 +50,7 @@ class WarmupError(Exception):
 
 
 class _Executor(Protocol):
-    async def execute(self, requests: list[InferRequest]) -> list[InferResponse | ServerError]: ...
+    async def execute(self, requests: list[InferRequest]) -> list[object]: ...
 
     def kill(self) -> None: ...
 
@@ -178,6 +178,7 @@ async def _execute(instance: WarmupInstance, requests: list[InferRequest], timeo
         if isinstance(result, ServerError):
             errors.append(result.message)
             continue
+        assert isinstance(result, InferResponse)  # execute answers each request with one of the two
         if result.error is not None:
             errors.append(result.error.message)
         result.release()

@@ -27,7 +27,8 @@ class _Stub(Protocol):
 
     def death_reason(self) -> str: ...
 
-    def exited(self) -> bool: ...
+    @property
+    def exit_code(self) -> int | None: ...
 
 
 _REAP_WAIT_SECONDS = 1.0  # the channel closes a moment before the process can be reaped
@@ -41,7 +42,7 @@ async def died_during_initialize(stub: _Stub, error: Exception) -> str:
     if stub.alive:
         return str(error)
     deadline = time.monotonic() + _REAP_WAIT_SECONDS
-    while not stub.exited() and time.monotonic() < deadline:
+    while stub.exit_code is None and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     log.error("stub '%s' %s during initialize", stub.instance_name, stub.death_reason())
     return f"Stub process '{stub.instance_name}' is not healthy."

@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Protocol
+from typing import NamedTuple, Protocol, TypeVar
 
+from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.ipc.messages import core as msg
 
 __all__ = ["ReadyProbe", "ReadyTransport", "TIMED_OUT", "ANSWER_TIMEOUT_SECONDS"]
@@ -27,24 +28,25 @@ log = logging.getLogger("pystub.supervisor")
 
 TIMED_OUT = "Timed out waiting for user-defined is_ready() response"
 ANSWER_TIMEOUT_SECONDS = 5.0
+_R = TypeVar("_R")
 
 
 class ReadyTransport(Protocol):
-    """What the probe needs from a stub (a StubProcess): its name, "send a message and wait
-    (bounded) for a reply kind", and "wait (bounded) for a reply kind". Both raise StubStartError."""
+    """What the probe needs of a stub's link (supervision.frames.FrameLink): "send a message and
+    wait (bounded) for a reply kind", and "wait (bounded) for a reply kind". Both raise
+    StubStartError."""
 
-    instance_name: str
+    async def request_reply(self, message: NamedTuple, reply: type[_R], timeout: float, what: str) -> _R: ...
 
-    async def request_reply(self, message: object, reply: type, timeout: float, what: str) -> object: ...
-
-    async def await_reply(self, kind: type, timeout: float, what: str) -> object: ...
+    async def await_reply(self, reply: type[_R], timeout: float, what: str) -> _R: ...
 
 
 class ReadyProbe:
     """Asks one stub's model whether it is ready; see the module docstring."""
 
-    def __init__(self, stub: ReadyTransport, call_timeout: float) -> None:
+    def __init__(self, stub: ReadyTransport, instance_name: str, call_timeout: float) -> None:
         self._stub = stub
+        self._name = instance_name
         self._call_timeout = call_timeout  # bounds one call: a model that never answers is given up
         self._tokens = itertools.count(1)
         self._call: asyncio.Future[str | None] | None = None
@@ -61,7 +63,6 @@ class ReadyProbe:
 
     async def _ask(self) -> str | None:
         """One IsReady call: send it, then take replies until the one with our token arrives."""
-        from pystub_backend.backend.supervision.stub_process import StubStartError  # a cycle at import
         token = next(self._tokens)
         self.calls += 1
         loop = asyncio.get_running_loop()
@@ -69,13 +70,13 @@ class ReadyProbe:
         try:
             reply = await self._stub.request_reply(msg.IsReady(token), msg.IsReadyDone, self._call_timeout,
                                                     "is_ready")
-            while not isinstance(reply, msg.IsReadyDone) or reply.token != token:
-                log.debug("stub '%s': dropped an is_ready answer of an earlier call", self._stub.instance_name)
+            while reply.token != token:
+                log.debug("stub '%s': dropped an is_ready answer of an earlier call", self._name)
                 reply = await self._stub.await_reply(msg.IsReadyDone, max(deadline - loop.time(), 0.001),
                                                       "is_ready")
         except StubStartError as exc:
             if "timed out" in str(exc):
                 return TIMED_OUT
-            return f"Stub process '{self._stub.instance_name}' is not healthy."
+            return f"Stub process '{self._name}' is not healthy."
         return None if reply.ready else reply.error
 
