@@ -22,6 +22,8 @@ from pystub_backend.backend.models.ensemble_config import (
 from pystub_backend.backend.models.lifecycle import InFlight, ModelEntry, retire, start_versions, stop_versions
 from pystub_backend.backend.models.overrides import LoadRequest, OverrideDir, parse_load_parameters
 from pystub_backend.backend.models.repository import (
+    POLL_FAILED,
+    PollError,
     RepositoryError,
     check_stub_name,
     find_models,
@@ -234,7 +236,7 @@ class Core:
                 override = OverrideDir.create(name, request.files)
                 model_dir = override.model_dir
             if model_dir is None:
-                raise RepositoryError("failed to poll from model repository")
+                raise PollError(f"model '{name}' is not found in any model repository")
             if not entry.versions:
                 entry.state, entry.reason = "LOADING", ""
             source = await prepare_model(name, model_dir, self.options.settings, self.options.auto_complete, config)
@@ -245,6 +247,8 @@ class Core:
             log.error("failed to load '%s': Internal: %s", name, text)
             if not entry.versions:
                 entry.state, entry.reason, entry.failed, entry.unloaded = "UNAVAILABLE", text, {}, []
+            if isinstance(exc, PollError):
+                raise ServerError(POLL_FAILED.format(name=name), Status.INVALID_ARG) from None
             raise _load_error(name, text) from None
         loaded, failed = await start_versions(source, self.options.settings, self)
         for version in loaded.values():

@@ -27,7 +27,7 @@ from pystub_backend.backend.models.config import (
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess, StubStartError
 
-__all__ = ["ModelSource", "RepositoryError", "find_models", "prepare_model", "select_versions", "model_file",
+__all__ = ["ModelSource", "RepositoryError", "PollError", "POLL_FAILED", "find_models", "prepare_model", "select_versions", "model_file",
            "check_stub_name", "model_fingerprint", "INVALID_STUB_NAME"]
 
 log = logging.getLogger("pystub.repository")
@@ -35,6 +35,15 @@ log = logging.getLogger("pystub.repository")
 
 class RepositoryError(Exception):
     """A model directory that cannot be turned into a loadable model; the text says why."""
+
+
+class PollError(RepositoryError):
+    """The repository does not describe the model: no directory, a config.pbtxt that cannot be
+    read, or one that names another model. Triton reports these as a failed poll (the text here
+    goes to the log, the client gets `POLL_FAILED`)."""
+
+
+POLL_FAILED = "failed to load '{name}', failed to poll from model repository"
 
 
 @dataclass
@@ -123,13 +132,8 @@ async def prepare_model(name: str, model_dir: str, settings: StubSettings, auto_
                         config_override: ModelConfig | None = None) -> ModelSource:
     """Read, complete and normalize a model's config. Raises RepositoryError."""
     check_stub_name(name)
+    config = config_override if config_override is not None else _read_config(name, model_dir)
     try:
-        if config_override is not None:
-            config = config_override
-        elif os.path.isfile(os.path.join(model_dir, "config.pbtxt")):
-            config = load_config_file(os.path.join(model_dir, "config.pbtxt"))
-        else:
-            config = ModelConfig()
         if not config.name:
             config.name = name
         versions = _numeric_subdirs(model_dir)
@@ -142,6 +146,20 @@ async def prepare_model(name: str, model_dir: str, settings: StubSettings, auto_
     for _, instance_name, _ in instance_names(config):
         check_stub_name(instance_name)
     return ModelSource(name, model_dir, config, select_versions(config, model_dir))
+
+
+def _read_config(name: str, model_dir: str) -> ModelConfig:
+    """The model directory's config.pbtxt (empty when there is none). Raises PollError when it
+    cannot be read or names another model."""
+    path = os.path.join(model_dir, "config.pbtxt")
+    try:
+        config = load_config_file(path) if os.path.isfile(path) else ModelConfig()
+    except (ConfigError, OSError) as exc:
+        raise PollError(str(exc)) from exc
+    if config.name and config.name != name:
+        raise PollError(f"unexpected directory name '{name}' for model '{config.name}', directory name must equal "
+                        f"model name")
+    return config
 
 
 def model_fingerprint(model_dir: str) -> frozenset[tuple[str, int, int]]:
