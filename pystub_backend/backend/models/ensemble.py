@@ -108,6 +108,7 @@ class EnsembleScheduler:
             return
         timing = BatchTiming(compute_infer_ns=now - started)
         stats.record_execution(batch_size, timing)
+        stats.record_inferences(batch_size)
         stats.record_success(batch_size, now - enqueued, started - enqueued, timing)
 
     def fail_queued(self, error: ServerError) -> int:

@@ -23,14 +23,23 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Sequence as Listing
 from typing import Any
 
 from pystub_backend.backend import client_link
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features import sequence_frames
 from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.models.config import ModelConfig
+from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler
 from pystub_backend.backend.scheduling.request_queue import BatchLimits
-from pystub_backend.backend.scheduling.sequence_controls import Controls, sequence_fields
+from pystub_backend.backend.scheduling.sequence_controls import (
+    FLAG_END,
+    FLAG_START,
+    Controls,
+    SequenceFields,
+    sequence_fields,
+)
 from pystub_backend.backend.scheduling.sequence_slots import (
     Lane,
     SeqItem,
@@ -40,7 +49,7 @@ from pystub_backend.backend.scheduling.sequence_slots import (
     oldest_batch,
 )
 from pystub_backend.backend.supervision.response_stream import ResponseStream
-from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics
+from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, BatchTiming, ModelStatistics
 from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceEvicted
 from pystub_backend.ipc.status import Status
 
@@ -51,10 +60,10 @@ log = logging.getLogger("pystub.scheduler")
 _CANCELLED_REASONS = ("client_disconnected", "cancelled")
 
 
-class SequenceBatcher:
-    def __init__(self, instances: list[Any], stats: ModelStatistics, config: Any) -> None:
+class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
+    def __init__(self, instances: list[Instance], stats: ModelStatistics, config: ModelConfig) -> None:
+        super().__init__(stats)
         self._model = config.name
-        self._stats = stats
         self._controls = Controls.from_config(config)
         sequence = config.sequence_batching
         self._iterative = bool(sequence.iterative_sequence)
@@ -73,9 +82,8 @@ class SequenceBatcher:
             self._min_ready = max(1, math.ceil(float(sequence.direct.minimum_slot_utilization) * slots))
         self._table = SlotTable([Lane(i, instance, slots) for i, instance in enumerate(instances)])
         self._wakeups: dict[Lane, asyncio.Event] = {}
+        self._anonymous = 0  # the last table id given to a request without a correlation id
         self._running_items: dict[int, SeqItem] = {}  # id(request) -> item, while its batch runs
-        self._workers: list[asyncio.Task] = []
-        self._batches: set[asyncio.Task] = set()
         self._idle_timer: asyncio.TimerHandle | None = None
         self._idle_timer_ns = 0
         self._loop: Any = None
@@ -85,7 +93,7 @@ class SequenceBatcher:
         self._loop = asyncio.get_running_loop()
         for lane in self._table.lanes:
             self._wakeups[lane] = asyncio.Event()
-            self._workers.append(asyncio.ensure_future(self._work(lane)))
+        super().start()
 
     @property
     def queued(self) -> int:
@@ -122,20 +130,13 @@ class SequenceBatcher:
         ServerError with Triton's texts."""
         if self._closed is not None:
             raise self._closed
-        fields = sequence_fields(request.parameters)
-        cid = fields.correlation_id
-        if cid == 0 or cid == "":
-            raise ServerError(f"inference request to model '{self._model}' must specify a non-zero or non-empty "
-                              f"correlation ID", Status.INVALID_ARG)
-        if batch_size > 1:
-            raise ServerError(f"inference request to model '{self._model}' must specify batch-size 1 due to "
-                              f"requirements of sequence batcher", Status.INVALID_ARG)
+        fields, cid = self._sequence_of(request, batch_size)
         sequence = self._table.find(cid)
         if sequence is None and not fields.start:
             raise ServerError(f"inference request for sequence {cid} to model '{self._model}' must specify the "
                               f"START flag on the first request of the sequence", Status.INVALID_ARG)
         request.inputs.extend(self._controls.tensors(fields, self._model))
-        request.correlation_id, request.flags = cid, fields.flags
+        request.correlation_id, request.flags = fields.correlation_id, fields.flags
         if sequence is None:
             sequence = self._table.start(cid)
         elif fields.start:
@@ -150,6 +151,24 @@ class SequenceBatcher:
         self._wake(sequence.lane)
         return item
 
+    def _sequence_of(self, request: InferRequest, batch_size: int) -> tuple[SequenceFields, int | str]:
+        """The request's sequence fields, and the id its sequence has in the slot table. An
+        iterative sequence model takes a request without a correlation id as a sequence of its
+        own (START and END; the model sees id 0): its table id is a negative number, which no
+        client id is. Raises ServerError (INVALID_ARG)."""
+        fields = sequence_fields(request.parameters)
+        cid = fields.correlation_id
+        if cid == 0 or cid == "":
+            if not self._iterative:
+                raise ServerError(f"inference request to model '{self._model}' must specify a non-zero or non-empty "
+                                  f"correlation ID", Status.INVALID_ARG)
+            self._anonymous -= 1
+            fields, cid = SequenceFields(cid, FLAG_START | FLAG_END), self._anonymous
+        if batch_size > 1:
+            raise ServerError(f"inference request to model '{self._model}' must specify batch-size 1 due to "
+                              f"requirements of sequence batcher", Status.INVALID_ARG)
+        return fields, cid
+
     def _follow_client(self, sequence: Sequence) -> None:
         """Evict the sequence if the client of its latest request goes away."""
         link = client_link.current()
@@ -163,6 +182,8 @@ class SequenceBatcher:
 
     def _abandon(self, item: SeqItem) -> None:
         """A request's caller was cancelled: cancelling one request cancels its sequence."""
+        if item in item.sequence.queue:  # never executed (a running one is counted when it ends)
+            self._record_failure(item.enqueued_ns, CANCELED)
         if not item.future.done():
             item.future.cancel()
         self._evict(item.sequence, "cancelled")
@@ -172,22 +193,23 @@ class SequenceBatcher:
         if lane is not None and lane in self._wakeups:
             self._wakeups[lane].set()
 
-    async def _work(self, lane: Lane) -> None:
-        # A lane serves while its instance is READY, waits while it restarts, and ends when it is
-        # FAILED or stopped. A batch runs in a task of its own so that stopping the worker never
-        # cuts one in half.
-        while await lane.instance.wait_ready():
-            batch = await self._next_batch(lane)
-            if not lane.instance.healthy:  # it died while we waited: the batch waits for its return
-                for item in reversed(batch):
-                    item.sequence.running = None
-                    item.sequence.queue.appendleft(item)
-                continue
-            task = asyncio.ensure_future(self._run(lane, batch))
-            self._batches.add(task)
-            task.add_done_callback(self._batches.discard)
-            await asyncio.shield(task)
-        self._lane_failed(lane)
+    # -- the policy: one lane per instance, one batch of its sequences at a time ---------------------
+    def _units(self) -> Listing[Lane]:
+        return self._table.lanes
+
+    def _instance_of(self, unit: Lane) -> Instance:
+        return unit.instance  # type: ignore[no-any-return]
+
+    def _can_run(self, instance: Instance) -> bool:
+        return instance.healthy  # its sequences' state is on this instance: no other can run them
+
+    def _give_back(self, unit: Lane, work: list[SeqItem]) -> None:
+        for item in reversed(work):  # it died while we waited: the batch waits for its return
+            item.sequence.running = None
+            item.sequence.queue.appendleft(item)
+
+    async def _take(self, unit: Lane) -> list[SeqItem]:
+        return await self._next_batch(unit)
 
     async def _next_batch(self, lane: Lane) -> list[SeqItem]:
         wakeup = self._wakeups[lane]
@@ -215,7 +237,7 @@ class SequenceBatcher:
             return True
         self._drop(sequence, ServerError(
             f"sequence {sequence.correlation_id} of model '{self._model}' was lost: the stub process that held its "
-            f"state restarted. Start the sequence again.", Status.UNAVAILABLE))
+            f"state restarted. Start the sequence again.", Status.UNAVAILABLE), BACKEND)
         return False
 
     async def _run(self, lane: Lane, batch: list[SeqItem]) -> None:
@@ -230,21 +252,17 @@ class SequenceBatcher:
             self._running_items[id(item.request)] = item
         started = time.monotonic_ns()
         try:
-            results, timing = await lane.instance.execute_streams([item.request for item in batch],
-                                                                  lambda sent: self._sent(batch, sent))
-        except Exception as exc:  # a bug below us must not leave callers waiting
-            log.exception("sequence batcher: executing a batch of %d failed", len(batch))
-            results, timing = [ServerError(f"failed to execute the batch: {exc}", Status.INTERNAL)] * len(batch), \
-                BatchTiming()
+            results, timing = await self._execute(lane.instance, [item.request for item in batch],
+                                                  lambda sent: self._sent(batch, sent))
         finally:
             for item in batch:
                 self._running_items.pop(id(item.request), None)
-        self._stats.record_execution(len(batch), timing)
+        self._record_execution(sum(not isinstance(result, ServerError) for result in results), timing)
         for item, result in zip(batch, results, strict=True):
             self._after(item, result, started, timing)
 
     @staticmethod
-    def _sent(batch: list[SeqItem], results: list[Any]) -> None:
+    def _sent(batch: list[SeqItem], results: list[Outcome]) -> None:
         """The batch is on its way: an eviction may now cancel a request while the model runs it."""
         for item, result in zip(batch, results, strict=True):
             item.sent = None if isinstance(result, ServerError) else result
@@ -258,15 +276,15 @@ class SequenceBatcher:
         item.rescheduled_rid = rid
         return True
 
-    def _after(self, item: SeqItem, result: Any, started: int, timing: BatchTiming) -> None:
+    def _after(self, item: SeqItem, result: Outcome, started: int, timing: BatchTiming) -> None:
         sequence = item.sequence
         sequence.running = None
         item.sent = None
-        if isinstance(result, ServerError):
-            self._fail(item, result)
+        if isinstance(result, ServerError):  # it never reached the model
+            self._fail(item, result, BACKEND)
         elif item.stream is None:
             item.stream = result
-            result.when_final(lambda stream: self._record(stream, item, started, timing))
+            self._follow(result, 1, item.enqueued_ns, started, timing)
             if not item.future.done():
                 item.future.set_result(result)
             elif not result.finished:
@@ -285,16 +303,9 @@ class SequenceBatcher:
         elif not sequence.queue:
             self._start_idling(sequence)
 
-    def _record(self, stream: ResponseStream, item: SeqItem, started: int, timing: BatchTiming) -> None:
-        finished = time.monotonic_ns()
-        if stream.error is not None:
-            self._stats.record_failure(finished - item.enqueued_ns)
-        else:
-            self._stats.record_success(1, finished - item.enqueued_ns, started - item.enqueued_ns, timing)
-
-    def _fail(self, item: SeqItem, error: ServerError) -> None:
+    def _fail(self, item: SeqItem, error: ServerError, reason: str) -> None:
         if not item.future.done():
-            self._stats.record_failure(time.monotonic_ns() - item.enqueued_ns)
+            self._record_failure(item.enqueued_ns, reason)
             item.future.set_result(error)
 
     def _drop_rescheduled(self, item: SeqItem, error: ServerError) -> None:
@@ -313,15 +324,18 @@ class SequenceBatcher:
         if promoted is not None:
             self._wake(promoted.lane)
 
+    def _instance_gone(self, unit: Lane) -> None:
+        self._lane_failed(unit)
+
     def _lane_failed(self, lane: Lane) -> None:
         """The instance is FAILED for good: its sequences are lost, the backlog goes elsewhere."""
         lane.dead = True
         error = lane.instance.unhealthy_error()
         for sequence in lane.sequences():
-            self._drop(sequence, error)
+            self._drop(sequence, error, BACKEND)
         if all(other.dead for other in self._table.lanes):
             for sequence in list(self._table.backlog):
-                self._drop(sequence, error)
+                self._drop(sequence, error, BACKEND)
 
     # -- idle sequences ----------------------------------------------------------------------------
     def _start_idling(self, sequence: Sequence) -> None:
@@ -364,7 +378,8 @@ class SequenceBatcher:
         if sequence.evicted:
             return 0
         holder = sequence.stub if sequence.lane is not None and sequence.stub is sequence.lane.instance.stub else None
-        failed = self._drop(sequence, error or self._evicted_error(sequence, reason))
+        failed = self._drop(sequence, error or self._evicted_error(sequence, reason),
+                            CANCELED if reason in _CANCELLED_REASONS else OTHER)
         running = sequence.running
         stream = running and (running.sent or running.stream)
         if stream is not None and reason in _CANCELLED_REASONS:
@@ -377,8 +392,9 @@ class SequenceBatcher:
                  "" if told else "; no stub holds its state")
         return failed
 
-    def _drop(self, sequence: Sequence, error: ServerError) -> int:
-        """Forget a sequence: fail its queued requests with `error`, free its slot."""
+    def _drop(self, sequence: Sequence, error: ServerError, reason: str) -> int:
+        """Forget a sequence: fail its queued requests with `error` (a failure of `reason`), free
+        its slot."""
         sequence.evicted = True
         queued, failed = list(sequence.queue), 0
         sequence.queue.clear()
@@ -386,7 +402,7 @@ class SequenceBatcher:
             if item.rescheduled_rid is not None:
                 self._drop_rescheduled(item, error)
             elif not item.future.done():
-                self._fail(item, error)
+                self._fail(item, error, reason)
                 failed += 1
         self._release(sequence)
         return failed
@@ -399,18 +415,10 @@ class SequenceBatcher:
         self._closed = self._closed or error
         return sum(self._evict(sequence, "unloading", error) for sequence in self._table.all_sequences())
 
-    async def stop(self, reason: str) -> None:
-        """Fail what is still queued with `reason` (UNAVAILABLE), evict every sequence, make sure the
-        models heard of it before their FINALIZE, and stop the lanes."""
-        failed = self.fail_queued(ServerError(reason, Status.UNAVAILABLE))
-        if failed:
-            log.info("%s failed %d queued request(s)", reason, failed)
+    async def _before_workers_stop(self) -> None:
+        """The models hear of every eviction before their FINALIZE."""
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
         stubs = [lane.instance.stub for lane in self._table.lanes if lane.instance.stub is not None]
         await asyncio.gather(*(sequence_frames.flush(stub) for stub in stubs))
-        for worker in self._workers:
-            worker.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
-        self._workers.clear()

@@ -2,9 +2,12 @@
 derives from them (section 14).
 
 What is counted where, as Triton does:
-- an execution (`record_execution`): `execution_count` += 1, `inference_count` += its batch size
-  (the sum of the batch sizes of the requests the model's `execute` received, whether they then
-  succeed or fail), and one batch_stats entry of that size;
+- an execution (`record_execution`): `execution_count` += 1 and one batch_stats entry of its size
+  (the sum of the batch sizes of the requests the model's `execute` received);
+- a request the model answered (`record_inferences`, with its batch size): `inference_count`. As
+  in Triton 2.51, an error response the model returned counts; a request whose `execute` raised
+  (the whole batch fails) or whose stub died does not (a model that raises for 3 of 10 requests:
+  inference_count 7, execution_count 10);
 - a request that succeeds (`record_success`): `success` (request duration), `queue` (enqueue to
   execution start) and the batch's compute_input/compute_infer/compute_output durations;
 - a request that fails (`record_failure`): `fail` (its duration so far) and one failure of its
@@ -92,14 +95,17 @@ class ModelStatistics:
 
     def record_execution(self, batch_size: int, timing: BatchTiming) -> None:
         self.execution_count += 1
-        self.inference_count += batch_size
         stats = self._batches.setdefault(batch_size, _BatchStats())
         stats.compute_input.add(timing.compute_input_ns)
         stats.compute_infer.add(timing.compute_infer_ns)
         stats.compute_output.add(timing.compute_output_ns)
 
+    def record_inferences(self, batch_size: int) -> None:
+        """The model answered a request of `batch_size` (nv_inference_count)."""
+        self.inference_count += batch_size
+
     def record_success(self, batch_size: int, total_ns: int, queue_ns: int, timing: BatchTiming) -> None:
-        """`batch_size` is accepted for the callers' sake: inferences are counted per execution."""
+        """`batch_size` is accepted for the callers' sake: inferences are counted by `record_inferences`."""
         self.last_inference_ms = int(time.time() * 1000)
         self.success.add(total_ns)
         self.queue.add(queue_ns)
