@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.client_shm import ClientShmRegistry
 from pystub_backend.backend.inference import InferRequest, InferResponse
+from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.config import ConfigError, ModelConfig, config_from_json, model_metadata
 from pystub_backend.backend.models.ensemble_config import (
     composes,
@@ -238,7 +239,7 @@ class Core:
             if model_dir is None:
                 raise PollError(f"model '{name}' is not found in any model repository")
             if not entry.versions:
-                entry.state, entry.reason = "LOADING", ""
+                entry.state, entry.reason = ModelState.LOADING, ""
             source = await prepare_model(name, model_dir, self.options.settings, self.options.auto_complete, config)
         except (RepositoryError, ConfigError, ServerError) as exc:
             if override is not None:
@@ -246,9 +247,9 @@ class Core:
             text = exc.message if isinstance(exc, ServerError) else str(exc)
             log.error("failed to load '%s': Internal: %s", name, text)
             if not entry.versions:
-                entry.state, entry.reason, entry.failed, entry.unloaded = "UNAVAILABLE", text, {}, []
+                entry.state, entry.reason, entry.failed, entry.unloaded = ModelState.UNAVAILABLE, text, {}, []
             if isinstance(exc, PollError):
-                raise ServerError(POLL_FAILED.format(name=name), Status.INVALID_ARG) from None
+                raise ServerError(POLL_FAILED.format(name=name), Status.INTERNAL) from None
             raise _load_error(name, text) from None
         loaded, failed = await start_versions(source, self.options.settings, self)
         for version in loaded.values():
@@ -258,7 +259,7 @@ class Core:
             if override is not None:
                 override.remove()
             if not entry.versions:
-                entry.state, entry.reason = "UNAVAILABLE", "; ".join(failed.values())
+                entry.state, entry.reason = ModelState.UNAVAILABLE, "; ".join(failed.values())
                 entry.failed, entry.unloaded = failed, []
             raise _load_error(name, _version_failures(failed))
         await self._install(entry, loaded, failed, override)
@@ -270,7 +271,7 @@ class Core:
         """Swap the new versions in, then retire the old ones and their override directory."""
         old, old_override = entry.versions, entry.override
         entry.versions, entry.failed, entry.unloaded, entry.override = loaded, failed, [], override
-        entry.state, entry.reason = ("READY", "") if not failed else ("UNAVAILABLE", "; ".join(failed.values()))
+        entry.state, entry.reason = (ModelState.READY, "") if not failed else (ModelState.UNAVAILABLE, "; ".join(failed.values()))
         await self._retire(entry, old)
         if old_override is not None:
             old_override.remove()
@@ -291,13 +292,13 @@ class Core:
             return
         versions, entry.versions = entry.versions, {}
         had = sorted(set(versions) | set(entry.failed) | set(entry.unloaded))
-        entry.state, entry.reason, entry.failed = "UNLOADING", "", {}
+        entry.state, entry.reason, entry.failed = ModelState.UNLOADING, "", {}
         await self._retire(entry, versions)
         if entry.override is not None:
             entry.override.remove()
             entry.override = None
         entry.unloaded, entry.fingerprint = had, None
-        entry.state, entry.reason = "UNAVAILABLE", "unloaded"
+        entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
 
     # -- repository polling ------------------------------------------------------------------------
     async def _poll_forever(self) -> None:
@@ -453,7 +454,7 @@ class Core:
             found = {}
         rows.extend({"name": name} for name in found if name not in self._models)
         rows.sort(key=lambda row: (row["name"], int(row.get("version") or 0)))
-        return [row for row in rows if not ready_only or row.get("state") == "READY"]
+        return [row for row in rows if not ready_only or row.get("state") == ModelState.READY]
 
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         if name:

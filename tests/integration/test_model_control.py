@@ -229,6 +229,8 @@ def test_a_config_that_cannot_be_polled_fails_the_load_as_a_poll(
         for client in (http, grpc):
             text = raises(lambda: client.load_model("unpollable"))
             assert "failed to load 'unpollable', failed to poll from model repository" in text, text
+        reply = requests.post(f"http://{backend.http_url}/v2/repository/models/unpollable/load", timeout=60)
+        assert reply.status_code == 500  # Triton 2.51 answers a failed poll with INTERNAL
         assert index(http)["unpollable"]["state"] == "UNAVAILABLE"
         assert "failed to load 'unpollable'" in backend.log()
     finally:

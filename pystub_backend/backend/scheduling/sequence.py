@@ -82,7 +82,7 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
             self._min_ready = max(1, math.ceil(float(sequence.direct.minimum_slot_utilization) * slots))
         self._table = SlotTable([Lane(i, instance, slots) for i, instance in enumerate(instances)])
         self._wakeups: dict[Lane, asyncio.Event] = {}
-        self._anonymous = 0  # the last table id given to a request without a correlation id
+        self._anonymous = 0  # how many requests came without a correlation id (iterative sequences)
         self._running_items: dict[int, SeqItem] = {}  # id(request) -> item, while its batch runs
         self._idle_timer: asyncio.TimerHandle | None = None
         self._idle_timer_ns = 0
@@ -130,13 +130,13 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
         ServerError with Triton's texts."""
         if self._closed is not None:
             raise self._closed
-        fields, cid = self._sequence_of(request, batch_size)
+        fields, cid, shown = self._sequence_of(request, batch_size)
         sequence = self._table.find(cid)
         if sequence is None and not fields.start:
             raise ServerError(f"inference request for sequence {cid} to model '{self._model}' must specify the "
                               f"START flag on the first request of the sequence", Status.INVALID_ARG)
-        request.inputs.extend(self._controls.tensors(fields, self._model))
-        request.correlation_id, request.flags = fields.correlation_id, fields.flags
+        request.inputs.extend(self._controls.tensors(shown, self._model))
+        request.correlation_id, request.flags = shown.correlation_id, shown.flags
         if sequence is None:
             sequence = self._table.start(cid)
         elif fields.start:
@@ -151,23 +151,25 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
         self._wake(sequence.lane)
         return item
 
-    def _sequence_of(self, request: InferRequest, batch_size: int) -> tuple[SequenceFields, int | str]:
-        """The request's sequence fields, and the id its sequence has in the slot table. An
-        iterative sequence model takes a request without a correlation id as a sequence of its
-        own (START and END; the model sees id 0): its table id is a negative number, which no
-        client id is. Raises ServerError (INVALID_ARG)."""
+    def _sequence_of(self, request: InferRequest, batch_size: int) -> tuple[SequenceFields, int | str, SequenceFields]:
+        """The request's sequence fields, the id of its sequence in the slot table, and the fields
+        the model sees. As in Triton 2.51, an iterative sequence model takes a request without a
+        correlation id as a sequence of its own: the model sees a generated id (1, 2, ...) and
+        START; the batcher ends the sequence with the request (its table id is negative, which
+        no client id is). Raises ServerError (INVALID_ARG)."""
         fields = sequence_fields(request.parameters)
-        cid = fields.correlation_id
+        cid, shown = fields.correlation_id, fields
         if cid == 0 or cid == "":
             if not self._iterative:
                 raise ServerError(f"inference request to model '{self._model}' must specify a non-zero or non-empty "
                                   f"correlation ID", Status.INVALID_ARG)
-            self._anonymous -= 1
-            fields, cid = SequenceFields(cid, FLAG_START | FLAG_END), self._anonymous
+            self._anonymous += 1
+            cid, fields = -self._anonymous, SequenceFields(-self._anonymous, FLAG_START | FLAG_END)
+            shown = SequenceFields(self._anonymous, FLAG_START)
         if batch_size > 1:
             raise ServerError(f"inference request to model '{self._model}' must specify batch-size 1 due to "
                               f"requirements of sequence batcher", Status.INVALID_ARG)
-        return fields, cid
+        return fields, cid, shown
 
     def _follow_client(self, sequence: Sequence) -> None:
         """Evict the sequence if the client of its latest request goes away."""
