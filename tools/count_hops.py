@@ -3,7 +3,8 @@
 
 Runs the server core and its HTTP frontend in this process (examples/models/identity_fp32, real
 stubs), warms up, then profiles the event-loop thread with `sys.setprofile` while one request is
-served. A hop is a Python call whose callee and direct caller are both in pystub_backend, in
+served, its tail included (the RELEASE frame after the response, the worker's next turn). A
+hop is a Python call whose callee and direct caller are both in pystub_backend, in
 different files; coroutine resumptions are not calls and are not counted. The client runs in
 another thread (not profiled). Prints the hop count (the median of several requests, so a
 background timer firing during one of them does not count) and the files entered most often.
@@ -85,11 +86,13 @@ async def _serve_and_count(requests: int, verbose: bool) -> list[HopCounter]:
         for _ in range(requests):
             counter = HopCounter()
             done = threading.Event()
-            thread = threading.Thread(target=lambda: (_post(port), done.set()))
+            thread = threading.Thread(target=lambda done=done: (_post(port), done.set()))
+            await asyncio.sleep(0.05)  # the previous request's tail (RELEASE frames, the worker's next turn) is over
             sys.setprofile(counter)
             thread.start()
             while not done.is_set():
                 await asyncio.sleep(0.0005)
+            await asyncio.sleep(0.02)  # this request's tail belongs to it
             sys.setprofile(None)
             thread.join(30)
             counters.append(counter)

@@ -110,11 +110,12 @@ def test_failure_reasons_are_validated_and_counted() -> None:
 
 def test_executions_and_inferences_are_counted_apart() -> None:
     stats = ModelStatistics("m", "1")
-    stats.record_execution(8, BatchTiming(1, 2, 3))
-    stats.record_inferences(6)  # of the batch of 8, requests of 6 rows were answered by the model
+    stats.record_execution(8, BatchTiming(1, 2, 3))  # requests of 2, 3 and 3 rows
     stats.record_success(2, 100, 10, BatchTiming(1, 2, 3))
+    stats.record_failure(50, "BACKEND", inferences=3)  # an error response: the model answered it
+    stats.record_failure(50, "BACKEND")  # execute raised: no inference
     data = stats.as_dict()
-    assert (data["execution_count"], data["inference_count"]) == (1, 6)
+    assert (data["execution_count"], data["inference_count"]) == (1, 5)
     assert data["batch_stats"][0]["batch_size"] == 8 and data["inference_stats"]["success"]["count"] == 1
     assert stats.load_duration_s is None
     stats.loaded()

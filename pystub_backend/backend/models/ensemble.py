@@ -25,10 +25,10 @@ from typing import Any
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse
-from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.config import ConfigError, ModelConfig, config_to_json, is_decoupled
 from pystub_backend.backend.models.ensemble_config import EnsembleGraph
 from pystub_backend.backend.models.ensemble_run import EnsembleRun
+from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.version import ModelLoadError
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics, reason_for
@@ -80,6 +80,7 @@ class EnsembleScheduler:
         stream = ResponseStream(request.id, version.name, lambda: self._cancel(run_holder))
         stream.model_version = str(version.version)
         decoupled_steps = version.decoupled_steps()
+        assert version.graph is not None  # set when the version loaded, before it served
         run = EnsembleRun(version.core, version.graph, request, stream, decoupled_steps,
                           version.answers_decoupled(decoupled_steps))
         run_holder.append(run)
@@ -109,7 +110,6 @@ class EnsembleScheduler:
             return
         timing = BatchTiming(compute_infer_ns=now - started)
         stats.record_execution(batch_size, timing)
-        stats.record_inferences(batch_size)
         stats.record_success(batch_size, now - enqueued, started - enqueued, timing)
 
     def fail_queued(self, error: ServerError) -> int:

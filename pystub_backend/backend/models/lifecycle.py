@@ -18,11 +18,11 @@ import time
 from typing import Any
 
 from pystub_backend.backend.errors import ServerError, Status
-from pystub_backend.backend.models.state import UNLOADED_REASON, ModelState
 from pystub_backend.backend.models.ensemble import EnsembleVersion
 from pystub_backend.backend.models.ensemble_config import is_ensemble
 from pystub_backend.backend.models.overrides import OverrideDir
 from pystub_backend.backend.models.repository import ModelSource
+from pystub_backend.backend.models.state import UNLOADED_REASON, ModelState
 from pystub_backend.backend.models.version import ModelLoadError, ModelVersion
 from pystub_backend.backend.supervision.settings import StubSettings
 
@@ -147,8 +147,8 @@ async def start_versions(source: ModelSource, settings: StubSettings, context: A
         return model_version
 
     results = await asyncio.gather(*(start(version) for version in source.versions))
-    loaded = {v: r for v, r in zip(source.versions, results) if not isinstance(r, str)}
-    failed = {v: r for v, r in zip(source.versions, results) if isinstance(r, str)}
+    loaded = {v: r for v, r in zip(source.versions, results, strict=True) if not isinstance(r, str)}
+    failed = {v: r for v, r in zip(source.versions, results, strict=True) if isinstance(r, str)}
     return loaded, failed
 
 

@@ -27,8 +27,8 @@ from pystub_backend.backend.models.config import (
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess, StubStartError
 
-__all__ = ["ModelSource", "RepositoryError", "PollError", "POLL_FAILED", "find_models", "prepare_model", "select_versions", "model_file",
-           "check_stub_name", "model_fingerprint", "INVALID_STUB_NAME"]
+__all__ = ["ModelSource", "RepositoryError", "PollError", "POLL_FAILED", "find_models", "prepare_model",
+           "select_versions", "model_file", "check_stub_name", "model_fingerprint", "INVALID_STUB_NAME"]
 
 log = logging.getLogger("pystub.repository")
 

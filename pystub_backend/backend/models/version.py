@@ -11,7 +11,6 @@ from typing import Any
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse
-from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.config import (
     ModelConfig,
     config_parameters,
@@ -19,6 +18,7 @@ from pystub_backend.backend.models.config import (
     instance_names,
     is_decoupled,
 )
+from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.scheduling.choice import make_scheduler
 from pystub_backend.backend.supervision.execution_env import (
     ExecutionEnvError,

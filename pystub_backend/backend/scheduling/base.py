@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -26,10 +27,10 @@ from typing import Generic, Protocol, TypeVar
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.supervision.response_stream import ResponseStream
-from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics, reason_for
+from pystub_backend.backend.telemetry.statistics import BACKEND, BatchTiming, ModelStatistics, reason_for
 from pystub_backend.ipc.status import Status
 
-__all__ = ["Scheduler", "Outcome", "Instance"]
+__all__ = ["Scheduler", "Outcome", "Instance", "Queued"]
 
 log = logging.getLogger("pystub.scheduler")
 
@@ -57,13 +58,22 @@ class Instance(Protocol):
                               ) -> tuple[list[Outcome], BatchTiming]: ...
 
 
+class Queued(Protocol):
+    """What a scheduler keeps of each request it queues."""
+
+    request: InferRequest
+    batch_size: int
+    enqueued_ns: int
+
+
 _Unit = TypeVar("_Unit")
 _Work = TypeVar("_Work")
 
 
 class Scheduler(abc.ABC, Generic[_Unit, _Work]):
     """The base of every scheduler. A subclass keeps only its policy: `_units`, `_instance_of`,
-    `_take`, `_give_back`, `_run`, `_instance_gone`, `fail_queued`, `queued`, `schedule_stream`."""
+    `_take`, `_give_back`, `_run` (which calls `_execute`), `_instance_gone`, `fail_queued`,
+    `queued`, `schedule` and `schedule_stream`."""
 
     def __init__(self, stats: ModelStatistics) -> None:
         self._stats = stats
@@ -82,17 +92,12 @@ class Scheduler(abc.ABC, Generic[_Unit, _Work]):
         """Requests waiting for an instance."""
 
     @abc.abstractmethod
-    async def schedule_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
-        """The request's ResponseStream once its execute has started. Raises ServerError."""
-
     async def schedule(self, request: InferRequest, batch_size: int) -> InferResponse:
         """The request's single InferResponse. Raises ServerError."""
-        stream = await self.schedule_stream(request, batch_size)
-        try:
-            return await stream.single()
-        except asyncio.CancelledError:
-            stream.cancel()  # the client went away: the model sees is_cancelled()
-            raise
+
+    @abc.abstractmethod
+    async def schedule_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
+        """The request's ResponseStream once its execute has started. Raises ServerError."""
 
     @abc.abstractmethod
     def fail_queued(self, error: ServerError) -> int:
@@ -161,39 +166,44 @@ class Scheduler(abc.ABC, Generic[_Unit, _Work]):
             await asyncio.shield(task)
         self._instance_gone(unit)
 
-    async def _execute(self, instance: Instance, requests: list[InferRequest],
-                       on_sent: Callable[[list[Outcome]], None] | None = None) -> tuple[list[Outcome], BatchTiming]:
-        """Send a batch to the instance: one outcome per request. Never raises but for cancellation."""
+    async def _execute(self, instance: Instance, batch: Sequence[Queued],
+                       on_sent: Callable[[list[Outcome]], None] | None = None,
+                       follow: Callable[[Queued], bool] | None = None) -> list[Outcome]:
+        """Send a batch to the instance: one outcome per request, counted here. A request that
+        never reached the model (stub gone, arena full) is a BACKEND failure; the others are one
+        execution, and each is counted when its stream ends (`follow`: whether to count a request
+        at all; False for one the model runs again). Never raises but for cancellation."""
+        started = time.monotonic_ns()
         try:
-            results, timing = await instance.execute_streams(requests, on_sent)
+            results, timing = await instance.execute_streams([work.request for work in batch], on_sent)
         except Exception as exc:  # a bug below us must fail these requests, not end the worker
-            log.exception("scheduler: executing a batch of %d on '%s' failed", len(requests),
+            log.exception("scheduler: executing a batch of %d on '%s' failed", len(batch),
                           getattr(instance, "name", "?"))
-            return [ServerError(f"failed to execute the request: {exc}", Status.INTERNAL)] * len(requests), \
+            results, timing = [ServerError(f"failed to execute the request: {exc}", Status.INTERNAL)] * len(batch), \
                 BatchTiming()
-        return list(results), timing
+        executed = 0
+        for work, result in zip(batch, results, strict=True):
+            counted = follow is None or follow(work)
+            if isinstance(result, ServerError):
+                if counted:
+                    self._record_failure(work.enqueued_ns, BACKEND)
+                continue
+            executed += work.batch_size
+            if counted:
+                result.when_final(functools.partial(self._record_final, work=work, started_ns=started, timing=timing))
+        if executed:  # requests that never reached the model are no execution
+            self._stats.record_execution(executed, timing)
+        return list(results)
 
     # -- statistics ----------------------------------------------------------------------------------
-    def _record_execution(self, batch_size: int, timing: BatchTiming) -> None:
-        """A batch of `batch_size` reached the model (requests that never did are no execution)."""
-        if batch_size:
-            self._stats.record_execution(batch_size, timing)
-
     def _record_failure(self, enqueued_ns: int, reason: str) -> None:
         """A request failed with `reason` before the model answered it."""
         self._stats.record_failure(time.monotonic_ns() - enqueued_ns, reason)
 
-    def _follow(self, stream: ResponseStream, batch_size: int, enqueued_ns: int, started_ns: int,
-                timing: BatchTiming) -> None:
-        """Count the request when its stream ends."""
-        stream.when_final(lambda done: self._record_final(done, batch_size, enqueued_ns, started_ns, timing))
-
-    def _record_final(self, stream: ResponseStream, batch_size: int, enqueued_ns: int, started_ns: int,
-                      timing: BatchTiming) -> None:
-        finished = time.monotonic_ns()
-        if not getattr(stream, "failed", False):  # the model answered it (an error response too)
-            self._stats.record_inferences(batch_size)
-        if stream.error is not None:
-            self._stats.record_failure(finished - enqueued_ns, reason_for(stream.error))
-        else:
-            self._stats.record_success(batch_size, finished - enqueued_ns, started_ns - enqueued_ns, timing)
+    def _record_final(self, stream: ResponseStream, work: Queued, started_ns: int, timing: BatchTiming) -> None:
+        finished, enqueued = time.monotonic_ns(), work.enqueued_ns
+        if stream.error is None:
+            self._stats.record_success(work.batch_size, finished - enqueued, started_ns - enqueued, timing)
+        else:  # an error response of the model is an inference; a stream the stub failed is not
+            self._stats.record_failure(finished - enqueued, reason_for(stream.error),
+                                       0 if stream.failed else work.batch_size)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, ModelStatistics
@@ -41,7 +41,7 @@ class Work:
 
 
 class DefaultScheduler(Scheduler[Instance, Work]):
-    def __init__(self, instances: list[Instance], stats: ModelStatistics) -> None:
+    def __init__(self, instances: Sequence[Instance], stats: ModelStatistics) -> None:
         super().__init__(stats)
         self._instances = instances
         self._queue: asyncio.Queue[Work] = asyncio.Queue()
@@ -49,6 +49,15 @@ class DefaultScheduler(Scheduler[Instance, Work]):
     @property
     def queued(self) -> int:
         return self._queue.qsize()
+
+    async def schedule(self, request: InferRequest, batch_size: int) -> InferResponse:
+        """The request's InferResponse. Raises ServerError."""
+        stream = await self.schedule_stream(request, batch_size)
+        try:
+            return await stream.single()
+        except asyncio.CancelledError:
+            stream.cancel()  # the client went away: the model sees is_cancelled()
+            raise
 
     async def schedule_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         """The request's ResponseStream, once its execute has started. Raises ServerError."""
@@ -89,13 +98,7 @@ class DefaultScheduler(Scheduler[Instance, Work]):
 
     async def _run(self, unit: Instance, work: Work) -> None:
         work.started = True
-        started = time.monotonic_ns()
-        (result,), timing = await self._execute(unit, [work.request], lambda sent: self._deliver(work, sent[0]))
-        if isinstance(result, ServerError):  # it never reached the model (stub gone, arena full)
-            self._record_failure(work.enqueued_ns, BACKEND)
-        else:
-            self._record_execution(work.batch_size, timing)
-            self._follow(result, work.batch_size, work.enqueued_ns, started, timing)
+        (result,) = await self._execute(unit, [work], lambda sent: self._deliver(work, sent[0]))
         self._deliver(work, result)
 
     @staticmethod

@@ -29,6 +29,7 @@ from typing import Any
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.models.config import ModelConfig
 from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler
 from pystub_backend.backend.scheduling.request_queue import (
     BatchLimits,
@@ -38,7 +39,6 @@ from pystub_backend.backend.scheduling.request_queue import (
     form_batch,
 )
 from pystub_backend.backend.supervision.response_stream import ResponseStream
-from pystub_backend.backend.models.config import ModelConfig
 from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, REJECTED, ModelStatistics
 from pystub_backend.ipc.status import Status
 
@@ -142,7 +142,7 @@ class DynamicBatcher(Scheduler[Instance, list[_Item]]):
         non-batch dims (the whole shape and the values of shape tensors; any shape when ragged)."""
         if self._limits.max_batch_size <= 0:
             return None
-        key = []
+        key: list[tuple[object, ...]] = []
         for tensor in sorted(request.inputs, key=lambda t: t.name):
             if tensor.name in self._ragged:
                 key.append((tensor.name, tensor.datatype))
@@ -201,7 +201,7 @@ class DynamicBatcher(Scheduler[Instance, list[_Item]]):
             count, wake = form_batch(self._requests, now, self._limits)
             if not count:
                 break
-            self._idle.popleft().set_result(self._requests.pop(count))
+            self._idle.popleft().set_result(self._requests.pop(count))  # type: ignore[arg-type]  # our _Items
         deadline = self._requests.next_deadline()
         if deadline is not None and (wake is None or deadline < wake):
             wake = deadline
@@ -252,16 +252,9 @@ class DynamicBatcher(Scheduler[Instance, list[_Item]]):
         self._schedule_kick()
 
     async def _run(self, unit: Instance, work: list[_Item]) -> None:
-        started = time.monotonic_ns()
-        results, timing = await self._execute(unit, [item.request for item in work])
-        self._record_execution(sum(item.batch_size for item, result in zip(work, results)
-                                   if not isinstance(result, ServerError)), timing)
+        results = await self._execute(unit, work)
         for item, result in zip(work, results, strict=True):
-            if isinstance(result, ServerError):  # it never reached the model (stub gone, arena full)
-                self._fail(item, result, BACKEND)
-                continue
-            self._follow(result, item.batch_size, item.enqueued_ns, started, timing)
-            self._resolve(item, result)
+            self._resolve(item, result)  # an error: it never reached the model (counted)
 
     def _instance_gone(self, unit: Instance) -> None:
         if not any(other.usable for other in self._instances):

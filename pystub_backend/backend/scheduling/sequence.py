@@ -20,6 +20,7 @@ Same face as the other schedulers (pystub_backend.backend.scheduling.choice). Ev
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -49,7 +50,7 @@ from pystub_backend.backend.scheduling.sequence_slots import (
     oldest_batch,
 )
 from pystub_backend.backend.supervision.response_stream import ResponseStream
-from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, BatchTiming, ModelStatistics
+from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, ModelStatistics
 from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceEvicted
 from pystub_backend.ipc.status import Status
 
@@ -180,7 +181,10 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
             sequence.link.unwatch(sequence)
         sequence.link = link
         if link is not None:
-            link.watch(sequence, lambda: self._evict(sequence, "client_disconnected"))
+            link.watch(sequence, functools.partial(self._client_gone, sequence))
+
+    def _client_gone(self, sequence: Sequence) -> None:
+        self._evict(sequence, "client_disconnected")
 
     def _abandon(self, item: SeqItem) -> None:
         """A request's caller was cancelled: cancelling one request cancels its sequence."""
@@ -200,7 +204,7 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
         return self._table.lanes
 
     def _instance_of(self, unit: Lane) -> Instance:
-        return unit.instance  # type: ignore[no-any-return]
+        return unit.instance
 
     def _can_run(self, instance: Instance) -> bool:
         return instance.healthy  # its sequences' state is on this instance: no other can run them
@@ -252,16 +256,14 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
             item.rescheduled_rid = None
             item.sequence.stub = stub  # from now on this stub holds the sequence's state
             self._running_items[id(item.request)] = item
-        started = time.monotonic_ns()
         try:
-            results, timing = await self._execute(lane.instance, [item.request for item in batch],
-                                                  lambda sent: self._sent(batch, sent))
+            results = await self._execute(lane.instance, batch, lambda sent: self._sent(batch, sent),
+                                          lambda item: item.stream is None)  # type: ignore[attr-defined]
         finally:
             for item in batch:
                 self._running_items.pop(id(item.request), None)
-        self._record_execution(sum(not isinstance(result, ServerError) for result in results), timing)
         for item, result in zip(batch, results, strict=True):
-            self._after(item, result, started, timing)
+            self._after(item, result)
 
     @staticmethod
     def _sent(batch: list[SeqItem], results: list[Outcome]) -> None:
@@ -278,15 +280,15 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
         item.rescheduled_rid = rid
         return True
 
-    def _after(self, item: SeqItem, result: Outcome, started: int, timing: BatchTiming) -> None:
+    def _after(self, item: SeqItem, result: Outcome) -> None:
         sequence = item.sequence
         sequence.running = None
         item.sent = None
-        if isinstance(result, ServerError):  # it never reached the model
-            self._fail(item, result, BACKEND)
+        if isinstance(result, ServerError):  # it never reached the model (counted)
+            if not item.future.done():
+                item.future.set_result(result)
         elif item.stream is None:
             item.stream = result
-            self._follow(result, 1, item.enqueued_ns, started, timing)
             if not item.future.done():
                 item.future.set_result(result)
             elif not result.finished:
@@ -383,7 +385,7 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
         failed = self._drop(sequence, error or self._evicted_error(sequence, reason),
                             CANCELED if reason in _CANCELLED_REASONS else OTHER)
         running = sequence.running
-        stream = running and (running.sent or running.stream)
+        stream = None if running is None else (running.sent or running.stream)
         if stream is not None and reason in _CANCELLED_REASONS:
             stream.cancel()  # the model sees is_cancelled()
         told = holder is not None and holder.alive

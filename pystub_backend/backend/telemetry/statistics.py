@@ -4,10 +4,10 @@ derives from them (section 14).
 What is counted where, as Triton does:
 - an execution (`record_execution`): `execution_count` += 1 and one batch_stats entry of its size
   (the sum of the batch sizes of the requests the model's `execute` received);
-- a request the model answered (`record_inferences`, with its batch size): `inference_count`. As
-  in Triton 2.51, an error response the model returned counts; a request whose `execute` raised
-  (the whole batch fails) or whose stub died does not (a model that raises for 3 of 10 requests:
-  inference_count 7, execution_count 10);
+- a request the model answered: `inference_count` += its batch size (every success; a failure
+  only when `record_failure` is told so). As in Triton 2.51, an error response the model returned
+  counts; a request whose `execute` raised (the whole batch fails) or whose stub died does not (a
+  model that raises for 3 of 10 requests: inference_count 7, execution_count 10);
 - a request that succeeds (`record_success`): `success` (request duration), `queue` (enqueue to
   execution start) and the batch's compute_input/compute_infer/compute_output durations;
 - a request that fails (`record_failure`): `fail` (its duration so far) and one failure of its
@@ -100,12 +100,9 @@ class ModelStatistics:
         stats.compute_infer.add(timing.compute_infer_ns)
         stats.compute_output.add(timing.compute_output_ns)
 
-    def record_inferences(self, batch_size: int) -> None:
-        """The model answered a request of `batch_size` (nv_inference_count)."""
-        self.inference_count += batch_size
-
     def record_success(self, batch_size: int, total_ns: int, queue_ns: int, timing: BatchTiming) -> None:
-        """`batch_size` is accepted for the callers' sake: inferences are counted by `record_inferences`."""
+        """One request of `batch_size` that succeeded (and so is an inference)."""
+        self.inference_count += batch_size
         self.last_inference_ms = int(time.time() * 1000)
         self.success.add(total_ns)
         self.queue.add(queue_ns)
@@ -113,10 +110,12 @@ class ModelStatistics:
         self.compute_infer.add(timing.compute_infer_ns)
         self.compute_output.add(timing.compute_output_ns)
 
-    def record_failure(self, total_ns: int, reason: str = BACKEND) -> None:
-        """One failed request. Raises ValueError for a reason not in FAILURE_REASONS."""
+    def record_failure(self, total_ns: int, reason: str = BACKEND, inferences: int = 0) -> None:
+        """One failed request; `inferences`: its batch size when the model answered it (an error
+        response). Raises ValueError for a reason not in FAILURE_REASONS."""
         if reason not in self.failures:
             raise ValueError(f"unknown failure reason {reason!r}; expected one of {FAILURE_REASONS}")
+        self.inference_count += inferences
         self.last_inference_ms = int(time.time() * 1000)
         self.fail.add(total_ns)
         self.failures[reason] += 1

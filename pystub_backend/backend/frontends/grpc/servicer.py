@@ -214,10 +214,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: ParsedInferRequest, context: Any) -> bytes:
         """Takes and returns the wire form (see `_register`): large tensors skip protobuf."""
         message = request.message
-        if self._core.is_decoupled(message.model_name, message.model_version):
+        target = self._core.target(message.model_name, message.model_version)  # the one lookup of this request
+        if target is not None and target.decoupled:
             raise ServerError("ModelInfer RPC doesn't support models with decoupled transaction policy",
                               Status.UNSUPPORTED)
-        response = await self._core.infer(decode_infer_request(message, request.raw_input_contents))
+        response = await self._core.infer(decode_infer_request(message, request.raw_input_contents), target)
         try:
             return serialize_infer_response(response)
         finally:

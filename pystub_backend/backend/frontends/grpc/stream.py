@@ -79,7 +79,8 @@ class _StreamSession:
             request = decode_infer_request(message)
             request_id = request.id
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_KEY, False))
-            stream = await self.core.infer_stream(request)
+            target = self.core.target(request.model_name, request.model_version)  # the one lookup
+            stream = await self.core.infer_stream(request, target)
         except ServerError as error:
             forget_traceback(error)  # its frames hold the request; the error lives on in the queue
             await self._wait(turn)
@@ -88,7 +89,8 @@ class _StreamSession:
             return
         self.streams.add(stream)
         try:
-            decoupled = self.core.is_decoupled(request.model_name, request.model_version)
+            decoupled = target.decoupled if target is not None else \
+                self.core.is_decoupled(request.model_name, request.model_version)
             if not decoupled:
                 await self._wait(turn)  # default-mode models answer in request order
             async for response in stream:

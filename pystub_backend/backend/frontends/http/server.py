@@ -183,14 +183,15 @@ class _Routes:
 
     async def infer(self, request: web.Request) -> web.Response:
         model, version = _model_ref(request)
-        if self._core.is_decoupled(model, version):
+        target = self._core.target(model, version)  # the one lookup of this request
+        if target is not None and target.decoupled:
             raise ServerError("HTTP end point doesn't support models with decoupled transaction policy",
                               Status.UNSUPPORTED)
         body = await self._read_body(request)
         decoded = self._decode(body, request, model, version)
         _copy_multiplexed_model_id(request, decoded.request)
         with http_request_link(request):  # pystub sequences: a client gone mid-request evicts its sequence
-            response = await self._core.infer(decoded.request)
+            response = await self._core.infer(decoded.request, target)
         try:
             encoded = encode_infer_response(response, decoded.output_format)
         finally:
