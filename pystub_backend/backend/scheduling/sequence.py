@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import math
 import time
@@ -29,18 +30,11 @@ from typing import Any
 
 from pystub_backend.backend import client_link
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.features import sequence_frames
 from pystub_backend.backend.inference import InferRequest
 from pystub_backend.backend.models.config import ModelConfig
 from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler
 from pystub_backend.backend.scheduling.request_queue import BatchLimits
-from pystub_backend.backend.scheduling.sequence_controls import (
-    FLAG_END,
-    FLAG_START,
-    Controls,
-    SequenceFields,
-    sequence_fields,
-)
+from pystub_backend.backend.scheduling.sequence_controls import Controls, admitted_fields
 from pystub_backend.backend.scheduling.sequence_slots import (
     Lane,
     SeqItem,
@@ -49,9 +43,10 @@ from pystub_backend.backend.scheduling.sequence_slots import (
     direct_batch,
     oldest_batch,
 )
+from pystub_backend.backend.scheduling.sequence_stubs import StubSequences
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, ModelStatistics
-from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceEvicted
+from pystub_backend.ipc.messages.sequences import SequenceEvicted
 from pystub_backend.ipc.status import Status
 
 __all__ = ["SequenceBatcher"]
@@ -68,6 +63,7 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
         self._controls = Controls.from_config(config)
         sequence = config.sequence_batching
         self._iterative = bool(sequence.iterative_sequence)
+        self.sequences = StubSequences(config.name, self._iterative)  # what the stubs and we share
         self._idle_ns = int(sequence.max_sequence_idle_microseconds) * 1000
         batching = max(1, int(config.max_batch_size))
         self._oldest = sequence.HasField("oldest")
@@ -83,8 +79,7 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
             self._min_ready = max(1, math.ceil(float(sequence.direct.minimum_slot_utilization) * slots))
         self._table = SlotTable([Lane(i, instance, slots) for i, instance in enumerate(instances)])
         self._wakeups: dict[Lane, asyncio.Event] = {}
-        self._anonymous = 0  # how many requests came without a correlation id (iterative sequences)
-        self._running_items: dict[int, SeqItem] = {}  # id(request) -> item, while its batch runs
+        self._anonymous = itertools.count(1)  # ids of requests without a correlation id (iterative)
         self._idle_timer: asyncio.TimerHandle | None = None
         self._idle_timer_ns = 0
         self._loop: Any = None
@@ -131,7 +126,8 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
         ServerError with Triton's texts."""
         if self._closed is not None:
             raise self._closed
-        fields, cid, shown = self._sequence_of(request, batch_size)
+        fields, cid, shown = admitted_fields(request.parameters, self._model, batch_size,
+                                             self._anonymous if self._iterative else None)
         sequence = self._table.find(cid)
         if sequence is None and not fields.start:
             raise ServerError(f"inference request for sequence {cid} to model '{self._model}' must specify the "
@@ -151,26 +147,6 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
             self._table.unmap(sequence)  # a later request with this id must START a new sequence
         self._wake(sequence.lane)
         return item
-
-    def _sequence_of(self, request: InferRequest, batch_size: int) -> tuple[SequenceFields, int | str, SequenceFields]:
-        """The request's sequence fields, the id of its sequence in the slot table, and the fields
-        the model sees. As in Triton 2.51, an iterative sequence model takes a request without a
-        correlation id as a sequence of its own: the model sees a generated id (1, 2, ...) and
-        START; the batcher ends the sequence with the request (its table id is negative, which
-        no client id is). Raises ServerError (INVALID_ARG)."""
-        fields = sequence_fields(request.parameters)
-        cid, shown = fields.correlation_id, fields
-        if cid == 0 or cid == "":
-            if not self._iterative:
-                raise ServerError(f"inference request to model '{self._model}' must specify a non-zero or non-empty "
-                                  f"correlation ID", Status.INVALID_ARG)
-            self._anonymous += 1
-            cid, fields = -self._anonymous, SequenceFields(-self._anonymous, FLAG_START | FLAG_END)
-            shown = SequenceFields(self._anonymous, FLAG_START)
-        if batch_size > 1:
-            raise ServerError(f"inference request to model '{self._model}' must specify batch-size 1 due to "
-                              f"requirements of sequence batcher", Status.INVALID_ARG)
-        return fields, cid, shown
 
     def _follow_client(self, sequence: Sequence) -> None:
         """Evict the sequence if the client of its latest request goes away."""
@@ -249,19 +225,15 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
     async def _run(self, lane: Lane, batch: list[SeqItem]) -> None:
         stub = lane.instance.stub
         if stub is not None:
-            await sequence_frames.flush(stub)  # evictions go before the requests after them
-            if self._iterative:
-                sequence_frames.OWNERS[stub] = self
+            await self.sequences.flush(stub)  # evictions go before the requests after them
         for item in batch:
-            item.rescheduled_rid = None
             item.sequence.stub = stub  # from now on this stub holds the sequence's state
-            self._running_items[id(item.request)] = item
+        self.sequences.batch_started(batch)
         try:
             results = await self._execute(lane.instance, batch, lambda sent: self._sent(batch, sent),
                                           lambda item: item.stream is None)  # type: ignore[attr-defined]
         finally:
-            for item in batch:
-                self._running_items.pop(id(item.request), None)
+            self.sequences.batch_ended(batch)
         for item, result in zip(batch, results, strict=True):
             self._after(item, result)
 
@@ -270,15 +242,6 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
         """The batch is on its way: an eviction may now cancel a request while the model runs it."""
         for item, result in zip(batch, results, strict=True):
             item.sent = None if isinstance(result, ServerError) else result
-
-    def on_rescheduled(self, request: InferRequest, rid: int) -> bool:
-        """The model rescheduled `request` of the running batch (sequence_frames); False when it
-        is not one of ours."""
-        item = self._running_items.get(id(request))
-        if item is None:
-            return False
-        item.rescheduled_rid = rid
-        return True
 
     def _after(self, item: SeqItem, result: Outcome) -> None:
         sequence = item.sequence
@@ -317,7 +280,7 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
         stub, rid = item.sequence.stub, item.rescheduled_rid
         item.rescheduled_rid = None
         if stub is not None and rid is not None:
-            sequence_frames.send_to_stub(stub, SequenceDropRescheduled([rid], [int(error.status), error.message]))
+            self.sequences.drop(stub, [rid], error.status, error.message)
 
     def _release(self, sequence: Sequence) -> None:
         """The sequence ended (END executed) or was evicted: free its slot for the backlog."""
@@ -389,8 +352,8 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
         if stream is not None and reason in _CANCELLED_REASONS:
             stream.cancel()  # the model sees is_cancelled()
         told = holder is not None and holder.alive
-        if told:
-            sequence_frames.send_to_stub(holder, SequenceEvicted(sequence.correlation_id, reason))
+        if holder is not None and told:
+            self.sequences.send(holder, SequenceEvicted(sequence.correlation_id, reason))
         log.info("sequence %s of model '%s' evicted (%s)%s%s", sequence.correlation_id, self._model, reason,
                  f"; {failed} queued request(s) failed" if failed else "",
                  "" if told else "; no stub holds its state")
@@ -425,4 +388,4 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
             self._idle_timer.cancel()
             self._idle_timer = None
         stubs = [lane.instance.stub for lane in self._table.lanes if lane.instance.stub is not None]
-        await asyncio.gather(*(sequence_frames.flush(stub) for stub in stubs))
+        await asyncio.gather(*(self.sequences.flush(stub) for stub in stubs))
