@@ -41,6 +41,7 @@ class Work:
 
 
 class DefaultScheduler(Scheduler[Instance, Work]):
+    _runs_in_own_task = False  # `_deliver` hands the caller its stream once the request is sent
     def __init__(self, instances: Sequence[Instance], stats: ModelStatistics) -> None:
         super().__init__(stats)
         self._instances = instances
