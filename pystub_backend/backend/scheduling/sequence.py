@@ -228,7 +228,7 @@ class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
             await self.sequences.flush(stub)  # evictions go before the requests after them
         for item in batch:
             item.sequence.stub = stub  # from now on this stub holds the sequence's state
-        self.sequences.batch_started(batch)
+        self.sequences.batch_started(stub, batch)
         try:
             results = await self._execute(lane.instance, batch, lambda sent: self._sent(batch, sent),
                                           lambda item: item.stream is None)  # type: ignore[attr-defined]
