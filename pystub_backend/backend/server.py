@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from pystub_backend.backend.cli import ServerOptions
+from pystub_backend.backend.options import ServerOptions
 from pystub_backend.backend.core import Core, CoreOptions
 from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
 from pystub_backend.backend.models.repository import RepositoryError
