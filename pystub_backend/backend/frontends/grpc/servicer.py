@@ -32,18 +32,9 @@ from pystub_backend.backend.frontends.grpc.codec import (
 from pystub_backend.backend.frontends.grpc.stream import stream_infer
 from pystub_backend.backend.inference import ServerCore
 
-__all__ = ["create_grpc_server", "InferenceServicer"]
+__all__ = ["InferenceServicer"]
 
 _log = logging.getLogger(__name__)
-
-_SERVER_OPTIONS = [
-    # grpc.aio caps messages at 4 MiB; Triton has no limit and perf_analyzer sends large batches.
-    ("grpc.max_receive_message_length", -1),
-    ("grpc.max_send_message_length", -1),
-    # gRPC sets SO_REUSEPORT by default, which lets a second server bind a busy port and
-    # silently take half the connections; a busy port must be an error instead.
-    ("grpc.so_reuseport", 0),
-]
 
 _Response = TypeVar("_Response")
 _Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[_Response]]
@@ -212,7 +203,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelInfer(self, request: ParsedInferRequest, context: Any) -> bytes:
-        """Takes and returns the wire form (see `_register`): large tensors skip protobuf."""
+        """Takes and returns the wire form (see `listener.register`): large tensors skip protobuf."""
         message = request.message
         if self._core.is_decoupled(message.model_name, message.model_version):
             raise ServerError("ModelInfer RPC doesn't support models with decoupled transaction policy",
@@ -229,50 +220,3 @@ def _check_repository_name(name: str) -> None:
     # Triton's gRPC frontend refuses a repository name: a model is looked up in every repository.
     if name:
         raise ServerError("'repository_name' specification is not supported", Status.UNSUPPORTED)
-
-
-_SERVICE = "inference.GRPCInferenceService"
-
-
-class _HandlerCapture:
-    """Stands in for a server to catch the method handlers the generated code registers."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        pass  # the same handlers also come through add_registered_method_handlers
-
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
-        self.handlers = dict(handlers)
-
-
-def _register(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
-    """The generated registration, except that ModelInfer parses and serializes its own messages
-    (`grpc_codec.parse_infer_request` / `serialize_infer_response`): protobuf's bytes fields cost
-    50-130 ms per 16 MiB tensor."""
-    capture = _HandlerCapture()
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)
-    handlers = capture.handlers
-    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        servicer.ModelInfer, request_deserializer=parse_infer_request, response_serializer=None)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
-    server.add_registered_method_handlers(_SERVICE, handlers)
-
-
-def create_grpc_server(core: ServerCore, address: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """A `grpc.aio` server for `core`, bound but not started; returns it and the bound port.
-
-    Call it on the event loop that will run the server, then `await server.start()`. Port 0 binds
-    an ephemeral port. Raises OSError when the address cannot be bound.
-    """
-    server = grpc.aio.server(options=_SERVER_OPTIONS)
-    _register(InferenceServicer(core), server)
-    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
-    try:
-        bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError as exc:  # grpcio reports a failed bind as RuntimeError
-        raise OSError(f"cannot bind gRPC listener to {host}:{port}: {exc}") from exc
-    if bound == 0:  # older grpcio returned 0 instead of raising
-        raise OSError(f"cannot bind gRPC listener to {host}:{port}")
-    return server, bound
