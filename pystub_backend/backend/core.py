@@ -22,6 +22,7 @@ from pystub_backend.backend.models.ensemble_config import (
 from pystub_backend.backend.models.lifecycle import InFlight, ModelEntry, retire, start_versions, stop_versions
 from pystub_backend.backend.models.overrides import LoadRequest, OverrideDir, parse_load_parameters
 from pystub_backend.backend.models.repository import (
+    ModelSource,
     RepositoryError,
     check_stub_name,
     find_models,
@@ -62,6 +63,8 @@ class CoreOptions:
     startup_models: list[str] = field(default_factory=list)  # explicit mode; "*" means all
     poll_seconds: float = 15.0
     allow_client_shm: bool = False  # the system shared memory extension (Triton's default: off)
+    load_thread_count: int = 4  # --model-load-thread-count: models starting at the same time
+    load_retry_count: int = 0  # --model-load-retry-count: further tries of a model that failed to start
 
 
 def _load_error(name: str, text: str) -> ServerError:
@@ -86,6 +89,7 @@ class Core:
         self._locks: dict[str, asyncio.Lock] = {}
         self._operations: set[asyncio.Task[Any]] = set()
         self._in_flight = InFlight()
+        self._load_slots = asyncio.Semaphore(options.load_thread_count)
         self._poller: asyncio.Task[None] | None = None
         self._closing = False
         self._live = True
@@ -246,7 +250,7 @@ class Core:
             if not entry.versions:
                 entry.state, entry.reason, entry.failed, entry.unloaded = "UNAVAILABLE", text, {}, []
             raise _load_error(name, text) from None
-        loaded, failed = await start_versions(source, self.options.settings, self)
+        loaded, failed = await self._start_versions(source)
         for version in loaded.values():
             version.stats.loaded()  # nv_model_load_duration_secs
         if failed and (entry.versions or not loaded):
@@ -260,6 +264,18 @@ class Core:
         await self._install(entry, loaded, failed, override)
         if failed:
             raise _load_error(name, _version_failures(failed))
+
+    async def _start_versions(self, source: ModelSource) -> tuple[dict[int, ModelVersion], dict[int, str]]:
+        """`start_versions` in one of the load slots; a failure is retried `load_retry_count` times."""
+        for attempt in range(self.options.load_retry_count + 1):
+            async with self._load_slots:
+                loaded, failed = await start_versions(source, self.options.settings, self)
+            if not failed or attempt == self.options.load_retry_count:
+                break
+            await stop_versions(loaded, self.options.settings.stub_timeout_seconds)
+            log.warning("failed to load '%s' (%s); retrying (%d of %d)", source.name, "; ".join(failed.values()),
+                        attempt + 1, self.options.load_retry_count)
+        return loaded, failed
 
     async def _install(self, entry: ModelEntry, loaded: dict[int, ModelVersion], failed: dict[int, str],
                        override: OverrideDir | None) -> None:

@@ -102,7 +102,9 @@ async def serve(options: ServerOptions) -> int:
                             auto_complete=options.auto_complete, strict_readiness=options.strict_readiness,
                             server_id=options.server_id, model_control_mode=options.model_control_mode,
                             startup_models=options.load_models, poll_seconds=options.repository_poll_secs,
-                            allow_client_shm=options.allow_client_shm))
+                            allow_client_shm=options.allow_client_shm,
+                            load_thread_count=options.model_load_thread_count,
+                            load_retry_count=options.model_load_retry_count))
     listeners = Listeners()
     try:
         try:
