@@ -65,6 +65,8 @@ class CoreOptions:
     allow_client_shm: bool = False  # the system shared memory extension (Triton's default: off)
     load_thread_count: int = 4  # --model-load-thread-count: models starting at the same time
     load_retry_count: int = 0  # --model-load-retry-count: further tries of a model that failed to start
+    backend_directory: str = ""  # --backend-directory: Python-based backends, <dir>/<backend>/model.py
+    model_config_name: str = ""  # --model-config-name: <model>/configs/<name>.pbtxt when it exists
 
 
 def _load_error(name: str, text: str) -> ServerError:
@@ -241,7 +243,8 @@ class Core:
                 raise RepositoryError("failed to poll from model repository")
             if not entry.versions:
                 entry.state, entry.reason = "LOADING", ""
-            source = await prepare_model(name, model_dir, self.options.settings, self.options.auto_complete, config)
+            source = await prepare_model(name, model_dir, self.options.settings, self.options.auto_complete, config,
+                                         self.options.backend_directory, self.options.model_config_name)
         except (RepositoryError, ConfigError, ServerError) as exc:
             if override is not None:
                 override.remove()

@@ -104,7 +104,9 @@ async def serve(options: ServerOptions) -> int:
                             startup_models=options.load_models, poll_seconds=options.repository_poll_secs,
                             allow_client_shm=options.allow_client_shm,
                             load_thread_count=options.model_load_thread_count,
-                            load_retry_count=options.model_load_retry_count))
+                            load_retry_count=options.model_load_retry_count,
+                            backend_directory=options.backend_directory,
+                            model_config_name=options.model_config_name))
     listeners = Listeners()
     try:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from harness import Backend
@@ -99,3 +100,61 @@ def test_load_retry_count(tmp_path: Path) -> None:
     finally:
         failing.stop(check=False)
     assert (model / "attempts").read_text() == "2"
+
+
+_ECHO = '''import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.tag = np.array([{tag}], np.float32)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() + self.tag)]) for r in requests]
+'''
+
+
+def _infer(backend: Backend, model: str) -> float:
+    client = httpclient.InferenceServerClient(backend.http_url)
+    try:
+        tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([1.0], np.float32))
+        return float(client.infer(model, [tensor]).as_numpy("OUTPUT0")[0])
+    finally:
+        client.close()
+
+
+def test_python_based_backend_from_backend_directory(tmp_path: Path) -> None:
+    backends = tmp_path / "backends"
+    (backends / "plus_ten").mkdir(parents=True)
+    (backends / "plus_ten" / "model.py").write_text(_ECHO.format(tag=10))
+    repository = tmp_path / "models"
+    (repository / "uses_backend" / "1").mkdir(parents=True)  # no model.py: the backend's serves it
+    (repository / "uses_backend" / "config.pbtxt").write_text(_CONFIG.replace('"python"', '"plus_ten"'))
+    _model(repository, "plain", _ECHO.format(tag=1))
+    with Backend(repository, f"--backend-directory={backends}") as backend:
+        assert _infer(backend, "uses_backend") == 11.0
+        assert _infer(backend, "plain") == 2.0
+
+
+def test_model_config_name_picks_the_custom_config(tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    model = _model(repository, "configured", _ECHO.format(tag=1))
+    _model(repository, "default_only", _ECHO.format(tag=1))
+    (model / "configs").mkdir()
+    (model / "configs" / "big.pbtxt").write_text(_CONFIG + "max_batch_size: 8\n")
+    with Backend(repository, "--model-config-name=big") as backend:
+        client = httpclient.InferenceServerClient(backend.http_url)
+        try:
+            assert client.get_model_config("configured")["max_batch_size"] == 8
+            assert client.get_model_config("default_only")["max_batch_size"] == 0  # falls back to config.pbtxt
+        finally:
+            client.close()
+    with Backend(repository) as backend:
+        client = httpclient.InferenceServerClient(backend.http_url)
+        try:
+            assert client.get_model_config("configured")["max_batch_size"] == 0
+        finally:
+            client.close()
