@@ -17,6 +17,7 @@ from pystub_backend.backend.flags import FLAGS, Effect, flag_named
 from pystub_backend.backend.log import LogSettings, configure_logging
 from pystub_backend.backend.options import GrpcOptions, ServerOptions, TlsFiles
 from pystub_backend.backend.supervision.settings import BackendConfigError, StubSettings, parse_backend_config
+from pystub_backend.backend.telemetry import latency
 
 __all__ = ["ServerOptions", "parse_args", "main"]
 
@@ -166,6 +167,10 @@ def _composite_options(options: ServerOptions, args: argparse.Namespace) -> None
     """The key=value flags; raises argparse.ArgumentTypeError on a malformed entry."""
     options.http_restrictions = values.restrictions(args.http_restricted_api, "--http-restricted-api")
     options.metrics_config = values.setting(args.metrics_config, "--metrics-config")
+    try:
+        latency.parse_config(options.metrics_config)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     options.cache_config = values.cache_setting(args.cache_config, "--cache-config")
     if args.response_cache_byte_size is not None:  # deprecated spelling of local,size=N
         options.cache_config.setdefault("local", {}).setdefault("size", str(args.response_cache_byte_size))
@@ -193,6 +198,8 @@ def parse_args(argv: list[str]) -> ServerOptions:
 def _log_ignored(options: ServerOptions) -> None:
     for name in options.ignored:
         log.info("%s is accepted and has no effect: %s", name, flag_named(name).note)
+    for name in latency.parse_config(options.metrics_config)[1]:
+        log.info("--metrics-config %s is accepted and has no effect: Triton 2.51 has no such metrics", name)
     if options.load_models and options.model_control_mode != "explicit":
         log.warning("--load-model is ignored: it applies only with --model-control-mode=explicit")
 
@@ -201,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     options = parse_args(sys.argv[1:] if argv is None else argv)
     configure_logging(options.log)
     _log_ignored(options)
+    latency.configure(latency.parse_config(options.metrics_config)[0])  # before any model loads
     from pystub_backend.backend.server import serve  # imported late: keeps `--help` fast
 
     sys.exit(asyncio.run(serve(options)))

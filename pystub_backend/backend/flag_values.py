@@ -64,16 +64,17 @@ def compression_level(text: str) -> int:
 
 
 def restrictions(entries: list[str], flag: str) -> Restrictions:
-    """`<group>[,<group>...],<key>=<value>` entries as group -> Restriction.
+    """`<group>[,<group>...]:<key>=<value>` entries as group -> Restriction.
 
-    A group named in two entries is an error, as in Triton."""
+    The format is the one tritonserver 2.51 parses (its --help shows a comma before the key, which
+    it refuses). A group named in two entries is an error, as in Triton."""
     result: Restrictions = {}
     for entry in entries:
-        groups_text, _, pair = entry.rpartition(",")
+        groups_text, colon, pair = entry.partition(":")
         key, equals, value = pair.partition("=")
-        if not groups_text or not equals or not key.strip():
+        if not colon or not groups_text or not equals or not key.strip():
             raise argparse.ArgumentTypeError(
-                f"{flag} expects <api>[,<api>...],<key>=<value>, got '{entry}'")
+                f"{flag} option format is '<api>[,<api>...]:<key>=<value>', got '{entry}'")
         for group in (g.strip() for g in groups_text.split(",")):
             if group not in API_GROUPS:
                 raise argparse.ArgumentTypeError(

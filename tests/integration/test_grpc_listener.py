@@ -121,7 +121,7 @@ def test_tls_and_mutual_tls(tmp_path: Path) -> None:
 
 def test_restricted_protocol_groups(tmp_path: Path) -> None:
     repository = make_repository(tmp_path, "add_sub")
-    with Backend(repository, "--grpc-restricted-protocol=model-repository,inference,admin-key=s3cret") as backend:
+    with Backend(repository, "--grpc-restricted-protocol=model-repository,inference:admin-key=s3cret") as backend:
         client = grpcclient.InferenceServerClient(backend.grpc_url)
         try:
             assert client.is_server_ready()  # health is open
@@ -131,10 +131,13 @@ def test_restricted_protocol_groups(tmp_path: Path) -> None:
                 with pytest.raises(InferenceServerException) as info:
                     call()
                 assert info.value.status() == "StatusCode.UNAVAILABLE"
-                assert "This protocol is restricted, expecting header 'admin-key'" in info.value.message()
-                with pytest.raises(InferenceServerException):
-                    call(headers={"admin-key": "wrong"})
-                assert call(headers={"admin-key": "s3cret"}) is not None
+                # Triton's text and metadata key (checked against tritonserver 2.51)
+                assert info.value.message() == "This protocol is restricted, expecting header " \
+                                               "'triton-grpc-protocol-admin-key'"
+                for wrong in ({"triton-grpc-protocol-admin-key": "wrong"}, {"admin-key": "s3cret"}):
+                    with pytest.raises(InferenceServerException):
+                        call(headers=wrong)
+                assert call(headers={"triton-grpc-protocol-admin-key": "s3cret"}) is not None
         finally:
             client.close()
 

@@ -51,7 +51,7 @@ def test_max_input_size_limits_the_json_part_only(tmp_path: Path) -> None:
 
 def test_restricted_api_groups(tmp_path: Path) -> None:
     repository = make_repository(tmp_path, "add_sub")
-    with Backend(repository, "--http-restricted-api=model-repository,statistics,Admin-Key=s3cret") as backend:
+    with Backend(repository, "--http-restricted-api=model-repository,statistics:Admin-Key=s3cret") as backend:
         client = httpclient.InferenceServerClient(backend.http_url)
         try:
             assert client.is_server_ready() and client.get_model_metadata("add_sub")["name"] == "add_sub"

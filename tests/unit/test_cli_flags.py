@@ -81,8 +81,8 @@ def test_grpc_channel_arguments():
 
 
 def test_restrictions():
-    options = parse_args(["--model-repository=/m", "--http-restricted-api=model-repository,statistics,Admin-Key=s3",
-                          "--http-restricted-api", "inference,k=v", "--grpc-restricted-protocol=health,h=1"])
+    options = parse_args(["--model-repository=/m", "--http-restricted-api=model-repository,statistics:Admin-Key=s3",
+                          "--http-restricted-api", "inference:k=v", "--grpc-restricted-protocol=health:h=1"])
     assert options.http_restrictions == {"model-repository": Restriction("admin-key", "s3"),
                                          "statistics": Restriction("admin-key", "s3"),
                                          "inference": Restriction("k", "v")}
@@ -90,10 +90,10 @@ def test_restrictions():
 
 
 @pytest.mark.parametrize("argv, text", [
-    (["--http-restricted-api=inference"], "expects <api>[,<api>...],<key>=<value>"),
-    (["--http-restricted-api=inference,k"], "expects <api>[,<api>...],<key>=<value>"),
-    (["--grpc-restricted-protocol=admin,k=v"], "unknown API group 'admin'"),
-    (["--http-restricted-api=health,a=1", "--http-restricted-api=health,b=2"], "'health' is given more than once"),
+    (["--http-restricted-api=inference"], "option format is '<api>[,<api>...]:<key>=<value>'"),
+    (["--http-restricted-api=inference,k=v"], "option format is '<api>[,<api>...]:<key>=<value>'"),
+    (["--grpc-restricted-protocol=admin:k=v"], "unknown API group 'admin'"),
+    (["--http-restricted-api=health:a=1", "--http-restricted-api=health:b=2"], "'health' is given more than once"),
     (["--metrics-config=summary_latencies"], "--metrics-config expects <setting>=<value>"),
     (["--cache-config=size=10"], "--cache-config expects <cache>,<setting>=<value>"),
     (["--grpc-use-ssl=true"], "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key"),

@@ -28,6 +28,7 @@ from aiohttp import web
 
 from pystub_backend.backend.features.custom_metrics import KIND_NAMES, CustomMetrics, registry_for
 from pystub_backend.backend.scheduling.multiplex import multiplex_metrics
+from pystub_backend.backend.telemetry import latency
 from pystub_backend.backend.telemetry.prometheus_text import TextWriter
 from pystub_backend.backend.telemetry.statistics import FAILURE_REASONS, ModelStatistics
 
@@ -125,6 +126,8 @@ def _inference_families(writer: TextWriter, versions: list[Any]) -> None:
         for reason in FAILURE_REASONS:  # every reason, zeros included, as Triton does
             writer.sample(_FAILURE[0], [*_version_labels(version), ("reason", reason)], version.stats.failures[reason])
     for name, help_text, getter in _COUNTERS:
+        if not latency.config.counters and name.endswith("_duration_us"):
+            continue  # --metrics-config counter_latencies=false
         _per_version(writer, versions, name, "counter", help_text, lambda v, getter=getter: getter(v.stats))
     _per_version(writer, versions, "nv_inference_pending_request_count", "gauge",
                  "Instantaneous number of pending requests awaiting execution per-model.",
@@ -203,6 +206,8 @@ def render_metrics(core: Any, poller: SystemPoller | None = None) -> str:
     versions = core.model_versions()
     _inference_families(writer, versions)
     _system_families(writer, poller)
+    writer.raw(latency.summary_lines([(v.name, str(v.version), v.stats.latency) for v in versions
+                                      if v.stats.latency is not None]))
     _stub_families(writer, versions, poller)
     writer.raw(multiplex_metrics(core))  # pystub_multiplexed_* (pystub_backend.backend.features.multiplex_stats)
     _custom_families(writer, registry_for(core))

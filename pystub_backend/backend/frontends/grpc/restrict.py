@@ -1,7 +1,8 @@
 """`--grpc-restricted-protocol`: methods of a restricted group need a metadata key=value.
 
-The groups are Triton's; a call without the expected metadata fails with UNAVAILABLE and Triton's
-text. Reflection is never restricted (it describes, it does not act).
+The groups are Triton's. As in Triton 2.51, the metadata key is the configured key prefixed with
+`triton-grpc-protocol-`, and a call without it fails with UNAVAILABLE and Triton's text.
+Reflection is never restricted (it describes, it does not act).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import grpc
 
 from pystub_backend.backend.options import Restrictions
 
-__all__ = ["RestrictionInterceptor", "method_group"]
+__all__ = ["RestrictionInterceptor", "method_group", "HEADER_PREFIX"]
 
 _GROUPS = {
     "health": ("ServerLive", "ServerReady", "ModelReady", "grpc.health.v1.Health/"),
@@ -27,6 +28,7 @@ _GROUPS = {
     "logging": ("LogSettings",),
 }
 _INFERENCE_SERVICE = "/inference.GRPCInferenceService/"
+HEADER_PREFIX = "triton-grpc-protocol-"
 _BY_METHOD = {f"{_INFERENCE_SERVICE}{name}": group for group, names in _GROUPS.items() for name in names}
 
 
@@ -51,10 +53,11 @@ class RestrictionInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if restriction is None or handler is None:
             return handler
+        expected = HEADER_PREFIX + restriction.key
         metadata = details.invocation_metadata or ()
-        if any(key == restriction.key and value == restriction.value for key, value in metadata):
+        if any(key == expected and value == restriction.value for key, value in metadata):
             return handler
-        return _refusal(handler, f"This protocol is restricted, expecting header '{restriction.key}'")
+        return _refusal(handler, f"This protocol is restricted, expecting header '{expected}'")
 
 
 def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
