@@ -14,10 +14,10 @@ from typing import Any
 
 from aiohttp import web
 
-from pystub_backend.backend.options import GrpcOptions, ServerOptions
 from pystub_backend.backend.core import Core, CoreOptions
 from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
 from pystub_backend.backend.models.repository import RepositoryError
+from pystub_backend.backend.options import GrpcOptions, ServerOptions
 from pystub_backend.ipc.names import sweep_stale
 
 __all__ = ["serve", "Listeners"]

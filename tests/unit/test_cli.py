@@ -99,8 +99,8 @@ def test_bad_model_control_flags_are_usage_errors(flag, text, capsys):
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pystub_backend.backend", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, "-m", "pystub_backend.backend", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
 
 
 def test_unknown_flag_is_a_usage_error_naming_it():

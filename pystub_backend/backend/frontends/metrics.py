@@ -1,7 +1,8 @@
 """`GET /metrics` on the metrics port (PROTOCOL.md section 14): Prometheus text, exposition
 format 0.0.4 (`pystub_backend.backend.telemetry.prometheus_text`), `text/plain; charset=utf-8`.
 
-    nv_inference_* {model, version}          each loaded version's statistics (pystub_backend.backend.telemetry.statistics)
+    nv_inference_* {model, version}          each loaded version's statistics (telemetry.statistics)
+    nv_inference_*_summary_us                latency summaries with --metrics-config (telemetry.latency)
     nv_inference_request_failure {.., reason} REJECTED, CANCELED, BACKEND, OTHER
     nv_inference_pending_request_count       requests waiting in the version's scheduler queue
     nv_model_load_duration_secs              how long the version took to load
@@ -9,8 +10,8 @@ format 0.0.4 (`pystub_backend.backend.telemetry.prometheus_text`), `text/plain; 
     pystub_stub_* {model, version, instance} each stub: up, restarts, heartbeat age, RSS (polled),
                                              p2s arena bytes used/total, requests in flight,
                                              requests served/failed
-    pystub_multiplexed_*                     model multiplexing (pystub_backend.backend.scheduling.multiplex)
-    <custom families>                        pb_utils.MetricFamily from the models (pystub_backend.backend.features.custom_metrics)
+    pystub_multiplexed_*                     model multiplexing (scheduling.multiplex)
+    <custom families>                        pb_utils.MetricFamily from the models (features.custom_metrics)
 
 Everything but the polled gauges is read at scrape time from memory: a scrape costs no system
 call and no round trip to a stub, so it stays fast while the stubs are busy.
@@ -119,6 +120,11 @@ def _per_version(writer: TextWriter, versions: list[Any], name: str, kind: str, 
             writer.sample(name, _version_labels(version), found)
 
 
+def _of_stats(getter: _Getter) -> Callable[[Any], int]:
+    """`getter` applied to a version's statistics."""
+    return lambda version: getter(version.stats)
+
+
 def _inference_families(writer: TextWriter, versions: list[Any]) -> None:
     _per_version(writer, versions, _SUCCESS[0], "counter", _SUCCESS[1], lambda v: v.stats.success.count)
     writer.family(_FAILURE[0], "counter", _FAILURE[1])
@@ -128,7 +134,7 @@ def _inference_families(writer: TextWriter, versions: list[Any]) -> None:
     for name, help_text, getter in _COUNTERS:
         if not latency.config.counters and name.endswith("_duration_us"):
             continue  # --metrics-config counter_latencies=false
-        _per_version(writer, versions, name, "counter", help_text, lambda v, getter=getter: getter(v.stats))
+        _per_version(writer, versions, name, "counter", help_text, _of_stats(getter))
     _per_version(writer, versions, "nv_inference_pending_request_count", "gauge",
                  "Instantaneous number of pending requests awaiting execution per-model.",
                  lambda v: v.scheduler.queued if v.scheduler is not None else 0)

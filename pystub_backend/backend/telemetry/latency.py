@@ -141,6 +141,6 @@ def summary_lines(rows: list[tuple[str, str, LatencyWindow]]) -> Iterator[str]:
             labels = f'model="{escape_label_value(model)}",version="{escape_label_value(version)}"'
             yield f"{family}_count{{{labels}}} {window.count[series]}"
             yield f"{family}_sum{{{labels}}} {window.sum_us[series]}"
-            for quantile, value in zip(config.quantiles, window.quantiles(series, config.quantiles)):
+            for quantile, value in zip(config.quantiles, window.quantiles(series, config.quantiles), strict=True):
                 shown = format_value(int(value)) if value == value else "NaN"
                 yield f'{family}{{{labels},quantile="{format_value(quantile)}"}} {shown}'

@@ -21,7 +21,7 @@ SERVICE_NAME = "grpc.health.v1.Health"
 # "" is the server as a whole; the inference service answers the same.
 HEALTH_SERVICES = ("", "inference.GRPCInferenceService")
 _WATCH_PERIOD = 0.2
-_Status = health_pb2.HealthCheckResponse.ServingStatus
+_Status = int  # a health_pb2.HealthCheckResponse.ServingStatus value
 
 
 class HealthService(health_pb2_grpc.HealthServicer):

@@ -89,10 +89,7 @@ def _bind(server: grpc.aio.Server, address: str, port: int, tls: TlsFiles | None
     host = f"[{address}]" if ":" in address and not address.startswith("[") else address
     target = f"{host}:{port}"
     try:
-        if tls is None:
-            bound = server.add_insecure_port(target)
-        else:
-            bound = server.add_secure_port(target, _credentials(tls))
+        bound = server.add_insecure_port(target) if tls is None else server.add_secure_port(target, _credentials(tls))
     except RuntimeError as exc:  # grpcio reports a failed bind as RuntimeError
         raise OSError(f"cannot bind gRPC listener to {target}: {exc}") from exc
     if bound == 0:  # older grpcio returned 0 instead of raising

@@ -25,7 +25,6 @@ from pystub_backend.backend.frontends.grpc.codec import (
     decode_infer_request,
     log_settings_from_proto,
     log_settings_to_proto,
-    parse_infer_request,
     repository_parameters,
     serialize_infer_response,
 )

@@ -7,9 +7,9 @@ since it restarts models. Paths of no group (unknown routes) are left to the rou
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from pystub_backend.backend.options import Restrictions
 
@@ -32,7 +32,6 @@ _PATTERNS = [(re.compile(pattern), group) for pattern, group in (
     (_MODEL + r"/trace/setting", "trace"),
     (r"/v2/logging", "logging"),
 )]
-_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def path_group(path: str) -> str | None:
@@ -44,11 +43,11 @@ def path_group(path: str) -> str | None:
     return None
 
 
-def restriction_middleware(restrictions: Restrictions) -> Callable[[web.Request, _Handler], Awaitable[web.StreamResponse]]:
+def restriction_middleware(restrictions: Restrictions) -> Middleware:
     """An aiohttp middleware refusing requests of a restricted group without the expected header."""
 
     @web.middleware
-    async def restrict(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    async def restrict(request: web.Request, handler: Handler) -> web.StreamResponse:
         group = path_group(request.path)
         restriction = restrictions.get(group) if group else None
         if restriction is not None and request.headers.get(restriction.key) != restriction.value:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, http_status
@@ -60,7 +61,7 @@ def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
                     restrictions: Restrictions | None = None) -> web.Application:
     """The aiohttp application serving `core`; a JSON part above `max_input_size` gets 400, and a
     request of a restricted API group without its header gets 403."""
-    middlewares = [_error_middleware]
+    middlewares: list[Middleware] = [_error_middleware]
     if restrictions:
         middlewares.append(restriction_middleware(restrictions))
     app = web.Application(
