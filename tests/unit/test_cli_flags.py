@@ -126,3 +126,13 @@ def test_model_loading_flags():
         2, 3, "h100")
 
 
+
+
+def test_docs_list_every_flag_with_its_effect():
+    text = (ROOT / "docs" / "command-line.md").read_text()
+    for flag in FLAGS + PYSTUB_FLAGS:
+        assert f"| `{flag.name}` |" in text, flag.name
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{flag.name}` |"))
+        assert f"| {flag.effect.value} |" in row, row
+    counts = {effect: sum(1 for flag in FLAGS if flag.effect is effect) for effect in Effect}
+    assert f"**{counts[Effect.IMPLEMENTED]} implemented**" in text and f"**{counts[Effect.NO_OP]} no-op**" in text
