@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -70,7 +70,7 @@ def _rpc(handler: _Handler[_Response]) -> _Handler[_Response | None]:
 _TensorMetadata = service_pb2.ModelMetadataResponse.TensorMetadata
 
 
-def _tensor_metadata(items: list[dict[str, Any]]) -> list[Any]:
+def _tensor_metadata(items: list[dict[str, Any]]) -> list[service_pb2.ModelMetadataResponse.TensorMetadata]:
     return [_TensorMetadata(name=item["name"], datatype=item["datatype"], shape=item["shape"])
             for item in items]
 
@@ -100,26 +100,31 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self._core = core
 
     @_rpc
-    async def ServerLive(self, request: Any, context: Any) -> service_pb2.ServerLiveResponse:
+    async def ServerLive(self, request: service_pb2.ServerLiveRequest,
+                         context: grpc.aio.ServicerContext) -> service_pb2.ServerLiveResponse:
         return service_pb2.ServerLiveResponse(live=self._core.is_live())
 
     @_rpc
-    async def ServerReady(self, request: Any, context: Any) -> service_pb2.ServerReadyResponse:
+    async def ServerReady(self, request: service_pb2.ServerReadyRequest,
+                          context: grpc.aio.ServicerContext) -> service_pb2.ServerReadyResponse:
         return service_pb2.ServerReadyResponse(ready=self._core.is_ready())
 
     @_rpc
-    async def ModelReady(self, request: Any, context: Any) -> service_pb2.ModelReadyResponse:
+    async def ModelReady(self, request: service_pb2.ModelReadyRequest,
+                         context: grpc.aio.ServicerContext) -> service_pb2.ModelReadyResponse:
         ready = await self._core.model_ready(request.name, request.version)
         return service_pb2.ModelReadyResponse(ready=ready)
 
     @_rpc
-    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+    async def ServerMetadata(self, request: service_pb2.ServerMetadataRequest,
+                             context: grpc.aio.ServicerContext) -> service_pb2.ServerMetadataResponse:
         core = self._core
         return service_pb2.ServerMetadataResponse(
             name=core.server_name, version=core.server_version, extensions=core.extensions)
 
     @_rpc
-    async def ModelMetadata(self, request: Any, context: Any) -> service_pb2.ModelMetadataResponse:
+    async def ModelMetadata(self, request: service_pb2.ModelMetadataRequest,
+                            context: grpc.aio.ServicerContext) -> service_pb2.ModelMetadataResponse:
         meta = self._core.model_metadata(request.name, request.version)
         return service_pb2.ModelMetadataResponse(
             name=meta["name"],
@@ -130,12 +135,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
 
     @_rpc
-    async def ModelConfig(self, request: Any, context: Any) -> service_pb2.ModelConfigResponse:
+    async def ModelConfig(self, request: service_pb2.ModelConfigRequest,
+                          context: grpc.aio.ServicerContext) -> service_pb2.ModelConfigResponse:
         config = self._core.model_config(request.name, request.version)
         return service_pb2.ModelConfigResponse(config=config)
 
     @_rpc
-    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+    async def ModelStatistics(self, request: service_pb2.ModelStatisticsRequest,
+                              context: grpc.aio.ServicerContext) -> service_pb2.ModelStatisticsResponse:
         # The core speaks the HTTP JSON form, whose names are the proto's (durations {count, ns}).
         stats = self._core.statistics(request.name, request.version)
         return json_format.ParseDict({"model_stats": stats},
@@ -143,7 +150,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                      ignore_unknown_fields=True)
 
     @_rpc
-    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+    async def RepositoryIndex(self, request: service_pb2.RepositoryIndexRequest,
+                              context: grpc.aio.ServicerContext) -> service_pb2.RepositoryIndexResponse:
         models = self._core.repository_index(ready_only=request.ready)
         return service_pb2.RepositoryIndexResponse(models=[
             service_pb2.RepositoryIndexResponse.ModelIndex(
@@ -152,56 +160,73 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for m in models])
 
     @_rpc
-    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+    async def RepositoryModelLoad(self, request: service_pb2.RepositoryModelLoadRequest,
+                                  context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelLoadResponse:
         _check_repository_name(request.repository_name)
         parameters = repository_parameters(request.parameters)
         await self._core.load_model(request.model_name, parameters)  # type: ignore[attr-defined]
         return service_pb2.RepositoryModelLoadResponse()
 
     @_rpc
-    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+    async def RepositoryModelUnload(self, request: service_pb2.RepositoryModelUnloadRequest,
+                                    context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelUnloadResponse:
         _check_repository_name(request.repository_name)
         parameters = repository_parameters(request.parameters)
         await self._core.unload_model(request.model_name, parameters)  # type: ignore[attr-defined]
         return service_pb2.RepositoryModelUnloadResponse()
 
     @_rpc
-    async def LogSettings(self, request: Any, context: Any) -> service_pb2.LogSettingsResponse:
+    async def LogSettings(self, request: service_pb2.LogSettingsRequest,
+                          context: grpc.aio.ServicerContext) -> service_pb2.LogSettingsResponse:
         updates = log_settings_from_proto(request.settings)
         settings = backend_log.update_settings(updates) if updates else backend_log.settings.as_dict()
         return log_settings_to_proto(settings)
 
     # -- shared memory extensions (grpc_shm) ------------------------------------------------------
     @_rpc
-    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+    async def SystemSharedMemoryStatus(
+            self, request: service_pb2.SystemSharedMemoryStatusRequest,
+            context: grpc.aio.ServicerContext) -> service_pb2.SystemSharedMemoryStatusResponse:
         return grpc_shm.system_status(self._core.client_shm, request)  # type: ignore[attr-defined]
 
     @_rpc
-    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+    async def SystemSharedMemoryRegister(
+            self, request: service_pb2.SystemSharedMemoryRegisterRequest,
+            context: grpc.aio.ServicerContext) -> service_pb2.SystemSharedMemoryRegisterResponse:
         return grpc_shm.system_register(self._core.client_shm, request)  # type: ignore[attr-defined]
 
     @_rpc
-    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+    async def SystemSharedMemoryUnregister(
+            self, request: service_pb2.SystemSharedMemoryUnregisterRequest,
+            context: grpc.aio.ServicerContext) -> service_pb2.SystemSharedMemoryUnregisterResponse:
         return grpc_shm.system_unregister(self._core.client_shm, request)  # type: ignore[attr-defined]
 
     @_rpc
-    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+    async def CudaSharedMemoryStatus(
+            self, request: service_pb2.CudaSharedMemoryStatusRequest,
+            context: grpc.aio.ServicerContext) -> service_pb2.CudaSharedMemoryStatusResponse:
         return grpc_shm.cuda_status(self._core.client_shm, request)  # type: ignore[attr-defined]
 
     @_rpc
-    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+    async def CudaSharedMemoryRegister(
+            self, request: service_pb2.CudaSharedMemoryRegisterRequest,
+            context: grpc.aio.ServicerContext) -> service_pb2.CudaSharedMemoryRegisterResponse:
         return grpc_shm.cuda_register(self._core.client_shm, request)  # type: ignore[attr-defined]
 
     @_rpc
-    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+    async def CudaSharedMemoryUnregister(
+            self, request: service_pb2.CudaSharedMemoryUnregisterRequest,
+            context: grpc.aio.ServicerContext) -> service_pb2.CudaSharedMemoryUnregisterResponse:
         return grpc_shm.cuda_unregister(self._core.client_shm, request)  # type: ignore[attr-defined]
 
-    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
+    async def ModelStreamInfer(
+            self, request_iterator: AsyncIterator[service_pb2.ModelInferRequest],
+            context: grpc.aio.ServicerContext) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
         async for response in stream_infer(self._core, request_iterator, context):
             yield response
 
     @_rpc
-    async def ModelInfer(self, request: ParsedInferRequest, context: Any) -> bytes:
+    async def ModelInfer(self, request: ParsedInferRequest, context: grpc.aio.ServicerContext) -> bytes:
         """Takes and returns the wire form (see `listener.register`): large tensors skip protobuf."""
         message = request.message
         if self._core.is_decoupled(message.model_name, message.model_version):
