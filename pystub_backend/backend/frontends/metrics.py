@@ -22,13 +22,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import psutil
 from aiohttp import web
 
+from pystub_backend.backend.core import Core
 from pystub_backend.backend.features.custom_metrics import KIND_NAMES, CustomMetrics, registry_for
+from pystub_backend.backend.models.version import ModelVersion
 from pystub_backend.backend.scheduling.multiplex import multiplex_metrics
+from pystub_backend.backend.supervision.instance import ModelInstance
 from pystub_backend.backend.telemetry import latency
 from pystub_backend.backend.telemetry.prometheus_text import TextWriter
 from pystub_backend.backend.telemetry.statistics import FAILURE_REASONS, ModelStatistics
@@ -65,7 +67,7 @@ class SystemPoller:
     """The gauges that cost system calls (CPU, memory, stub RSS), sampled every `interval_s` on a
     worker thread and read at scrape time."""
 
-    def __init__(self, core: Any, interval_s: float, cpu_metrics: bool = True) -> None:
+    def __init__(self, core: Core, interval_s: float, cpu_metrics: bool = True) -> None:
         self._core = core
         self.interval_s = interval_s
         self.cpu_metrics = cpu_metrics
@@ -106,12 +108,12 @@ class SystemPoller:
         self.rss = rss
 
 
-def _version_labels(version: Any) -> list[tuple[str, str]]:
+def _version_labels(version: ModelVersion) -> list[tuple[str, str]]:
     return [("model", version.name), ("version", str(version.version))]
 
 
-def _per_version(writer: TextWriter, versions: list[Any], name: str, kind: str, help_text: str,
-                 value: Callable[[Any], float | int | None]) -> None:
+def _per_version(writer: TextWriter, versions: list[ModelVersion], name: str, kind: str, help_text: str,
+                 value: Callable[[ModelVersion], float | int | None]) -> None:
     """One family with a sample per version (none where `value` is None)."""
     writer.family(name, kind, help_text)
     for version in versions:
@@ -120,12 +122,12 @@ def _per_version(writer: TextWriter, versions: list[Any], name: str, kind: str, 
             writer.sample(name, _version_labels(version), found)
 
 
-def _of_stats(getter: _Getter) -> Callable[[Any], int]:
+def _of_stats(getter: _Getter) -> Callable[[ModelVersion], int]:
     """`getter` applied to a version's statistics."""
     return lambda version: getter(version.stats)
 
 
-def _inference_families(writer: TextWriter, versions: list[Any]) -> None:
+def _inference_families(writer: TextWriter, versions: list[ModelVersion]) -> None:
     _per_version(writer, versions, _SUCCESS[0], "counter", _SUCCESS[1], lambda v: v.stats.success.count)
     writer.family(_FAILURE[0], "counter", _FAILURE[1])
     for version in versions:
@@ -153,19 +155,19 @@ def _system_families(writer: TextWriter, poller: SystemPoller | None) -> None:
         writer.sample(name, [], value)
 
 
-def _stub_facts(instance: Any, poller: SystemPoller | None) -> dict[str, Any]:
+def _stub_facts(instance: ModelInstance, poller: SystemPoller | None) -> dict[str, float | int]:
     """This instance's pystub_stub_* values; a fact that is unknown now (no healthy stub) is left out."""
     stub, healthy = instance.stub, instance.healthy
-    facts: dict[str, Any] = {"up": int(healthy), "restarts_total": instance.restarts,
-                             "in_flight": stub.in_flight if stub is not None else 0,
-                             "served_total": instance.served, "failed_total": instance.failed}
+    facts: dict[str, float | int] = {"up": int(healthy), "restarts_total": instance.restarts,
+                                     "in_flight": stub.in_flight if stub is not None else 0,
+                                     "served_total": instance.served, "failed_total": instance.failed}
     if healthy and stub is not None:
         age = stub.control.heartbeat_age() if stub.control is not None else None
         if age is not None:
             facts["heartbeat_age_seconds"] = age
         if stub.p2s is not None:
             facts["arena_used_bytes"], facts["arena_total_bytes"] = stub.p2s.used, stub.p2s.total
-        rss = poller.rss.get(stub.pid) if poller is not None else None
+        rss = poller.rss.get(stub.pid) if poller is not None and stub.pid is not None else None
         if rss is not None:
             facts["rss_bytes"] = rss
     return facts
@@ -184,7 +186,7 @@ _STUB_FAMILIES = (
 )
 
 
-def _stub_families(writer: TextWriter, versions: list[Any], poller: SystemPoller | None) -> None:
+def _stub_families(writer: TextWriter, versions: list[ModelVersion], poller: SystemPoller | None) -> None:
     rows = [(_version_labels(version) + [("instance", instance.name)], _stub_facts(instance, poller))
             for version in versions for instance in version.instances]
     for fact, kind, help_text in _STUB_FAMILIES:
@@ -206,7 +208,7 @@ def _custom_families(writer: TextWriter, registry: CustomMetrics) -> None:
                                  series.count)
 
 
-def render_metrics(core: Any, poller: SystemPoller | None = None) -> str:
+def render_metrics(core: Core, poller: SystemPoller | None = None) -> str:
     """The Prometheus text exposition of everything `/metrics` serves."""
     writer = TextWriter()
     versions = core.model_versions()
@@ -220,7 +222,8 @@ def render_metrics(core: Any, poller: SystemPoller | None = None) -> str:
     return writer.text()
 
 
-def create_metrics_app(core: Any, interval_ms: int = DEFAULT_INTERVAL_MS, cpu_metrics: bool = True) -> web.Application:
+def create_metrics_app(core: Core, interval_ms: int = DEFAULT_INTERVAL_MS, cpu_metrics: bool = True
+                       ) -> web.Application:
     """The metrics listener's app; its poller runs while the app does."""
     poller = SystemPoller(core, interval_ms / 1000.0, cpu_metrics)
 
