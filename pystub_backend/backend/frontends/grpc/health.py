@@ -1,6 +1,8 @@
 """`grpc.health.v1.Health`: SERVING while the server is ready, NOT_SERVING otherwise (as Triton).
 
-`Check` reads the core's readiness when asked. `Watch` sends the current status, then each change;
+`Check` reads the core's readiness when asked, whatever service is named: tritonserver 2.51
+answers every name with the server's status, and so does pystub. (Triton 2.51 answers `Watch`
+with UNIMPLEMENTED; pystub implements it.) `Watch` sends the current status, then each change;
 it samples readiness every `_WATCH_PERIOD` seconds rather than being told, because readiness is
 derived from many model states and no single place sets it. At shutdown (`close()`) every watcher
 gets NOT_SERVING and its stream ends, so open watches do not hold the server's stop grace period.
@@ -15,11 +17,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pystub_backend.backend.inference import ServerCore
 
-__all__ = ["HealthService", "SERVICE_NAME", "HEALTH_SERVICES"]
+__all__ = ["HealthService", "SERVICE_NAME"]
 
 SERVICE_NAME = "grpc.health.v1.Health"
-# "" is the server as a whole; the inference service answers the same.
-HEALTH_SERVICES = ("", "inference.GRPCInferenceService")
 _WATCH_PERIOD = 0.2
 _Status = int  # a health_pb2.HealthCheckResponse.ServingStatus value
 
@@ -29,26 +29,20 @@ class HealthService(health_pb2_grpc.HealthServicer):
         self._core = core
         self._closed = asyncio.Event()
 
-    def _status(self, service: str) -> _Status:
-        if service not in HEALTH_SERVICES:
-            return health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+    def _status(self) -> _Status:
         if self._closed.is_set() or not self._core.is_ready():
             return health_pb2.HealthCheckResponse.NOT_SERVING
         return health_pb2.HealthCheckResponse.SERVING
 
     async def Check(self, request: health_pb2.HealthCheckRequest,
                     context: grpc.aio.ServicerContext) -> health_pb2.HealthCheckResponse:
-        if request.service not in HEALTH_SERVICES:
-            context.set_code(grpc.StatusCode.NOT_FOUND)
-            context.set_details(f"unknown service '{request.service}'")
-            return health_pb2.HealthCheckResponse()
-        return health_pb2.HealthCheckResponse(status=self._status(request.service))
+        return health_pb2.HealthCheckResponse(status=self._status())
 
     async def Watch(self, request: health_pb2.HealthCheckRequest,
                     context: grpc.aio.ServicerContext) -> None:
         last: _Status | None = None
         while True:
-            status = self._status(request.service)
+            status = self._status()
             if status != last:
                 await context.write(health_pb2.HealthCheckResponse(status=status))
                 last = status
