@@ -81,6 +81,8 @@ def _add_listener_flags(add: _Adder) -> None:
     add("--reuse-http-port", type=values.parse_bool, default=False, metavar="BOOL")
     add("--http-restricted-api", action="append", default=[], metavar="API[,API...],KEY=VALUE")
     add("--reuse-grpc-port", type=values.parse_bool, default=False, metavar="BOOL")
+    add("--http-header-forward-pattern", type=values.regex, default=None, metavar="REGEX")
+    add("--grpc-header-forward-pattern", type=values.regex, default=None, metavar="REGEX")
     add("--grpc-restricted-protocol", action="append", default=[], metavar="API[,API...],KEY=VALUE")
     add("--grpc-use-ssl", type=values.parse_bool, default=False, metavar="BOOL")
     add("--grpc-use-ssl-mutual", type=values.parse_bool, default=False, metavar="BOOL")
@@ -142,7 +144,8 @@ def _grpc_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         restricted = values.restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol")
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
-    return GrpcOptions(channel_args=channel_args, reuse_port=args.reuse_grpc_port, tls=tls, restrictions=restricted)
+    return GrpcOptions(channel_args=channel_args, reuse_port=args.reuse_grpc_port, tls=tls, restrictions=restricted,
+                       header_forward_pattern=args.grpc_header_forward_pattern)
 
 
 def _base_options(args: argparse.Namespace, settings: StubSettings) -> ServerOptions:
@@ -158,7 +161,8 @@ def _base_options(args: argparse.Namespace, settings: StubSettings) -> ServerOpt
         log=LogSettings(log_file=args.log_file, log_info=args.log_info, log_warning=args.log_warning,
                         log_error=args.log_error, log_verbose_level=args.log_verbose, log_format=args.log_format),
         metrics_interval_ms=args.metrics_interval_ms, allow_cpu_metrics=args.allow_cpu_metrics,
-        reuse_http_port=args.reuse_http_port, model_load_thread_count=args.model_load_thread_count,
+        reuse_http_port=args.reuse_http_port, http_header_forward_pattern=args.http_header_forward_pattern,
+        model_load_thread_count=args.model_load_thread_count,
         model_load_retry_count=args.model_load_retry_count, model_config_name=args.model_config_name,
         backend_directory=args.backend_directory)
 

@@ -7,10 +7,11 @@ that quotes the bad text; the formats are Triton's (`tritonserver --help`).
 from __future__ import annotations
 
 import argparse
+import re
 
 from pystub_backend.backend.options import API_GROUPS, Restriction, Restrictions
 
-__all__ = ["parse_bool", "positive_seconds", "positive_int", "non_negative_int", "compression_level",
+__all__ = ["parse_bool", "positive_seconds", "positive_int", "non_negative_int", "compression_level", "regex",
            "restrictions", "setting", "cache_setting"]
 
 _COMPRESSION_LEVELS = ("none", "low", "medium", "high")  # grpc_compression_level 0..3
@@ -53,6 +54,14 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got '{text}'")
     return value
+
+
+def regex(text: str) -> re.Pattern[str]:
+    """A regular expression (the header forward patterns)."""
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"invalid regular expression '{text}': {exc}") from None
 
 
 def compression_level(text: str) -> int:

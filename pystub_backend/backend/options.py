@@ -7,6 +7,7 @@ the frontends receive them without the rest.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from pystub_backend.backend.log import LogSettings
@@ -50,6 +51,7 @@ class GrpcOptions:
     reuse_port: bool = False
     tls: TlsFiles | None = None
     restrictions: Restrictions = field(default_factory=dict)
+    header_forward_pattern: re.Pattern[str] | None = None  # metadata forwarded as request parameters
 
 
 @dataclass
@@ -78,6 +80,7 @@ class ServerOptions:
     settings: StubSettings = field(default_factory=StubSettings)
     log: LogSettings = field(default_factory=LogSettings)
     reuse_http_port: bool = False
+    http_header_forward_pattern: re.Pattern[str] | None = None  # headers forwarded as request parameters
     http_restrictions: Restrictions = field(default_factory=dict)
     grpc: GrpcOptions = field(default_factory=GrpcOptions)
     model_load_thread_count: int = 4

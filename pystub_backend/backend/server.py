@@ -72,7 +72,8 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
                                    options.grpc)
     if options.allow_http:
         app = create_http_app(core, max_input_size=options.http_max_input_size,
-                              restrictions=options.http_restrictions)
+                              restrictions=options.http_restrictions,
+                              header_forward_pattern=options.http_header_forward_pattern)
         app.add_routes(admin_routes(core))
         await listeners.start_http(app, options.http_address, options.http_port, "HTTPService",
                                    options.settings.exit_timeout_seconds, options.reuse_http_port)

@@ -108,7 +108,7 @@ def create_grpc_listener(core: ServerCore, address: str, port: int,
     channel_args = {**_BASE_CHANNEL_ARGS, "grpc.so_reuseport": int(options.reuse_port), **options.channel_args}
     interceptors = [RestrictionInterceptor(options.restrictions)] if options.restrictions else []
     server = grpc.aio.server(options=list(channel_args.items()), interceptors=interceptors)
-    register(InferenceServicer(core), server)
+    register(InferenceServicer(core, options.header_forward_pattern), server)
     health = HealthService(core)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((INFERENCE_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server)

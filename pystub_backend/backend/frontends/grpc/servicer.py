@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -19,6 +20,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pystub_backend.backend import log as backend_log
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, grpc_code
+from pystub_backend.backend.frontends.forwarding import forward_headers
 from pystub_backend.backend.frontends.grpc import shm as grpc_shm
 from pystub_backend.backend.frontends.grpc.codec import (
     ParsedInferRequest,
@@ -96,8 +98,9 @@ def _answer_unimplemented_on_the_loop(cls: type) -> type:
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Answers the KServe v2 gRPC service from a `ServerCore`."""
 
-    def __init__(self, core: ServerCore) -> None:
+    def __init__(self, core: ServerCore, header_pattern: re.Pattern[str] | None = None) -> None:
         self._core = core
+        self._header_pattern = header_pattern  # --grpc-header-forward-pattern
 
     @_rpc
     async def ServerLive(self, request: service_pb2.ServerLiveRequest,
@@ -222,7 +225,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
             self, request_iterator: AsyncIterator[service_pb2.ModelInferRequest],
             context: grpc.aio.ServicerContext) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
-        async for response in stream_infer(self._core, request_iterator, context):
+        async for response in stream_infer(self._core, request_iterator, context, self._header_pattern):
             yield response
 
     @_rpc
@@ -232,7 +235,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if self._core.is_decoupled(message.model_name, message.model_version):
             raise ServerError("ModelInfer RPC doesn't support models with decoupled transaction policy",
                               Status.UNSUPPORTED)
-        response = await self._core.infer(decode_infer_request(message, request.raw_input_contents))
+        decoded = decode_infer_request(message, request.raw_input_contents)
+        forward_headers(context.invocation_metadata() or (), decoded.parameters, self._header_pattern)
+        response = await self._core.infer(decoded)
         try:
             return serialize_infer_response(response)
         finally:

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -19,6 +20,7 @@ from aiohttp.typedefs import Middleware
 
 from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, http_status
+from pystub_backend.backend.frontends.forwarding import forward_headers
 from pystub_backend.backend.frontends.http.codec import (
     INFERENCE_HEADER,
     Body,
@@ -58,9 +60,11 @@ _MODEL_VERSION = "/v2/models/{model}/versions/{version:[0-9]+}"
 
 
 def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
-                    restrictions: Restrictions | None = None) -> web.Application:
-    """The aiohttp application serving `core`; a JSON part above `max_input_size` gets 400, and a
-    request of a restricted API group without its header gets 403."""
+                    restrictions: Restrictions | None = None,
+                    header_forward_pattern: re.Pattern[str] | None = None) -> web.Application:
+    """The aiohttp application serving `core`; a JSON part above `max_input_size` gets 400, a
+    request of a restricted API group without its header gets 403, and headers matching
+    `header_forward_pattern` become inference request parameters."""
     middlewares: list[Middleware] = [_error_middleware]
     if restrictions:
         middlewares.append(restriction_middleware(restrictions))
@@ -70,7 +74,7 @@ def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
         # Request bodies are decompressed here, under the size limit, not by aiohttp's parser.
         handler_args={"auto_decompress": False},
     )
-    routes = _Routes(core, max_input_size)
+    routes = _Routes(core, max_input_size, header_forward_pattern)
     router = app.router
     router.add_get("/v2/health/live", routes.live)
     router.add_get("/v2/health/ready", routes.ready)
@@ -151,9 +155,10 @@ def _model_ref(request: web.Request) -> tuple[str, str]:
 class _Routes:
     """The route handlers, bound to one core."""
 
-    def __init__(self, core: ServerCore, max_input_size: int) -> None:
+    def __init__(self, core: ServerCore, max_input_size: int, header_pattern: re.Pattern[str] | None) -> None:
         self._core = core
         self._max_input_size = max_input_size
+        self._header_pattern = header_pattern
 
     async def live(self, request: web.Request) -> web.Response:
         # Triton answers 400 with an empty body; clients look only at the status.
@@ -200,6 +205,7 @@ class _Routes:
         body = await self._read_body(request)
         decoded = self._decode(body, request, model, version)
         _copy_multiplexed_model_id(request, decoded.request)
+        forward_headers(request.headers.items(), decoded.request.parameters, self._header_pattern)
         with http_request_link(request):  # pystub sequences: a client gone mid-request evicts its sequence
             response = await self._core.infer(decoded.request)
         try:
