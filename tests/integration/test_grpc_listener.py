@@ -5,7 +5,9 @@ SO_REUSEPORT, and one response per request of a non-decoupled model on the strea
 from __future__ import annotations
 
 import queue
+import socket
 import subprocess
+import threading
 from pathlib import Path
 
 import grpc
@@ -208,3 +210,70 @@ def test_stream_gives_one_response_per_request_of_a_default_model(examples_backe
     for index, (result, _) in enumerate(received):
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 3), index, np.float32))
         assert result.get_response().parameters["triton_final_response"].bool_param is True
+
+
+class _CountingProxy:
+    """A TCP proxy on 127.0.0.1 that counts the bytes the server sends back."""
+
+    def __init__(self, target_port: int) -> None:
+        self._target = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.received = 0
+        self._sockets: list[socket.socket] = [self._listener]
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        try:
+            client, _ = self._listener.accept()
+        except OSError:
+            return
+        server = socket.create_connection(("127.0.0.1", self._target), timeout=_DEADLINE)
+        self._sockets += [client, server]
+        for source, sink, counted in ((client, server, False), (server, client, True)):
+            thread = threading.Thread(target=self._pump, args=(source, sink, counted), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                if counted:
+                    self.received += len(data)
+                sink.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            try:  # wakes the threads blocked in accept/recv (close alone does not)
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        for thread in self._threads:
+            thread.join(timeout=_DEADLINE)
+
+
+def _bytes_for_zeros(backend: Backend) -> int:
+    proxy = _CountingProxy(backend.ports["grpc"])
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{proxy.port}")
+    try:
+        tensor = grpcclient.InferInput("INPUT0", [1, 256 * 1024], "FP32")
+        tensor.set_data_from_numpy(np.zeros((1, 256 * 1024), np.float32))  # 1 MiB, very compressible
+        result = client.infer("identity_fp32", [tensor], client_timeout=_DEADLINE)
+        assert not result.as_numpy("OUTPUT0").any()
+    finally:
+        client.close()
+        proxy.close()
+    return proxy.received
+
+
+def test_response_compression_level(tmp_path: Path) -> None:
+    repository = make_repository(tmp_path, "identity_fp32")
+    with Backend(repository) as backend:
+        plain = _bytes_for_zeros(backend)
+    with Backend(repository, "--grpc-infer-response-compression-level=high") as backend:
+        compressed = _bytes_for_zeros(backend)
+    assert plain > 2**20 and compressed < plain // 10, (plain, compressed)
