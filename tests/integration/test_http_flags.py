@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -88,3 +89,14 @@ def test_reuse_http_port(tmp_path: Path) -> None:
             assert "failed to start a listener" in refused.log()
         finally:
             refused.stop(check=False)
+
+
+def test_log_format_and_id(tmp_path: Path) -> None:
+    repository = make_repository(tmp_path, "add_sub")
+    with Backend(repository, "--log-format=ISO8601", "--id=edge-7", "--trace-rate=10") as backend:
+        metadata = requests.get(f"http://{backend.http_url}/v2", timeout=30).json()
+        log = backend.log()
+    assert metadata["name"] == "edge-7"
+    started = next(line for line in log.splitlines() if "Started HTTPService" in line)
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ I \d+ server\.py:\d+\] Started HTTPService", started), started
+    assert "--trace-rate is accepted and has no effect: pystub has no request tracing" in log
