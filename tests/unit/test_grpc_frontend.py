@@ -21,7 +21,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from pystub_backend.backend.errors import ServerError, Status
-from pystub_backend.backend.frontends.grpc.servicer import create_grpc_server
+from pystub_backend.backend.frontends.grpc.listener import create_grpc_server
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
 
 MODEL = "identity"

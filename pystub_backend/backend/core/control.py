@@ -32,6 +32,7 @@ from pystub_backend.backend.models.lifecycle import InFlight, ModelEntry, retire
 from pystub_backend.backend.models.overrides import LoadRequest, OverrideDir, parse_load_parameters
 from pystub_backend.backend.models.repository import (
     POLL_FAILED,
+    ModelSource,
     PollError,
     RepositoryError,
     check_stub_name,
@@ -79,6 +80,7 @@ class ModelControl:
         self._context = context
         self._locks: dict[str, asyncio.Lock] = {}
         self._operations: set[asyncio.Task[Any]] = set()
+        self._load_slots = asyncio.Semaphore(options.load_thread_count)  # --model-load-thread-count
         self._poller: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -202,7 +204,7 @@ class ModelControl:
         if fingerprint is not None:
             entry.fingerprint = fingerprint
         source, override = await self._prepare(entry, model_dir, request)
-        loaded, failed = await start_versions(source, self.options.settings, self._context)
+        loaded, failed = await self._start_versions(source)
         for version in loaded.values():
             version.stats.loaded()  # nv_model_load_duration_secs
         if failed and (entry.versions or not loaded):
@@ -218,7 +220,7 @@ class ModelControl:
             raise _load_error(name, _version_failures(failed))
 
     async def _prepare(self, entry: ModelEntry, model_dir: str | None, request: LoadRequest | None
-                       ) -> tuple[Any, OverrideDir | None]:
+                       ) -> tuple[ModelSource, OverrideDir | None]:
         """The model's source (config, versions) and its override directory. Raises ServerError
         (logged); the entry then shows why, unless versions of it serve on."""
         name, override = entry.name, None
@@ -232,7 +234,8 @@ class ModelControl:
                 raise PollError(f"model '{name}' is not found in any model repository")
             if not entry.versions:
                 entry.state, entry.reason = ModelState.LOADING, ""
-            source = await prepare_model(name, model_dir, self.options.settings, self.options.auto_complete, config)
+            source = await prepare_model(name, model_dir, self.options.settings, self.options.auto_complete, config,
+                                         self.options.backend_directory, self.options.model_config_name)
         except (RepositoryError, ConfigError, ServerError) as exc:
             if override is not None:
                 override.remove()
@@ -244,6 +247,18 @@ class ModelControl:
                 raise ServerError(POLL_FAILED.format(name=name), Status.INTERNAL) from None
             raise _load_error(name, text) from None
         return source, override
+
+    async def _start_versions(self, source: ModelSource) -> tuple[dict[int, ModelVersion], dict[int, str]]:
+        """`start_versions` in one of the load slots; a failure is retried `load_retry_count` times."""
+        for attempt in range(self.options.load_retry_count + 1):
+            async with self._load_slots:
+                loaded, failed = await start_versions(source, self.options.settings, self._context)
+            if not failed or attempt == self.options.load_retry_count:
+                break
+            await stop_versions(loaded, self.options.settings.stub_timeout_seconds)
+            log.warning("failed to load '%s' (%s); retrying (%d of %d)", source.name, "; ".join(failed.values()),
+                        attempt + 1, self.options.load_retry_count)
+        return loaded, failed
 
     async def _install(self, entry: ModelEntry, loaded: dict[int, ModelVersion], failed: dict[int, str],
                        override: OverrideDir | None) -> None:

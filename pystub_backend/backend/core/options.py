@@ -29,3 +29,7 @@ class CoreOptions:
     startup_models: list[str] = field(default_factory=list)  # explicit mode; "*" means all
     poll_seconds: float = 15.0
     allow_client_shm: bool = False  # the system shared memory extension (Triton's default: off)
+    load_thread_count: int = 4  # --model-load-thread-count: models starting at the same time
+    load_retry_count: int = 0  # --model-load-retry-count: further tries of a model that failed to start
+    backend_directory: str = ""  # --backend-directory: Python-based backends, <dir>/<backend>/model.py
+    model_config_name: str = ""  # --model-config-name: <model>/configs/<name>.pbtxt when it exists

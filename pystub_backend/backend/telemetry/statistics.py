@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pystub_backend.backend.telemetry.latency import new_window
 from pystub_backend.ipc.status import Status
 
 __all__ = ["Duration", "ModelStatistics", "BatchTiming", "FAILURE_REASONS", "REJECTED", "CANCELED",
@@ -86,6 +87,7 @@ class ModelStatistics:
         self._batches: dict[int, _BatchStats] = {}
         self._created = time.monotonic()
         self.load_duration_s: float | None = None  # set by loaded()
+        self.latency = new_window()  # --metrics-config summary_latencies (telemetry.latency)
 
     def loaded(self) -> None:
         """The version finished loading: its load duration is the time since these statistics
@@ -109,6 +111,9 @@ class ModelStatistics:
         self.compute_input.add(timing.compute_input_ns)
         self.compute_infer.add(timing.compute_infer_ns)
         self.compute_output.add(timing.compute_output_ns)
+        if self.latency is not None:
+            self.latency.observe(request=total_ns, queue=queue_ns, compute_input=timing.compute_input_ns,
+                                 compute_infer=timing.compute_infer_ns, compute_output=timing.compute_output_ns)
 
     def record_failure(self, total_ns: int, reason: str = BACKEND, inferences: int = 0) -> None:
         """One failed request; `inferences`: its batch size when the model answered it (an error
