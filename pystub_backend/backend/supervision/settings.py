@@ -34,9 +34,6 @@ class StubSettings:
     restart_window_seconds: float = 60.0
     restart_backoff_seconds: float = 0.1
     restart_backoff_max_seconds: float = 5.0
-    # `--backend-directory` (config-sections hook): where Python-based backends live,
-    # `<dir>/<backend>/model.py` (pystub_backend.backend.models.python_backends); "" = none.
-    backend_directory: str = ""
 
 
 def positive_number(text: str, kind: type[_Number]) -> _Number:
