@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+from harness import ROOT
 
 from pystub_backend.backend.cli import parse_args
 from pystub_backend.backend.scheduling.rate_limiter import ResourceLimit
@@ -32,14 +37,11 @@ def test_rate_limit_flags() -> None:
 
 
 @pytest.mark.parametrize(("flags", "text"), [
-    (["--cache-config=local"], "No cache specified. --cache-config option format is <cache name>,<setting>=<value>. "
-                               "Got local"),
+    (["--cache-config=local"], "--cache-config expects <cache>,<setting>=<value>, got 'local'"),
     (["--cache-config=local,size=10", "--response-cache-byte-size=20"],
      "Incompatible flags --response-cache-byte-size and --cache-config both provided. Please provide one or the "
      "other."),
-    (["--cache-config=redis,host=h"], "unable to find cache 'redis'"),
-    (["--cache-config=local,bogus=1"], "config didn't contain a valid 'size' field"),
-    (["--response-cache-byte-size=abc"], "invalid int value: 'abc'"),
+    (["--response-cache-byte-size=abc"], "expected a whole number >= 0, got 'abc'"),
     (["--rate-limit=sometimes"], "invalid choice: 'sometimes'"),
     (["--rate-limit-resource=R"], "--rate-limit-resource option format is '<resource_name>:<count>:<device>' or "
                                   "'<resource_name>:<count>'. Got R"),
@@ -49,3 +51,16 @@ def test_bad_flags_are_usage_errors(flags: list[str], text: str, capsys: pytest.
         parse_args(["--model-repository=/m", *flags])
     assert info.value.code == 2
     assert text in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "text"), [
+    ("--cache-config=redis,host=h", "unable to find cache 'redis'"),
+    ("--cache-config=local,bogus=1", "config didn't contain a valid 'size' field"),
+])
+def test_a_cache_pystub_cannot_make_fails_at_start_up(tmp_path: Path, flag: str, text: str) -> None:
+    """Parsed like any --cache-config; the server refuses it when it starts (exit status 1), as Triton does."""
+    result = subprocess.run([sys.executable, "-m", "pystub_backend.backend", f"--model-repository={tmp_path}", flag,
+                             "--http-port=0", "--grpc-port=0", "--metrics-port=0"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert text in result.stderr

@@ -19,6 +19,8 @@ from pystub_backend.backend.models.config import (
     instance_names,
     is_decoupled,
 )
+from pystub_backend.backend.models.state import ModelState
+from pystub_backend.backend.models.warmup import WarmupError, run_warmup
 from pystub_backend.backend.scheduling.choice import make_scheduler
 from pystub_backend.backend.scheduling.implicit_state import ImplicitState, StateConfigError
 from pystub_backend.backend.scheduling.rate_limiter import RateLimitError, rate_limited, unregister
@@ -108,7 +110,7 @@ class ModelVersion:
         self._rate_limiter = getattr(core, "rate_limiter", None)  # None: --rate-limit=off
         self.instances: list[ModelInstance] = []
         self.scheduler: Scheduler | None = None  # see pystub_backend.backend.scheduling.choice
-        self.state = "UNAVAILABLE"
+        self.state = ModelState.UNAVAILABLE
         self.reason = ""
         self._monitor: asyncio.Task | None = None
         self._scheduled: list[Any] = []  # the instances as the scheduler sees them (rate limiter)
@@ -116,7 +118,7 @@ class ModelVersion:
     # -- readiness -------------------------------------------------------------------------------
     @property
     def loaded(self) -> bool:
-        return self.state == "READY"
+        return self.state == ModelState.READY
 
     @property
     def ready(self) -> bool:
@@ -163,7 +165,7 @@ class ModelVersion:
 
     async def load(self) -> None:
         """Start and initialize every instance. Raises ModelLoadError (and stops what started)."""
-        self.state = "LOADING"
+        self.state = ModelState.LOADING
         config_json = json.dumps(self.config_json)
         try:
             refusal = cache_refusal(self.config, self.decoupled)  # response cache hook: Triton's refusals
@@ -178,9 +180,11 @@ class ModelVersion:
             # rate limiter hook: with --rate-limit=execution_count, executes wait for their group's resources
             scheduled = self._scheduled = rate_limited(self.instances, self.config, self._rate_limiter)
             await asyncio.gather(*(instance.start() for instance in self.instances))
-        except (StubStartError, ModelLoadError, RateLimitError, StateConfigError, OSError) as exc:
+            # config-sections hook: model_warmup runs on every instance before the model is ready
+            await run_warmup(self.config, self.model_dir, self.instances, self.settings.stub_init_timeout_seconds)
+        except (StubStartError, ModelLoadError, RateLimitError, StateConfigError, WarmupError, OSError) as exc:
             await self._stop_instances(self.settings.stub_timeout_seconds)
-            self.state, self.reason = "UNAVAILABLE", str(exc)
+            self.state, self.reason = ModelState.UNAVAILABLE, str(exc)
             raise ModelLoadError(str(exc)) from exc
         scheduler = make_scheduler(self.config, scheduled, self.stats)
         if state is not None:  # implicit state hook: the sequence batcher adds and hides the state tensors
@@ -190,7 +194,7 @@ class ModelVersion:
         # Hangs (frozen heartbeat, execute deadline) are the supervisor's to find; deaths it sees at once.
         interval = min(0.5, self.settings.heartbeat_timeout_seconds / 4)
         self._monitor = asyncio.ensure_future(watch_health(lambda: self.instances, interval))
-        self.state, self.reason = "READY", ""
+        self.state, self.reason = ModelState.READY, ""
 
     # -- serving -------------------------------------------------------------------------------------
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
@@ -229,14 +233,14 @@ class ModelVersion:
 
     async def unload(self, timeout: float) -> None:
         """Fail queued requests, finalize and stop every instance."""
-        self.state = "UNLOADING"
+        self.state = ModelState.UNLOADING
         if self._monitor is not None:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)
         if self.scheduler is not None:
             await self.scheduler.stop(f"Model '{self.name}' version {self.version} is unloading.")
         await self._stop_instances(timeout)
-        self.state, self.reason = "UNAVAILABLE", "unloaded"
+        self.state, self.reason = ModelState.UNAVAILABLE, "unloaded"
 
     async def _stop_instances(self, timeout: float) -> None:
         unregister(self._scheduled)  # rate limiter hook: gone instances no longer size resources
@@ -245,4 +249,4 @@ class ModelVersion:
         self.instances = [i for i in self.instances if i.state is not InstanceState.STOPPED]
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "version": str(self.version), "state": self.state, "reason": self.reason}
+        return {"name": self.name, "version": str(self.version), "state": self.state.value, "reason": self.reason}
