@@ -53,7 +53,10 @@ def build_request(caller: StubProcess, message: BlsRequest) -> InferRequest:
 
     Raises ValueError for a corrupt frame (a handle outside the arena, a bad parameters JSON).
     """
-    _, request_id, wire_inputs, requested, parameters_json, correlation_id, flags, timeout_us = message.request
+    request = message.request  # a pystub_backend.ipc.records.WireRequest
+    request_id, wire_inputs, requested = request.id, request.inputs, request.requested_outputs
+    parameters_json, correlation_id, flags, timeout_us = (request.parameters_json, request.correlation_id,
+                                                          request.flags, request.timeout_us)
     if caller.s2p is None:
         raise ValueError(f"stub '{caller.instance_name}' has no s2p arena")
     inputs = [Tensor(name, datatype, tuple(shape), caller.s2p.view(handle))
