@@ -76,11 +76,11 @@ class Stub:
         self.model_version = 0
         self.decoupled = False
         self.batched: BatchedExecute | None = None  # pystub extension: the model's execute_batch
-        self.boot_failure: StubExitCode | None = None  # set when INIT failed: the stub then exits with it
         self.rescheduled = RescheduledRequests()  # iterative sequences (features/sequences.py)
         self.handlers = StubHandlers()
         install_features(self.handlers)
         self._send_hooks = self.handlers.send_hooks()
+        self.boot_failure: StubExitCode | None = None  # set when INIT failed: the stub then exits with it
         output_buffers.install(self.s2p)  # pb_utils.new_output_array
         self.requests = RequestRegistry(self.instance, self.send, self.s2p, lambda: self.decoupled,
                                         options.send_timeout)
