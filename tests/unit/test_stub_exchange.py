@@ -184,3 +184,10 @@ def test_a_real_stub_that_cannot_boot_exits_with_its_code(tmp_path: Path, source
             await stub.stop(finalize_timeout=0)
 
     asyncio.run(main())
+
+
+def test_a_stub_started_with_bad_arguments_exits_with_bad_arguments() -> None:
+    result = subprocess.run([sys.executable, "-m", "pystub_backend.stub.triton_python_backend_stub", "x_0",
+                             "--fd", "not-a-number"], capture_output=True, timeout=60)
+    assert result.returncode == StubExitCode.BAD_ARGUMENTS, result.stderr
+    assert b"--fd" in result.stderr or b"--base" in result.stderr, "argparse says what is wrong"

@@ -25,6 +25,7 @@ import bisect
 import logging
 import re
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -131,16 +132,16 @@ class CustomMetrics:
         elif family.kind != kind:
             raise CustomMetricError("Family name already exists with different type")
 
-    def apply(self, holder: Any, entries: list[list[Any]]) -> None:
+    def apply(self, holder: Any, entries: Sequence[Sequence[Any]]) -> None:
         """Apply a stub's MetricOps entries in order. Malformed entries are logged and skipped."""
         for entry in entries:
             try:
                 self._apply_one(holder, entry)
             except (TypeError, ValueError, IndexError, KeyError) as exc:
-                log.error("dropped a malformed metric change %r: %s", entry[:3] if isinstance(entry, list) else entry,
-                          exc)
+                shown = entry[:3] if isinstance(entry, (list, tuple)) else entry
+                log.error("dropped a malformed metric change %r: %s", shown, exc)
 
-    def _apply_one(self, holder: Any, entry: list[Any]) -> None:
+    def _apply_one(self, holder: Any, entry: Sequence[Any]) -> None:
         op, name, labels = entry[0], entry[1], entry[2]
         family = self._families.get(name)
         if family is None:

@@ -16,6 +16,7 @@ import weakref
 from typing import TYPE_CHECKING, Protocol
 
 from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceEvicted, SequenceRescheduled
+from pystub_backend.ipc.records import WireError
 from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def _on_rescheduled(stub: StubProcess, message: SequenceRescheduled) -> None:
     if refused:
         text = NOT_ITERATIVE.format(model=stub.model_name)
         log.error("%s", text)
-        stub.send_soon(SequenceDropRescheduled(refused, [int(Status.INTERNAL), text]))
+        stub.send_soon(SequenceDropRescheduled(refused, WireError(int(Status.INTERNAL), text)))
 
 
 def register(handlers: BackendHandlers) -> None:

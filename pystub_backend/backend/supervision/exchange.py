@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features import client_shm
@@ -32,6 +32,7 @@ from pystub_backend.ipc import tensors
 from pystub_backend.ipc.arena import ArenaFullError
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.records import WireRequest, WireResponse, WireTensor
 from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ class _InFlight:
         self.executed = False  # the `execute` call of its batch has returned
         self.final = False  # its final response is in
         self.rescheduled = False  # pystub sequences: runs again as itself in a later batch
-        self.wire: list[Any] = []  # what EXECUTE carried; sent again if the model reschedules it
+        self.wire: WireRequest | None = None  # what EXECUTE carried; sent again if the model reschedules it
 
 
 class RequestExchange:
@@ -120,7 +121,8 @@ class RequestExchange:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._batches[batch_id] = (done, rids)
         try:
-            await self._stub.link.send(msg.Execute(batch_id, [self._records[rid].wire for rid in rids], releases))
+            wires = [wire for rid in rids if (wire := self._records[rid].wire) is not None]  # all are placed
+            await self._stub.link.send(msg.Execute(batch_id, wires, releases))
         except (TypeError, ValueError, OverflowError) as exc:
             # A value the wire cannot carry (validation should have refused it): nothing was sent;
             # fail this batch alone, the caller (a scheduler worker) must go on serving.
@@ -150,25 +152,24 @@ class RequestExchange:
         stream = ResponseStream(request.id, request.model_name, lambda: self._cancel(rid))
         stream.model_version = request.model_version
         record = _InFlight(rid, request, stream)
-        wire_inputs = []
+        wire_inputs: list[WireTensor] = []
         try:
             for tensor in request.inputs:
                 region = client_shm.region_handle(tensor)
                 if region is not None:  # in a client's shm region: the stub maps it, nothing is copied
-                    wire_inputs.append([tensor.name, tensor.datatype, list(tensor.shape), region])
+                    wire_inputs.append(WireTensor(tensor.name, tensor.datatype, list(tensor.shape), region))
                     continue
                 placed = tensors.place(stub.p2s, tensor.name, tensor.datatype, tensor.shape, tensor.data)
                 wire_inputs.append(placed)
-                record.input_handles.append(placed[3])
+                record.input_handles.append(placed.handle)
         except ArenaFullError:
             self.free_p2s(record.input_handles)
             raise
-        wire = [rid, request.id, wire_inputs, [o.name for o in request.outputs], _parameters_json(request),
-                request.correlation_id, request.flags, int(request.parameters.get("timeout", 0) or 0)]
-        output_regions = client_shm.attach_regions(request, stub, stream)
-        if output_regions:
-            wire.append(output_regions)  # outputs the stub writes straight into client regions
-        record.wire = wire
+        # output_regions: outputs the stub writes straight into client regions
+        output_regions = client_shm.attach_regions(request, stub, stream) or None
+        record.wire = WireRequest(rid, request.id, wire_inputs, [o.name for o in request.outputs],
+                                  _parameters_json(request), request.correlation_id, request.flags,
+                                  int(request.parameters.get("timeout", 0) or 0), output_regions)
         self._records[rid] = record
         return record
 
@@ -190,13 +191,13 @@ class RequestExchange:
             self.outbox.cancel(rid)
 
     # -- frames from the stub ------------------------------------------------------------------
-    def on_response(self, wire: list[Any]) -> None:
+    def on_response(self, wire: WireResponse) -> None:
         rid, flags, _, outputs, parameters_json = wire
         final = bool(flags & msg.RESPONSE_FINAL)
         record = self._records.get(rid)
         if record is None or record.final:
             log.warning("stub '%s' answered unknown request %s", self._stub.instance_name, rid)
-            self.outbox.release([t[3] for t in outputs], rid if outputs else None)
+            self.outbox.release([t.handle for t in outputs], rid if outputs else None)
             return
         if final:
             record.final = True
@@ -214,18 +215,18 @@ class RequestExchange:
                 f"stub '{self._stub.instance_name}' sent a malformed response: {type(exc).__name__}: {exc}"))
         record.stream.put(response, final)
 
-    def _make_response(self, record: _InFlight, wire: list[Any]) -> InferResponse:
+    def _make_response(self, record: _InFlight, wire: WireResponse) -> InferResponse:
         rid, _, error, outputs_wire, parameters_json = wire
         request = record.request
         parameters = json.loads(parameters_json) if parameters_json and parameters_json != "{}" else {}
         if error is not None:
             return InferResponse(request.model_name, "", request.id, parameters=parameters,
-                                 error=ServerError(error[1], Status.coerce(error[0])))
+                                 error=ServerError(error.message, Status.coerce(error.code)))
         s2p = self._stub.s2p
         assert s2p is not None
         outputs = [Tensor(name, datatype, tuple(shape), s2p.view(handle))
                    for name, datatype, shape, handle in outputs_wire]
-        handles = [t[3] for t in outputs_wire]
+        handles = [t.handle for t in outputs_wire]
         released = False
 
         def release() -> None:

@@ -21,7 +21,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.bls.payloads import PayloadKey
@@ -31,6 +31,7 @@ from pystub_backend.ipc.arena import ArenaFullError
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.bls import BLS_CREDIT_WINDOW, BlsRequest, BlsResponse
+from pystub_backend.ipc.records import WireError, WireResponse, WireTensor
 from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
@@ -240,27 +241,27 @@ class BlsCall:
             self.caller_died()
             return
         flags = _FINAL if response.final else 0
-        placed: list[list[Any]] = []
-        wire: list[Any]
+        placed: list[WireTensor] = []
+        wire: WireResponse
         p2s = self.caller.p2s
         try:
             if response.flags_only:
-                wire = [self.call_id, flags, None, [], None]
+                wire = WireResponse(self.call_id, flags, None, [], None)
             elif response.error is not None:
-                wire = [self.call_id, flags, [int(response.error.status), response.error.message], [],
-                        _parameters_json(response)]
+                wire = WireResponse(self.call_id, flags, WireError(int(response.error.status), response.error.message),
+                                    [], _parameters_json(response))
             else:
                 try:
                     if p2s is None:
                         raise ArenaFullError(f"stub '{self.caller.instance_name}' has no p2s arena")
                     for tensor in response.outputs:  # a fresh allocation each: the stub frees each one
                         handle = list(p2s.write(tensor.data))
-                        placed.append([tensor.name, tensor.datatype, list(tensor.shape), handle])
-                    wire = [self.call_id, flags, None, placed, _parameters_json(response)]
+                        placed.append(WireTensor(tensor.name, tensor.datatype, list(tensor.shape), handle))
+                    wire = WireResponse(self.call_id, flags, None, placed, _parameters_json(response))
                 except ArenaFullError as exc:
                     self._free(placed)
                     placed = []
-                    wire = [self.call_id, flags, [int(Status.INTERNAL), str(exc)], [], "{}"]
+                    wire = WireResponse(self.call_id, flags, WireError(int(Status.INTERNAL), str(exc)), [], "{}")
         finally:
             response.release()  # the target's s2p bytes and its send credit
         if await self._send(BlsResponse(self.call_id, wire)):
@@ -274,8 +275,8 @@ class BlsCall:
     async def _send_final_error(self, error: ServerError) -> None:
         if self.finished or self._caller_dead:
             return
-        if await self._send(BlsResponse(self.call_id, [self.call_id, _FINAL, [int(error.status), error.message],
-                                                       [], "{}"])):
+        final = WireResponse(self.call_id, _FINAL, WireError(int(error.status), error.message), [], "{}")
+        if await self._send(BlsResponse(self.call_id, final)):
             self.finished = True
             self._release_hold()
 
@@ -291,12 +292,12 @@ class BlsCall:
             self.caller_died()
             return False
 
-    def _free(self, placed: list[list[Any]]) -> None:
+    def _free(self, placed: list[WireTensor]) -> None:
         p2s = self.caller.p2s
         for wire in placed:
             try:
                 if p2s is not None:
-                    p2s.free(wire[3])
+                    p2s.free(wire.handle)
             except (KeyError, IndexError, ValueError, TypeError, AttributeError):
                 pass
 
