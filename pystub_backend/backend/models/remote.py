@@ -103,7 +103,7 @@ def _s3_location(url: str, rest: str) -> RemoteLocation:
 def parse_location(url: str) -> RemoteLocation:
     """Parse an `s3://`, `gs://` or `as://` location. Raises RemoteRepositoryError."""
     scheme, _, rest = url.partition("://")
-    rest = rest.strip("/")
+    rest = rest.rstrip("/")  # a leading "/" means an empty bucket name: refused below
     if scheme == "s3":
         location = _s3_location(url, rest)
     elif scheme == "gs":
@@ -114,7 +114,7 @@ def parse_location(url: str) -> RemoteLocation:
     else:
         raise RemoteRepositoryError(f"unsupported model repository location '{url}': "
                                     f"expected one of {', '.join(REMOTE_SCHEMES)}")
-    if not location.root.split("/")[0]:
+    if not location.root.split("/")[0] or location.root.startswith("/"):
         raise RemoteRepositoryError(f"model repository location '{url}' names no bucket or container")
     return location
 
