@@ -76,6 +76,17 @@ def test_the_chart_refuses_a_grace_period_shorter_than_the_drain() -> None:
         render({"exitTimeoutSeconds": 60, "terminationGracePeriodSeconds": 45})
 
 
+@pytest.mark.parametrize(("values", "text"), [
+    ({"imag": {"repository": "x"}}, "additional properties 'imag' not allowed"),
+    ({"modelControlMode": "pol"}, "value must be one of"),
+    ({"modelRepository": "http://bucket/models"}, "modelRepository"),
+    ({"autoscaling": {"engine": "vpa"}}, "value must be one of"),
+])
+def test_the_chart_refuses_values_outside_its_schema(values: dict[str, Any], text: str) -> None:
+    with pytest.raises(helm_python.HelmError, match=re.escape(text)):
+        render(values)
+
+
 def _flag(args: list[str], name: str) -> str:
     values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
     assert len(values) == 1, (name, args)
