@@ -127,6 +127,9 @@ def test_a_changed_model_file_is_fetched_again_and_unchanged_files_are_not(s3: S
     assert config.stat().st_mtime_ns == before[0]  # not downloaded again: its fingerprint holds
     assert model.stat().st_mtime_ns != before[1] and model.read_bytes().endswith(b"# changed\n")
     assert Path(local, "identity_fp32", "2", "model.py").is_file()
+    s3.client().put_object(Bucket=bucket, Key="repo/identity_fp32/3/", Body=b"")  # an empty version directory
+    _sync(url, env)
+    assert Path(local, "identity_fp32", "3").is_dir()
     s3.delete_prefix(bucket, "repo/identity_fp32/2/")
     _sync(url, env)
     assert not Path(local, "identity_fp32", "2").exists()  # removed remotely: removed here

@@ -154,25 +154,36 @@ def _relative(root: str, path: str) -> str:
     return posixpath.normpath(relative)
 
 
-def _list(filesystem: _FileSystem, location: RemoteLocation) -> dict[str, tuple[str, str]]:
-    """Relative path -> (remote path, signature) of every file below the root."""
+@dataclass
+class _Listing:
+    files: dict[str, tuple[str, str]]  # relative path -> (remote path, signature)
+    directories: set[str]  # relative paths, including empty ones (directory markers)
+
+
+def _list(filesystem: _FileSystem, location: RemoteLocation) -> _Listing:
+    """Every file and directory below the root. An empty version directory exists in a store only
+    as a marker object; it is kept, as a local repository would keep it."""
     try:
         filesystem.invalidate_cache()
-        listing = filesystem.find(location.root, detail=True, withdirs=False)
+        entries = filesystem.find(location.root, detail=True, withdirs=True)
     except FileNotFoundError:
-        listing = {}
+        entries = {}
     except Exception as exc:  # every store raises its own classes; all of them mean "cannot list"
         raise RemoteRepositoryError(f"failed to list model repository {location.url}: "
                                     f"{type(exc).__name__}: {exc}") from exc
-    files = {}
-    for path, info in listing.items():
-        if info.get("type", "file") != "file" or path.endswith("/"):
-            continue  # directory markers some tools write
-        files[_relative(location.root, path)] = (path, _signature(info))
-    if not files:
+    listing = _Listing({}, set())
+    for path, info in entries.items():
+        if path.rstrip("/") == location.root:
+            continue
+        relative = _relative(location.root, path.rstrip("/"))
+        if info.get("type", "file") == "file" and not path.endswith("/"):
+            listing.files[relative] = (path, _signature(info))
+        else:
+            listing.directories.add(relative)
+    if not listing.files:
         raise RemoteRepositoryError(f"failed to stat file {location.url}: the model repository does not exist "
                                     f"or is empty")
-    return files
+    return listing
 
 
 @contextmanager
@@ -226,28 +237,31 @@ def _download(filesystem: _FileSystem, location: RemoteLocation, remote: str, lo
                                     f"{type(exc).__name__}: {exc}") from exc
 
 
-def _remove_stale(directory: str, stale: set[str]) -> None:
+def _remove_stale(directory: str, stale: set[str], keep: set[str]) -> None:
+    """Delete files gone from the store, then directories left empty that the store does not hold."""
     for relative in stale:
         path = os.path.join(directory, relative)
         if os.path.lexists(path):
             os.unlink(path)
-    for root, dirs, files in os.walk(directory, topdown=False):  # drop directories left empty
-        if root != directory and not dirs and not files:
+    for root, _, _ in os.walk(directory, topdown=False):
+        relative = os.path.relpath(root, directory)
+        if root != directory and relative not in keep and not os.listdir(root):
             os.rmdir(root)
 
 
 def _mirror(filesystem: _FileSystem, location: RemoteLocation, directory: str) -> None:
-    remote = _list(filesystem, location)
+    listing = _list(filesystem, location)
     manifest = _read_manifest(directory)
-    for relative, (path, signature) in sorted(remote.items()):
+    for relative in sorted(listing.directories):
+        os.makedirs(os.path.join(directory, relative), exist_ok=True)
+    for relative, (path, signature) in sorted(listing.files.items()):
         local = os.path.join(directory, relative)
         if manifest.get(relative) != signature or not os.path.isfile(local):
             _download(filesystem, location, path, local)
             manifest[relative] = signature
             _write_manifest(directory, manifest)  # after each file: an interrupted sync resumes
-    stale = set(manifest) - set(remote)
-    _remove_stale(directory, stale)
-    _write_manifest(directory, {k: v for k, v in manifest.items() if k in remote})
+    _remove_stale(directory, set(manifest) - set(listing.files), listing.directories)
+    _write_manifest(directory, {k: v for k, v in manifest.items() if k in listing.files})
 
 
 def sync_repository(url: str) -> str:
