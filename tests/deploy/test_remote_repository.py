@@ -175,6 +175,7 @@ def test_locations_are_parsed_as_triton_spells_them(url: str, protocol: str, roo
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AZURE_STORAGE_KEY", raising=False)
     location = parse_location(url)
     assert (location.protocol, location.root) == (protocol, root)
     assert {k: v for k, v in location.options.items() if k != "config_kwargs"} == options
@@ -196,3 +197,9 @@ def test_a_scheme_whose_client_is_missing_names_the_extra(tmp_path: Path, monkey
     monkeypatch.setenv("PYSTUB_REPOSITORY_CACHE", str(tmp_path))
     with pytest.raises(RemoteRepositoryError, match=r"pystub-backend\[gcs\]"):
         sync_repository("gs://bucket/models")
+
+
+def test_azure_takes_the_account_key_from_tritons_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AZURE_STORAGE_KEY", "a-key")
+    options = parse_location("as://account/container/models").options
+    assert options == {"account_name": "account", "account_key": "a-key"}

@@ -110,7 +110,10 @@ def parse_location(url: str) -> RemoteLocation:
         location = RemoteLocation(url, "gcs", rest)
     elif scheme == "as":
         account, _, path = rest.partition("/")
-        location = RemoteLocation(url, "abfs", path, {"account_name": account} if account else {})
+        options: dict[str, object] = {"account_name": account} if account else {}
+        if os.environ.get("AZURE_STORAGE_KEY"):  # Triton's variable; adlfs reads other names itself
+            options["account_key"] = os.environ["AZURE_STORAGE_KEY"]
+        location = RemoteLocation(url, "abfs", path, options)
     else:
         raise RemoteRepositoryError(f"unsupported model repository location '{url}': "
                                     f"expected one of {', '.join(REMOTE_SCHEMES)}")
@@ -128,8 +131,7 @@ def cache_root() -> str:
 def _filesystem(location: RemoteLocation) -> _FileSystem:
     try:
         import fsspec
-        filesystem: _FileSystem = fsspec.filesystem(location.protocol, use_listings_cache=False,
-                                                    **location.options)
+        filesystem: _FileSystem = fsspec.filesystem(location.protocol, **location.options)
     except ImportError as exc:
         extra = _EXTRAS[location.protocol]
         raise RemoteRepositoryError(f"model repository '{location.url}' needs the '{extra}' extra: "
