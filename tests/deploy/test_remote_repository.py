@@ -96,6 +96,8 @@ def test_poll_mode_serves_from_s3_and_picks_up_added_and_removed_models(s3: S3Se
             inputs[0].set_data_from_numpy(a)
             inputs[1].set_data_from_numpy(b)
             np.testing.assert_array_equal(client.infer("add_sub", inputs).as_numpy("OUTPUT0"), a + b)
+        # many polls have listed the bucket by now: the unchanged model was never reloaded
+        assert "reloading 'identity_fp32'" not in backend.log()
         s3.delete_prefix(bucket, "repo/identity_fp32/")
         _wait_ready(backend.http_url, "identity_fp32", ready=False)
         assert "'identity_fp32' was removed" in backend.log()
