@@ -45,7 +45,10 @@ def build_request(caller: Any, message: BlsRequest) -> InferRequest:
 
     Raises ValueError for a corrupt frame (a handle outside the arena, a bad parameters JSON).
     """
-    _, request_id, wire_inputs, requested, parameters_json, correlation_id, flags, timeout_us = message.request
+    request = message.request  # a pystub_backend.ipc.records.WireRequest
+    request_id, wire_inputs, requested = request.id, request.inputs, request.requested_outputs
+    parameters_json, correlation_id, flags, timeout_us = (request.parameters_json, request.correlation_id,
+                                                          request.flags, request.timeout_us)
     inputs = [Tensor(name, datatype, tuple(shape), caller.s2p.view(handle))
               for name, datatype, shape, handle in wire_inputs]
     parameters = json.loads(parameters_json) if parameters_json and parameters_json != "{}" else {}
