@@ -25,6 +25,7 @@ from typing import Any
 from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import BlockingChannel, ChannelClosedError
 from pystub_backend.ipc.control_block import ControlBlock, StubState
+from pystub_backend.ipc.exit_codes import StubExitCode
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import output_buffers, pb_utils
@@ -79,6 +80,7 @@ class Stub:
         self.handlers = StubHandlers()
         install_features(self.handlers)
         self._send_hooks = self.handlers.send_hooks()
+        self.boot_failure: StubExitCode | None = None  # set when INIT failed: the stub then exits with it
         output_buffers.install(self.s2p)  # pb_utils.new_output_array
         self.requests = RequestRegistry(self.instance, self.send, self.s2p, lambda: self.decoupled,
                                         options.send_timeout)
@@ -154,7 +156,7 @@ class Stub:
             message = self.work.get()
             if message is None:  # the backend closed the channel: it is gone or gave up on us
                 sys.stderr.write("Non-graceful termination detected.\n")
-                return 1
+                return StubExitCode.CHANNEL_CLOSED
             handler = handlers.get(type(message))
             try:
                 if handler is not None:
@@ -168,9 +170,9 @@ class Stub:
             except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the stub
                 self.log_error(f"stub '{self.instance}' dropped a malformed {type(message).__name__} frame: "
                                f"{type(exc).__name__}: {exc}")
-            if isinstance(message, (msg.Finalize, msg.AutoComplete)):
+            if isinstance(message, (msg.Finalize, msg.AutoComplete)) or self.boot_failure is not None:
                 heartbeat.stop()
-                return 0
+                return self.boot_failure or StubExitCode.OK
 
     def _log_from_model(self, level: int, message: str, filename: str, lineno: int) -> None:
         self.log(level, message, filename, lineno)
@@ -204,10 +206,12 @@ class Stub:
         self.decoupled = bool(message.settings.get("decoupled", False))
         _runtime.set_model_dir(os.path.dirname(message.model_path))
         self.handlers.notify_phase(self, "initializing")
+        self.boot_failure = StubExitCode.MODEL_IMPORT_FAILED
         try:
             model_class = load_model_class(message.model_path)
             if not callable(getattr(model_class, "execute", None)) and not has_execute_batch(model_class):
                 raise LoadError(f"Python model {message.model_path} does not implement `execute` method.")
+            self.boot_failure = StubExitCode.INITIALIZE_FAILED
             self.batched = BatchedExecute.create(model_class, args.get("model_config", "{}"), self.instance,
                                                  self.decoupled)
             self.model = model_class()
@@ -216,7 +220,8 @@ class Stub:
                 initialize(args)
         except Exception as exc:
             self.send(msg.InitDone(self._describe(exc).split("\n\n", 1)[0], format_traceback(exc), False))
-            return
+            return  # run() exits with self.boot_failure
+        self.boot_failure = None
         self.control.set_state(StubState.READY)
         self.handlers.notify_phase(self, "ready")
         self.send(msg.InitDone(None, None, callable(getattr(self.model, "is_ready", None))))
@@ -314,7 +319,11 @@ def main(options: StubOptions) -> int:
     ignore_termination_signals()
     set_parent_death_signal(options.parent_pid)
     apply_rlimits(options.rlimits)
-    stub = Stub(options)
+    try:
+        stub = Stub(options)
+    except (OSError, ValueError) as exc:  # its shared objects or channel are not there
+        sys.stderr.write(f"stub '{options.instance}' could not attach to the backend: {exc}\n")
+        return StubExitCode.BOOT_FAILED
     try:
         return stub.run()
     finally:

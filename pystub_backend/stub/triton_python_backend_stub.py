@@ -61,12 +61,23 @@ def isolate_model_imports(working_dir: str) -> None:
         drop.add(project_root)
     sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) not in drop]
     sys.argv[:] = [""]
+    # multiprocessing's spawn re-imports the parent's __main__ in each child by its module name,
+    # which no longer resolves once pystub's root is off sys.path; without a spec the child runs
+    # this file by path instead, and it imports nothing of pystub at module level. (Triton's
+    # stub has no Python __main__ at all.)
+    main = sys.modules.get("__main__")
+    if main is not None and getattr(main, "__file__", None) == __file__:
+        main.__spec__ = None
 
 
 def run(argv: list[str] | None = None) -> None:
     working_dir = os.path.abspath(os.getcwd())
-    options = parse_args(sys.argv[1:] if argv is None else argv)
+    from pystub_backend.ipc.exit_codes import StubExitCode
     from pystub_backend.stub.stub import main
+    try:
+        options = parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exc:  # argparse said why on stderr
+        os._exit(StubExitCode.OK if exc.code == 0 else StubExitCode.BAD_ARGUMENTS)
     isolate_model_imports(working_dir)
     code = main(options)
     # os._exit: threads a model started must not keep a finished stub alive.

@@ -136,3 +136,9 @@ def test_await_async_exec_decoupled_yields_until_the_first_response(backend: Bac
         waited, *values = result.as_numpy("OUT").tolist()
         assert values == [seconds] and waited >= seconds - 0.5
     assert seconds - 0.5 <= elapsed < 7.0, f"{count} concurrent async_exec(decoupled=True) took {elapsed:.1f} s"
+
+
+def test_a_model_can_spawn_processes_that_import_its_helpers(backend: Backend) -> None:
+    """multiprocessing's "spawn" children start from the stub's own sys.path and __main__."""
+    _, info = infer(backend, "env_probe", {"mode": "spawn"})
+    assert info == {"spawned": 21}

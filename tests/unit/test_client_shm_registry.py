@@ -245,6 +245,11 @@ class _FakeStub:
 
         self.settings = _Settings()
 
+    async def send(self, message: Any, timeout: float | None = None) -> None:
+        """As StubProcess.send: the one way features send to a stub."""
+        await self.channel.send(msg.encode(message), timeout or self.settings.stub_timeout_seconds,
+                                type(message).__name__)
+
 
 class _FakeStream:
     def __init__(self) -> None:

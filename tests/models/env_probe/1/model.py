@@ -4,11 +4,13 @@
                    found: {generic name: importable?}}
     exit   sys.exit(3) from execute (the instance must keep serving)
     bytes  pb_utils calls with bytes where the API takes strings; INFO = what each returned
+    spawn  INFO = {spawned: utils.triple(7) run in a multiprocessing "spawn" child}
 OUT = [pid of the stub].
 """
 
 import importlib.util
 import json
+import multiprocessing
 import os
 import sys
 
@@ -37,7 +39,7 @@ class TritonPythonModel:
             mode = json.loads(request.parameters() or "{}").get("mode", "env")
             if mode == "exit":
                 sys.exit(3)
-            info = self._bytes() if mode == "bytes" else self._env()
+            info = {"bytes": self._bytes, "spawn": self._spawn}.get(mode, self._env)()
             responses.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("OUT", np.array([os.getpid()], np.float32)),
                 pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_))]))
@@ -46,6 +48,10 @@ class TritonPythonModel:
     def _env(self):
         return {"argv_at_import": _ARGV, "argv": self.argv, "helpers": _HELPERS, "modules": self.modules,
                 "found": {name: importlib.util.find_spec(name) is not None for name in _GENERIC}}
+
+    def _spawn(self):
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            return {"spawned": pool.apply(utils.triple, (7,))}
 
     def _bytes(self):
         request = pb_utils.InferenceRequest(model_name=b"bls_leaf", request_id=b"r1",
