@@ -123,6 +123,23 @@ class FrameLink:
             if self._waiters.get(reply) is future:
                 del self._waiters[reply]
 
+    async def await_reply(self, reply: type[_Reply], timeout: float, what: str) -> _Reply:
+        """Wait for the next `reply`-class answer without sending anything (config-sections hook:
+        the ready probe drops a late answer of an earlier call and waits on). Raises as
+        `request_reply`."""
+        if self.closed:
+            raise StubStartError(self._stub.death_text(what))
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._waiters[reply] = future
+        try:
+            return cast(_Reply, await asyncio.wait_for(future, timeout))
+        except asyncio.TimeoutError:
+            raise StubStartError(f"timed out after {timeout:.0f} s waiting for {what} from stub "
+                                 f"'{self._stub.instance_name}'") from None
+        finally:
+            if self._waiters.get(reply) is future:
+                del self._waiters[reply]
+
     def fail_waiters(self) -> None:
         """The stub is gone: every reply waiter learns it now."""
         for waiter in self._waiters.values():

@@ -33,7 +33,9 @@ from pystub_backend.backend.inference import InferRequest
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.exchange import RequestExchange, StreamOrError
 from pystub_backend.backend.supervision.frames import FrameLink
+from pystub_backend.backend.supervision.init_failure import died_during_initialize
 from pystub_backend.backend.supervision.output import OutputForwarder
+from pystub_backend.backend.supervision.ready_probe import ReadyProbe
 from pystub_backend.backend.supervision.services import StubServices
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.telemetry.statistics import BatchTiming
@@ -71,7 +73,7 @@ class StubProcess:
         self.exchange = RequestExchange(self)
         self._dead = False
         self._output: OutputForwarder | None = None
-        self._ready_check: asyncio.Future[str | None] | None = None
+        self._ready_probe = ReadyProbe(self.link, instance_name, settings.stub_timeout_seconds)  # config-sections hook
         self.has_is_ready = False
         self.on_death: Callable[[StubProcess], None] | None = None
 
@@ -188,8 +190,11 @@ class StubProcess:
     async def initialize(self, model_path: str, args: dict[str, str], settings: dict[str, object]) -> None:
         """Run the model's initialize. Raises StubStartError with the model's error text; a model
         that failed to import or initialize is a boot failure (the stub exits with its code)."""
-        reply = await self.link.request_reply(msg.Init(model_path, args, settings), msg.InitDone,
-                                              self.settings.stub_init_timeout_seconds, "initialize")
+        try:
+            reply = await self.link.request_reply(msg.Init(model_path, args, settings), msg.InitDone,
+                                                  self.settings.stub_init_timeout_seconds, "initialize")
+        except StubStartError as exc:  # config-sections hook: a death fails the load with Triton's text
+            raise StubStartError(await died_during_initialize(self, exc), exc.boot_failure) from exc
         if reply.error is not None:
             raise StubStartError(reply.error + (f"\n{reply.traceback}" if reply.traceback else ""),
                                  boot_failure=True)
@@ -204,25 +209,14 @@ class StubProcess:
         return str(reply.config_json)
 
     async def check_ready(self, timeout: float = 5.0) -> str | None:
-        """The model's own readiness (API.md 2.3): None when ready, else why not. Concurrent checks
-        share one call; a model without `is_ready` is ready while its stub lives."""
+        """The model's own readiness (API.md 2.3): None when ready, else why not. One call at a
+        time: checks that come while it runs wait for it (ready_probe); a model without
+        `is_ready` is ready while its stub lives."""
         if not self.alive:
             return self.unhealthy_error().message
         if not self.has_is_ready:
             return None
-        if self._ready_check is None or self._ready_check.done():
-            self._ready_check = asyncio.ensure_future(self._ask_ready(timeout))
-        return await asyncio.shield(self._ready_check)
-
-    async def _ask_ready(self, timeout: float) -> str | None:
-        try:
-            reply = await self.link.request_reply(msg.IsReady(self.exchange.next_id()), msg.IsReadyDone,
-                                                  timeout, "is_ready")
-        except StubStartError as exc:
-            if "timed out" in str(exc):
-                return "Timed out waiting for user-defined is_ready() response"
-            return self.unhealthy_error().message
-        return None if reply.ready else str(reply.error)
+        return await self._ready_probe.check(timeout)
 
     # -- execute -------------------------------------------------------------------------------
     async def execute_streams(self, requests: list[InferRequest],
