@@ -1,0 +1,33 @@
+"""The differential tier: one Triton 2.51 and one pystub per test process, shared by its tests.
+
+Known differences live in known.py, keyed by test id; this conftest marks those tests
+`xfail(strict=True)` with the difference as the reason, so a fix shows up as an XPASS failure
+and the entry must then be removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from known import KNOWN
+from oracle import Pair, running_pair
+
+_HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
+def pair() -> Iterator[Pair]:
+    """Triton and pystub on copies of tests/differential/models (started once per test process)."""
+    with running_pair() as started:
+        yield started
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).parent != _HERE:
+            continue
+        key = f"{Path(str(item.fspath)).name}::{item.name}"
+        if key in KNOWN:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=KNOWN[key]))
