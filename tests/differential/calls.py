@@ -144,3 +144,10 @@ def both(pair: Sequence[Endpoint], call: object, *args: object, **kwargs: object
     """`call(endpoint, ...)` on Triton and on pystub, in that order."""
     triton, pystub = pair
     return call(triton, *args, **kwargs), call(pystub, *args, **kwargs)  # type: ignore[operator]
+
+
+def agree(triton: object, pystub: object) -> None:
+    """Assert that the two answers are equal; the message shows both in full."""
+    if triton != pystub:
+        raise AssertionError(f"DIFF\n  triton: {json.dumps(triton, sort_keys=True, default=str)}\n"
+                             f"  pystub: {json.dumps(pystub, sort_keys=True, default=str)}")
