@@ -65,9 +65,10 @@ def _outputs(result: object, names: Sequence[str], protocol: str) -> dict[str, l
 
 
 def http_infer(endpoint: Endpoint, model: str, tensors: Sequence[Tensor], outputs: Sequence[str],
-               binary: bool = True, binary_outputs: bool = True, **options: object) -> dict:
-    """tritonclient.http infer; the outputs, or the error's status and message."""
-    client = httpclient.InferenceServerClient(endpoint.http_url, network_timeout=_TIMEOUT)
+               binary: bool = True, binary_outputs: bool = True, timeout: float = _TIMEOUT, **options: object) -> dict:
+    """tritonclient.http infer; the outputs, or the error's status and message, or {"timeout": s}
+    when no answer came within `timeout` seconds."""
+    client = httpclient.InferenceServerClient(endpoint.http_url, network_timeout=timeout)
     try:
         inputs = []
         for name, data, datatype in tensors:
@@ -79,13 +80,16 @@ def http_infer(endpoint: Endpoint, model: str, tensors: Sequence[Tensor], output
         return {"ok": _outputs(result, outputs, "http")}
     except InferenceServerException as error:
         return {"status": error.status(), "error": error.message()}
+    except TimeoutError:
+        return {"timeout": timeout}
     finally:
         client.close()
 
 
 def grpc_infer(endpoint: Endpoint, model: str, tensors: Sequence[Tensor], outputs: Sequence[str],
-               **options: object) -> dict:
-    """tritonclient.grpc infer; the outputs, or the error's status and message."""
+               timeout: float = _TIMEOUT, **options: object) -> dict:
+    """tritonclient.grpc infer; the outputs, or the error's status and message, or {"timeout": s}
+    when no answer came within `timeout` seconds."""
     client = grpcclient.InferenceServerClient(endpoint.grpc_url)
     try:
         inputs = []
@@ -94,10 +98,12 @@ def grpc_infer(endpoint: Endpoint, model: str, tensors: Sequence[Tensor], output
             tensor.set_data_from_numpy(data)
             inputs.append(tensor)
         requested = [grpcclient.InferRequestedOutput(n) for n in outputs]
-        result = client.infer(model, inputs, outputs=requested or None, client_timeout=_TIMEOUT,
+        result = client.infer(model, inputs, outputs=requested or None, client_timeout=timeout,
                               **options)  # type: ignore[arg-type]
         return {"ok": _outputs(result, outputs, "grpc")}
     except InferenceServerException as error:
+        if error.status() == "StatusCode.DEADLINE_EXCEEDED":
+            return {"timeout": timeout}
         return {"status": error.status(), "error": error.message()}
     finally:
         client.close()

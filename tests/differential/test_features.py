@@ -38,6 +38,7 @@ def _post(endpoint: Endpoint, path: str, body: object) -> list:
 RAISER_MODES = {0: "ok", 1: "raises_value_error", 2: "error_response", 3: "invalid_arg", 4: "unknown_output",
                 5: "no_responses", 6: "wrong_output_dtype", 7: "model_exception", 8: "unavailable",
                 9: "not_found", 10: "unsupported", 11: "returns_none", 12: "returns_string", 13: "already_exists"}
+HANG = 5.0   # seconds: how long a request Triton never answers is waited for
 _TRACEBACK = re.compile(r"\n\nAt:\n.*", re.S)
 
 
@@ -45,7 +46,13 @@ _TRACEBACK = re.compile(r"\n\nAt:\n.*", re.S)
 @pytest.mark.parametrize("mode", sorted(RAISER_MODES), ids=[RAISER_MODES[m] for m in sorted(RAISER_MODES)])
 def test_model_errors(pair: Pair, mode: int, protocol: str) -> None:
     call = http_infer if protocol == "http" else grpc_infer
-    triton, pystub = both(pair, call, "raiser", [_int("MODE", mode)], ["OUTPUT0"])
+    triton, pystub = both(pair, call, "raiser", [_int("MODE", mode)], ["OUTPUT0"], timeout=HANG)
+    if mode == 11:
+        # Deliberate deviation: Triton 2.51 never answers a request whose execute returned None
+        # (the client waits forever); pystub fails it with the response-sender error.
+        assert triton == {"timeout": HANG}
+        assert "was destroyed before it sent the final response" in pystub["error"]
+        return
     agree(triton, pystub)
 
 
@@ -123,7 +130,14 @@ def test_bls(pair: Pair, target: str) -> None:
 
 @pytest.mark.parametrize("count", [0, 2, 5, -1], ids=["zero", "two", "five", "error"])
 def test_bls_decoupled(pair: Pair, count: int) -> None:
-    triton, pystub = both(pair, grpc_infer, "bls_stream", [_int("IN", count)], ["OUTS", "RESPONSES"])
+    triton, pystub = both(pair, grpc_infer, "bls_stream", [_int("IN", count)], ["OUTS", "RESPONSES"], timeout=HANG)
+    if count < 0:
+        # Deliberate deviation: in Triton 2.51 a decoupled BLS call whose model sends an error
+        # response and then the final flag never ends its iterator (the outer request hangs);
+        # pystub ends it, and the model sees the error.
+        assert triton == {"timeout": HANG}
+        assert pystub == {"status": "StatusCode.INTERNAL", "error": "inner: negative count"}
+        return
     agree(triton, pystub)
 
 
@@ -218,7 +232,7 @@ def test_response_parameters(pair: Pair) -> None:
     backends; Triton 2.51's pb_utils has no such argument and fails the request."""
     triton, pystub = both(pair, _post, "/v2/models/params_echo/infer",
                           {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [1]}]})
-    assert triton[0] == 400 and "incompatible constructor arguments" in triton[1]["error"]
+    assert triton[0] == 500 and "incompatible constructor arguments" in triton[1]["error"]
     assert pystub[0] == 200 and pystub[1]["parameters"] == {"echo": True, "count": 3, "word": "ok"}
 
 
@@ -344,14 +358,17 @@ def test_system_shared_memory_http(pair: Pair, case: str) -> None:
 
 
 def test_system_shared_memory_infer(pair: Pair) -> None:
-    import tritonclient.utils.shared_memory as shm
+    import mmap
+
+    import posix_ipc
 
     def run(endpoint: Endpoint) -> list:
         client = httpclient.InferenceServerClient(endpoint.http_url, network_timeout=60)
         key = f"/diffshm_{endpoint.name}_{time.monotonic_ns()}"
-        handle = shm.create_shared_memory_region("diff_in", key, 32)
+        region = posix_ipc.SharedMemory(key, posix_ipc.O_CREX, size=32)
         try:
-            shm.set_shared_memory_region(handle, [ADD_SUB[0][1], ADD_SUB[1][1]])
+            with mmap.mmap(region.fd, 32) as view:
+                view[:] = ADD_SUB[0][1].tobytes() + ADD_SUB[1][1].tobytes()
             client.register_system_shared_memory("diff_in", key, 32)
             status = client.get_system_shared_memory_status()
             inputs = [httpclient.InferInput("INPUT0", [4], "FP32"), httpclient.InferInput("INPUT1", [4], "FP32")]
@@ -362,7 +379,8 @@ def test_system_shared_memory_infer(pair: Pair) -> None:
             return [sorted((s["name"], s["byte_size"]) for s in status),  # type: ignore[index]
                     result.as_numpy("OUTPUT0").tolist(), client.get_system_shared_memory_status()]
         finally:
-            shm.destroy_shared_memory_region(handle)
+            region.close_fd()
+            region.unlink()
             client.close()
     triton, pystub = both(pair, run)
     agree(triton, pystub)

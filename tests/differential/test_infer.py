@@ -171,8 +171,10 @@ def test_grpc_client(pair: Pair, case: str) -> None:
 
 
 def _bf16(values: list[float]) -> np.ndarray:
-    """BF16 as tritonclient sends it: the top 16 bits of each FP32, carried in a float32 array."""
-    return np.array(values, dtype=np.float32)
+    """BF16 as tritonclient wants it: an ml_dtypes.bfloat16 array."""
+    import ml_dtypes
+
+    return np.array(values, dtype=ml_dtypes.bfloat16)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
