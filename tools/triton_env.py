@@ -20,6 +20,7 @@ Exit status: 0 when Triton is ready to start, 1 when it could not be installed (
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import subprocess
@@ -63,6 +64,18 @@ def ensure_triton(install: bool = True) -> BenchEnv:
     False and nothing is installed yet.
     """
     venv = BENCH / "venv"
+    BENCH.mkdir(parents=True, exist_ok=True)
+    # Test workers may call this at once: one installs, the others wait for it on the lock.
+    with open(BENCH / ".triton-install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _install(venv, install)
+    try:
+        return environment._locate(venv, venv / "bin" / "python")
+    except (SystemExit, OSError, subprocess.SubprocessError) as error:
+        raise TritonInstallError(f"Triton installed in {venv} cannot be used: {error}") from error
+
+
+def _install(venv: Path, install: bool) -> None:
     python = venv / "bin" / "python"
     stamp = _stamp(venv)
     if not stamp.exists():
@@ -75,10 +88,6 @@ def ensure_triton(install: bool = True) -> BenchEnv:
         _run([*pip, *TRITON_PACKAGES])
         _run([*pip, "--no-deps", PYTRITON])
         stamp.touch()
-    try:
-        return environment._locate(venv, python)
-    except (SystemExit, OSError, subprocess.SubprocessError) as error:
-        raise TritonInstallError(f"Triton installed in {venv} cannot be used: {error}") from error
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -191,12 +191,12 @@ def test_statistics_counts_move_alike(pair: Pair) -> None:
     for _ in range(3):
         both(pair, grpc_infer, "bytes_echo", tensors, ["OUTPUT0"])
     after = both(pair, count)
-    assert [a[0] - b[0] for a, b in zip(after, before)] == [3, 3]
-    assert [a[1] - b[1] for a, b in zip(after, before)] == [3, 3]
+    assert [a[0] - b[0] for a, b in zip(after, before, strict=True)] == [3, 3]
+    assert [a[1] - b[1] for a, b in zip(after, before, strict=True)] == [3, 3]
 
 
-@pytest.mark.parametrize("path", ["/v2/models/stats", f"/v2/models/{MISSING}/stats", "/v2/models/add_sub/versions/7/stats",
-                                  "/v2/models/loadable/stats"])
+@pytest.mark.parametrize("path", ["/v2/models/stats", f"/v2/models/{MISSING}/stats",
+                                  "/v2/models/add_sub/versions/7/stats", "/v2/models/loadable/stats"])
 def test_statistics_status(pair: Pair, path: str) -> None:
     (tstatus, triton), (pstatus, pystub) = both(pair, _answer, "GET", path)
     agree([tstatus, triton.get("error") if isinstance(triton, dict) else None],

@@ -132,7 +132,8 @@ def test_http_binary_raw(pair: Pair, case: str) -> None:
 
 def test_http_binary_bytes_raw(pair: Pair) -> None:
     blob = b"".join(struct.pack("<I", len(s)) + s for s in (b"hello", b"", b"\xff\x00"))
-    header = {"inputs": [{"name": "INPUT0", "shape": [3], "datatype": "BYTES", "parameters": {"binary_data_size": len(blob)}}],
+    header = {"inputs": [{"name": "INPUT0", "shape": [3], "datatype": "BYTES",
+                          "parameters": {"binary_data_size": len(blob)}}],
               "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}, {"name": "LENGTH"}]}
     body, headers = _binary_body(header, [blob])
     triton, pystub = both(pair, _post, "/v2/models/bytes_echo/infer", body, headers)
@@ -148,9 +149,11 @@ CLIENT_CASES = {
     "add_sub_unknown_output": ("add_sub", ADD_SUB, ["NOPE"]),
     "batched_3x2": ("batched", [("INPUT0", np.arange(6, dtype=np.float32).reshape(3, 2), "FP32")], ["OUTPUT0"]),
     "batched_too_large": ("batched", [("INPUT0", np.ones((5, 1), np.float32), "FP32")], ["OUTPUT0"]),
-    "bytes": ("bytes_echo", [("INPUT0", np.array([b"abc", b"", b"\x00\xff"], np.object_), "BYTES")], ["OUTPUT0", "LENGTH"]),
+    "bytes": ("bytes_echo", [("INPUT0", np.array([b"abc", b"", b"\x00\xff"], np.object_), "BYTES")],
+              ["OUTPUT0", "LENGTH"]),
     "bytes_2d_rejected": ("bytes_echo", [("INPUT0", np.array([[b"a"], [b"b"]], np.object_), "BYTES")], ["OUTPUT0"]),
-    "bytes_unicode": ("bytes_echo", [("INPUT0", np.array(["héllo".encode()], np.object_), "BYTES")], ["OUTPUT0", "LENGTH"]),
+    "bytes_unicode": ("bytes_echo", [("INPUT0", np.array(["héllo".encode()], np.object_), "BYTES")],
+                      ["OUTPUT0", "LENGTH"]),
     "unknown_model": ("no_such_model", ADD_SUB, OUTS),
 }
 

@@ -9,7 +9,8 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            action, _, model = pb_utils.get_input_tensor_by_name(request, "ACTION").as_numpy()[0].decode().partition(":")
+            text = pb_utils.get_input_tensor_by_name(request, "ACTION").as_numpy()[0].decode()
+            action, _, model = text.partition(":")
             if action == "load":
                 pb_utils.load_model(model_name=model)
             elif action == "unload":

@@ -5,5 +5,8 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() + 1)])
-                for r in requests]
+        responses = []
+        for r in requests:
+            data = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() + 1
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data)]))
+        return responses
