@@ -15,6 +15,8 @@ KNOWN: dict[str, str] = {
         "Triton answers {\"error\": \"requested model 'loadable' is not available\", \"status\": \"StatusCode.INVALID_ARGUMENT\"}; pystub answers {\"error\": \"Request for unknown model: 'loadable' is not found\", \"status\": \"StatusCode.NOT_FOUND\"}",
     "test_endpoints.py::test_grpc_admin[trace_settings]":
         "Triton answers {\"settings\": {\"log_frequency\": {\"value\": [\"0\"]}, \"trace_count\": {\"value\": [\"-1\"]}, \"trace_file\": {\"value\": [\"\"]}, \"trace_level\": {\"value\": [\"OFF\"]}, \"trace_mode\": {\"value\": [\"triton\"]}, \"trace_rate\": {\"value\": [\"1000\"]}}}; pystub answers {\"error\": \"Method not implemented!\", \"status\": \"StatusCode.UNIMPLEMENTED\"}",
+    "test_endpoints.py::test_logging_update[not_json]":
+        "Triton answers [500, {\"error\": \"failed to parse the request JSON buffer: Missing a name for object member. at 1\"}]; pystub answers [400, {\"error\": \"failed to parse the request JSON buffer: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)\"}]",
     "test_endpoints.py::test_logging_update[body3]":
         "Triton answers [500, {\"error\": \"attempt to access JSON non-unsigned-integer as unsigned-integer\"}]; pystub answers [400, {\"error\": \"log setting 'log_verbose_level' must be an integer >= 0, got -1\"}]",
     "test_endpoints.py::test_logging_update[body4]":

@@ -164,6 +164,9 @@ class TritonServer:
         """SIGTERM, wait, SIGKILL the group's leftovers, remove Triton's /dev/shm segments."""
         if self.process is None:
             return
+        if self.process.poll() is not None:   # it died while serving: say so, with its last words
+            print(f"tritonserver had exited with {self.process.returncode} before the tier ended:\n"
+                  f"{self.log_tail()}", file=sys.stderr)
         with contextlib.suppress(ProcessLookupError):
             self.process.send_signal(signal.SIGTERM)
         try:
