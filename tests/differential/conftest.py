@@ -18,10 +18,23 @@ _HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
-def pair() -> Iterator[Pair]:
-    """Triton and pystub on copies of tests/differential/models (started once per test process)."""
+def _pair_session() -> Iterator[Pair]:
     with running_pair() as started:
         yield started
+
+
+@pytest.fixture()
+def pair(_pair_session: Pair) -> Iterator[Pair]:
+    """Triton and pystub on copies of tests/differential/models (started once per test process).
+
+    A test after which Triton is no longer running fails with Triton's last log lines, and Triton
+    is started again, so that one crash of the oracle is blamed on the request that caused it and
+    does not fail every later test."""
+    yield _pair_session
+    death = _pair_session.triton_server.died()
+    if death is not None:
+        _pair_session.triton_server.restart()
+        pytest.fail(f"the oracle died during this test: {death}", pytrace=False)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -75,6 +75,7 @@ class Pair:
     triton: Endpoint
     pystub: Endpoint
     pystub_backend: Backend
+    triton_server: TritonServer
 
     def __iter__(self) -> Iterator[Endpoint]:
         return iter((self.triton, self.pystub))
@@ -138,6 +139,18 @@ class TritonServer:
         self._wait_ready()
         return self.endpoint
 
+    def died(self) -> str | None:
+        """None while Triton runs; else its exit status and the tail of its log."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        return f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}"
+
+    def restart(self) -> None:
+        """Stop what is left of Triton and start it again on the same ports (the endpoint stays valid)."""
+        self.stop()
+        self.process = None
+        self.start()
+
     def log_tail(self, lines: int = 40) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
@@ -194,7 +207,7 @@ def running_pair() -> Iterator[Pair]:
             triton_endpoint = triton.start()
             with module_backend(backend):
                 pystub = Endpoint("pystub", backend.ports["http"], backend.ports["grpc"], backend.ports["metrics"])
-                yield Pair(triton_endpoint, pystub, backend)
+                yield Pair(triton_endpoint, pystub, backend, triton)
         finally:
             triton.stop()
     finally:

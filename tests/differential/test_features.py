@@ -282,7 +282,7 @@ def test_repository_load_unload_cycle(pair: Pair) -> None:
                                   "unknown_model_unload"])
 def test_repository_errors(pair: Pair, case: str) -> None:
     action, model, body = {
-        "unknown_model": ("load", "no_such_model", None),
+        "unknown_model": ("load", "never_in_repository", None),
         "init_fails": ("load", "init_fails", None),
         "bad_json": ("load", "loadable", b"{"),
         "bad_config_override": ("load", "loadable", {"parameters": {"config": "{not json"}}),
@@ -309,7 +309,7 @@ def test_repository_load_grpc(pair: Pair) -> None:
                 except Exception as error:  # noqa: BLE001 - status and text are compared
                     answers.append([error.status(), error.message()])  # type: ignore[attr-defined]
             try:
-                client.load_model("no_such_model")
+                client.load_model("never_in_repository")
             except Exception as error:  # noqa: BLE001
                 answers.append([error.status(), error.message()])  # type: ignore[attr-defined]
             return answers
@@ -325,13 +325,23 @@ def test_model_control_from_model(pair: Pair, sequence: tuple[str, ...]) -> None
     def run(endpoint: Endpoint) -> list:
         answers = []
         for step in sequence:
-            action = "load:no_such_model" if step == "load_missing" else f"{step}:loadable"
+            action = "load:never_in_repository" if step == "load_missing" else f"{step}:loadable"
             tensors = [("ACTION", np.array([action.encode()], np.object_), "BYTES")]
             answers.append(grpc_infer(endpoint, "controller", tensors, ["READY"]))
         return answers
     triton, pystub = both(pair, run)
     both(pair, _repo, "unload", "loadable")
     agree(triton, pystub)
+
+
+def test_infer_after_failed_load(pair: Pair) -> None:
+    """A model that a load request named but the repository never had is still unknown afterwards."""
+    def run(endpoint: Endpoint) -> list:
+        load = _repo(endpoint, "load", "absent_after_load")
+        return [load[0], http_infer(endpoint, "absent_after_load", ADD_SUB, ["OUTPUT0"]),
+                _ready(endpoint, "absent_after_load")]
+    triton, pystub = both(pair, run)
+    agree(triton[1:], pystub[1:])
 
 
 # -- client system shared memory ------------------------------------------------------------------
