@@ -101,8 +101,14 @@ def _free_ports(count: int) -> list[int]:
 
 
 def triton_or_skip() -> BenchEnv:
-    """The installed Triton environment; fails under CI=true, skips elsewhere, when it cannot be had."""
+    """The installed Triton environment; fails under CI=true, skips elsewhere, when it cannot be had.
+
+    ./dev.sh has already tried to install it: when that failed, DIFFERENTIAL_TRITON_ERROR holds why
+    and no second attempt is made here."""
     try:
+        earlier = os.environ.get("DIFFERENTIAL_TRITON_ERROR")
+        if earlier:
+            raise TritonInstallError(earlier)
         return ensure_triton(install=True)
     except TritonInstallError as error:
         reason = f"real Triton 2.51 (the oracle) is not available: {error}"
