@@ -10,18 +10,19 @@ from __future__ import annotations
 import http.client
 import json
 import queue
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, TypeVar, Union
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from oracle import Endpoint
+from oracle import Endpoint, Pair
 from tritonclient.utils import InferenceServerException
 
 _TIMEOUT = 60.0
 Plain = Union[dict, list, str, int, float, bool, None]
+T = TypeVar("T")
 
 
 @dataclass
@@ -32,7 +33,7 @@ class Reply:
     headers: dict[str, str]
     body: bytes
 
-    def json(self) -> Plain:
+    def json(self) -> Any:  # noqa: ANN401 - a JSON document: its shape is what the tests compare
         return json.loads(self.body) if self.body else None
 
 
@@ -52,8 +53,9 @@ def raw(endpoint: Endpoint, method: str, path: str, body: bytes | Plain = None,
 Tensor = tuple[str, np.ndarray, str]   # name, data, datatype
 
 
-def _outputs(result: object, names: Sequence[str], protocol: str) -> dict[str, list]:
-    out = {}
+def _outputs(result: object, names: Sequence[str]) -> dict[str, list]:
+    """Each named output as [dtype, shape, values] (BYTES decoded as UTF-8 with replacement)."""
+    out: dict[str, list] = {}
     for name in names:
         array = result.as_numpy(name)  # type: ignore[attr-defined]
         if array is None:
@@ -76,8 +78,8 @@ def http_infer(endpoint: Endpoint, model: str, tensors: Sequence[Tensor], output
             tensor.set_data_from_numpy(data, binary_data=binary)
             inputs.append(tensor)
         requested = [httpclient.InferRequestedOutput(n, binary_data=binary_outputs) for n in outputs]
-        result = client.infer(model, inputs, outputs=requested or None, **options)  # type: ignore[arg-type]
-        return {"ok": _outputs(result, outputs, "http")}
+        result = client.infer(model, inputs, outputs=requested or None, **options)
+        return {"ok": _outputs(result, outputs)}
     except InferenceServerException as error:
         return {"status": error.status(), "error": error.message()}
     except TimeoutError:
@@ -99,8 +101,8 @@ def grpc_infer(endpoint: Endpoint, model: str, tensors: Sequence[Tensor], output
             inputs.append(tensor)
         requested = [grpcclient.InferRequestedOutput(n) for n in outputs]
         result = client.infer(model, inputs, outputs=requested or None, client_timeout=timeout,
-                              **options)  # type: ignore[arg-type]
-        return {"ok": _outputs(result, outputs, "grpc")}
+                              **options)
+        return {"ok": _outputs(result, outputs)}
     except InferenceServerException as error:
         if error.status() == "StatusCode.DEADLINE_EXCEEDED":
             return {"timeout": timeout}
@@ -124,7 +126,7 @@ def grpc_stream(endpoint: Endpoint, model: str, requests: Sequence[Sequence[Tens
                 tensor.set_data_from_numpy(data)
                 inputs.append(tensor)
             client.async_stream_infer(model, inputs, enable_empty_final_response=True)
-        finals, collected = 0, []
+        finals, collected = 0, list[dict]()
         while finals < (expected_finals if expected_finals is not None else len(requests)):
             try:
                 result, error = received.get(timeout=_TIMEOUT)
@@ -138,7 +140,7 @@ def grpc_stream(endpoint: Endpoint, model: str, requests: Sequence[Sequence[Tens
             response = result.get_response()  # type: ignore[attr-defined]
             final = response.parameters["triton_final_response"].bool_param
             finals += final
-            item = _outputs(result, [n for n in outputs if any(o.name == n for o in response.outputs)], "grpc")
+            item = _outputs(result, [n for n in outputs if any(o.name == n for o in response.outputs)])
             collected.append({"final": final, "outputs": item})
         return collected
     finally:
@@ -146,10 +148,9 @@ def grpc_stream(endpoint: Endpoint, model: str, requests: Sequence[Sequence[Tens
         client.close()
 
 
-def both(pair: Sequence[Endpoint], call: object, *args: object, **kwargs: object) -> tuple[object, object]:
+def both(pair: Pair, call: Callable[..., T], *args: object, **kwargs: object) -> tuple[T, T]:
     """`call(endpoint, ...)` on Triton and on pystub, in that order."""
-    triton, pystub = pair
-    return call(triton, *args, **kwargs), call(pystub, *args, **kwargs)  # type: ignore[operator]
+    return call(pair.triton, *args, **kwargs), call(pair.pystub, *args, **kwargs)
 
 
 def agree(triton: object, pystub: object) -> None:

@@ -251,12 +251,11 @@ def _counter_lines(endpoint: Endpoint) -> list[str]:
 
 
 def test_custom_metrics(pair: Pair) -> None:
-    answers = [both(pair, grpc_infer, "counter", [("INPUT0", np.array([v], np.float32), "FP32")], ["TOTAL"])
+    inferences = [both(pair, grpc_infer, "counter", [("INPUT0", np.array([v], np.float32), "FP32")], ["TOTAL"])
                for v in (2.0, 3.0, -1.0)]
-    for triton, pystub in answers:
+    for triton, pystub in inferences:
         agree(triton, pystub)
-    triton, pystub = both(pair, _counter_lines)
-    agree(triton, pystub)
+    agree(*both(pair, _counter_lines))
 
 
 # -- repository load/unload and model control from a model -----------------------------------------
@@ -361,7 +360,7 @@ def test_system_shared_memory_http(pair: Pair, case: str) -> None:
     }[case]
 
     def send(endpoint: Endpoint) -> list:
-        reply = raw(endpoint, method, path, body)  # type: ignore[arg-type]
+        reply = raw(endpoint, method, path, body)
         return [reply.status, reply.json()]
     triton, pystub = both(pair, send)
     agree(triton, pystub)
@@ -386,7 +385,7 @@ def test_system_shared_memory_infer(pair: Pair) -> None:
             inputs[1].set_shared_memory("diff_in", 16, offset=16)
             result = client.infer("add_sub", inputs)
             client.unregister_system_shared_memory("diff_in")
-            return [sorted((s["name"], s["byte_size"]) for s in status),  # type: ignore[index]
+            return [sorted((s["name"], s["byte_size"]) for s in status),
                     result.as_numpy("OUTPUT0").tolist(), client.get_system_shared_memory_status()]
         finally:
             region.close_fd()

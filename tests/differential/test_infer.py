@@ -194,7 +194,7 @@ def test_request_id_echo(pair: Pair, protocol: str) -> None:
     def send(endpoint: Endpoint) -> object:
         if protocol == "http":
             reply = raw(endpoint, "POST", "/v2/models/add_sub/infer", {"id": "abc-1", "inputs": GOOD_ADD})
-            return reply.json()["id"]  # type: ignore[index]
+            return reply.json()["id"]
         import tritonclient.grpc as grpcclient
         client = grpcclient.InferenceServerClient(endpoint.grpc_url)
         try:
