@@ -8,7 +8,9 @@ are compared), metric values (only family names and types are compared).
 from __future__ import annotations
 
 import re
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from google.protobuf import json_format
 from oracle import STARTUP_MODELS, Endpoint, Pair
 
 MISSING = "no_such_model"
+T = TypeVar("T")
 
 
 def _status(endpoint: Endpoint, method: str, path: str) -> int:
@@ -173,13 +176,28 @@ def _stats(endpoint: Endpoint, model: str) -> tuple[int, object]:
     return _answer(endpoint, "GET", f"/v2/models/{model}/stats" if model else "/v2/models/stats")
 
 
+def _settled(read: Callable[[], tuple[T, T]], done: Callable[[T, T], bool]) -> tuple[T, T]:
+    """Both servers count an execution after its response is on its way: read again (for at most
+    _SETTLE seconds) until `done` holds, then return the last reading."""
+    deadline = time.monotonic() + _SETTLE
+    triton, pystub = read()
+    while not done(triton, pystub) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        triton, pystub = read()
+    return triton, pystub
+
+
+_SETTLE = 5.0
+
+
 @pytest.mark.parametrize("model", ["add_sub", "repeat", "dyn_batch"])
 def test_statistics_fields(pair: Pair, model: str) -> None:
     tensors = [("INPUT0", np.ones(4, np.float32), "FP32"), ("INPUT1", np.ones(4, np.float32), "FP32")]
     both(pair, grpc_infer, "add_sub", tensors, ["OUTPUT0"])
-    (tstatus, triton), (pstatus, pystub) = both(pair, _stats, model)
+    (tstatus, triton), (pstatus, pystub) = _settled(lambda: both(pair, _stats, model),
+                                                    lambda t, p: _shape(t) == _shape(p))
     assert tstatus == pstatus == 200
-    assert _shape(triton) == _shape(pystub)
+    agree(_shape(triton), _shape(pystub))
 
 
 def test_statistics_counts_move_alike(pair: Pair) -> None:
@@ -191,7 +209,8 @@ def test_statistics_counts_move_alike(pair: Pair) -> None:
     tensors = [("INPUT0", np.array([b"ab"], np.object_), "BYTES")]
     for _ in range(3):
         both(pair, grpc_infer, "bytes_echo", tensors, ["OUTPUT0"])
-    after = both(pair, count)
+    after = _settled(lambda: both(pair, count),
+                     lambda t, p: (t[0] - before[0][0], p[0] - before[1][0]) == (3, 3))
     assert [a[0] - b[0] for a, b in zip(after, before, strict=True)] == [3, 3]
     assert [a[1] - b[1] for a, b in zip(after, before, strict=True)] == [3, 3]
 
@@ -310,5 +329,6 @@ def test_grpc_admin(pair: Pair, case: str) -> None:
 
 @pytest.mark.parametrize("model", ["add_sub", "repeat"])
 def test_grpc_statistics_fields(pair: Pair, model: str) -> None:
-    triton, pystub = both(pair, _grpc_call, "get_inference_statistics", model)
+    triton, pystub = _settled(lambda: both(pair, _grpc_call, "get_inference_statistics", model),
+                              lambda t, p: _shape(t) == _shape(p))
     agree(_shape(triton), _shape(pystub))
