@@ -15,7 +15,6 @@ of tests/conftest.py ignores them while they are shared.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -76,9 +75,6 @@ class Pair:
     pystub: Endpoint
     pystub_backend: Backend
     triton_server: TritonServer
-
-    def __iter__(self) -> Iterator[Endpoint]:
-        return iter((self.triton, self.pystub))
 
 
 def copy_models(directory: Path) -> Path:
@@ -218,8 +214,3 @@ def running_pair() -> Iterator[Pair]:
             triton.stop()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def describe(value: object) -> str:
-    """A stable text for assertion messages."""
-    return json.dumps(value, sort_keys=True, default=str)
