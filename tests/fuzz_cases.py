@@ -456,11 +456,17 @@ def _typed_value(annotation: Any) -> st.SearchStrategy[Any]:
     import types
     import typing
 
+    if isinstance(annotation, type) and hasattr(annotation, "_fields"):  # a record (pystub_backend.ipc.records)
+        return _typed_record(annotation)
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         return st.one_of(*(_typed_value(arg) for arg in typing.get_args(annotation)))
     if origin is list:
         args = typing.get_args(annotation)
+        if args and isinstance(args[0], type) and hasattr(args[0], "_fields"):
+            return st.lists(_typed_record(args[0]), max_size=3)
+        if args and typing.get_origin(args[0]) in (typing.Union, types.UnionType):  # e.g. list[RecordA | RecordB]
+            return st.lists(_typed_value(args[0]), max_size=3)
         if args and typing.get_origin(args[0]) is list:
             return st.lists(st.lists(_msgpack_values, max_size=5), max_size=3)
         return st.lists(_msgpack_values, max_size=5)
@@ -469,6 +475,17 @@ def _typed_value(annotation: Any) -> st.SearchStrategy[Any]:
     simple = {int: st.integers(-(2**63), 2**64 - 1), bool: st.booleans(), float: st.floats(),
               str: st.text(max_size=12), type(None): st.none()}
     return simple.get(annotation, _msgpack_values)
+
+
+def _typed_record(cls: type) -> st.SearchStrategy[list[Any]]:
+    """The array of a record whose fields have the declared types (a trailing defaulted field may
+    be absent, as on the wire)."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    fields = [_typed_value(hints.get(name, Any)) for name in cls._fields]  # type: ignore[attr-defined]
+    required = len(fields) - len(cls._field_defaults)  # type: ignore[attr-defined]
+    return st.tuples(*fields, st.integers(required, len(fields))).map(lambda drawn: list(drawn[:drawn[-1]]))
 
 
 @st.composite

@@ -46,7 +46,7 @@ def serialize_bytes(items: Iterable[object]) -> bytes:
     return b"".join(parts)
 
 
-def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> np.ndarray:
+def deserialize_bytes(buffer: bytes | bytearray | memoryview, count: int | None = None) -> np.ndarray:
     """Decode into a 1-D object array of `bytes`.
 
     With `count`, exactly that many elements are read and trailing data is an error; without it,

@@ -1,7 +1,7 @@
 """Tensor placement: writing a tensor into an arena (or a client's region) as a wire tuple, and
 viewing one back.
 
-    wire tensor   = [name, datatype, shape, handle]
+    wire tensor   = WireTensor(name, datatype, shape, handle)            pystub_backend.ipc.records
     arena handle  = [segment, offset, nbytes]                       pystub_backend.ipc.arena.Handle
     region handle = [generation, offset, nbytes, key, inode]        bytes in a client's region
 
@@ -31,6 +31,7 @@ import numpy as np
 from pystub_backend.ipc.arena import EMPTY_HANDLE, ArenaReader, ArenaWriter
 from pystub_backend.ipc.bytes_codec import deserialize_bytes
 from pystub_backend.ipc.dtypes import numpy_dtype
+from pystub_backend.ipc.records import WireTensor
 
 __all__ = ["place", "to_array", "wire_handle", "region_handle", "is_region_handle", "place_in_region",
            "RegionViews", "RegionTooSmallError"]
@@ -59,17 +60,17 @@ def is_region_handle(handle: list[Any]) -> bool:
 
 
 def place(writer: ArenaWriter, name: str, datatype: str, shape: list[int] | tuple[int, ...],
-          buffer: Any) -> list[Any]:
+          buffer: Any) -> WireTensor:
     """Write `buffer` into the arena and return the wire tensor. (Data already in the arena, from
     `pb_utils.new_output_array`, is claimed by the stub before this: pystub_backend.stub.output_buffers.)
 
     Raises ArenaFullError when the arena cannot hold it.
     """
-    return [name, datatype, list(shape), list(writer.write(buffer))]
+    return WireTensor(name, datatype, list(shape), list(writer.write(buffer)))
 
 
 def place_in_region(regions: RegionViews, name: str, datatype: str, shape: list[int] | tuple[int, ...],
-                    buffer: Any, target: list[Any]) -> list[Any]:
+                    buffer: Any, target: list[Any]) -> WireTensor:
     """Write `buffer` at the start of the region bytes `target` names (a client's shm output) and
     return the wire tensor, whose handle is empty: the data are already where the client reads them.
 
@@ -86,24 +87,24 @@ def place_in_region(regions: RegionViews, name: str, datatype: str, shape: list[
         # cast() accepts only C-contiguous views; anything else is gathered first.
         flat = source.cast("B") if source.c_contiguous else memoryview(source.tobytes())
         destination[:nbytes] = flat
-    return [name, datatype, list(shape), list(EMPTY_HANDLE)]
+    return WireTensor(name, datatype, list(shape), list(EMPTY_HANDLE))
 
 
-def wire_handle(wire_tensor: list[Any]) -> list[int]:
+def wire_handle(wire_tensor: WireTensor) -> list[int]:
     return wire_tensor[3]
 
 
-def to_array(reader: ArenaReader, wire_tensor: list[Any], regions: RegionViews | None = None) -> np.ndarray:
+def to_array(reader: ArenaReader, wire_tensor: WireTensor, regions: RegionViews | None = None) -> np.ndarray:
     """The tensor as a numpy array: a read-only view for numeric types, decoded for BYTES.
 
     `regions` maps region handles; without it a region handle is refused. Raises ValueError for a
     handle or size that does not match the datatype and shape (or a region that cannot be mapped),
     and BytesDecodeError (a ValueError) for malformed BYTES data.
     """
-    _, datatype, shape, handle = wire_tensor
+    name, datatype, shape, handle = wire_tensor
     if is_region_handle(handle):
         if regions is None:
-            raise ValueError(f"tensor '{wire_tensor[0]}' lives in a client shared memory region, "
+            raise ValueError(f"tensor '{name}' lives in a client shared memory region, "
                              f"which this reader cannot map")
         view = regions.view(handle)
     else:
@@ -113,10 +114,8 @@ def to_array(reader: ArenaReader, wire_tensor: list[Any], regions: RegionViews |
         count *= dim
     if datatype == "BYTES":
         return deserialize_bytes(view, count).reshape(shape)
-    if datatype == "BF16":
-        array = np.frombuffer(view, dtype="<u2")
-    else:
-        array = np.frombuffer(view, dtype=numpy_dtype(datatype))
+    # BF16 has no numpy type: its raw bits travel as uint16 (pb_utils keeps the tensor BF16).
+    array = np.frombuffer(view, dtype="<u2" if datatype == "BF16" else numpy_dtype(datatype))
     if array.size != count:
-        raise ValueError(f"tensor '{wire_tensor[0]}' holds {array.size} elements, its shape {shape} needs {count}")
+        raise ValueError(f"tensor '{name}' holds {array.size} elements, its shape {shape} needs {count}")
     return array.reshape(shape)

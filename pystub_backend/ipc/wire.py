@@ -5,12 +5,10 @@ typed value, and a frame with an unknown kind, the wrong arity or a field of the
 rejected as corrupt (`MessageDecodeError`), never half-used. Field types are read from the
 class's annotations and checked one level deep (a `list[list[int]]` must be a list of lists; what
 those hold is the handler's business), leniently where msgpack may blur them (an int is accepted
-for a float or a bool). Kind numbers are allocated by range so that each
-feature keeps its catalogue in a module of its own:
-
-    1-19   core (pystub_backend/ipc/messages/core.py)          40-49  sequences
-    20-29  BLS and model control           50-59  multiplexing
-    30-39  metrics                         60-69  client shared memory
+for a float or a bool). Fields typed with a record of `pystub_backend.ipc.records` (alone, in a
+`list[...]` or `| None`) are built into that record, checked the same way; a list of a union of
+records builds the one whose length the array has. Every kind is listed,
+with its direction and feature, in `pystub_backend.ipc.messages.catalogue`.
 """
 
 from __future__ import annotations
@@ -22,14 +20,21 @@ from typing import Any, NamedTuple, TypeVar, Union
 
 import msgpack
 
-__all__ = ["message", "encode", "decode", "MessageDecodeError", "registered_kinds"]
+__all__ = ["message", "encode", "decode", "MessageDecodeError", "registered_kinds", "kind_of"]
 
 _T = TypeVar("_T")
 _KIND_OF: dict[type, int] = {}
 _TYPE_OF: dict[int, type] = {}
 _ARITY: dict[int, int] = {}
 _Check = Callable[[Any], bool]
-_CHECKS: dict[int, list[tuple[str, _Check]]] = {}  # per kind, built on first decode
+_Convert = Callable[[Any], Any]
+# Per message or record class, one entry per field that is checked or built (fields annotated
+# `Any` are neither): (index, name, allowed types | None, check | None, convert | None). Most
+# fields are checked by one isinstance against `allowed`; `check` is for the few that need more (a
+# list of lists); `convert` builds records.
+_Spec = list[tuple[int, str, "tuple[type, ...] | None", "_Check | None", "_Convert | None"]]
+_APPLIERS: dict[type, Callable[[list[Any]], None]] = {}  # per class: its spec compiled (_compile)
+_new_tuple = tuple.__new__  # builds a NamedTuple from a list without its per-argument __new__
 
 
 class MessageDecodeError(ValueError):
@@ -52,13 +57,19 @@ def registered_kinds() -> dict[int, type]:
     return dict(_TYPE_OF)
 
 
+def kind_of(cls: type) -> int:
+    """The kind number of a registered message class. Raises KeyError for any other class."""
+    return _KIND_OF[cls]
+
+
 def encode(value: NamedTuple) -> bytes:
-    """The frame for a registered message."""
+    """The frame for a registered message (records inside it encode as arrays of their fields)."""
     return msgpack.packb((_KIND_OF[type(value)], *value), use_bin_type=True)
 
 
 def decode(frame: bytes) -> Any:
-    """The message in `frame`. Raises MessageDecodeError for anything that is not a valid frame."""
+    """The message in `frame`, its records built. Raises MessageDecodeError for anything that is
+    not a valid frame."""
     try:
         items = msgpack.unpackb(frame, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types for corrupt input
@@ -71,52 +82,155 @@ def decode(frame: bytes) -> Any:
         raise MessageDecodeError(f"unknown message kind {kind}")
     if len(items) - 1 != _ARITY[kind]:
         raise MessageDecodeError(f"message {cls.__name__} has {len(items) - 1} fields, expected {_ARITY[kind]}")
-    checks = _CHECKS.get(kind)
-    if checks is None:
-        checks = _CHECKS[kind] = _field_checks(cls)
-    for index, (name, check) in enumerate(checks, 1):
-        if not check(items[index]):
-            raise MessageDecodeError(f"message {cls.__name__} has a field '{name}' of type "
-                                     f"{type(items[index]).__name__}")
-    return cls(*items[1:])
+    del items[0]
+    _apply(cls, "message", items)
+    return _new_tuple(cls, items)
 
 
-def _field_checks(cls: type) -> list[tuple[str, _Check]]:
+def _apply(cls: type, what: str, values: list[Any]) -> None:
+    """Check `values` (the fields of `cls`, in order) and build their records, in place."""
+    apply = _APPLIERS.get(cls)
+    if apply is None:
+        apply = _APPLIERS[cls] = _compile(cls, what, _spec_of(cls))
+    apply(values)
+
+
+def _compile(cls: type, what: str, spec: _Spec) -> Callable[[list[Any]], None]:
+    """The checks of `spec` as one straight-line function: this runs for every message and record
+    of every frame, and unrolled it costs a third of a loop over the spec."""
+    namespace: dict[str, Any] = {"_bad": _bad_field(cls, what, spec)}
+    lines = ["def apply(values):", "    count = len(values)"]
+    for position, (index, _, allowed, check, convert) in enumerate(spec):
+        indent = "    "
+        if index >= _required(cls):  # a trailing field with a default may be absent from the array
+            lines.append(f"    if count > {index}:")
+            indent = "        "
+        namespace[f"a{position}"], namespace[f"k{position}"], namespace[f"c{position}"] = allowed, check, convert
+        test = f"isinstance(values[{index}], a{position})" if allowed is not None else f"k{position}(values[{index}])"
+        if allowed is not None or check is not None:
+            lines.append(f"{indent}if not {test}: _bad({position}, values[{index}])")
+        if convert is not None:
+            lines.append(f"{indent}values[{index}] = c{position}(values[{index}])")
+    lines.append("    return None")
+    exec("\n".join(lines), namespace)  # noqa: S102 - code built above from the class's own annotations
+    return namespace["apply"]
+
+
+def _bad_field(cls: type, what: str, spec: _Spec) -> Callable[[int, Any], None]:
+    def bad(position: int, value: Any) -> None:
+        raise MessageDecodeError(f"{what} {cls.__name__} has a field '{spec[position][1]}' of type "
+                                 f"{type(value).__name__}")
+    return bad
+
+
+def _required(cls: type) -> int:
+    return len(cls._fields) - len(cls._field_defaults)  # type: ignore[attr-defined]
+
+
+def _record_parser(cls: type) -> _Convert:
+    """Build a record of `cls` from its array, checked like a message's fields; absent trailing
+    fields take their defaults."""
+    fields = cls._fields  # type: ignore[attr-defined]
+    defaults = [cls._field_defaults[name] for name in fields if name in cls._field_defaults]  # type: ignore[attr-defined]
+    total, required = len(fields), len(fields) - len(defaults)
+
+    def parse(value: Any) -> Any:
+        if type(value) is not list or not required <= len(value) <= total:
+            raise MessageDecodeError(f"a {cls.__name__} record must be an array of {required}-{total} fields")
+        _apply(cls, "record", value)
+        if len(value) < total:
+            value.extend(defaults[len(value) - required:])
+        return _new_tuple(cls, value)
+    return parse
+
+
+def _union_parser(members: tuple[type, ...]) -> _Convert:
+    """Build whichever record of `members` has the array's length (each must have its own)."""
+    by_length = {len(member._fields): _record_parser(member) for member in members}  # type: ignore[attr-defined]
+    if len(by_length) != len(members) or any(member._field_defaults for member in members):  # type: ignore[attr-defined]
+        raise TypeError(f"records {[m.__name__ for m in members]} cannot be told apart by their length")
+    names = " | ".join(member.__name__ for member in members)
+
+    def parse(value: Any) -> Any:
+        member = by_length.get(len(value)) if type(value) is list else None
+        if member is None:
+            raise MessageDecodeError(f"a {names} record must be an array of {sorted(by_length)} fields")
+        return member(value)
+    return parse
+
+
+def _is_record(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, tuple) and hasattr(annotation, "_fields")
+
+
+def _spec_of(cls: type) -> _Spec:
     try:
         hints = typing.get_type_hints(cls)
     except Exception:  # noqa: BLE001 - an annotation that does not resolve is simply not checked
         hints = {}
-    checks: list[tuple[str, _Check]] = []
-    for name in cls._fields:  # type: ignore[attr-defined]
-        check = _check_for(hints.get(name, Any))
-        checks.append((name, check if check is not None else _anything))
-    return checks
+    spec: _Spec = []
+    for index, name in enumerate(cls._fields):  # type: ignore[attr-defined]
+        allowed, check, convert = _field_for(hints.get(name, Any))
+        if allowed is not None or check is not None or convert is not None:
+            spec.append((index, name, allowed, check, convert))
+    return spec
 
 
-def _anything(value: Any) -> bool:
-    return True
+def _field_for(annotation: Any) -> tuple[tuple[type, ...] | None, _Check | None, _Convert | None]:
+    """(allowed types, shallow type test, record builder) for one annotation; None for each part
+    that does not apply ("anything", "as is")."""
+    if _is_record(annotation):
+        return (list,), None, _record_parser(annotation)
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        inner = args[0] if args[1] is type(None) else args[1]
+        if _is_record(inner):  # `Record | None`
+            parse = _record_parser(inner)
+            return (list, type(None)), None, lambda value: None if value is None else parse(value)
+    if origin is list and args and _is_record(args[0]):  # `list[Record]`
+        parse = _record_parser(args[0])
+        return (list,), None, lambda value: [parse(item) for item in value]
+    members = typing.get_args(args[0]) if origin is list and args else ()
+    if members and all(_is_record(member) for member in members):  # `list[RecordA | RecordB]`
+        parse = _union_parser(members)
+        return (list,), None, lambda value: [parse(item) for item in value]
+    allowed = _types_for(annotation)
+    if allowed is not None:
+        return allowed, None, None
+    return None, _check_for(annotation), None
 
 
 _SCALARS: dict[Any, tuple[type, ...]] = {int: (int,), bool: (bool, int), float: (float, int), str: (str,),
                                          bytes: (bytes,), type(None): (type(None),)}
 
 
-def _check_for(annotation: Any) -> _Check | None:
-    """A shallow type test for one annotation, or None for "anything"."""
+def _types_for(annotation: Any) -> tuple[type, ...] | None:
+    """The types one isinstance test accepts for `annotation`, or None when that test is not
+    enough (a list of lists) or there is nothing to test (`Any`)."""
     origin = typing.get_origin(annotation)
     if origin in (Union, types.UnionType):
-        parts = [_check_for(arg) for arg in typing.get_args(annotation)]
+        parts = [_types_for(arg) for arg in typing.get_args(annotation)]
         if any(part is None for part in parts):
             return None
-        return lambda value: any(part(value) for part in parts)  # type: ignore[misc]
+        return tuple(t for part in parts for t in part)  # type: ignore[union-attr]
     if origin is list:
         args = typing.get_args(annotation)
-        if args and typing.get_origin(args[0]) is list:
-            return lambda value: type(value) is list and all(type(item) is list for item in value)
-        return lambda value: type(value) is list
+        return None if args and typing.get_origin(args[0]) is list else (list,)
     if origin is dict:
-        return lambda value: type(value) is dict
-    allowed = _SCALARS.get(annotation)
-    if allowed is None:
-        return None
-    return lambda value: isinstance(value, allowed)
+        return (dict,)
+    return _SCALARS.get(annotation)
+
+
+def _check_for(annotation: Any) -> _Check | None:
+    """A shallow type test for what `_types_for` cannot express (a list of lists), or None."""
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        parts = [_types_for(arg) or _check_for(arg) for arg in typing.get_args(annotation)]
+        if any(part is None for part in parts):
+            return None
+        return lambda value: any(isinstance(value, part) if isinstance(part, tuple) else part(value)  # type: ignore[misc]
+                                 for part in parts)
+    if origin is list:
+        return lambda value: type(value) is list and all(type(item) is list for item in value)
+    return None

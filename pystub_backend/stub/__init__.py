@@ -4,4 +4,6 @@
 API that `import triton_python_backend_utils as pb_utils` resolves to (via `_model_path/`).
 """
 
+from pystub_backend.stub import pb_utils
+
 __all__ = ["pb_utils"]

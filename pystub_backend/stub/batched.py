@@ -81,7 +81,8 @@ def _default_array(text: str, dtype: Any, dims: list[int], where: str) -> np.nda
         if array.ndim != len(dims):
             raise BatchConfigError(f"{where}: dims {dims} have a variable dim, so the default must have "
                                    f"{len(dims)} dim(s); got shape {list(array.shape)}")
-        shape = [size if dim == -1 else dim for size, dim in zip(array.shape, dims, strict=True)]
+        sizes: list[int] = [int(extent) for extent in np.shape(array)]
+        shape = [size if dim == -1 else dim for size, dim in zip(sizes, dims, strict=True)]
     try:
         return np.ascontiguousarray(np.broadcast_to(array, shape))
     except ValueError:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
-from pystub_backend.stub.event_loop import InstanceLoop
+from pystub_backend.stub.event_loop import EscapedExit, InstanceLoop, unwrap
 
 __all__ = ["ExecuteRuleError", "run_execute", "check_return", "failure_text"]
 
@@ -46,7 +46,7 @@ def check_return(result: Any, requests: list[Any], decoupled: bool, instance_nam
         raise ExecuteRuleError(
             "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
             f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(result)}\n")
-    for request, entry in zip(requests, result):
+    for request, entry in zip(requests, result, strict=True):
         rescheduled = getattr(request, "_release_flags", 1) == RELEASE_RESCHEDULE
         if rescheduled and entry is not None:
             raise ExecuteRuleError("Expected a None object in the execute function return list for "
@@ -59,6 +59,7 @@ def check_return(result: Any, requests: list[Any], decoupled: bool, instance_nam
 
 def failure_text(instance_name: str, exc: BaseException) -> str:
     """Triton's batch-failure text: rule errors carry their own text, exceptions `Type: text`."""
+    exc = unwrap(exc)
     detail = str(exc) if isinstance(exc, ExecuteRuleError) else f"{type(exc).__name__}: {exc}"
     return f"Failed to process the request(s) for model '{instance_name}', message: {detail}"
 
@@ -79,7 +80,10 @@ def run_execute(model: Any, requests: list[Any], decoupled: bool, loop: Instance
         future = loop.submit(_as_coroutine(result))
         if decoupled:
             return None
-        return future.result()
+        try:
+            return future.result()
+        except EscapedExit as exc:  # the model's sys.exit() in its coroutine: fail this batch only
+            raise exc.original from None
     return result
 
 

@@ -1,86 +1,93 @@
-"""Frame handlers that features add to the stub (BLS responses, metrics acks, sequence eviction...).
+"""The table of frame handlers and hooks that features add to the stub (BLS responses, metrics
+acks, sequence eviction...), filled explicitly, never by import side effect.
 
-`@on_receiver(MessageClass)` registers `handler(stub, message)` to run on the receiver thread, at
-once, even while `execute` runs (it must not block: hand long work to a thread);
-`@on_main(MessageClass)` registers one to run on the main thread, in order with EXECUTE frames.
-`@on_phase(phase)` registers `hook(stub)` to run on the main thread when the stub enters a phase:
-"initializing" (before the model's `initialize`), "ready" (after it succeeded), "finalizing"
-(before `finalize`); features install and remove their pb_utils hooks there.
-`@before_send` registers `hook(stub, message)` to run on the sending thread just before each frame
-the stub sends (it may send frames of its own first, e.g. buffered metric changes, so that they
-reach the backend before the response that follows them; it must be fast when it has nothing to do).
-Register in a module that `pystub_backend.stub.features.install` imports.
+The stub builds one `StubHandlers` and passes it to `pystub_backend.stub.features.install_features`,
+which calls each feature module's `register(handlers)`. A feature registers:
+
+    handlers.on_receiver(Kind, handler)  `handler(stub, message)` runs on the receiver thread, at
+                                         once, even while `execute` runs (it must not block: hand
+                                         long work to a thread)
+    handlers.on_main(Kind, handler)      runs on the main thread, in order with EXECUTE frames
+    handlers.on_phase(phase, hook)       `hook(stub)` runs on the main thread when the stub enters a
+                                         phase: "initializing" (before the model's `initialize`),
+                                         "ready" (after it succeeded), "finalizing" (before
+                                         `finalize`); features install and remove pb_utils hooks there
+    handlers.before_send(hook)           `hook(stub, message)` runs on the sending thread just before
+                                         each frame the stub sends (it may send frames of its own
+                                         first, e.g. buffered metric changes, so that they reach the
+                                         backend before the response that follows them; it must be
+                                         fast when it has nothing to do)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["on_receiver", "on_main", "receiver_handler", "main_handler", "on_phase", "notify_phase", "PHASES",
-           "before_send", "send_hooks"]
+if TYPE_CHECKING:
+    from pystub_backend.stub.stub import Stub
 
-Handler = Callable[[Any, Any], None]
-_RECEIVER: dict[type, Handler] = {}
-_MAIN: dict[type, Handler] = {}
+__all__ = ["StubHandlers", "Handler", "PhaseHook", "PHASES"]
+
+Handler = Callable[["Stub", Any], None]
+PhaseHook = Callable[["Stub"], None]
 PHASES = ("initializing", "ready", "finalizing")
-_PHASE_HOOKS: dict[str, list[Callable[[Any], None]]] = {phase: [] for phase in PHASES}
-_SEND_HOOKS: list[Handler] = []
 
 
-def _register(table: dict[type, Handler], kind: type) -> Callable[[Handler], Handler]:
-    def register(handler: Handler) -> Handler:
-        if kind in _RECEIVER or kind in _MAIN:
+class StubHandlers:
+    """What features hook into one stub: frame handlers by message class, phase hooks, send hooks."""
+
+    def __init__(self) -> None:
+        self._receiver: dict[type, Handler] = {}
+        self._main: dict[type, Handler] = {}
+        self._phase_hooks: dict[str, list[PhaseHook]] = {phase: [] for phase in PHASES}
+        self._send_hooks: list[Handler] = []
+
+    # -- registration (features' `register(handlers)`) ---------------------------------------------
+    def on_receiver(self, kind: type, handler: Handler) -> None:
+        """Handle `kind` on the receiver thread. Raises ValueError when `kind` has a handler."""
+        self._add(self._receiver, kind, handler)
+
+    def on_main(self, kind: type, handler: Handler) -> None:
+        """Handle `kind` on the main thread. Raises ValueError when `kind` has a handler."""
+        self._add(self._main, kind, handler)
+
+    def on_phase(self, phase: str, hook: PhaseHook) -> None:
+        """Run `hook(stub)` when the stub enters `phase`. Raises ValueError for an unknown phase."""
+        if phase not in self._phase_hooks:
+            raise ValueError(f"unknown stub phase {phase!r}; expected one of {PHASES}")
+        self._phase_hooks[phase].append(hook)
+
+    def before_send(self, hook: Handler) -> None:
+        """Run `hook(stub, message)` before each frame the stub sends (any thread)."""
+        self._send_hooks.append(hook)
+
+    def _add(self, table: dict[type, Handler], kind: type, handler: Handler) -> None:
+        if kind in self._receiver or kind in self._main:
             raise ValueError(f"{kind.__name__} already has a stub handler")
         table[kind] = handler
-        return handler
-    return register
 
+    # -- lookup (the stub) ---------------------------------------------------------------------------
+    def receiver_handler(self, kind: type) -> Handler | None:
+        return self._receiver.get(kind)
 
-def on_receiver(kind: type) -> Callable[[Handler], Handler]:
-    return _register(_RECEIVER, kind)
+    def main_handler(self, kind: type) -> Handler | None:
+        return self._main.get(kind)
 
+    def handled_kinds(self) -> set[type]:
+        """Every message class some feature handles."""
+        return set(self._receiver) | set(self._main)
 
-def on_main(kind: type) -> Callable[[Handler], Handler]:
-    return _register(_MAIN, kind)
+    def send_hooks(self) -> tuple[Handler, ...]:
+        """The before-send hooks in registration order (the stub reads them once, at start)."""
+        return tuple(self._send_hooks)
 
-
-def receiver_handler(kind: type) -> Handler | None:
-    return _RECEIVER.get(kind)
-
-
-def main_handler(kind: type) -> Handler | None:
-    return _MAIN.get(kind)
-
-
-def on_phase(phase: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
-    """Register `hook(stub)` for a phase of `PHASES`. Raises ValueError for an unknown phase."""
-    if phase not in _PHASE_HOOKS:
-        raise ValueError(f"unknown stub phase {phase!r}; expected one of {PHASES}")
-
-    def register(hook: Callable[[Any], None]) -> Callable[[Any], None]:
-        _PHASE_HOOKS[phase].append(hook)
-        return hook
-    return register
-
-
-def notify_phase(stub: Any, phase: str) -> None:
-    """Run the hooks of `phase` in registration order (main thread). A failing hook is logged and
-    does not stop the others or the stub."""
-    for hook in _PHASE_HOOKS[phase]:
-        try:
-            hook(stub)
-        except Exception as exc:  # noqa: BLE001 - a feature's bug must not take the stub down
-            stub.log_error(f"stub phase hook {getattr(hook, '__qualname__', hook)} ({phase}) failed: "
-                           f"{type(exc).__name__}: {exc}")
-
-
-def before_send(hook: Handler) -> Handler:
-    """Register `hook(stub, message)` to run before each frame the stub sends (any thread)."""
-    _SEND_HOOKS.append(hook)
-    return hook
-
-
-def send_hooks() -> list[Handler]:
-    """The registered before-send hooks (the stub reads this list once, at start)."""
-    return _SEND_HOOKS
+    def notify_phase(self, stub: Stub, phase: str) -> None:
+        """Run the hooks of `phase` in registration order (main thread). A failing hook is logged
+        and does not stop the others or the stub."""
+        for hook in self._phase_hooks[phase]:
+            try:
+                hook(stub)
+            except Exception as exc:  # noqa: BLE001 - a feature's bug must not take the stub down
+                stub.log_error(f"stub phase hook {getattr(hook, '__qualname__', hook)} ({phase}) failed: "
+                               f"{type(exc).__name__}: {exc}")

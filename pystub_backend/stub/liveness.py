@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from pystub_backend.ipc.control_block import ControlBlock
+from pystub_backend.ipc.exit_codes import StubExitCode
 
 __all__ = ["set_parent_death_signal", "ignore_termination_signals", "Heartbeat"]
 
@@ -42,7 +43,7 @@ def ignore_termination_signals() -> None:
 def _exit_orphaned() -> None:
     sys.stderr.write("Non-graceful termination detected.\n")
     sys.stderr.flush()
-    os._exit(1)
+    os._exit(StubExitCode.PARENT_GONE)
 
 
 class Heartbeat(threading.Thread):

@@ -19,6 +19,7 @@ from typing import Any
 
 from pystub_backend.ipc.arena import ArenaWriter
 from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.records import WireRequest, WireResponse
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.translate import error_to_wire, response_to_wire
@@ -66,8 +67,8 @@ class RequestRegistry:
                     state.credits.release()  # a sender waiting for credit must not wait any more
 
     # -- requests ------------------------------------------------------------------------------------
-    def make_sender(self, wire: list[Any]) -> tuple[Any, RequestState]:
-        state = RequestState(rid=wire[0], requested=set(wire[3]))
+    def make_sender(self, wire: WireRequest) -> tuple[Any, RequestState]:
+        state = RequestState(rid=wire.rid, requested=set(wire.requested_outputs))
         with self._lock:
             self._states[state.rid] = state
 
@@ -108,6 +109,6 @@ class RequestRegistry:
         """End the request with an INTERNAL error response carrying `text`."""
         self.close(state)
         try:
-            self._send(msg.Response([state.rid, _FINAL, error_to_wire(Status.INTERNAL, text), [], "{}"]))
+            self._send(msg.Response(WireResponse(state.rid, _FINAL, error_to_wire(Status.INTERNAL, text), [], "{}")))
         except OSError:
             pass

@@ -18,21 +18,23 @@ import resource
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import BlockingChannel, ChannelClosedError
 from pystub_backend.ipc.control_block import ControlBlock, StubState
+from pystub_backend.ipc.exit_codes import StubExitCode
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import output_buffers, pb_utils
 from pystub_backend.stub.batched import BatchedExecute, has_execute_batch
-from pystub_backend.stub.event_loop import InstanceLoop
+from pystub_backend.stub.event_loop import InstanceLoop, unwrap
 from pystub_backend.stub.executor import check_return, failure_text, format_traceback, run_execute
-from pystub_backend.stub.features import install as features  # noqa: F401 - registers the features' frame handlers
-from pystub_backend.stub.features.sequences import keep_rescheduled, take_rescheduled
-from pystub_backend.stub.handlers import main_handler, notify_phase, receiver_handler, send_hooks
+from pystub_backend.stub.features.install import install_features
+from pystub_backend.stub.features.sequences import RescheduledRequests, report_rescheduled
+from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.liveness import Heartbeat, ignore_termination_signals, set_parent_death_signal
 from pystub_backend.stub.loader import LoadError, load_model_class
 from pystub_backend.stub.pb_utils import _runtime
@@ -74,7 +76,11 @@ class Stub:
         self.model_version = 0
         self.decoupled = False
         self.batched: BatchedExecute | None = None  # pystub extension: the model's execute_batch
-        self._send_hooks = tuple(send_hooks())
+        self.rescheduled = RescheduledRequests()  # iterative sequences (features/sequences.py)
+        self.handlers = StubHandlers()
+        install_features(self.handlers)
+        self._send_hooks = self.handlers.send_hooks()
+        self.boot_failure: StubExitCode | None = None  # set when INIT failed: the stub then exits with it
         output_buffers.install(self.s2p)  # pb_utils.new_output_array
         self.requests = RequestRegistry(self.instance, self.send, self.s2p, lambda: self.decoupled,
                                         options.send_timeout)
@@ -121,7 +127,7 @@ class Stub:
             self.requests.on_credits(message.credits)
         elif isinstance(message, msg.Cancel):
             self.requests.on_cancel(message.rids)
-        elif (feature := receiver_handler(type(message))) is not None:
+        elif (feature := self.handlers.receiver_handler(type(message))) is not None:
             feature(self, message)
         elif isinstance(message, msg.IsReady):
             # Readiness is asked while execute may run: answer from a thread of its own.
@@ -144,19 +150,19 @@ class Stub:
         heartbeat.start()
         threading.Thread(target=self._receive, name="pystub-receiver", daemon=True).start()
         _runtime.set_log_sink(self._log_from_model)
-        handlers = {msg.AutoComplete: self._auto_complete, msg.Init: self._init,
+        handlers: dict[type, Callable[[Any], None]] = {msg.AutoComplete: self._auto_complete, msg.Init: self._init,
                     msg.Execute: self._execute, msg.Finalize: self._finalize}
         while True:
             message = self.work.get()
             if message is None:  # the backend closed the channel: it is gone or gave up on us
                 sys.stderr.write("Non-graceful termination detected.\n")
-                return 1
+                return StubExitCode.CHANNEL_CLOSED
             handler = handlers.get(type(message))
             try:
                 if handler is not None:
                     handler(message)
                 else:
-                    feature = main_handler(type(message))
+                    feature = self.handlers.main_handler(type(message))
                     if feature is None:
                         self.log_error(f"stub '{self.instance}' has no handler for {type(message).__name__}")
                     else:
@@ -164,9 +170,9 @@ class Stub:
             except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the stub
                 self.log_error(f"stub '{self.instance}' dropped a malformed {type(message).__name__} frame: "
                                f"{type(exc).__name__}: {exc}")
-            if isinstance(message, (msg.Finalize, msg.AutoComplete)):
+            if isinstance(message, (msg.Finalize, msg.AutoComplete)) or self.boot_failure is not None:
                 heartbeat.stop()
-                return 0
+                return self.boot_failure or StubExitCode.OK
 
     def _log_from_model(self, level: int, message: str, filename: str, lineno: int) -> None:
         self.log(level, message, filename, lineno)
@@ -199,11 +205,13 @@ class Stub:
         self.model_version = int(args["model_version"])
         self.decoupled = bool(message.settings.get("decoupled", False))
         _runtime.set_model_dir(os.path.dirname(message.model_path))
-        notify_phase(self, "initializing")
+        self.handlers.notify_phase(self, "initializing")
+        self.boot_failure = StubExitCode.MODEL_IMPORT_FAILED
         try:
             model_class = load_model_class(message.model_path)
             if not callable(getattr(model_class, "execute", None)) and not has_execute_batch(model_class):
                 raise LoadError(f"Python model {message.model_path} does not implement `execute` method.")
+            self.boot_failure = StubExitCode.INITIALIZE_FAILED
             self.batched = BatchedExecute.create(model_class, args.get("model_config", "{}"), self.instance,
                                                  self.decoupled)
             self.model = model_class()
@@ -212,14 +220,15 @@ class Stub:
                 initialize(args)
         except Exception as exc:
             self.send(msg.InitDone(self._describe(exc).split("\n\n", 1)[0], format_traceback(exc), False))
-            return
+            return  # run() exits with self.boot_failure
+        self.boot_failure = None
         self.control.set_state(StubState.READY)
-        notify_phase(self, "ready")
+        self.handlers.notify_phase(self, "ready")
         self.send(msg.InitDone(None, None, callable(getattr(self.model, "is_ready", None))))
 
     def _finalize(self, message: msg.Finalize) -> None:
         self.control.set_state(StubState.FINALIZING)
-        notify_phase(self, "finalizing")
+        self.handlers.notify_phase(self, "finalizing")
         error = None
         finalize = getattr(self.model, "finalize", None)
         if finalize is not None:
@@ -244,7 +253,8 @@ class Stub:
                 ready = True
             else:
                 error = f"Model '{self.instance}' is not ready (user-defined check failed)."
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - the model's sys.exit() too: the backend gets its answer
+            exc = unwrap(exc)
             error = f"is_ready() of model '{self.instance}' raised {type(exc).__name__}: {exc}"
         try:
             self.send(msg.IsReadyDone(token, ready, error))
@@ -261,7 +271,7 @@ class Stub:
         self.control.execute_started()
         try:
             for wire in message.requests:
-                kept = take_rescheduled(wire[0])  # pystub sequences: a rescheduled request runs as itself
+                kept = self.rescheduled.take(wire.rid)  # pystub sequences: a rescheduled request runs as itself
                 if kept is None:
                     sender, state = self.requests.make_sender(wire)
                     states.append(state)  # registered now: closed below even if its request cannot be built
@@ -271,19 +281,19 @@ class Stub:
                     states.append(kept[1])
             result = run_execute(self.model, requests, self.decoupled, self.loop, self.log_error, self.batched)
             entries = check_return(result, requests, self.decoupled, self.instance)
-            for wire, state, entry in zip(message.requests, states, entries):
+            for wire, state, entry in zip(message.requests, states, entries, strict=False):  # decoupled: no entries
                 if entry is not None and not state.final:
                     self.requests.close(state)
-                    responses.append(response_to_wire(wire[0], entry, _FINAL, set(wire[3]), self.s2p))
-            keep_rescheduled(self, requests, states)  # pystub sequences: report them before EXECUTE_DONE
-        except Exception as exc:
+                    responses.append(response_to_wire(wire.rid, entry, _FINAL, set(wire.requested_outputs), self.s2p))
+            report_rescheduled(self, requests, states)  # pystub sequences: report them before EXECUTE_DONE
+        except BaseException as exc:  # noqa: BLE001 - sys.exit() in execute fails this batch only, as on Triton
             text = failure_text(self.instance, exc)
             self.log_error(f"{text}\n{format_traceback(exc)}")
             error = error_to_wire(Status.INTERNAL, text)
             for state in states:
                 self.requests.close(state)  # the backend fails every request that is still open
             for response in responses:
-                self._free([t[3] for t in response[3]])
+                self._free([t.handle for t in response.outputs])
             responses = []
         finally:
             self.control.execute_finished()
@@ -309,7 +319,11 @@ def main(options: StubOptions) -> int:
     ignore_termination_signals()
     set_parent_death_signal(options.parent_pid)
     apply_rlimits(options.rlimits)
-    stub = Stub(options)
+    try:
+        stub = Stub(options)
+    except (OSError, ValueError) as exc:  # its shared objects or channel are not there
+        sys.stderr.write(f"stub '{options.instance}' could not attach to the backend: {exc}\n")
+        return StubExitCode.BOOT_FAILED
     try:
         return stub.run()
     finally:

@@ -5,10 +5,8 @@ memory region (no copy either way); a response's outputs are written once into t
 straight into the client's region when the request asked for that, pruned to the outputs the
 client asked for.
 
-    wire request = [rid, id, inputs, requested_outputs, parameters_json, correlation_id, flags,
-                    timeout_us (, output_regions: {output name: region handle})]
-
-The ninth element is present only when some output goes to a client region (pystub_backend.ipc.tensors).
+Requests arrive as `WireRequest`s and responses leave as `WireResponse`s (pystub_backend.ipc.records);
+a request's `output_regions` is set only when some output goes to a client region.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from typing import Any
 
 from pystub_backend.ipc import tensors
 from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
+from pystub_backend.ipc.records import WireError, WireRequest, WireResponse, WireTensor
 from pystub_backend.ipc.status import Status
 from pystub_backend.ipc.tensors import RegionTooSmallError
 from pystub_backend.stub import output_buffers, pb_utils
@@ -27,23 +26,26 @@ __all__ = ["build_request", "response_to_wire", "error_to_wire"]
 MAX_ERROR_CHARS = 32 * 1024  # frames are small; a model's error text is cut to fit
 
 
-def error_to_wire(code: int, message: str) -> list[Any]:
+def error_to_wire(code: int, message: str) -> WireError:
     if len(message) > MAX_ERROR_CHARS:
         message = message[:MAX_ERROR_CHARS] + "... [truncated]"
-    return [int(code), message]
+    return WireError(int(code), message)
 
 
-def build_request(wire: list[Any], reader: ArenaReader, model_name: str, model_version: int,
+def build_request(wire: WireRequest, reader: ArenaReader, model_name: str, model_version: int,
                   sender: Any) -> Any:
     """A `pb_utils.InferenceRequest` for the wire request. Raises ValueError for a corrupt one."""
-    rid, request_id, wire_inputs, requested, parameters_json, correlation_id, flags, timeout = wire[:8]
-    if len(wire) > 8 and wire[8]:
-        client_shm.expect_outputs(rid, sender, wire[8])
-    inputs = [pb_utils.Tensor._from_array(t[0], tensors.to_array(reader, t, client_shm.REGIONS))
-              for t in wire_inputs]
+    if wire.output_regions:
+        client_shm.expect_outputs(wire.rid, sender, wire.output_regions)
+    # BF16 arrives as its raw uint16 bits; the datatype keeps it BF16 (as_numpy refuses it, DLPack
+    # exports bfloat16), as on Triton.
+    inputs = [pb_utils.Tensor._from_array(t.name, tensors.to_array(reader, t, client_shm.REGIONS),
+                                          "BF16" if t.datatype == "BF16" else None)
+              for t in wire.inputs]
     return pb_utils.InferenceRequest._from_server(
-        inputs=inputs, request_id=request_id, correlation_id=correlation_id, flags=flags,
-        timeout=timeout, parameters_json=parameters_json, requested_output_names=set(requested),
+        inputs=inputs, request_id=wire.id, correlation_id=wire.correlation_id, flags=wire.flags,
+        timeout=wire.timeout_us, parameters_json=wire.parameters_json,
+        requested_output_names=set(wire.requested_outputs),
         model_name=model_name, model_version=model_version, response_sender=sender)
 
 
@@ -53,7 +55,7 @@ def _response_parameters(response: Any) -> str:
 
 
 def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
-                     writer: ArenaWriter) -> list[Any]:
+                     writer: ArenaWriter) -> WireResponse:
     """The wire response for a pb_utils response (or None for a flags-only final).
 
     Outputs are placed in the s2p arena, or written into the client region the request named for
@@ -62,12 +64,13 @@ def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
     becomes an error carrying the text.
     """
     if response is None:  # flags only: parameters nil tells it apart from a response with no outputs
-        return [rid, flags, None, [], None]
+        return WireResponse(rid, flags, None, [], None)
     if response.has_error():
         error = response.error()
-        return [rid, flags, error_to_wire(error.code(), error.message()), [], _response_parameters(response)]
+        wire_error = error_to_wire(error.code(), error.message())
+        return WireResponse(rid, flags, wire_error, [], _response_parameters(response))
     targets = client_shm.output_targets(rid)
-    outputs: list[Any] = []
+    outputs: list[WireTensor] = []
     try:
         for tensor in response.output_tensors():
             name = tensor.name()
@@ -78,12 +81,12 @@ def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
             if target is not None:
                 outputs.append(tensors.place_in_region(client_shm.REGIONS, name, datatype, shape, buffer, target))
             elif (handle := output_buffers.claim(buffer)) is not None:  # already in the arena: no copy
-                outputs.append([name, datatype, list(shape), list(handle)])
+                outputs.append(WireTensor(name, datatype, list(shape), list(handle)))
             else:
                 outputs.append(tensors.place(writer, name, datatype, shape, buffer))
     except (ArenaFullError, RegionTooSmallError, client_shm.RegionError) as exc:
         for placed in outputs:
             writer.free(tensors.wire_handle(placed))  # region outputs carry the empty handle: a no-op
         status = Status.INTERNAL if isinstance(exc, ArenaFullError) else Status.INVALID_ARG
-        return [rid, flags, error_to_wire(status, str(exc)), [], "{}"]
-    return [rid, flags, None, outputs, _response_parameters(response)]
+        return WireResponse(rid, flags, error_to_wire(status, str(exc)), [], "{}")
+    return WireResponse(rid, flags, None, outputs, _response_parameters(response))

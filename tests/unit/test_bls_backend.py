@@ -65,10 +65,13 @@ def test_the_sweeper_ends_the_calls_of_dead_callers(monkeypatch: pytest.MonkeyPa
 class Stub:
     def __init__(self, name: str) -> None:
         self.instance_name = name
-        self._pending: dict[int, Any] = {}
+        self._requests: list[Any] = []
 
     def runs(self, request: Any) -> None:
-        self._pending[len(self._pending)] = SimpleNamespace(request=request)
+        self._requests.append(request)
+
+    def requests_in_flight(self) -> list[Any]:
+        return list(self._requests)
 
 
 class Core:

@@ -1,4 +1,5 @@
-"""The stub side of BLS (pystub_backend/stub/features/bls.py, pystub_backend/stub/features/bls_outputs.py) against a fake backend: real arenas,
+"""The stub side of BLS (pystub_backend/stub/features/bls.py, pystub_backend/stub/features/bls_outputs.py)
+against a fake backend: real arenas,
 frames captured. Inputs go into s2p and are freed by the final response; outputs are zero-copy views
 of p2s given back (BlsCleanup) when the model drops them; deadlines cancel; iterators credit,
 replay and cancel when dropped; BLS is refused outside the ready phase."""
@@ -133,7 +134,8 @@ def test_decoupled_iterator_credits_replays_and_errors():
         iterator = client.exec(leaf_request(np.ones(1, np.float32)), True)
         request = backend.take(BlsRequest)
         call = request.call_id
-        client.on_response(BlsResponse(call, [call, 0, None, [backend.output("OUT", np.array([5.0], np.float32))], "{}"]))
+        output = backend.output("OUT", np.array([5.0], np.float32))
+        client.on_response(BlsResponse(call, [call, 0, None, [output], "{}"]))
         client.on_response(BlsResponse(call, [call, FINAL, [7, "stopped"], [], "{}"]))
         responses = list(iterator)
         assert [r.has_error() for r in responses] == [False, True]

@@ -1,5 +1,6 @@
-"""Client shared memory without a server: the backend's registry (pystub_backend.backend.features.client_shm), the stub's
-mappings (pystub_backend.stub.features.client_shm), region handles (pystub_backend.ipc.tensors) and the stub writing outputs
+"""Client shared memory without a server: the backend's registry
+(pystub_backend.backend.features.client_shm), the stub's mappings (pystub_backend.stub.features.client_shm),
+region handles (pystub_backend.ipc.tensors) and the stub writing outputs
 (pystub_backend.stub.translate), on real /dev/shm objects that the test creates and unlinks itself.
 """
 
@@ -244,6 +245,11 @@ class _FakeStub:
 
         self.settings = _Settings()
 
+    async def send(self, message: Any, timeout: float | None = None) -> None:
+        """As StubProcess.send: the one way features send to a stub."""
+        await self.channel.send(msg.encode(message), timeout or self.settings.stub_timeout_seconds,
+                                type(message).__name__)
+
 
 class _FakeStream:
     def __init__(self) -> None:
@@ -299,7 +305,7 @@ def test_stub_maps_inputs_read_only_and_writes_outputs() -> None:
         assert bytes(array) == bytes(range(8, 24)) and not array.flags.writeable
         target = tensors.region_handle(7, 32, 8, key, inode)
         wire = tensors.place_in_region(regions, "O", "UINT8", [4], np.arange(4, dtype=np.uint8) + 200, target)
-        assert wire == ["O", "UINT8", [4], [-1, 0, 0]]
+        assert list(wire) == ["O", "UINT8", [4], [-1, 0, 0]]
         with open("/dev/shm" + key, "rb") as file:
             assert file.read()[32:36] == bytes([200, 201, 202, 203])
         with pytest.raises(tensors.RegionTooSmallError) as error:
@@ -375,7 +381,7 @@ def test_response_to_wire_writes_region_outputs_and_rolls_back_on_errors() -> No
             too_big = pb_utils.InferenceResponse([pb_utils.Tensor("P", np.ones(3, np.float32)),
                                                   pb_utils.Tensor("O", np.zeros(5, np.float32))])
             _, _, error, outputs, _ = response_to_wire(777, too_big, 1, set(), writer)
-            assert error == [int(Status.INVALID_ARG), "shared memory size specified with the request for output "
+            assert list(error) == [int(Status.INVALID_ARG), "shared memory size specified with the request for output "
                              "'O' (16 bytes) should be at least 20 bytes to hold the results"]
             assert outputs == [] and writer.used == 0  # the arena output placed before it was freed
             stub_shm.REGIONS.forget([99])

@@ -93,7 +93,7 @@ def _to_stub(stub: StubProcess, request: Any, model: str) -> bytes:
         validate_request(request, CONFIGS[model])
         fields = sequence_fields(request.parameters)  # what the sequence batcher puts on the wire
         request.correlation_id, request.flags = fields.correlation_id, fields.flags
-        wire, _ = stub._place_request(request)
+        wire = stub.exchange.place_request(request).wire
         frame = msg.encode(msg.Execute(1, [wire], []))
     for tensor in request.inputs:  # the stub views each input as pystub_backend.ipc.tensors.to_array does
         _view_as_the_stub_does(tensor)

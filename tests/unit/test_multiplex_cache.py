@@ -1,4 +1,5 @@
-"""The stub's sub-model cache (pystub_backend/stub/features/multiplex.py, pystub_backend/stub/features/multiplex_report.py) and its pb_utils
+"""The stub's sub-model cache (pystub_backend/stub/features/multiplex.py,
+pystub_backend/stub/features/multiplex_report.py) and its pb_utils
 face: LRU order, eviction before load, one load per id under threads and coroutines, failed loads,
 `__del__` of dropped sub-models, id validation, and the order of the reports to the backend."""
 

@@ -46,7 +46,7 @@ def test_glog_lines_on_stderr(capfd):
                 ("I", "default level", "MARK-DEFAULT"), ("W", "explicit", "MARK-EXPLICIT"),
                 ("E", "enum", "MARK-ENUM")]
     assert len(lines) == len(expected)
-    for line, (char, message, marker) in zip(lines, expected):
+    for line, (char, message, marker) in zip(lines, expected, strict=False):
         match = GLOG.match(line)
         assert match, line
         assert match.group(1) == char

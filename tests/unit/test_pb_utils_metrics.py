@@ -68,7 +68,8 @@ def test_histogram():
     assert metric._snapshot() == {"sum": 106.5, "count": 5, "buckets": {1.0: 2, 2.5: 3, 10.0: 4}}
     _raises(lambda: metric.increment(1),
             "Failed to increment metric value: TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Increment")
-    _raises(lambda: metric.set(1), "Failed to set metric value: TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Set")
+    _raises(lambda: metric.set(1),
+            "Failed to set metric value: TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Set")
     _raises(metric.value, "Failed to get metric value: TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Value")
 
 
@@ -80,14 +81,17 @@ def test_metric_creation_errors():
     _raises(lambda: histogram.Metric(buckets=(1, 2)), "Failed to create metric. Buckets must be a list.")
     _raises(lambda: histogram.Metric(), "Failed to create metric. Missing required buckets.")
     _raises(lambda: counter.Metric(buckets=[1.0]), "Failed to create metric. Unexpected buckets found.")
-    _raises(lambda: _family(MetricFamily.GAUGE).Metric(buckets=[1.0]), "Failed to create metric. Unexpected buckets found.")
+    _raises(lambda: _family(MetricFamily.GAUGE).Metric(buckets=[1.0]),
+            "Failed to create metric. Unexpected buckets found.")
     with pytest.raises(TypeError):
         histogram.Metric(buckets=["a"])
 
 
 def test_family_creation_errors():
-    _raises(lambda: MetricFamily("bad name", "d", MetricFamily.COUNTER), "Error when creating MetricFamily: Invalid metric name")
-    _raises(lambda: MetricFamily("", "d", MetricFamily.COUNTER), "Error when creating MetricFamily: Invalid metric name")
+    _raises(lambda: MetricFamily("bad name", "d", MetricFamily.COUNTER),
+            "Error when creating MetricFamily: Invalid metric name")
+    _raises(lambda: MetricFamily("", "d", MetricFamily.COUNTER),
+            "Error when creating MetricFamily: Invalid metric name")
     family = _family(MetricFamily.COUNTER)
     _raises(lambda: MetricFamily(family._record.name, "d", MetricFamily.GAUGE),
             "Error when creating MetricFamily: Family name already exists with different type")

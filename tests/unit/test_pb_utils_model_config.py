@@ -160,4 +160,5 @@ def test_model_transaction_policy():
 
 def test_using_decoupled_model_transaction_policy_defaults():
     assert pb_utils.using_decoupled_model_transaction_policy({}) is False
-    assert pb_utils.using_decoupled_model_transaction_policy({"model_transaction_policy": {"decoupled": False}}) is False
+    not_decoupled = {"model_transaction_policy": {"decoupled": False}}
+    assert pb_utils.using_decoupled_model_transaction_policy(not_decoupled) is False

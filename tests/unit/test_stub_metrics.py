@@ -85,7 +85,7 @@ def test_changes_are_aggregated_per_series_and_sent_before_the_next_frame(server
     server.send("a response")  # any other frame flushes first
     (frame,) = ops_frames(server)
     assert [entry[0] for entry in frame.entries] == [ENTRY_CREATE, ENTRY_UPDATE]
-    assert frame.entries[1][3:] == [5.0, 2.0, []]  # set to 5, then +2: the 1000 increments collapsed
+    assert list(frame.entries[1][3:]) == [5.0, 2.0, []]  # set to 5, then +2: the 1000 increments collapsed
     assert server.frames[-1] == "a response"
     assert gauge.value() == 7.0  # read back from the server
 
@@ -149,5 +149,7 @@ def test_an_unanswered_call_times_out_with_what_it_waited_for() -> None:
 
 
 def test_the_before_send_hook_is_registered() -> None:
-    from pystub_backend.stub.handlers import send_hooks
-    assert stub_metrics._flush_before in send_hooks()
+    from pystub_backend.stub.handlers import StubHandlers
+    handlers = StubHandlers()
+    stub_metrics.register(handlers)
+    assert stub_metrics._flush_before in handlers.send_hooks()

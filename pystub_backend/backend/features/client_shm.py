@@ -31,16 +31,19 @@ import stat
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, RequestedOutput, Tensor
 from pystub_backend.ipc import tensors
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
-from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.client_shm import ClientShmForget
 from pystub_backend.ipc.names import SHM_DIR
 from pystub_backend.ipc.status import Status
+
+if TYPE_CHECKING:
+    from pystub_backend.backend.supervision.response_stream import ResponseStream
+    from pystub_backend.backend.supervision.stub_process import StubProcess
 
 __all__ = ["ClientShmRegistry", "Region", "ShmTensor", "ShmOutput", "Lease", "attach_regions",
            "region_handle", "REGION", "BYTE_SIZE", "OFFSET"]
@@ -80,7 +83,7 @@ class Region:
         self.inode = inode
         self.registered = True
         self.holds = 0
-        self.stubs: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.stubs: weakref.WeakSet[StubProcess] = weakref.WeakSet()
         self._mapping: mmap.mmap | None = mapping
         self._retire = retire
 
@@ -333,17 +336,17 @@ class ClientShmRegistry:
         """Unregistered and unused: unmap it here and tell the stubs that mapped it."""
         self._retiring.discard(region)
         region.unmap()
-        frame = msg.encode(ClientShmForget([region.generation]))
+        forget = ClientShmForget([region.generation])
         for stub in list(region.stubs):
-            if stub.alive and stub.channel is not None:
-                task = asyncio.ensure_future(self._send(stub, frame))
+            if stub.alive:
+                task = asyncio.ensure_future(self._send(stub, forget))
                 self._sends.add(task)
                 task.add_done_callback(self._sends.discard)
 
     @staticmethod
-    async def _send(stub: Any, frame: bytes) -> None:
+    async def _send(stub: StubProcess, forget: ClientShmForget) -> None:
         try:
-            await stub.channel.send(frame, stub.settings.stub_timeout_seconds, "CLIENT_SHM_FORGET")
+            await stub.send(forget)
         except (ChannelClosedError, ChannelTimeoutError) as exc:
             log.debug("stub '%s' did not take CLIENT_SHM_FORGET: %s", stub.instance_name, exc)
 
@@ -362,13 +365,13 @@ def region_handle(tensor: Tensor) -> list[Any] | None:
     return tensor.handle if isinstance(tensor, ShmTensor) else None
 
 
-def attach_regions(request: InferRequest, stub: Any, stream: Any) -> dict[str, list[Any]]:
+def attach_regions(request: InferRequest, stub: StubProcess, stream: ResponseStream) -> dict[str, list[Any]]:
     """Hold the request's regions until its stream is final (the stub reads and writes them until
     then) and note that `stub` maps them. Returns {output name: region handle} for the wire."""
     regions = [t.region for t in request.inputs if isinstance(t, ShmTensor) and t.region is not None]
-    outputs = {}
+    outputs: dict[str, list[Any]] = {}
     for output in request.outputs:
-        if isinstance(output, ShmOutput) and output.region is not None:
+        if isinstance(output, ShmOutput) and output.region is not None and output.handle is not None:
             regions.append(output.region)
             outputs[output.name] = output.handle
     if regions:

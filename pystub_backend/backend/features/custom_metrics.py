@@ -1,6 +1,6 @@
 """The server's custom metrics: what models create with `pb_utils.MetricFamily` / `Metric`, fed
-by their stubs (frames in `pystub_backend.ipc.messages.metrics`, the stub side in `pystub_backend.stub.features.metrics`) and served
-on `/metrics` next to the server's own.
+by their stubs (frames in `pystub_backend.ipc.messages.metrics`, the stub side in
+`pystub_backend.stub.features.metrics`) and served on `/metrics` next to the server's own.
 
 As in Triton, the registry is server-wide:
 - a family is known by its name; creating it again with the same kind (from any model or
@@ -21,17 +21,13 @@ Values belong to the server, not to a stub. The rule for stub restarts (and unlo
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import logging
 import re
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pystub_backend.backend.supervision.handlers import handles
-from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
-from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.metrics import (
     ENTRY_CREATE,
     ENTRY_DELETE,
@@ -42,7 +38,11 @@ from pystub_backend.ipc.messages.metrics import (
     MetricValueQuery,
 )
 
-__all__ = ["CustomMetrics", "CustomFamily", "CustomSeries", "CustomMetricError", "registry_for",
+if TYPE_CHECKING:
+    from pystub_backend.backend.supervision.handlers import BackendHandlers
+    from pystub_backend.backend.supervision.stub_process import StubProcess
+
+__all__ = ["register", "CustomMetrics", "CustomFamily", "CustomSeries", "CustomMetricError", "registry_for",
            "COUNTER", "GAUGE", "HISTOGRAM", "KIND_NAMES", "SERVER_FAMILIES"]
 
 log = logging.getLogger("pystub.metrics")
@@ -187,7 +187,6 @@ class CustomMetrics:
 # One registry per server core (the stubs' context); stubs without one share a default.
 _REGISTRIES: weakref.WeakKeyDictionary[Any, CustomMetrics] = weakref.WeakKeyDictionary()
 _DEFAULT = CustomMetrics()
-_replies: set[asyncio.Task[None]] = set()
 
 
 def registry_for(core: Any) -> CustomMetrics:
@@ -200,47 +199,29 @@ def registry_for(core: Any) -> CustomMetrics:
     return registry
 
 
-def _reply(stub: Any, reply: MetricReply) -> None:
-    """Answer a stub that waits (its wait has a deadline; a full queue delays, never drops)."""
-    channel = stub.channel
-    if channel is None:
-        return
-    frame = msg.encode(reply)
-    try:
-        if channel.try_send(frame):
-            return
-    except ChannelClosedError:
-        return
-    task = asyncio.ensure_future(channel.send(frame, stub.settings.stub_timeout_seconds, "MetricReply"))
-    _replies.add(task)
-    task.add_done_callback(_reply_sent)
-
-
-def _reply_sent(task: asyncio.Task[None]) -> None:
-    _replies.discard(task)
-    if not task.cancelled() and isinstance(task.exception(), (ChannelClosedError, ChannelTimeoutError)):
-        log.warning("a metric reply was not delivered: %s", task.exception())
-
-
-@handles(MetricFamilyCreate)
-def _on_family_create(stub: Any, message: MetricFamilyCreate) -> None:
+def _on_family_create(stub: StubProcess, message: MetricFamilyCreate) -> None:
     error = None
     try:
-        registry_for(stub.context).create_family(message.name, message.description, message.kind)
+        stub.services.custom_metrics.create_family(message.name, message.description, message.kind)
     except CustomMetricError as exc:
         error = str(exc)
-    _reply(stub, MetricReply(message.token, error, 0.0))
+    stub.send_soon(MetricReply(message.token, error, 0.0))  # the stub waits for it, with a deadline
 
 
-@handles(MetricOps)
-def _on_ops(stub: Any, message: MetricOps) -> None:
-    registry_for(stub.context).apply(stub, message.entries)
+def _on_ops(stub: StubProcess, message: MetricOps) -> None:
+    stub.services.custom_metrics.apply(stub, message.entries)
 
 
-@handles(MetricValueQuery)
-def _on_value_query(stub: Any, message: MetricValueQuery) -> None:
+def _on_value_query(stub: StubProcess, message: MetricValueQuery) -> None:
     try:
-        reply = MetricReply(message.token, None, registry_for(stub.context).value(message.family, message.labels))
+        reply = MetricReply(message.token, None, stub.services.custom_metrics.value(message.family, message.labels))
     except CustomMetricError as exc:
         reply = MetricReply(message.token, str(exc), 0.0)
-    _reply(stub, reply)
+    stub.send_soon(reply)
+
+
+def register(handlers: BackendHandlers) -> None:
+    """The frames of pb_utils.MetricFamily / Metric from the stubs."""
+    handlers.on_frame(MetricFamilyCreate, _on_family_create)
+    handlers.on_frame(MetricOps, _on_ops)
+    handlers.on_frame(MetricValueQuery, _on_value_query)

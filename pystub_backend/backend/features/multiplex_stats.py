@@ -39,7 +39,7 @@ class Histogram:
     def snapshot(self) -> dict[str, Any]:
         """`{"buckets": [[upper bound, cumulative count], ..., ["+Inf", count]], "sum", "count"}`."""
         buckets, total = [], 0
-        for bound, count in zip([*self.bounds, "+Inf"], self.counts):
+        for bound, count in zip([*self.bounds, "+Inf"], self.counts, strict=True):
             total += count
             buckets.append([bound, total])
         return {"buckets": buckets, "sum": self.sum, "count": self.count}
@@ -96,7 +96,7 @@ def multiplex_metric_lines(all_stats: Iterable[dict[str, Any]]) -> list[str]:
         for labels, row in rows:
             histogram = row[key]
             cumulative = [count for _, count in histogram["buckets"]]
-            per_bucket = [cumulative[0]] + [b - a for a, b in zip(cumulative, cumulative[1:])]
+            per_bucket = [cumulative[0]] + [b - a for a, b in zip(cumulative, cumulative[1:], strict=False)]
             writer.histogram(name, labels, LATENCY_BUCKETS, per_bucket[:len(LATENCY_BUCKETS)], histogram["sum"],
                              histogram["count"])
     return writer.text().splitlines()

@@ -11,66 +11,51 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
-from pystub_backend.backend.supervision.handlers import handles
-from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
-from pystub_backend.ipc.messages import core as msg
-from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceRescheduled
+from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceEvicted, SequenceRescheduled
 from pystub_backend.ipc.status import Status
 
-__all__ = ["send_to_stub", "flush", "OWNERS", "NOT_ITERATIVE"]
+if TYPE_CHECKING:
+    from pystub_backend.backend.inference import InferRequest
+    from pystub_backend.backend.supervision.handlers import BackendHandlers
+    from pystub_backend.backend.supervision.stub_process import StubProcess
+
+__all__ = ["register", "send_to_stub", "flush", "OWNERS", "NOT_ITERATIVE"]
 
 log = logging.getLogger("pystub.scheduler")
 
+
+
+class RescheduleOwner(Protocol):
+    """The sequence batcher whose batch runs on a stub (scheduling.sequence.SequenceBatcher)."""
+
+    def on_rescheduled(self, request: InferRequest, rid: int) -> bool: ...
+
+
 # StubProcess -> the iterative sequence batcher whose batches it runs (set before each batch).
-OWNERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-_LAST_SEND: weakref.WeakKeyDictionary[Any, asyncio.Task[None]] = weakref.WeakKeyDictionary()
+OWNERS: weakref.WeakKeyDictionary[StubProcess, RescheduleOwner] = weakref.WeakKeyDictionary()
 
 NOT_ITERATIVE = ("Failed to reschedule the request of model '{model}': request rescheduling requires "
                  "'sequence_batching {{ iterative_sequence: true }}' in the model configuration. The request "
                  "was released.")
 
 
-def send_to_stub(stub: Any, message: Any) -> None:
-    """Send a small frame to `stub` in order with the frames after it; never blocks."""
-    channel = stub.channel
-    if channel is None or channel.closed:
-        return
-    frame = msg.encode(message)
-    previous = _LAST_SEND.get(stub)
-    if previous is None or previous.done():
-        try:
-            if channel.try_send(frame):
-                return
-        except ChannelClosedError:
-            return
-        previous = None
-    _LAST_SEND[stub] = asyncio.ensure_future(_send_later(stub, frame, type(message).__name__, previous))
+def send_to_stub(stub: StubProcess, message: SequenceDropRescheduled | SequenceEvicted) -> None:
+    """Send a small frame to `stub` in order with the frames after it; never blocks
+    (StubProcess.send_soon)."""
+    stub.send_soon(message)
 
 
-async def _send_later(stub: Any, frame: bytes, what: str, previous: asyncio.Task[None] | None) -> None:
-    if previous is not None:
-        await asyncio.wait({previous})  # keep the frames in the order they were sent
-    try:
-        await stub.channel.send(frame, stub.settings.stub_timeout_seconds, what)
-    except (ChannelClosedError, ChannelTimeoutError) as exc:
-        log.warning("stub '%s': could not send %s: %s", stub.instance_name, what, exc)
-
-
-async def flush(stub: Any) -> None:
+async def flush(stub: StubProcess) -> None:
     """Wait until every frame `send_to_stub` queued for `stub` has been sent (or given up);
     returns at once in the usual case, where they went out immediately."""
-    last = _LAST_SEND.get(stub)
-    if last is not None and not last.done():
-        await asyncio.wait({last})
+    await stub.flush()
 
 
-@handles(SequenceRescheduled)
-def _on_rescheduled(stub: Any, message: SequenceRescheduled) -> None:
+def _on_rescheduled(stub: StubProcess, message: SequenceRescheduled) -> None:
     """Runs before the batch's EXECUTE_DONE: the batcher learns which of its requests run again."""
     owner = OWNERS.get(stub)
     refused = []
@@ -83,4 +68,9 @@ def _on_rescheduled(stub: Any, message: SequenceRescheduled) -> None:
     if refused:
         text = NOT_ITERATIVE.format(model=stub.model_name)
         log.error("%s", text)
-        send_to_stub(stub, SequenceDropRescheduled(refused, [int(Status.INTERNAL), text]))
+        stub.send_soon(SequenceDropRescheduled(refused, [int(Status.INTERNAL), text]))
+
+
+def register(handlers: BackendHandlers) -> None:
+    """SequenceRescheduled from the stubs."""
+    handlers.on_frame(SequenceRescheduled, _on_rescheduled)

@@ -6,10 +6,10 @@ import asyncio
 import json
 import logging
 import os
-import time
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.features.install import feature_services
 from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.models.config import (
     ModelConfig,
@@ -19,25 +19,45 @@ from pystub_backend.backend.models.config import (
     is_decoupled,
 )
 from pystub_backend.backend.scheduling.choice import make_scheduler
+from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.execution_env import (
     ExecutionEnvError,
     interpreter_command,
     resolve_execution_env,
 )
-from pystub_backend.backend.supervision.instance import InstanceSpec, InstanceState, ModelInstance
+from pystub_backend.backend.supervision.instance import InstanceSpec, InstanceState, ModelInstance, watch_health
 from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.supervision.services import ServerCore
 from pystub_backend.backend.supervision.settings import StubSettings, positive_number
-from pystub_backend.backend.supervision.stub_process import StubStartError
 from pystub_backend.backend.telemetry.statistics import ModelStatistics
 from pystub_backend.ipc.status import Status
 
-__all__ = ["ModelVersion", "ModelLoadError", "instance_args", "RLIMIT_PARAMETERS"]
+__all__ = ["ModelVersion", "ModelLoadError", "Scheduler", "instance_args", "RLIMIT_PARAMETERS"]
 
 log = logging.getLogger("pystub.model")
 
 # Config parameters that limit each stub (pystub extension): parameter name -> rlimit name.
 RLIMIT_PARAMETERS = {"STUB_MEMORY_LIMIT_BYTES": "as", "STUB_CPU_LIMIT_SECONDS": "cpu", "STUB_MAX_OPEN_FILES": "nofile"}
 EXECUTE_TIMEOUT_PARAMETER = "EXECUTE_TIMEOUT_SECONDS"
+_Number = TypeVar("_Number", int, float)
+
+
+class Scheduler(Protocol):
+    """What a version asks of its scheduler (pystub_backend.backend.scheduling: default, dynamic,
+    sequence, multiplex)."""
+
+    @property
+    def queued(self) -> int: ...
+
+    def start(self) -> None: ...
+
+    async def schedule(self, request: InferRequest, batch_size: int) -> InferResponse: ...
+
+    async def schedule_stream(self, request: InferRequest, batch_size: int) -> ResponseStream: ...
+
+    def fail_queued(self, error: ServerError) -> int: ...
+
+    async def stop(self, reason: str) -> None: ...
 
 
 class ModelLoadError(Exception):
@@ -58,7 +78,7 @@ def instance_args(config: ModelConfig, config_json: str, instance_name: str, kin
     }
 
 
-def _parameter_number(parameters: dict[str, str], name: str, kind: type) -> Any:
+def _parameter_number(parameters: dict[str, str], name: str, kind: type[_Number]) -> _Number | None:
     value = parameters.get(name)
     if value is None or value == "":
         return None
@@ -70,9 +90,9 @@ def _parameter_number(parameters: dict[str, str], name: str, kind: type) -> Any:
 
 class ModelVersion:
     def __init__(self, config: ModelConfig, version: int, model_dir: str, model_path: str,
-                 settings: StubSettings, context: Any = None) -> None:
+                 settings: StubSettings, core: ServerCore | None = None) -> None:
         self.config = config
-        self.context = context
+        self.services = feature_services(core)  # what this version's stubs' feature handlers may use
         self.name = config.name
         self.version = version
         self.model_dir = model_dir
@@ -82,7 +102,7 @@ class ModelVersion:
         self.decoupled = is_decoupled(config)
         self.stats = ModelStatistics(self.name, str(version))
         self.instances: list[ModelInstance] = []
-        self.scheduler: Any = None  # see pystub_backend.backend.scheduling.choice
+        self.scheduler: Scheduler | None = None  # see pystub_backend.backend.scheduling.choice
         self.state = "UNAVAILABLE"
         self.reason = ""
         self._monitor: asyncio.Task | None = None
@@ -113,7 +133,7 @@ class ModelVersion:
         error = self.health_error()
         if error is not None:
             return error.message
-        reasons = await asyncio.gather(*(i.stub.check_ready() for i in self.instances if i.healthy and i.stub))
+        reasons = await asyncio.gather(*(i.check_ready() for i in self.instances if i.healthy))
         return None if any(reason is None for reason in reasons) else next(r for r in reasons if r)
 
     # -- loading -------------------------------------------------------------------------------------
@@ -133,7 +153,7 @@ class ModelVersion:
                                self.model_dir, self.version),
             stub_settings={"decoupled": self.decoupled}, settings=self.settings,
             execute_timeout=_parameter_number(parameters, EXECUTE_TIMEOUT_PARAMETER, float),
-            rlimits={k: v for k, v in rlimits.items() if v is not None}, python=python, context=self.context)
+            rlimits={k: v for k, v in rlimits.items() if v is not None}, python=python, services=self.services)
 
     async def load(self) -> None:
         """Start and initialize every instance. Raises ModelLoadError (and stops what started)."""
@@ -152,20 +172,10 @@ class ModelVersion:
             raise ModelLoadError(str(exc)) from exc
         self.scheduler = make_scheduler(self.config, self.instances, self.stats)
         self.scheduler.start()
-        self._monitor = asyncio.ensure_future(self._watch_health())
-        self.state, self.reason = "READY", ""
-
-    async def _watch_health(self) -> None:
-        """Replace stubs that froze (no heartbeat) or overran the execute deadline. Death is seen
-        at once through the channel; this loop catches the hangs."""
+        # Hangs (frozen heartbeat, execute deadline) are the supervisor's to find; deaths it sees at once.
         interval = min(0.5, self.settings.heartbeat_timeout_seconds / 4)
-        while True:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            for instance in self.instances:
-                reason = instance.check_health(now)
-                if reason is not None:
-                    instance.fail(reason)
+        self._monitor = asyncio.ensure_future(watch_health(lambda: self.instances, interval))
+        self.state, self.reason = "READY", ""
 
     # -- serving -------------------------------------------------------------------------------------
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
@@ -173,23 +183,25 @@ class ModelVersion:
 
         An instance that is restarting is expected back: its requests wait in the queue for it.
         """
-        self._check_serving()
+        scheduler = self._serving_scheduler()
         request.model_version = str(self.version)
-        return await self.scheduler.schedule(request, batch_size)  # type: ignore[union-attr]
+        return await scheduler.schedule(request, batch_size)
 
     async def infer_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         """Schedule the (validated) request; its responses arrive on the stream. Raises ServerError."""
-        self._check_serving()
+        scheduler = self._serving_scheduler()
         request.model_version = str(self.version)  # responses name the version that served them
-        return await self.scheduler.schedule_stream(request, batch_size)  # type: ignore[union-attr]
+        return await scheduler.schedule_stream(request, batch_size)
 
-    def _check_serving(self) -> None:
+    def _serving_scheduler(self) -> Scheduler:
+        """The scheduler, when the version can take requests. Raises ServerError."""
         if self.scheduler is None or not self.loaded:
             raise ServerError(f"Request for unknown model: '{self.name}' version {self.version} is not at "
                               f"ready state", Status.UNAVAILABLE)
         if not any(instance.usable for instance in self.instances):
             raise self.health_error() or ServerError(f"Model '{self.name}' has no usable instance",
                                                      Status.UNAVAILABLE)
+        return self.scheduler
 
     def instance(self, name: str) -> ModelInstance | None:
         return next((i for i in self.instances if i.name == name), None)

@@ -30,7 +30,7 @@ from pystub_backend.backend.features.multiplex_stats import InstanceCounters, mu
 from pystub_backend.backend.models.config import ModelConfig, config_parameters
 from pystub_backend.backend.scheduling.default import PIPELINE_DEPTH, DefaultScheduler
 from pystub_backend.backend.scheduling.multiplex_queue import ROUTING_POLICIES, RoutedQueue
-from pystub_backend.backend.supervision.handlers import handles
+from pystub_backend.backend.supervision.handlers import BackendHandlers
 from pystub_backend.backend.telemetry.statistics import ModelStatistics
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages.multiplex import (
@@ -43,11 +43,10 @@ from pystub_backend.ipc.messages.multiplex import (
     model_id_problem,
 )
 from pystub_backend.ipc.status import Status
-from pystub_backend.ipc.wire import encode
 
 __all__ = ["CAP_PARAMETER", "ROUTING_PARAMETER", "MultiplexSettings", "MultiplexState", "MultiplexScheduler",
            "multiplex_settings", "multiplex_state", "held_ids", "multiplex_stats", "multiplex_metrics",
-           "request_model_id"]
+           "request_model_id", "register"]
 
 log = logging.getLogger("pystub.multiplex")
 
@@ -126,7 +125,6 @@ def _holdings(stub: Any, what: str) -> _StubHoldings | None:
     return holdings
 
 
-@handles(MultiplexLoaded)
 def _on_loaded(stub: Any, message: MultiplexLoaded) -> None:
     holdings = _holdings(stub, "MultiplexLoaded")
     if holdings is not None:
@@ -137,7 +135,6 @@ def _on_loaded(stub: Any, message: MultiplexLoaded) -> None:
         holdings.state.changed()
 
 
-@handles(MultiplexLoadFailed)
 def _on_load_failed(stub: Any, message: MultiplexLoadFailed) -> None:
     holdings = _holdings(stub, "MultiplexLoadFailed")
     if holdings is not None:
@@ -146,7 +143,6 @@ def _on_load_failed(stub: Any, message: MultiplexLoadFailed) -> None:
         holdings.state.changed()
 
 
-@handles(MultiplexUnloaded)
 def _on_unloaded(stub: Any, message: MultiplexUnloaded) -> None:
     holdings = _holdings(stub, "MultiplexUnloaded")
     if holdings is not None:
@@ -156,7 +152,6 @@ def _on_unloaded(stub: Any, message: MultiplexUnloaded) -> None:
         holdings.state.changed()
 
 
-@handles(MultiplexUsage)
 def _on_usage(stub: Any, message: MultiplexUsage) -> None:
     holdings = _holdings(stub, "MultiplexUsage")
     if holdings is not None:
@@ -165,6 +160,13 @@ def _on_usage(stub: Any, message: MultiplexUsage) -> None:
         for model_id in message.recent:
             if model_id in holdings.ids:
                 holdings.ids.move_to_end(model_id)
+
+
+def register(handlers: BackendHandlers) -> None:
+    """The stubs' reports of their sub-model caches (called by features.install)."""
+    for kind, handler in ((MultiplexLoaded, _on_loaded), (MultiplexLoadFailed, _on_load_failed),
+                          (MultiplexUnloaded, _on_unloaded), (MultiplexUsage, _on_usage)):
+        handlers.on_frame(kind, handler)
 
 
 def held_ids(instance: Any) -> list[str]:
@@ -286,7 +288,7 @@ class MultiplexedInstance:
 
     async def _configure(self) -> None:
         stub = self._instance.stub
-        if stub is None or not stub.alive or stub.channel is None:
+        if stub is None or not stub.alive:
             return  # the execute fails with the instance's own error
         sending = self._configuring.get(stub)
         if sending is None:
@@ -297,9 +299,8 @@ class MultiplexedInstance:
             self._configuring.pop(stub, None)  # try again with the next batch
 
     async def _send(self, stub: Any) -> bool:
-        frame = encode(MultiplexConfigure(self._state.settings.cap))
         try:
-            await stub.channel.send(frame, stub.settings.stub_timeout_seconds, "MultiplexConfigure")
+            await stub.send(MultiplexConfigure(self._state.settings.cap))
         except (ChannelClosedError, ChannelTimeoutError) as exc:
             log.warning("could not configure multiplexing of stub '%s': %s", stub.instance_name, exc)
             return False

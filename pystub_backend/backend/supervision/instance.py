@@ -1,13 +1,23 @@
-"""One model instance, supervised: it owns successive stub incarnations and restarts them.
+"""One model instance, supervised: the one home of death, hangs, restarts and readiness.
 
     STARTING ──init ok──▶ READY ──death / frozen heartbeat / execute deadline──▶ RESTARTING
         │                   ▲                                                      │
         └─init fails─▶ (load error)   back-off, spawn, initialize again ◀──────────┘
-                                      too many failures in the window ──▶ FAILED (stays down)
+                                      boot failure, or too many failures ──▶ FAILED (stays down)
 
-A failure kills the stub (SIGKILL to its process group), which fails every request in flight on it
-at once with `Stub process '<instance>' is not healthy.` and drops its arenas. Triton's Python
-backend never restarts a stub and never notices a hung one; pystub does both.
+Read top to bottom, as gunicorn's arbiter:
+    death       the stub's channel closes → StubProcess fails its requests in flight at once and
+                calls `_on_stub_death` → `fail(None)`
+    hangs       `watch_health` polls every instance: a frozen heartbeat or an `execute` past its
+                EXECUTE_TIMEOUT_SECONDS → `fail(reason)`
+    restarts    `fail` kills the stub (SIGKILL to its process group) and `_restart` spawns a new
+                one after a back-off (RestartPolicy). A boot failure (the model does not import,
+                its initialize raises, the stub exits with a boot exit code: ipc.exit_codes) is
+                not retried: the instance is FAILED with the reason.
+    readiness   `healthy` (READY and the stub alive), `usable` (READY or expected back),
+                `wait_ready` for workers, `check_ready` for the model's own `is_ready`
+
+Triton's Python backend never restarts a stub and never notices a hung one; pystub does both.
 """
 
 from __future__ import annotations
@@ -19,15 +29,20 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.supervision.errors import StubStartError
+from pystub_backend.backend.supervision.exchange import StreamOrError
+from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.supervision.services import StubServices
 from pystub_backend.backend.supervision.settings import StubSettings
-from pystub_backend.backend.supervision.stub_process import StubProcess, StubStartError
+from pystub_backend.backend.supervision.stub_process import StubProcess
 from pystub_backend.backend.telemetry.statistics import BatchTiming
+from pystub_backend.ipc.exit_codes import BOOT_FAILURES
 from pystub_backend.ipc.status import Status
 
-__all__ = ["InstanceState", "InstanceSpec", "ModelInstance"]
+__all__ = ["InstanceState", "InstanceSpec", "ModelInstance", "RestartPolicy", "StubFactory", "watch_health"]
 
 log = logging.getLogger("pystub.supervisor")
 
@@ -47,16 +62,53 @@ class InstanceSpec:
     model_name: str
     model_path: str
     args: dict[str, str]
-    stub_settings: dict[str, Any]
+    stub_settings: dict[str, object]
     settings: StubSettings
     execute_timeout: float | None = None
     rlimits: dict[str, int] = field(default_factory=dict)
     python: list[str] | None = None  # interpreter command (an execution environment's), None = ours
-    context: Any = None  # the server core, handed to each stub for feature frame handlers
+    services: StubServices | None = None  # handed to each stub, for its feature frame handlers
+
+
+# Makes one stub incarnation (not yet spawned); tests pass a fake one.
+StubFactory = Callable[[str, InstanceSpec], StubProcess]
+
+
+def _real_stub(name: str, spec: InstanceSpec) -> StubProcess:
+    return StubProcess(name, spec.settings, spec.model_name, spec.services)
+
+
+class RestartPolicy:
+    """Back-off doubling from `restart_backoff_seconds` (capped); more than `max_restarts` failures
+    within `restart_window_seconds` means the instance stays down."""
+
+    def __init__(self, settings: StubSettings) -> None:
+        self._settings = settings
+        self._failures: collections.deque[float] = collections.deque()
+
+    def record_failure(self, now: float) -> None:
+        self._failures.append(now)
+        while self._failures and now - self._failures[0] > self._settings.restart_window_seconds:
+            self._failures.popleft()
+
+    @property
+    def exhausted(self) -> bool:
+        return len(self._failures) > self._settings.max_restarts
+
+    def summary(self) -> str:
+        return f"{len(self._failures)} failures within {self._settings.restart_window_seconds:g} s"
+
+    def delay(self) -> float:
+        """Seconds to wait before the next spawn."""
+        return min(self._settings.restart_backoff_max_seconds,
+                   self._settings.restart_backoff_seconds * 2 ** max(0, len(self._failures) - 1))
+
+    def reset(self) -> None:
+        self._failures.clear()
 
 
 class ModelInstance:
-    def __init__(self, name: str, spec: InstanceSpec) -> None:
+    def __init__(self, name: str, spec: InstanceSpec, stub_factory: StubFactory = _real_stub) -> None:
         self.name = name
         self.spec = spec
         self.stub: StubProcess | None = None
@@ -65,14 +117,135 @@ class ModelInstance:
         self.last_error = ""
         self.served = 0
         self.failed = 0
-        self._failures: collections.deque[float] = collections.deque()
+        self.policy = RestartPolicy(spec.settings)
+        self._stub_factory = stub_factory
         self._ready = asyncio.Event()
-        self._restart_task: asyncio.Task | None = None
+        self._restart_task: asyncio.Task[None] | None = None
         # BLS calls an execute of the current stub waits for (pystub_backend.backend.features.bls.call): see hold().
         self._holds = 0
         self._held_stub: StubProcess | None = None
 
-    # -- facts -------------------------------------------------------------------------------------
+    # -- starting --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """First start. Raises StubStartError with the model's error (a load failure)."""
+        await self._spawn()
+
+    async def _spawn(self) -> None:
+        stub = self._stub_factory(self.name, self.spec)
+        stub.on_death = self._on_stub_death
+        self.stub = stub
+        stub.spawn(self.spec.python, self.spec.rlimits)
+        try:
+            await stub.initialize(self.spec.model_path, self.spec.args, self.spec.stub_settings)
+        except StubStartError as exc:
+            stub.on_death = None
+            await stub.stop(finalize_timeout=0)  # reaps it: its exit code is known below
+            if stub.exit_code in BOOT_FAILURES:
+                exc.boot_failure = True
+            raise
+        self.state = InstanceState.READY
+        self._ready.set()
+
+    # -- death -------------------------------------------------------------------------------------
+    def _on_stub_death(self, stub: StubProcess) -> None:
+        if stub is self.stub and self.state is InstanceState.READY:
+            self.fail(None)  # the reason (exit code or signal) is known once the process is reaped
+
+    # -- hangs -------------------------------------------------------------------------------------
+    def check_health(self, now: float) -> str | None:
+        """Why the current stub must be replaced (frozen heartbeat, execute deadline), or None."""
+        stub = self.stub
+        if not self.healthy or stub is None:
+            return None
+        age = stub.heartbeat_age(now)
+        limit = self.spec.settings.heartbeat_timeout_seconds
+        if age > limit:
+            return f"no heartbeat for {age:.1f} s (limit {limit:g} s)"
+        started = stub.execute_started()
+        timeout = self.spec.execute_timeout
+        if timeout and started and now - started > timeout:
+            return f"execute has run for {now - started:.1f} s (EXECUTE_TIMEOUT_SECONDS={timeout:g})"
+        return None
+
+    # -- restarts ----------------------------------------------------------------------------------
+    def fail(self, reason: str | None) -> None:
+        """The stub is dead (`reason` None) or hung: kill it (which fails what it holds) and restart
+        it with back-off."""
+        if self.state is not InstanceState.READY:
+            return
+        if reason is not None:
+            self.last_error = reason
+            log.error("Stub process '%s' is not healthy: %s", self.name, reason)
+        stub = self.stub
+        if stub is not None:
+            stub.on_death = None
+            stub.kill()
+        self.state = InstanceState.RESTARTING
+        self._restart_task = asyncio.ensure_future(self._restart(stub))
+
+    async def _restart(self, old: StubProcess | None) -> None:
+        if old is not None:
+            hung = old.alive
+            await old.stop(finalize_timeout=0)
+            if not hung:
+                self.last_error = f"the stub process (pid {old.pid}) {old.death_reason()}"
+                log.error("Stub process '%s' is not healthy: %s", self.name, self.last_error)
+        self.policy.record_failure(time.monotonic())
+        if self.policy.exhausted:
+            self._give_up(f"{self.policy.summary()}; last: {self.last_error}")
+            return
+        while self.state is InstanceState.RESTARTING:
+            await asyncio.sleep(self.policy.delay())
+            if self.state is not InstanceState.RESTARTING:
+                return
+            try:
+                await self._spawn()
+            except (StubStartError, OSError) as exc:
+                self.last_error = str(exc)
+                self.policy.record_failure(time.monotonic())
+                if isinstance(exc, StubStartError) and exc.boot_failure:
+                    self._give_up(f"restart failed and would fail again: {exc}")
+                    return
+                if self.policy.exhausted:
+                    self._give_up(f"restart failed: {exc}")
+                    return
+                continue
+            self.restarts += 1
+            log.info("Stub process '%s' restarted (restart %d, pid %s)", self.name, self.restarts,
+                     self.stub.pid if self.stub else None)
+            return
+
+    def _give_up(self, reason: str) -> None:
+        self.state = InstanceState.FAILED
+        self.last_error = reason
+        self._ready.set()  # wake waiting workers so they see FAILED
+        log.error("Stub process '%s' is FAILED and stays down: %s", self.name, reason)
+
+    async def restart(self) -> None:
+        """Operator-requested restart (stubctl): finalize the current stub, start a new one."""
+        if self.state is InstanceState.READY and self.stub is not None:
+            old = self.stub
+            old.on_death = None
+            self.state = InstanceState.RESTARTING
+            await old.stop(self.spec.settings.stub_timeout_seconds)
+        elif self.state not in (InstanceState.FAILED, InstanceState.RESTARTING):
+            return
+        self.state = InstanceState.RESTARTING
+        self.policy.reset()
+        await self._spawn()
+        self.restarts += 1
+
+    async def stop(self, timeout: float) -> None:
+        self.state = InstanceState.STOPPED
+        self._ready.set()
+        if self._restart_task is not None:
+            self._restart_task.cancel()
+            await asyncio.gather(self._restart_task, return_exceptions=True)
+        if self.stub is not None:
+            self.stub.on_death = None
+            await self.stub.stop(timeout)
+
+    # -- readiness ---------------------------------------------------------------------------------
     @property
     def healthy(self) -> bool:
         return self.state is InstanceState.READY and self.stub is not None and self.stub.alive
@@ -99,7 +272,14 @@ class ModelInstance:
             await self._ready.wait()
         return True
 
-    # -- BLS holds -------------------------------------------------------------------------------------
+    async def check_ready(self) -> str | None:
+        """None when the instance can serve and its model says it is ready (`is_ready`), else why not."""
+        stub = self.stub
+        if not self.healthy or stub is None:
+            return self.unhealthy_error().message
+        return await stub.check_ready()
+
+    # -- BLS holds ---------------------------------------------------------------------------------
     @property
     def held(self) -> bool:
         return self._holds > 0 and self._held_stub is self.stub
@@ -119,129 +299,10 @@ class ModelInstance:
             if not self._holds:
                 self._ready.set()
 
-    # -- life cycle ----------------------------------------------------------------------------------
-    async def start(self) -> None:
-        """First start. Raises StubStartError with the model's error (a load failure)."""
-        await self._spawn()
-
-    async def _spawn(self) -> None:
-        stub = StubProcess(self.name, self.spec.settings, self.spec.model_name, self.spec.context)
-        stub.on_death = self._on_stub_death
-        self.stub = stub
-        stub.spawn(self.spec.python, self.spec.rlimits)
-        try:
-            await stub.initialize(self.spec.model_path, self.spec.args, self.spec.stub_settings)
-        except StubStartError:
-            stub.on_death = None
-            await stub.stop(finalize_timeout=0)
-            raise
-        self.state = InstanceState.READY
-        self._ready.set()
-
-    def _on_stub_death(self, stub: StubProcess) -> None:
-        if stub is self.stub and self.state is InstanceState.READY:
-            self.fail(None)  # the reason (exit code or signal) is known once the process is reaped
-
-    def check_health(self, now: float) -> str | None:
-        """Why the current stub must be replaced (frozen heartbeat, execute deadline), or None."""
-        stub = self.stub
-        if not self.healthy or stub is None or stub.control is None:
-            return None
-        age = stub.control.heartbeat_age()
-        if age is None:
-            age = now - stub.started_at
-        if age > self.spec.settings.heartbeat_timeout_seconds:
-            return f"no heartbeat for {age:.1f} s (limit {self.spec.settings.heartbeat_timeout_seconds:g} s)"
-        started = stub.control.execute_start
-        timeout = self.spec.execute_timeout
-        if timeout and started and now - started > timeout:
-            return f"execute has run for {now - started:.1f} s (EXECUTE_TIMEOUT_SECONDS={timeout:g})"
-        return None
-
-    def fail(self, reason: str | None) -> None:
-        """The stub is dead (`reason` None) or hung: kill it, fail what it holds, restart it with
-        back-off."""
-        if self.state is not InstanceState.READY:
-            return
-        if reason is not None:
-            self.last_error = reason
-            log.error("Stub process '%s' is not healthy: %s", self.name, reason)
-        stub = self.stub
-        if stub is not None:
-            stub.on_death = None
-            stub.kill()
-        self.state = InstanceState.RESTARTING
-        self._restart_task = asyncio.ensure_future(self._restart(stub))
-
-    async def _restart(self, old: StubProcess | None) -> None:
-        if old is not None:
-            hung = old.alive
-            await old.stop(finalize_timeout=0)
-            if not hung:
-                self.last_error = f"the stub process (pid {old.pid}) {old.death_reason()}"
-                log.error("Stub process '%s' is not healthy: %s", self.name, self.last_error)
-        now = time.monotonic()
-        self._failures.append(now)
-        window = self.spec.settings.restart_window_seconds
-        while self._failures and now - self._failures[0] > window:
-            self._failures.popleft()
-        if len(self._failures) > self.spec.settings.max_restarts:
-            self._give_up(f"{len(self._failures)} failures within {window:g} s; last: {self.last_error}")
-            return
-        delay = min(self.spec.settings.restart_backoff_max_seconds,
-                    self.spec.settings.restart_backoff_seconds * 2 ** (len(self._failures) - 1))
-        while self.state is InstanceState.RESTARTING:
-            await asyncio.sleep(delay)
-            if self.state is not InstanceState.RESTARTING:
-                return
-            try:
-                await self._spawn()
-            except (StubStartError, OSError) as exc:
-                self.last_error = str(exc)
-                self._failures.append(time.monotonic())
-                if len(self._failures) > self.spec.settings.max_restarts:
-                    self._give_up(f"restart failed: {exc}")
-                    return
-                delay = min(self.spec.settings.restart_backoff_max_seconds, delay * 2)
-                continue
-            self.restarts += 1
-            log.info("Stub process '%s' restarted (restart %d, pid %s)", self.name, self.restarts, self.stub.pid
-                     if self.stub else None)
-            return
-
-    def _give_up(self, reason: str) -> None:
-        self.state = InstanceState.FAILED
-        self.last_error = reason
-        self._ready.set()  # wake waiting workers so they see FAILED
-        log.error("Stub process '%s' is FAILED and stays down: %s", self.name, reason)
-
-    async def restart(self) -> None:
-        """Operator-requested restart (stubctl): finalize the current stub, start a new one."""
-        if self.state is InstanceState.READY and self.stub is not None:
-            old = self.stub
-            old.on_death = None
-            self.state = InstanceState.RESTARTING
-            await old.stop(self.spec.settings.stub_timeout_seconds)
-        elif self.state not in (InstanceState.FAILED, InstanceState.RESTARTING):
-            return
-        self.state = InstanceState.RESTARTING
-        self._failures.clear()
-        await self._spawn()
-        self.restarts += 1
-
-    async def stop(self, timeout: float) -> None:
-        self.state = InstanceState.STOPPED
-        self._ready.set()
-        if self._restart_task is not None:
-            self._restart_task.cancel()
-            await asyncio.gather(self._restart_task, return_exceptions=True)
-        if self.stub is not None:
-            self.stub.on_death = None
-            await self.stub.stop(timeout)
-
-    # -- work ----------------------------------------------------------------------------------------
-    async def execute_streams(self, requests: list[Any], on_sent: Callable[[list[Any]], None] | None = None
-                              ) -> tuple[list[Any], BatchTiming]:
+    # -- work --------------------------------------------------------------------------------------
+    async def execute_streams(self, requests: list[InferRequest],
+                              on_sent: Callable[[list[StreamOrError]], None] | None = None
+                              ) -> tuple[list[StreamOrError], BatchTiming]:
         """Run a batch on the current stub; per request its ResponseStream or a ServerError.
         `on_sent` as in `StubProcess.execute_streams`."""
         stub = self.stub
@@ -255,8 +316,20 @@ class ModelInstance:
                 stream.when_final(self._count)
         return streams, timing
 
-    def _count(self, stream: Any) -> None:
+    def _count(self, stream: ResponseStream) -> None:
         if stream.error is None:
             self.served += 1
         else:
             self.failed += 1
+
+
+async def watch_health(instances: Callable[[], list[ModelInstance]], interval: float) -> None:
+    """Replace stubs that froze (no heartbeat) or overran the execute deadline, forever (cancel it).
+    Death is seen at once through the channel; this loop catches the hangs."""
+    while True:
+        await asyncio.sleep(interval)
+        now = time.monotonic()
+        for instance in instances():
+            reason = instance.check_health(now)
+            if reason is not None:
+                instance.fail(reason)

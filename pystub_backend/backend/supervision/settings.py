@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from pystub_backend.ipc.names import DEFAULT_PREFIX, validate_prefix
 
 __all__ = ["StubSettings", "BackendConfigError", "parse_backend_config", "positive_number"]
 
 MIB = 1 << 20
+_Number = TypeVar("_Number", int, float)
 
 
 class BackendConfigError(ValueError):
@@ -35,7 +36,7 @@ class StubSettings:
     restart_backoff_max_seconds: float = 5.0
 
 
-def positive_number(text: str, kind: type) -> Any:
+def positive_number(text: str, kind: type[_Number]) -> _Number:
     """`text` as a positive int or float. Raises ValueError saying what is wrong with it."""
     try:
         number = kind(text)
@@ -46,7 +47,7 @@ def positive_number(text: str, kind: type) -> Any:
     return number
 
 
-def _positive(key: str, value: str, kind: type) -> Any:
+def _positive(key: str, value: str, kind: type[_Number]) -> _Number:
     try:
         return positive_number(value, kind)
     except ValueError as exc:

@@ -18,14 +18,15 @@ BlsCleanup is the original's cleanup message made general: the p2s handles of BL
 stub no longer references (the backend frees them) and one credit per response a decoupled call's
 iterator has taken (the backend forwards at most `BLS_CREDIT_WINDOW` responses ahead of them).
 
-Wire forms reuse the core ones (pystub_backend.ipc.messages.core): `request` is the core request list with the call id
-as its rid, `response` the core response list with the call id as its rid.
+Records are the core ones (pystub_backend.ipc.records): `request` is a WireRequest with the call id as
+its rid, `response` a WireResponse with the call id as its rid.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from pystub_backend.ipc.records import WireRequest, WireResponse
 from pystub_backend.ipc.wire import message
 
 __all__ = [
@@ -42,7 +43,7 @@ class BlsRequest(NamedTuple):
     call_id: int
     model_name: str
     model_version: str  # "" for the latest (the model's `model_version=-1`)
-    request: list[Any]  # [call_id, id, inputs, requested_outputs, parameters_json, correlation_id, flags, timeout_us]
+    request: WireRequest  # its rid is the call id
     decoupled: bool
     holds: bool  # the caller's execute cannot return before this call ends (deadlock detection)
 
@@ -50,7 +51,7 @@ class BlsRequest(NamedTuple):
 @message(21)
 class BlsResponse(NamedTuple):
     call_id: int
-    response: list[Any]  # [call_id, flags, error | None, outputs, parameters_json | None]
+    response: WireResponse  # its rid is the call id
 
 
 @message(22)

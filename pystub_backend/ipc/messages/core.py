@@ -1,8 +1,8 @@
 """The core message catalogue (kinds 1-19); the wire form and the kind registry are in `pystub_backend.ipc.wire`.
 
 Tensor bytes never travel in frames: frames carry arena handles `[segment, offset, nbytes]`.
-Features keep their own catalogues (`ipc/messages_<feature>.py`, kinds by range, see pystub_backend.ipc.wire);
-they are imported at the bottom of this module so that every process can decode every kind.
+Features keep their messages in modules of their own (kinds by range); the package
+`pystub_backend.ipc.messages` imports them all and lists every kind in `catalogue.CATALOGUE`.
 
     backend -> stub                       stub -> backend
     ---------------                       ---------------
@@ -16,24 +16,22 @@ they are imported at the bottom of this module so that every process can decode 
                                           Log
                                           Release (p2s handles; inputs the stub is done with)
 
-Wire tuples inside messages (plain lists, for speed):
-    tensor   = [name, datatype, shape, handle]
-    request  = [rid, id, inputs: [tensor], requested_outputs: [name], parameters_json,
-                correlation_id, flags, timeout_us]
-    response = [rid, flags, error: [code, message] | None, outputs: [tensor], parameters_json]
+Records inside messages (WireRequest, WireResponse, WireTensor, WireError) are NamedTuples of
+`pystub_backend.ipc.records`, where their array forms are drawn.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from pystub_backend.ipc.records import WireError, WireRequest, WireResponse, WireTensor
 from pystub_backend.ipc.wire import MessageDecodeError, decode, encode, message
 
 __all__ = [
     "MessageDecodeError", "encode", "decode",
     "AutoComplete", "AutoCompleteDone", "Init", "InitDone", "Execute", "ExecuteDone",
     "Response", "Release", "Log", "Finalize", "FinalizeDone", "IsReady", "IsReadyDone", "Cancel",
-    "RESPONSE_FINAL",
+    "RESPONSE_FINAL", "WireError", "WireRequest", "WireResponse", "WireTensor",
 ]
 
 RESPONSE_FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -68,20 +66,20 @@ class InitDone(NamedTuple):
 @message(5)
 class Execute(NamedTuple):
     batch_id: int
-    requests: list[list[Any]]
+    requests: list[WireRequest]
     releases: list[list[int]]
 
 
 @message(6)
 class ExecuteDone(NamedTuple):
     batch_id: int
-    error: list[Any] | None
-    responses: list[list[Any]]
+    error: WireError | None
+    responses: list[WireResponse]
 
 
 @message(7)
 class Response(NamedTuple):
-    response: list[Any]
+    response: WireResponse
 
 
 @message(8)
@@ -124,9 +122,3 @@ class IsReadyDone(NamedTuple):
     ready: bool
     error: str | None  # why not ready, in the text clients see
 
-
-from pystub_backend.ipc.messages import bls as messages_bls  # noqa: E402,F401 - BLS and model control (20-29)
-from pystub_backend.ipc.messages import client_shm as messages_client_shm  # noqa: E402,F401 - client shared memory (60-69)
-from pystub_backend.ipc.messages import metrics as messages_metrics  # noqa: E402,F401 - custom metrics (30-39)
-from pystub_backend.ipc.messages import multiplex as messages_multiplex  # noqa: E402,F401 - multiplexing (50-59)
-from pystub_backend.ipc.messages import sequences as messages_sequences  # noqa: E402,F401 - sequences (40-49)

@@ -7,27 +7,53 @@ the backend's registry, which serves them on `/metrics`.
     MetricValueQuery(token, ...)    (waits)  ──────▶  MetricReply(token, error, value)
     MetricOps(entries)              (one way, buffered in the stub, sent before any other frame)
 
-Entries of `MetricOps`, applied in order (plain lists, for speed):
-    [ENTRY_CREATE, family, labels, buckets | None]       a series this stub now holds
-    [ENTRY_UPDATE, family, labels, set_to | None, delta, observations]
+Entries of `MetricOps`, applied in order, are records told apart by their length (and their `op`):
+    MetricCreate [ENTRY_CREATE, family, labels, buckets | None]
+                                                         a series this stub now holds
+    MetricUpdate [ENTRY_UPDATE, family, labels, set_to | None, delta, observations]
                                                          changes since the last frame: set the value
                                                          first (if set_to is not None), then add delta;
                                                          histograms observe each of `observations`
-    [ENTRY_DELETE, family, labels]                        this stub dropped its last Metric object
+    MetricDelete [ENTRY_DELETE, family, labels]           this stub dropped its last Metric object
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from pystub_backend.ipc.wire import message
 
-__all__ = ["MetricFamilyCreate", "MetricValueQuery", "MetricOps", "MetricReply",
-           "ENTRY_CREATE", "ENTRY_UPDATE", "ENTRY_DELETE"]
+__all__ = ["MetricFamilyCreate", "MetricValueQuery", "MetricOps", "MetricReply", "MetricCreate", "MetricUpdate",
+           "MetricDelete", "MetricEntry", "ENTRY_CREATE", "ENTRY_UPDATE", "ENTRY_DELETE"]
 
 ENTRY_CREATE = 0
 ENTRY_UPDATE = 1
 ENTRY_DELETE = 2
+
+
+class MetricCreate(NamedTuple):
+    op: int  # ENTRY_CREATE
+    family: str
+    labels: dict[str, str]
+    buckets: list[float] | None
+
+
+class MetricUpdate(NamedTuple):
+    op: int  # ENTRY_UPDATE
+    family: str
+    labels: dict[str, str]
+    set_to: float | None
+    delta: float
+    observations: list[float]
+
+
+class MetricDelete(NamedTuple):
+    op: int  # ENTRY_DELETE
+    family: str
+    labels: dict[str, str]
+
+
+MetricEntry = MetricCreate | MetricUpdate | MetricDelete  # the decoder tells them apart by length
 
 
 @message(30)
@@ -40,7 +66,7 @@ class MetricFamilyCreate(NamedTuple):
 
 @message(31)
 class MetricOps(NamedTuple):
-    entries: list[list[Any]]
+    entries: list[MetricEntry]
 
 
 @message(32)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from pystub_backend.ipc.records import WireError
 from pystub_backend.ipc.wire import message
 
 __all__ = ["SequenceEvicted", "SequenceRescheduled", "SequenceDropRescheduled", "EVICTION_REASONS"]
@@ -38,4 +39,4 @@ class SequenceRescheduled(NamedTuple):
 @message(42)
 class SequenceDropRescheduled(NamedTuple):
     rids: list[int]
-    error: list[object]  # [code, message]
+    error: WireError

@@ -30,13 +30,14 @@ from pystub_backend.ipc.arena import ArenaFullError
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.bls import BlsInspect, BlsInspectDone, BlsRequest, BlsResponse
+from pystub_backend.ipc.records import WireError, WireRequest, WireResponse, WireTensor
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.features.bls_outputs import Cleanup, error_response, response_from_wire
-from pystub_backend.stub.handlers import on_phase, on_receiver
+from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.pb_utils import _runtime
 
-__all__ = ["BlsClient", "inspect"]
+__all__ = ["BlsClient", "inspect", "register"]
 
 _FINAL = msg.RESPONSE_FINAL
 
@@ -45,7 +46,7 @@ class _Call:
     """One call as the stub sees it: responses queue up here as the receiver thread gets them."""
 
     __slots__ = ("id", "model_name", "decoupled", "timeout", "timeout_is_requests", "inputs", "responses",
-                 "notify", "abandoned", "done")
+                 "notify", "wake_on_first", "abandoned", "done")
 
     def __init__(self, call_id: int, model_name: str, decoupled: bool, timeout: float,
                  timeout_is_requests: bool) -> None:
@@ -55,8 +56,9 @@ class _Call:
         self.timeout = timeout  # seconds each wait for a response may take
         self.timeout_is_requests = timeout_is_requests  # else the stub timeout
         self.inputs: list[list[int]] = []
-        self.responses: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
+        self.responses: queue.SimpleQueue[WireResponse] = queue.SimpleQueue()
         self.notify: Callable[[], None] | None = None  # async callers: wakes the awaiting coroutine
+        self.wake_on_first = False  # notify on the first response (decoupled), else on the final
         self.abandoned = False  # the model stopped waiting; responses are dropped on arrival
         self.done = False  # the model has taken the final response
 
@@ -82,35 +84,43 @@ class BlsClient:
         return self._async_exec(request, decoupled)
 
     async def _async_exec(self, request: Any, decoupled: bool) -> Any:
-        if decoupled:
-            return self._iterator(self._start(request, True))
+        """Yield to the event loop until the call's final response (default mode) or its first
+        response (decoupled: as on Triton, the iterator is handed out once one is there), so that
+        other coroutines of the instance run meanwhile."""
         loop = asyncio.get_running_loop()
         arrived = loop.create_future()
 
-        def notify() -> None:  # receiver thread: the final response is in
-            loop.call_soon_threadsafe(lambda: arrived.done() or arrived.set_result(None))
+        def wake() -> None:
+            if not arrived.done():
+                arrived.set_result(None)
 
-        call = self._start(request, False, notify)
+        def notify() -> None:  # receiver thread: the awaited response is in
+            loop.call_soon_threadsafe(wake)
+
+        call = self._start(request, decoupled, notify, wake_on_first=decoupled)
         try:
             await asyncio.wait_for(asyncio.shield(arrived), call.timeout)
         except asyncio.TimeoutError:
-            pass  # _single sees no final and answers with the timeout error
+            pass  # the iterator's first wait, or _single, answers with the timeout error
+        if decoupled:
+            return self._iterator(call)
         return self._single(call, wait=False)
 
     # -- starting a call -----------------------------------------------------------------------------
-    def _start(self, request: Any, decoupled: bool, notify: Callable[[], None] | None = None) -> _Call:
+    def _start(self, request: Any, decoupled: bool, notify: Callable[[], None] | None = None,
+               wake_on_first: bool = False) -> _Call:
         stub = self._stub
         timeout_us = request.timeout()
         call = _Call(next(self._ids), request._model_name, decoupled,
                      timeout_us / 1e6 if timeout_us else stub.options.send_timeout, bool(timeout_us))
-        call.notify = notify
+        call.notify, call.wake_on_first = notify, wake_on_first
         try:
             wire_inputs = self._place_inputs(request, call)
         except (ArenaFullError, pb_utils.TritonModelException) as exc:
             return self._fail_locally(call, str(exc))
         version = request._model_version
-        wire = [call.id, request.request_id(), wire_inputs, sorted(request.requested_output_names()),
-                request.parameters(), request.correlation_id(), request.flags(), timeout_us]
+        wire = WireRequest(call.id, request.request_id(), wire_inputs, sorted(request.requested_output_names()),
+                           request.parameters(), request.correlation_id(), request.flags(), timeout_us)
         with self._lock:
             self._calls[call.id] = call
         try:
@@ -122,8 +132,8 @@ class BlsClient:
             return self._fail_locally(call, f"cannot reach the server: {exc}")
         return call
 
-    def _place_inputs(self, request: Any, call: _Call) -> list[list[Any]]:
-        placed: list[list[Any]] = []
+    def _place_inputs(self, request: Any, call: _Call) -> list[WireTensor]:
+        placed: list[WireTensor] = []
         try:
             for tensor in request.inputs():
                 datatype, shape, buffer = tensor._wire_payload()
@@ -131,7 +141,7 @@ class BlsClient:
                 # already live in): the call frees its input handles when its final arrives.
                 handle = list(self._stub.s2p.write(buffer))
                 call.inputs.append(handle)
-                placed.append([tensor.name(), datatype, list(shape), handle])
+                placed.append(WireTensor(tensor.name(), datatype, list(shape), handle))
         except BaseException:
             self._free_inputs(call)
             raise
@@ -140,7 +150,7 @@ class BlsClient:
     def _fail_locally(self, call: _Call, text: str) -> _Call:
         """A call that never reached the backend: its answer is an error response, already final."""
         self._free_inputs(call)
-        call.responses.put([call.id, _FINAL, [int(Status.INTERNAL), text], [], "{}"])
+        call.responses.put(WireResponse(call.id, _FINAL, WireError(int(Status.INTERNAL), text), [], "{}"))
         if call.notify is not None:
             call.notify()
         return call
@@ -239,6 +249,8 @@ class BlsClient:
             self._release_outputs(wire)
         else:
             call.responses.put(wire)
+            if call.wake_on_first and call.notify is not None:
+                call.notify()
         if call is not None and final:
             self._free_inputs(call)  # the backend reads them no more
             if call.abandoned:
@@ -246,7 +258,7 @@ class BlsClient:
             elif call.notify is not None:
                 call.notify()
 
-    def _release_outputs(self, wire: list[Any]) -> None:
+    def _release_outputs(self, wire: WireResponse) -> None:
         for wire_tensor in wire[3]:
             if wire_tensor[3][0] >= 0:
                 self.cleanup.release(wire_tensor[3])
@@ -270,7 +282,6 @@ _inspections: dict[int, queue.SimpleQueue[dict[str, Any]]] = {}
 _inspection_ids = itertools.count(1)
 
 
-@on_phase("ready")
 def _enable(stub: Any) -> None:
     global _client
     if _client is None:
@@ -278,18 +289,15 @@ def _enable(stub: Any) -> None:
     _runtime.set_bls_handler(_client)
 
 
-@on_phase("finalizing")
 def _disable(stub: Any) -> None:
     _runtime.set_bls_handler(None)
 
 
-@on_receiver(BlsResponse)
 def _on_response(stub: Any, message: BlsResponse) -> None:
     if _client is not None:
         _client.on_response(message)
 
 
-@on_receiver(BlsInspectDone)
 def _on_inspected(stub: Any, message: BlsInspectDone) -> None:
     waiter = _inspections.get(message.token)
     if waiter is not None:
@@ -321,3 +329,11 @@ def inspect(timeout: float = 10.0) -> dict[str, Any]:
     facts.update(calls_in_flight=client.in_flight(), outputs_held=client.cleanup.leased,
                  s2p_used=stub.s2p.used, s2p_allocations=stub.s2p.allocation_count)
     return facts
+
+
+def register(handlers: StubHandlers) -> None:
+    """Wire BLS into a stub: enable `exec` once the model is ready, route the backend's answers."""
+    handlers.on_phase("ready", _enable)
+    handlers.on_phase("finalizing", _disable)
+    handlers.on_receiver(BlsResponse, _on_response)
+    handlers.on_receiver(BlsInspectDone, _on_inspected)

@@ -27,6 +27,7 @@ from pystub_backend.ipc.arena import ArenaReader
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.dtypes import numpy_dtype
 from pystub_backend.ipc.messages.bls import BlsCancel, BlsCleanup
+from pystub_backend.ipc.records import WireResponse, WireTensor
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
 
@@ -103,7 +104,7 @@ class Cleanup:
                     self._closed = True
                 return
 
-    def lease(self, reader: ArenaReader, wire_tensor: list[Any]) -> np.ndarray:
+    def lease(self, reader: ArenaReader, wire_tensor: WireTensor) -> np.ndarray:
         """A read-only array viewing the output's p2s bytes; they go back when it is collected."""
         name, datatype, shape, handle = wire_tensor
         dtype = np.dtype("<u2") if datatype == "BF16" else np.dtype(numpy_dtype(datatype))
@@ -120,7 +121,7 @@ class Cleanup:
         return np.asarray(owner)
 
 
-def _output(cleanup: Cleanup, reader: ArenaReader, wire_tensor: list[Any]) -> Any:
+def _output(cleanup: Cleanup, reader: ArenaReader, wire_tensor: WireTensor) -> Any:
     name, datatype, shape, handle = wire_tensor
     if handle[0] < 0:  # empty tensor: nothing stored
         dtype = np.object_ if datatype == "BYTES" else ("<u2" if datatype == "BF16" else numpy_dtype(datatype))
@@ -139,7 +140,7 @@ def error_response(code: int, message: str) -> Any:
     return pb_utils.InferenceResponse._create([], pb_utils.TritonError(message, Status.coerce(code)))
 
 
-def response_from_wire(cleanup: Cleanup, reader: ArenaReader, wire: list[Any]) -> Any | None:
+def response_from_wire(cleanup: Cleanup, reader: ArenaReader, wire: WireResponse) -> Any | None:
     """The pb_utils response of a wire response, or None for a flags-only final."""
     _, _, error, outputs, parameters_json = wire
     if parameters_json is None:
@@ -147,12 +148,12 @@ def response_from_wire(cleanup: Cleanup, reader: ArenaReader, wire: list[Any]) -
     if error is not None:
         return pb_utils.InferenceResponse._create([], pb_utils.TritonError(error[1], Status.coerce(error[0])),
                                                   parameters_json or "{}")
-    tensors_out = []
+    tensors_out: list[Any] = []
     try:
-        for index, wire_tensor in enumerate(outputs):
+        for wire_tensor in outputs:
             tensors_out.append(_output(cleanup, reader, wire_tensor))
     except (ValueError, OSError) as exc:
-        for wire_tensor in outputs[index + 1:]:
+        for wire_tensor in outputs[len(tensors_out) + 1:]:  # the failed one released its own handle
             if wire_tensor[3][0] >= 0:
                 cleanup.release(wire_tensor[3])
         return error_response(Status.INTERNAL, f"corrupt BLS output: {exc}")

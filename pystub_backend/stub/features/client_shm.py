@@ -30,9 +30,9 @@ import weakref
 from typing import Any
 
 from pystub_backend.ipc.messages.client_shm import ClientShmForget
-from pystub_backend.stub.handlers import on_receiver
+from pystub_backend.stub.handlers import StubHandlers
 
-__all__ = ["ClientRegions", "RegionError", "REGIONS", "expect_outputs", "output_targets"]
+__all__ = ["ClientRegions", "RegionError", "REGIONS", "expect_outputs", "output_targets", "register"]
 
 SHM_DIR = "/dev/shm"
 
@@ -141,6 +141,10 @@ def output_targets(rid: int) -> dict[str, list[Any]] | None:
     return None if entry is None else entry[1]
 
 
-@on_receiver(ClientShmForget)
 def _on_forget(stub: Any, message: ClientShmForget) -> None:
     REGIONS.forget(message.generations)
+
+
+def register(handlers: StubHandlers) -> None:
+    """Wire client shared memory into a stub: drop mappings of registrations that are gone."""
+    handlers.on_receiver(ClientShmForget, _on_forget)

@@ -35,19 +35,25 @@ from pystub_backend.ipc.messages.metrics import (
     ENTRY_CREATE,
     ENTRY_DELETE,
     ENTRY_UPDATE,
+    MetricCreate,
+    MetricDelete,
     MetricFamilyCreate,
     MetricOps,
     MetricReply,
+    MetricUpdate,
     MetricValueQuery,
 )
-from pystub_backend.stub.handlers import before_send, on_phase, on_receiver
+from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.pb_utils import _runtime
 
-__all__ = ["MetricsReporter", "MetricsError", "check_label_names", "FLUSH_DELAY", "MAX_ENTRIES", "MAX_OBSERVATIONS"]
+__all__ = ["MetricsReporter", "MetricsError", "check_label_names", "FLUSH_DELAY", "MAX_ENTRIES", "MAX_OBSERVATIONS",
+           "register"]
 
 FLUSH_DELAY = 0.05
 MAX_ENTRIES = 256
 MAX_OBSERVATIONS = 4096
+_RECORD_OF: dict[int, type[MetricCreate] | type[MetricUpdate] | type[MetricDelete]] = {
+    ENTRY_CREATE: MetricCreate, ENTRY_UPDATE: MetricUpdate, ENTRY_DELETE: MetricDelete}
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 _reporter: MetricsReporter | None = None  # one stub per process: this process's reporter
@@ -162,7 +168,8 @@ class MetricsReporter:
         for start in range(0, len(entries), MAX_ENTRIES):
             chunk = entries[start:start + MAX_ENTRIES]
             try:
-                self._send(MetricOps(chunk))
+                # Buffered as lists (an UPDATE takes changes in place until it is sent).
+                self._send(MetricOps([_RECORD_OF[entry[0]](*entry) for entry in chunk]))
             except FrameTooLargeError:
                 if len(chunk) == 1:
                     sys.stderr.write(f"pystub: dropped a change of metric family '{chunk[0][1]}': its "
@@ -215,7 +222,6 @@ class MetricsReporter:
 
 
 # -- wiring into the stub ---------------------------------------------------------------------------
-@on_phase("initializing")
 def _install(stub: Any) -> None:
     """Connect pb_utils metrics to the backend before the model is imported (module-level
     metric families are common)."""
@@ -226,14 +232,19 @@ def _install(stub: Any) -> None:
     _runtime.set_metric_reporter(reporter)
 
 
-@before_send
 def _flush_before(stub: Any, message: Any) -> None:
     reporter = _reporter
     if reporter is not None and reporter.pending and type(message) is not MetricOps:
         reporter.flush()
 
 
-@on_receiver(MetricReply)
 def _on_reply(stub: Any, message: MetricReply) -> None:
     if _reporter is not None:
         _reporter.on_reply(message)
+
+
+def register(handlers: StubHandlers) -> None:
+    """Wire custom metrics into a stub: the reporter, its flush before other frames, its replies."""
+    handlers.on_phase("initializing", _install)
+    handlers.before_send(_flush_before)
+    handlers.on_receiver(MetricReply, _on_reply)

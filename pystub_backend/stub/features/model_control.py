@@ -17,10 +17,10 @@ import threading
 from typing import Any
 
 from pystub_backend.ipc.messages.bls import ModelControl, ModelControlDone
-from pystub_backend.stub.handlers import on_phase, on_receiver
+from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.pb_utils import _runtime
 
-__all__ = ["ModelControlClient", "LOAD_TIMEOUT_SECONDS"]
+__all__ = ["ModelControlClient", "LOAD_TIMEOUT_SECONDS", "register"]
 
 LOAD_TIMEOUT_SECONDS = 600.0
 
@@ -81,7 +81,6 @@ class ModelControlClient:
 _client: ModelControlClient | None = None
 
 
-@on_phase("initializing")
 def _enable(stub: Any) -> None:
     global _client
     if _client is None:
@@ -89,12 +88,17 @@ def _enable(stub: Any) -> None:
     _runtime.set_model_control(_client)
 
 
-@on_phase("finalizing")
 def _disable(stub: Any) -> None:
     _runtime.set_model_control(None)
 
 
-@on_receiver(ModelControlDone)
 def _on_done(stub: Any, message: ModelControlDone) -> None:
     if _client is not None:
         _client.on_done(message)
+
+
+def register(handlers: StubHandlers) -> None:
+    """Wire model control into a stub: the pb_utils client while the model lives, its replies."""
+    handlers.on_phase("initializing", _enable)
+    handlers.on_phase("finalizing", _disable)
+    handlers.on_receiver(ModelControlDone, _on_done)

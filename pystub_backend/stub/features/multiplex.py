@@ -33,10 +33,10 @@ from typing import Any
 from pystub_backend.ipc.messages.multiplex import MultiplexConfigure
 from pystub_backend.stub.event_loop import InstanceLoop
 from pystub_backend.stub.features.multiplex_report import Reporter, Unloading
-from pystub_backend.stub.handlers import on_main
+from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.pb_utils import TritonModelException, _runtime
 
-__all__ = ["SubModelCache"]
+__all__ = ["SubModelCache", "register"]
 
 _HIT, _WAIT, _LOAD = 0, 1, 2
 _Evicted = list[tuple[str, Any, Unloading]]
@@ -247,7 +247,6 @@ def _on_running_loop() -> bool:
     return True
 
 
-@on_main(MultiplexConfigure)
 def _configure(stub: Any, message: MultiplexConfigure) -> None:
     """Install the instance's cache (once per stub; the backend sends this before any EXECUTE)."""
     if _runtime.multiplexer() is not None:
@@ -258,3 +257,8 @@ def _configure(stub: Any, message: MultiplexConfigure) -> None:
     reporter = Reporter(stub.send, stub.log_error)
     _runtime.set_multiplexer(SubModelCache(stub.model, message.cap, stub.loop, reporter, stub.instance,
                                            stub.log_error))
+
+
+def register(handlers: StubHandlers) -> None:
+    """Wire multiplexing into a stub: the sub-model cache, installed by the backend's configure."""
+    handlers.on_main(MultiplexConfigure, _configure)

@@ -195,7 +195,7 @@ def _is_c_contiguous(shape: list[int], strides: list[int] | None) -> bool:
     if strides is None or 0 in shape:
         return True
     expected = 1
-    for dim, stride in zip(reversed(shape), reversed(strides)):
+    for dim, stride in zip(reversed(shape), reversed(strides), strict=False):
         if dim != 1 and stride != expected:
             return False
         expected *= dim
@@ -222,7 +222,7 @@ def _host_array(tensor: Any, wire: str, shape: list[int], owner: _Owner, read_on
     # exactly as long as any numpy view of it.
     buffer = (ctypes.c_char * (count * dtype.itemsize)).from_address(tensor.data + tensor.byte_offset)
     buffer._pystub_owner = owner  # type: ignore[attr-defined]
-    array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    array = np.frombuffer(memoryview(buffer), dtype=dtype).reshape(shape)  # base: view -> buffer -> owner
     array.flags.writeable = not read_only
     return array
 
@@ -244,7 +244,8 @@ def export_capsule(array: np.ndarray, wire: str, max_version: tuple[int, int] | 
     if wire == "BOOL":
         # numpy < 1.25 cannot export bool; export the bytes and retype them.
         array = array.view(np.uint8)
-    capsule, struct_type, name = array.__dlpack__(), _DLManagedTensor, b"dltensor"
+    struct_type: type[ctypes.Structure] = _DLManagedTensor
+    capsule, name = array.__dlpack__(), b"dltensor"
     if max_version is not None and tuple(max_version) >= (1, 0):
         try:
             capsule = array.__dlpack__(max_version=(1, 0))

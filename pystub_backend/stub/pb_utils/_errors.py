@@ -62,8 +62,11 @@ def _coerce_code(code: object) -> Status:
 
 
 def require_str(what: str, value: object) -> str:
-    """`value` if it is a str; raises TypeError otherwise (None included), like the original's
-    argument conversion."""
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value)}")
-    return value
+    """`value` as a str: a str as is, `bytes` decoded as UTF-8 (the original's C++ string
+    arguments take both). Raises TypeError for anything else (None included), UnicodeDecodeError
+    (a ValueError) for bytes that are not UTF-8."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    raise TypeError(f"{what} must be a str, got {type(value)}")

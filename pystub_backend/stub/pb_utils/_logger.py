@@ -28,6 +28,9 @@ class LogLevel(enum.IntEnum):
     VERBOSE = 3
 
 
+_Level = LogLevel  # for annotations inside Logger, whose own `LogLevel` attribute shadows it
+
+
 _LEADING_CHAR = {LogLevel.INFO: "I", LogLevel.WARNING: "W", LogLevel.ERROR: "E", LogLevel.VERBOSE: "I"}
 
 
@@ -41,7 +44,7 @@ class Logger:
     VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
-    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
+    def log(message: str, level: _Level = LogLevel.INFO) -> None:
         _emit(message, level)
 
     @staticmethod

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _runtime
-from ._errors import TritonModelException
+from ._errors import TritonModelException, require_str
 
 __all__ = ["MetricFamily", "Metric", "MetricKind"]
 
@@ -38,6 +38,9 @@ class MetricKind(enum.IntEnum):
     COUNTER = 0
     GAUGE = 1
     HISTOGRAM = 2
+
+
+_Kind = MetricKind  # for annotations inside MetricFamily, whose own `MetricKind` attribute shadows it
 
 
 _KIND_NAME = {
@@ -89,9 +92,9 @@ class MetricFamily:
     HISTOGRAM = MetricKind.HISTOGRAM
     MetricKind = MetricKind
 
-    def __init__(self, name: str, description: str, kind: MetricKind) -> None:
-        _require_str("name", name)
-        _require_str("description", description)
+    def __init__(self, name: str, description: str, kind: _Kind) -> None:
+        name = require_str("name", name)
+        description = require_str("description", description)
         kind = _kind(kind)
         known = _families.get(name)
         try:
@@ -137,6 +140,12 @@ class Metric:
 
     Every method raises TritonModelException `Failed to <op> metric value: <reason>`.
     """
+
+    _record: _FamilyRecord
+    _liveness: _Liveness
+    _labels: dict[str, str]
+    _key: str
+    _series: _Series
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("Metric objects are created with MetricFamily.Metric(labels, buckets)")
@@ -220,7 +229,7 @@ class Metric:
             if series.buckets is None:
                 return {"value": series.value}
             return {"sum": series.total, "count": series.count,
-                    "buckets": dict(zip(series.buckets, series.bucket_counts))}
+                    "buckets": dict(zip(series.buckets, series.bucket_counts, strict=False))}
 
 
 def _apply(series: _Series, op: str, value: float) -> None:
@@ -289,11 +298,6 @@ def _kind(kind: object) -> MetricKind:
         except ValueError:
             pass
     raise TypeError(f"kind must be a MetricFamily kind (COUNTER, GAUGE, HISTOGRAM), got {kind!r}")
-
-
-def _require_str(what: str, value: object) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value)}")
 
 
 def _is_str_dict(labels: object) -> bool:

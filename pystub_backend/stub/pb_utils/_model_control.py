@@ -28,8 +28,8 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
     Raises TritonModelException `failed to load model '<m>', files should be a dictionary of file
     paths and file contents` and `Failed to load model: <reason>`.
     """
-    require_str("model_name", model_name)
-    require_str("config", config)
+    model_name = require_str("model_name", model_name)
+    config = require_str("config", config)
     if files is not None and not _is_file_dict(files):
         raise TritonModelException(
             f"failed to load model '{model_name}', files should be a dictionary of file paths and file contents"
@@ -39,7 +39,7 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload `model_name`. Raises TritonModelException `Failed to unload model: <reason>`."""
-    require_str("model_name", model_name)
+    model_name = require_str("model_name", model_name)
     if unload_dependents is None:
         raise TypeError("unload_dependents must be a bool, got None")
     _call("Failed to unload model: ", "unload_model", model_name, bool(unload_dependents))
@@ -50,8 +50,8 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
 
     Raises TritonModelException `failed to get model version from specified version string ...`.
     """
-    require_str("model_name", model_name)
-    require_str("model_version", model_version)
+    model_name = require_str("model_name", model_name)
+    model_version = require_str("model_version", model_version)
     if model_version and not _VERSION.match(model_version):
         raise TritonModelException(
             f"failed to get model version from specified version string '{model_version}' "

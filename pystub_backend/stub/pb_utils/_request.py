@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from . import _runtime
@@ -179,16 +179,13 @@ def _input_list(inputs: object) -> list[Tensor]:
 
 
 def _name_list(names: object) -> list[str]:
-    items = _sequence("requested_output_names", names)
-    for item in items:
-        require_str("requested output name", item)
-    return items
+    return [require_str("requested output name", item) for item in _sequence("requested_output_names", names)]
 
 
 def _sequence(what: str, value: object) -> list[Any]:
     if value is None or isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
         raise TypeError(f"{what} must be a list, got {type(value)}")
-    return list(value)  # type: ignore[call-overload]
+    return list(value)
 
 
 def _require_int(what: str, value: object) -> None:
@@ -222,7 +219,8 @@ def _correlation_id(correlation_id: object) -> int | str:
     raise TritonModelException("Correlation ID must be integer or string")
 
 
-def _check_not_empty(inputs: list[Tensor | None], output_names: list[str], request_id: str, model_name: str) -> None:
+def _check_not_empty(inputs: Sequence[Tensor | None], output_names: list[str], request_id: str,
+                     model_name: str) -> None:
     if any(item is None for item in inputs):
         raise TritonModelException(
             f"Input tensor for request with id '{request_id}' and model name '{model_name}' should not be empty."

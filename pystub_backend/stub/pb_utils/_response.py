@@ -71,7 +71,7 @@ def _tensor_list(output_tensors: object) -> list[Tensor | None]:
         return []
     if isinstance(output_tensors, (str, bytes, dict)) or not hasattr(output_tensors, "__iter__"):
         raise TypeError(f"output_tensors must be a list of Tensor, got {type(output_tensors)}")
-    outputs = list(output_tensors)  # type: ignore[call-overload]
+    outputs = list(output_tensors)
     for output in outputs:
         if output is not None and not isinstance(output, Tensor):
             raise TypeError(f"output_tensors must be a list of Tensor, found {type(output)}")

@@ -16,7 +16,7 @@ from pystub_backend.ipc.bytes_codec import serialize_bytes
 from pystub_backend.ipc.dtypes import WIRE_TO_CODE, wire_name_of
 
 from . import _dlpack
-from ._errors import TritonModelException, require_str
+from ._errors import TritonModelException
 
 __all__ = ["Tensor"]
 
@@ -29,9 +29,10 @@ class Tensor:
     """
 
     __slots__ = ("_name", "_wire", "_array", "_shape", "_serialized", "_device", "_owner", "_exported", "__weakref__")
+    _serialized: bytes | None  # BYTES tensors: the wire form, built once
 
     def __init__(self, name: str, array: np.ndarray, /) -> None:
-        _check_name(name)
+        name = _check_name(name)
         array = _as_ndarray(array)
         wire = _wire_of(array.dtype)
         if wire is None:
@@ -50,7 +51,7 @@ class Tensor:
         self._wire = wire
         self._array = array
         self._shape = [int(d) for d in (array.shape if shape is None else shape)]  # type: ignore[union-attr]
-        self._serialized: bytes | None = None
+        self._serialized = None
         self._device = (_dlpack.KDL_CPU, 0)
         self._owner: Any = None
         self._exported: np.ndarray | None = None
@@ -77,7 +78,7 @@ class Tensor:
         `Provided tensor is not supported. ...`, `DLPack tensor is not contiguous. ...` and
         `DLDevice type <n> is not support by Python backend.`
         """
-        _check_name(name)
+        name = _check_name(name)
         imported = _dlpack.import_capsule(dlpack_tensor)
         tensor = Tensor.__new__(Tensor)
         tensor._setup(name, imported.wire, imported.array, imported.shape)
@@ -172,9 +173,15 @@ class Tensor:
         return f"Tensor(name={self._name!r}, datatype={self._wire}, shape={self._shape})"
 
 
-def _check_name(name: object) -> None:
-    if require_str("name", name) == "":
+def _check_name(name: object) -> str:
+    """The tensor name. Raises TypeError for anything but a str (bytes included: pystub keeps
+    tensor names str-only), TritonModelException for an empty one."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name)}")
+    text = name
+    if text == "":
         raise TritonModelException("Tensor name cannot be an empty string.")
+    return text
 
 
 def _as_ndarray(array: object) -> np.ndarray:

@@ -20,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.features.bls.payloads import REGISTRY, PayloadKey
+from pystub_backend.backend.features.bls.payloads import PayloadKey
 from pystub_backend.backend.inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.ipc.arena import ArenaFullError
@@ -31,6 +32,13 @@ from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.bls import BLS_CREDIT_WINDOW, BlsRequest, BlsResponse
 from pystub_backend.ipc.status import Status
+
+if TYPE_CHECKING:
+    from pystub_backend.backend.supervision.instance import ModelInstance
+    from pystub_backend.backend.supervision.services import ServerCore
+    from pystub_backend.backend.supervision.stub_process import StubProcess
+
+Checks = Callable[[], "ServerError | None"]
 
 __all__ = ["BlsCall", "build_request", "CANCELLED_TEXT"]
 
@@ -40,12 +48,17 @@ CANCELLED_TEXT = "Request was cancelled"
 _FINAL = msg.RESPONSE_FINAL
 
 
-def build_request(caller: Any, message: BlsRequest) -> InferRequest:
+def build_request(caller: StubProcess, message: BlsRequest) -> InferRequest:
     """The InferRequest of a BLS frame; its tensors view the caller's s2p arena (no copy).
 
     Raises ValueError for a corrupt frame (a handle outside the arena, a bad parameters JSON).
     """
-    _, request_id, wire_inputs, requested, parameters_json, correlation_id, flags, timeout_us = message.request
+    request = message.request  # a pystub_backend.ipc.records.WireRequest
+    request_id, wire_inputs, requested = request.id, request.inputs, request.requested_outputs
+    parameters_json, correlation_id, flags, timeout_us = (request.parameters_json, request.correlation_id,
+                                                          request.flags, request.timeout_us)
+    if caller.s2p is None:
+        raise ValueError(f"stub '{caller.instance_name}' has no s2p arena")
     inputs = [Tensor(name, datatype, tuple(shape), caller.s2p.view(handle))
               for name, datatype, shape, handle in wire_inputs]
     parameters = json.loads(parameters_json) if parameters_json and parameters_json != "{}" else {}
@@ -59,11 +72,14 @@ def build_request(caller: Any, message: BlsRequest) -> InferRequest:
 
 
 class BlsCall:
-    """A BLS call of `caller` (a StubProcess) running through `core`."""
+    """A BLS call of `caller` running through `core` (None only for a call that is answered with an
+    error by its checks: a stub outside a server)."""
 
-    def __init__(self, core: Any, caller: Any, message: BlsRequest, request: InferRequest) -> None:
+    def __init__(self, core: ServerCore | None, caller: StubProcess, message: BlsRequest,
+                 request: InferRequest) -> None:
         self.core = core
         self.caller = caller
+        self._registry = caller.services.bls_payloads
         self.call_id = message.call_id
         self.key: PayloadKey = (caller.base, message.call_id)
         self.request = request
@@ -73,7 +89,7 @@ class BlsCall:
         self.finished = False  # the final response was sent (or the caller is gone)
         self._task: asyncio.Task[None] | None = None
         self._scheduling: asyncio.Future[ResponseStream] | None = None
-        self._held: Any = None  # the caller's ModelInstance while this call holds it
+        self._held: ModelInstance | None = None  # the caller's ModelInstance while this call holds it
         self._cancel_requested = False
         self._caller_dead = False
         self._unconsumed = 0
@@ -85,11 +101,11 @@ class BlsCall:
         """The call holds its caller's instance and its target request has not completed."""
         return self.holds and not self.finished and not (self.stream is not None and self.stream.finished)
 
-    def start(self, checks: Any) -> None:
+    def start(self, checks: Checks) -> None:
         """Register and run. `checks()` returns a ServerError to answer with instead, or None.
         Raises KeyError when the stub already has a call with this id."""
-        REGISTRY.add(self.key, self)
-        if self.holds:
+        self._registry.add(self.key, self)
+        if self.holds and self.core is not None:
             self._held = _instance_of(self.core, self.caller)
             if self._held is not None:
                 self._held.hold(self.caller)
@@ -129,10 +145,10 @@ class BlsCall:
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
         self._release_hold()
-        REGISTRY.remove(self.key, self)
+        self._registry.remove(self.key, self)
 
     # -- running -------------------------------------------------------------------------------------
-    async def _run(self, checks: Any) -> None:
+    async def _run(self, checks: Checks) -> None:
         try:
             stream = await self._schedule(checks)
             if stream is not None:
@@ -145,12 +161,12 @@ class BlsCall:
         finally:
             self.finished = True
             self._release_hold()
-            REGISTRY.remove(self.key, self)
+            self._registry.remove(self.key, self)
 
-    async def _schedule(self, checks: Any) -> ResponseStream | None:
+    async def _schedule(self, checks: Checks) -> ResponseStream | None:
         """The target's response stream, or None after answering with an error."""
         error = checks() if not self._cancel_requested else ServerError(CANCELLED_TEXT, Status.CANCELLED)
-        if error is None:
+        if error is None and self.core is not None:  # checks refuse every call without a core
             # A task of its own, so that a cancel takes the request out of the target's queue
             # without cancelling this call, which still owes the caller its final response.
             self._scheduling = asyncio.ensure_future(self.core.infer_stream(self.request))
@@ -166,7 +182,7 @@ class BlsCall:
         if error is not None:
             await self._send_final_error(error)
             return None
-        if self._cancel_requested:
+        if self._cancel_requested and self.stream is not None:
             self.stream.cancel()
         return self.stream
 
@@ -225,6 +241,8 @@ class BlsCall:
             return
         flags = _FINAL if response.final else 0
         placed: list[list[Any]] = []
+        wire: list[Any]
+        p2s = self.caller.p2s
         try:
             if response.flags_only:
                 wire = [self.call_id, flags, None, [], None]
@@ -233,8 +251,10 @@ class BlsCall:
                         _parameters_json(response)]
             else:
                 try:
+                    if p2s is None:
+                        raise ArenaFullError(f"stub '{self.caller.instance_name}' has no p2s arena")
                     for tensor in response.outputs:  # a fresh allocation each: the stub frees each one
-                        handle = list(self.caller.p2s.write(tensor.data))
+                        handle = list(p2s.write(tensor.data))
                         placed.append([tensor.name, tensor.datatype, list(tensor.shape), handle])
                     wire = [self.call_id, flags, None, placed, _parameters_json(response)]
                 except ArenaFullError as exc:
@@ -260,12 +280,11 @@ class BlsCall:
             self._release_hold()
 
     async def _send(self, message: BlsResponse) -> bool:
-        channel = self.caller.channel
-        if channel is None or not self.caller.alive:
+        if not self.caller.alive:
             self.caller_died()
             return False
         try:
-            await channel.send(msg.encode(message), self._timeout, "BLS response")
+            await self.caller.send(message, self._timeout)
             return True
         except (ChannelClosedError, ChannelTimeoutError, OSError) as exc:
             log.error("BLS call %s: cannot reach stub '%s': %s", self.call_id, self.caller.instance_name, exc)
@@ -273,14 +292,16 @@ class BlsCall:
             return False
 
     def _free(self, placed: list[list[Any]]) -> None:
+        p2s = self.caller.p2s
         for wire in placed:
             try:
-                self.caller.p2s.free(wire[3])
+                if p2s is not None:
+                    p2s.free(wire[3])
             except (KeyError, IndexError, ValueError, TypeError, AttributeError):
                 pass
 
 
-def _instance_of(core: Any, stub: Any) -> Any:
+def _instance_of(core: ServerCore, stub: StubProcess) -> ModelInstance | None:
     """The ModelInstance whose current stub is `stub`, if any."""
     for version in core.model_versions():
         for instance in getattr(version, "instances", ()):

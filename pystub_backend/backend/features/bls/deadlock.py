@@ -26,14 +26,22 @@ only refuses what certainly cannot finish; every other wait is still bounded by 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pystub_backend.backend.features.bls.payloads import Payload
+    from pystub_backend.backend.inference import InferRequest
+    from pystub_backend.backend.supervision.services import ServerCore
+    from pystub_backend.backend.supervision.stub_process import StubProcess
 
 __all__ = ["deadlock_reason"]
 
+_Call = tuple["StubProcess | None", str]  # a held call: the stub its request runs on (if sent), its model
 
-def _live_stubs(core: Any) -> dict[str, list[Any]]:
+
+def _live_stubs(core: ServerCore) -> dict[str, list[StubProcess]]:
     """Model name -> the stubs of its healthy instances (every loaded version)."""
-    stubs: dict[str, list[Any]] = {}
+    stubs: dict[str, list[StubProcess]] = {}
     for version in core.model_versions():
         for instance in getattr(version, "instances", ()):
             if instance.healthy and instance.stub is not None:
@@ -41,20 +49,20 @@ def _live_stubs(core: Any) -> dict[str, list[Any]]:
     return stubs
 
 
-def _has_unheld_instance(core: Any, model: str) -> bool:
-    # ModelInstance.held: an execute of its current stub waits for a BLS call (pystub_backend.backend.features.bls.call).
+def _has_unheld_instance(core: ServerCore, model: str) -> bool:
+    # ModelInstance.held: an execute of its current stub waits for a BLS call (features.bls.call).
     return any(instance.healthy and not getattr(instance, "held", True)
                for version in core.model_versions() if version.name == model
                for instance in getattr(version, "instances", ()))
 
 
-def _pending_requests(stub: Any) -> Iterable[Any]:
-    # The requests a stub holds (sent to it, final response not yet in). StubProcess keeps them in
-    # `_pending`; read-only use, and an absent table just means "nothing known".
-    return (entry.request for entry in list(getattr(stub, "_pending", {}).values()))
+def _pending_requests(stub: StubProcess) -> Iterable[InferRequest]:
+    # The requests a stub holds (sent to it, final response not yet in).
+    return stub.requests_in_flight()
 
 
-def deadlock_reason(core: Any, payloads: Iterable[Any], caller: Any, target: str, holds: bool) -> str | None:
+def deadlock_reason(core: ServerCore, payloads: Iterable[Payload], caller: StubProcess, target: str,
+                    holds: bool) -> str | None:
     """Why a new BLS call from `caller` to model `target` can never run, or None when it can.
 
     `payloads` are the BLS calls in flight (objects with `caller`, `request`, and `holding`: the
@@ -66,12 +74,12 @@ def deadlock_reason(core: Any, payloads: Iterable[Any], caller: Any, target: str
     targets = stubs_of.get(target)
     if not targets:
         return None  # an ensemble, or not loaded: the lookup reports that
-    runs_on: dict[int, Any] = {}
+    runs_on: dict[int, StubProcess] = {}
     for stubs in stubs_of.values():
         for stub in stubs:
             for request in _pending_requests(stub):
                 runs_on[id(request)] = stub
-    held: dict[Any, list[tuple[Any, str]]] = {}  # stub -> [(the stub it waits on or None, model)]
+    held: dict[StubProcess, list[_Call]] = {}  # stub -> [(the stub it waits on or None, model)]
     for payload in payloads:
         if payload.holding:
             held.setdefault(payload.caller, []).append((runs_on.get(id(payload.request)),
@@ -80,7 +88,7 @@ def deadlock_reason(core: Any, payloads: Iterable[Any], caller: Any, target: str
         held.setdefault(caller, []).append((None, target))
     free = {stub for stubs in stubs_of.values() for stub in stubs if stub not in held}
 
-    def completes(call: tuple[Any, str]) -> bool:
+    def completes(call: _Call) -> bool:
         runner, model = call
         if runner is not None:
             return runner in free

@@ -1,4 +1,4 @@
-"""The backend side of BLS and of model control from a stub: frame handlers (pystub_backend.backend.supervision.handlers).
+"""The backend side of BLS and of model control from a stub: frame handlers (supervision.handlers).
 
     BlsRequest       → checks (API.md 9) → BlsCall (pystub_backend.backend.features.bls.call) in the payload registry
     BlsCancel        → BlsCall.cancel
@@ -19,16 +19,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.bls.call import BlsCall, build_request
 from pystub_backend.backend.features.bls.deadlock import deadlock_reason
-from pystub_backend.backend.features.bls.payloads import REGISTRY
 from pystub_backend.backend.inference import InferRequest
-from pystub_backend.backend.supervision.handlers import handles
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
-from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.bls import (
     BlsCancel,
     BlsCleanup,
@@ -40,7 +37,12 @@ from pystub_backend.ipc.messages.bls import (
 )
 from pystub_backend.ipc.status import Status
 
-__all__ = ["target_error", "DECOUPLED_TEXT"]
+if TYPE_CHECKING:
+    from pystub_backend.backend.supervision.handlers import BackendHandlers
+    from pystub_backend.backend.supervision.services import ServerCore
+    from pystub_backend.backend.supervision.stub_process import StubProcess
+
+__all__ = ["register", "target_error", "DECOUPLED_TEXT"]
 
 log = logging.getLogger("pystub.bls")
 
@@ -56,7 +58,7 @@ def _spawn(coroutine: Awaitable[Any]) -> None:
     task.add_done_callback(_tasks.discard)
 
 
-def target_error(core: Any, call: BlsCall) -> ServerError | None:
+def target_error(core: ServerCore, call: BlsCall) -> ServerError | None:
     """Why `call` cannot run (API.md 9 target checks, then deadlock), or None."""
     name, version = call.request.model_name, call.request.model_version
     try:
@@ -69,37 +71,40 @@ def target_error(core: Any, call: BlsCall) -> ServerError | None:
                            Status.UNAVAILABLE)
     if core.is_decoupled(name, version) and not call.decoupled:
         return ServerError(DECOUPLED_TEXT.format(m=name), Status.INVALID_ARG)
-    others = [payload for payload in REGISTRY.payloads() if payload is not call]
+    others = [payload for payload in call.caller.services.bls_payloads.payloads() if payload is not call]
     reason = deadlock_reason(core, others, call.caller, name, call.holds)
     return ServerError(reason, Status.UNAVAILABLE) if reason else None
 
 
-@handles(BlsRequest)
-def _on_request(stub: Any, message: BlsRequest) -> None:
-    core = stub.context
+def _on_request(stub: StubProcess, message: BlsRequest) -> None:
+    core = stub.services.core
     corrupt: ServerError | None = None
     try:
         request = build_request(stub, message)
     except (ValueError, TypeError, IndexError, KeyError, OSError) as exc:
         request = InferRequest(str(message.model_name))
         corrupt = ServerError(f"corrupt BLS request from stub '{stub.instance_name}': {exc}", Status.INTERNAL)
+    if core is None:  # a stub outside a server (tools): nothing to call
+        corrupt = corrupt or ServerError(f"stub '{stub.instance_name}' has no server to call", Status.UNAVAILABLE)
     call = BlsCall(core, stub, message, request)
+
+    def checks() -> ServerError | None:
+        return corrupt or (target_error(core, call) if core is not None else None)
+
     try:
-        call.start(lambda: corrupt or target_error(core, call))
+        call.start(checks)
     except KeyError as exc:
         log.error("%s", exc.args[0])
 
 
-@handles(BlsCancel)
-def _on_cancel(stub: Any, message: BlsCancel) -> None:
+def _on_cancel(stub: StubProcess, message: BlsCancel) -> None:
     for call_id in message.call_ids:
-        call = REGISTRY.get((stub.base, call_id))
+        call = stub.services.bls_payloads.get((stub.base, call_id))
         if call is not None:
             call.cancel()
 
 
-@handles(BlsCleanup)
-def _on_cleanup(stub: Any, message: BlsCleanup) -> None:
+def _on_cleanup(stub: StubProcess, message: BlsCleanup) -> None:
     p2s = stub.p2s
     if p2s is not None:
         for handle in message.handles:
@@ -111,42 +116,42 @@ def _on_cleanup(stub: Any, message: BlsCleanup) -> None:
     for call_id in message.credits:
         counts[call_id] = counts.get(call_id, 0) + 1
     for call_id, count in counts.items():
-        call = REGISTRY.get((stub.base, call_id))
+        call = stub.services.bls_payloads.get((stub.base, call_id))
         if call is not None:
             call.credit(count)
 
 
-async def _reply(stub: Any, message: Any) -> None:
-    channel = stub.channel
-    if channel is None or not stub.alive:
+async def _reply(stub: StubProcess, message: NamedTuple) -> None:
+    if not stub.alive:
         return
     try:
-        await channel.send(msg.encode(message), stub.settings.stub_timeout_seconds, type(message).__name__)
+        await stub.send(message)
     except (ChannelClosedError, ChannelTimeoutError) as exc:
         log.warning("could not answer stub '%s': %s", stub.instance_name, exc)
 
 
-@handles(BlsInspect)
-def _on_inspect(stub: Any, message: BlsInspect) -> None:
+def _on_inspect(stub: StubProcess, message: BlsInspect) -> None:
+    payloads = stub.services.bls_payloads
     facts = {
-        "registry_size": len(REGISTRY),
-        "caller_calls": sum(1 for _ in REGISTRY.of_caller(stub)),
+        "registry_size": len(payloads),
+        "caller_calls": sum(1 for _ in payloads.of_caller(stub)),
         "p2s_used": stub.p2s.used if stub.p2s is not None else 0,
         "p2s_allocations": stub.p2s.allocation_count if stub.p2s is not None else 0,
     }
     _spawn(_reply(stub, BlsInspectDone(message.token, facts)))
 
 
-@handles(ModelControl)
-def _on_model_control(stub: Any, message: ModelControl) -> None:
+def _on_model_control(stub: StubProcess, message: ModelControl) -> None:
     _spawn(_model_control(stub, message))
 
 
-async def _model_control(stub: Any, message: ModelControl) -> None:
-    core, arguments = stub.context, message.arguments
-    result: Any = None
+async def _model_control(stub: StubProcess, message: ModelControl) -> None:
+    core, arguments = stub.services.core, message.arguments
+    result: bool | None = None
     error: str | None = None
     try:
+        if core is None:
+            raise ServerError(f"stub '{stub.instance_name}' has no server to control")
         name = arguments["name"]
         if message.operation == "load":
             parameters: dict[str, Any] = dict(arguments.get("files") or {})
@@ -165,3 +170,12 @@ async def _model_control(stub: Any, message: ModelControl) -> None:
         log.exception("model control '%s' from stub '%s' failed", message.operation, stub.instance_name)
         error = f"{type(exc).__name__}: {exc}"
     await _reply(stub, ModelControlDone(message.token, result, error))
+
+
+def register(handlers: BackendHandlers) -> None:
+    """BLS calls and model control from the stubs."""
+    handlers.on_frame(BlsRequest, _on_request)
+    handlers.on_frame(BlsCancel, _on_cancel)
+    handlers.on_frame(BlsCleanup, _on_cleanup)
+    handlers.on_frame(BlsInspect, _on_inspect)
+    handlers.on_frame(ModelControl, _on_model_control)

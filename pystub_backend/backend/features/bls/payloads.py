@@ -11,7 +11,7 @@ every method is thread-safe.
 An entry is added when the BLS request frame arrives and removed when its final response has been
 sent, when the stub cancels it and it has wound down, or when the calling stub died (the sweeper
 notices within `SWEEP_SECONDS` and tells the payload, which cancels its target request). A payload
-is any object with a `caller` (the StubProcess) and a `caller_died()` method.
+is a `Payload`: a `caller` (the StubProcess), `caller_died()`, `cancel()` and `credit(n)`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,13 @@ import asyncio
 import logging
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["PayloadRegistry", "PayloadKey", "REGISTRY", "SWEEP_SECONDS"]
+if TYPE_CHECKING:
+    from pystub_backend.backend.inference import InferRequest
+    from pystub_backend.backend.supervision.stub_process import StubProcess
+
+__all__ = ["PayloadRegistry", "PayloadKey", "Payload", "REGISTRY", "SWEEP_SECONDS"]
 
 log = logging.getLogger("pystub.bls")
 
@@ -30,13 +34,32 @@ PayloadKey = tuple[str, int]
 SWEEP_SECONDS = 0.25
 
 
+class Payload(Protocol):
+    """What the registry needs of a call in flight (features.bls.call.BlsCall)."""
+
+    @property
+    def caller(self) -> StubProcess: ...
+
+    @property
+    def request(self) -> InferRequest: ...
+
+    @property
+    def holding(self) -> bool: ...
+
+    def caller_died(self) -> None: ...
+
+    def cancel(self) -> None: ...
+
+    def credit(self, count: int = 1) -> None: ...
+
+
 class PayloadRegistry:
     def __init__(self) -> None:
-        self._entries: dict[PayloadKey, Any] = {}
+        self._entries: dict[PayloadKey, Payload] = {}
         self._lock = threading.Lock()
         self._sweeper: asyncio.Task[None] | None = None
 
-    def add(self, key: PayloadKey, payload: Any) -> None:
+    def add(self, key: PayloadKey, payload: Payload) -> None:
         """Register `payload`. Raises KeyError when the key is taken (a stub reused a call id)."""
         with self._lock:
             if key in self._entries:
@@ -44,11 +67,11 @@ class PayloadRegistry:
             self._entries[key] = payload
         self._ensure_sweeper()
 
-    def get(self, key: PayloadKey) -> Any | None:
+    def get(self, key: PayloadKey) -> Payload | None:
         with self._lock:
             return self._entries.get(key)
 
-    def remove(self, key: PayloadKey, payload: Any = None) -> None:
+    def remove(self, key: PayloadKey, payload: Payload | None = None) -> None:
         """Drop the entry (only if it is still `payload`, when given)."""
         with self._lock:
             if payload is None or self._entries.get(key) is payload:
@@ -58,11 +81,11 @@ class PayloadRegistry:
         with self._lock:
             return len(self._entries)
 
-    def payloads(self) -> list[Any]:
+    def payloads(self) -> list[Payload]:
         with self._lock:
             return list(self._entries.values())
 
-    def of_caller(self, caller: Any) -> Iterator[Any]:
+    def of_caller(self, caller: StubProcess) -> Iterator[Payload]:
         return (payload for payload in self.payloads() if payload.caller is caller)
 
     # -- the sweeper: callers that died ------------------------------------------------------------

@@ -1,0 +1,298 @@
+"""The requests in flight on one stub incarnation: one record per request, keyed by its request id.
+
+    execute_streams(batch) ──▶ inputs into p2s, one _InFlight per request, EXECUTE (FrameLink.send)
+    on_response(wire)      ◀── RESPONSE / responses inside EXECUTE_DONE: to the request's stream
+    on_execute_done(done)  ◀── EXECUTE_DONE: the batch's `execute` returned (or raised)
+    fail_all(error)            the stub died or stopped: every request in flight fails at once
+
+A record lives until both its final response is in and `execute` has returned: a decoupled model
+may read its inputs from another thread after `execute` returned, as Triton's examples do, so the
+p2s memory of the inputs is freed only then. `in_flight` counts the records still awaiting their
+final response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.features import client_shm
+from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
+from pystub_backend.backend.models.validation import model_parameters
+from pystub_backend.backend.supervision.outbox import StubOutbox
+from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.telemetry.statistics import BatchTiming
+from pystub_backend.ipc import tensors
+from pystub_backend.ipc.arena import ArenaFullError
+from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
+from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.status import Status
+
+if TYPE_CHECKING:
+    from pystub_backend.backend.supervision.stub_process import StubProcess
+
+__all__ = ["RequestExchange", "StreamOrError"]
+
+log = logging.getLogger("pystub.stub")
+
+StreamOrError = ResponseStream | ServerError
+
+
+class _InFlight:
+    """One request sent to the stub: its stream, the p2s memory of its inputs, its wire form."""
+
+    __slots__ = ("rid", "request", "stream", "input_handles", "executed", "final", "rescheduled", "wire")
+
+    def __init__(self, rid: int, request: InferRequest, stream: ResponseStream) -> None:
+        self.rid = rid
+        self.request = request
+        self.stream = stream
+        self.input_handles: list[list[int]] = []
+        self.executed = False  # the `execute` call of its batch has returned
+        self.final = False  # its final response is in
+        self.rescheduled = False  # pystub sequences: runs again as itself in a later batch
+        self.wire: list[Any] = []  # what EXECUTE carried; sent again if the model reschedules it
+
+
+class RequestExchange:
+    def __init__(self, stub: StubProcess) -> None:
+        self._stub = stub
+        self._ids = itertools.count(1)
+        self._records: dict[int, _InFlight] = {}
+        self._batches: dict[int, tuple[asyncio.Future[None], list[int]]] = {}
+        self._rescheduled = 0  # records flagged `rescheduled`
+        self.outbox = StubOutbox(lambda: stub.link.channel)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for record in self._records.values() if not record.final)
+
+    def requests(self) -> list[InferRequest]:
+        """The requests sent to the stub whose final response is not in yet."""
+        return [record.request for record in list(self._records.values()) if not record.final]
+
+    # -- execute -------------------------------------------------------------------------------
+    async def execute_streams(self, requests: list[InferRequest],
+                              on_sent: Callable[[list[StreamOrError]], None] | None = None
+                              ) -> tuple[list[StreamOrError], BatchTiming]:
+        """Send one batch; see StubProcess.execute_streams. Never raises."""
+        timing = BatchTiming()
+        stub = self._stub
+        if not stub.alive:
+            return [stub.unhealthy_error()] * len(requests), timing
+        started = time.monotonic_ns()
+        results: list[StreamOrError] = []
+        rids: list[int] = []
+        for request in requests:
+            record = self._take_rescheduled(request) if self._rescheduled else None
+            try:
+                record = record or self.place_request(request)
+            except ArenaFullError as exc:
+                results.append(ServerError(str(exc), Status.INTERNAL))
+                continue
+            rids.append(record.rid)
+            results.append(record.stream)
+        staged = time.monotonic_ns()
+        timing.compute_input_ns = staged - started
+        if rids:
+            done = await self._send_batch(rids)
+            if done is None:  # the batch could not be encoded: its requests failed already
+                return results, timing
+            if on_sent is not None:
+                on_sent(results)
+            await done
+        timing.compute_infer_ns = time.monotonic_ns() - staged
+        return results, timing
+
+    async def _send_batch(self, rids: list[int]) -> asyncio.Future[None] | None:
+        """EXECUTE for the records `rids`; the future resolves at EXECUTE_DONE (or death)."""
+        batch_id = self.next_id()
+        releases = self.outbox.take_releases()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._batches[batch_id] = (done, rids)
+        try:
+            await self._stub.link.send(msg.Execute(batch_id, [self._records[rid].wire for rid in rids], releases))
+        except (TypeError, ValueError, OverflowError) as exc:
+            # A value the wire cannot carry (validation should have refused it): nothing was sent;
+            # fail this batch alone, the caller (a scheduler worker) must go on serving.
+            del self._batches[batch_id]
+            self.outbox.release(releases)
+            self._fail(rids, ServerError(f"the request could not be sent to stub '{self._stub.instance_name}'"
+                                         f": {exc}", Status.INVALID_ARG))
+            return None
+        except (ChannelClosedError, ChannelTimeoutError) as exc:
+            log.error("stub '%s': %s", self._stub.instance_name, exc)
+            self.fail_all(self._stub.unhealthy_error())
+        return done
+
+    def _take_rescheduled(self, request: InferRequest) -> _InFlight | None:
+        for record in self._records.values():
+            if record.rescheduled and record.request is request:
+                record.rescheduled, record.executed = False, False
+                self._rescheduled -= 1
+                return record
+        return None
+
+    def place_request(self, request: InferRequest) -> _InFlight:
+        """A record for `request` with its inputs in p2s. Raises ArenaFullError (nothing kept)."""
+        stub = self._stub
+        assert stub.p2s is not None
+        rid = self.next_id()
+        stream = ResponseStream(request.id, request.model_name, lambda: self._cancel(rid))
+        stream.model_version = request.model_version
+        record = _InFlight(rid, request, stream)
+        wire_inputs = []
+        try:
+            for tensor in request.inputs:
+                region = client_shm.region_handle(tensor)
+                if region is not None:  # in a client's shm region: the stub maps it, nothing is copied
+                    wire_inputs.append([tensor.name, tensor.datatype, list(tensor.shape), region])
+                    continue
+                placed = tensors.place(stub.p2s, tensor.name, tensor.datatype, tensor.shape, tensor.data)
+                wire_inputs.append(placed)
+                record.input_handles.append(placed[3])
+        except ArenaFullError:
+            self.free_p2s(record.input_handles)
+            raise
+        wire = [rid, request.id, wire_inputs, [o.name for o in request.outputs], _parameters_json(request),
+                request.correlation_id, request.flags, int(request.parameters.get("timeout", 0) or 0)]
+        output_regions = client_shm.attach_regions(request, stub, stream)
+        if output_regions:
+            wire.append(output_regions)  # outputs the stub writes straight into client regions
+        record.wire = wire
+        self._records[rid] = record
+        return record
+
+    def reschedule(self, rid: int) -> InferRequest | None:
+        """pystub sequences (iterative_sequence): the model rescheduled request `rid`. The next
+        `execute_streams` given the returned request runs it again under the same rid, stream and
+        inputs. None when it is no longer in flight."""
+        record = self._records.get(rid)
+        if record is None or record.final:
+            return None
+        if not record.rescheduled:
+            record.rescheduled = True
+            self._rescheduled += 1
+        return record.request
+
+    def _cancel(self, rid: int) -> None:
+        record = self._records.get(rid)
+        if record is not None and not record.final:
+            self.outbox.cancel(rid)
+
+    # -- frames from the stub ------------------------------------------------------------------
+    def on_response(self, wire: list[Any]) -> None:
+        rid, flags, _, outputs, parameters_json = wire
+        final = bool(flags & msg.RESPONSE_FINAL)
+        record = self._records.get(rid)
+        if record is None or record.final:
+            log.warning("stub '%s' answered unknown request %s", self._stub.instance_name, rid)
+            self.outbox.release([t[3] for t in outputs], rid if outputs else None)
+            return
+        if final:
+            record.final = True
+            if record.executed:  # else the batch's EXECUTE_DONE frees its inputs
+                self._retire(record)
+        request = record.request
+        if parameters_json is None:  # `send(flags=FINAL)` with no response: completes the request
+            if final:
+                record.stream.put(InferResponse(request.model_name, "", request.id, flags_only=True), True)
+            return
+        try:
+            response = self._make_response(record, wire)
+        except Exception as exc:  # noqa: BLE001 - a malformed response still ends its request
+            response = InferResponse(request.model_name, "", request.id, error=ServerError(
+                f"stub '{self._stub.instance_name}' sent a malformed response: {type(exc).__name__}: {exc}"))
+        record.stream.put(response, final)
+
+    def _make_response(self, record: _InFlight, wire: list[Any]) -> InferResponse:
+        rid, _, error, outputs_wire, parameters_json = wire
+        request = record.request
+        parameters = json.loads(parameters_json) if parameters_json and parameters_json != "{}" else {}
+        if error is not None:
+            return InferResponse(request.model_name, "", request.id, parameters=parameters,
+                                 error=ServerError(error[1], Status.coerce(error[0])))
+        s2p = self._stub.s2p
+        assert s2p is not None
+        outputs = [Tensor(name, datatype, tuple(shape), s2p.view(handle))
+                   for name, datatype, shape, handle in outputs_wire]
+        handles = [t[3] for t in outputs_wire]
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                for tensor in outputs:
+                    if isinstance(tensor.data, memoryview):
+                        tensor.data.release()
+                self.outbox.release(handles, rid)  # frees the bytes and returns a send credit
+
+        return InferResponse(request.model_name, "", request.id, outputs, parameters, release)
+
+    def on_execute_done(self, message: msg.ExecuteDone) -> None:
+        for response in message.responses:
+            self.on_response(response)
+        entry = self._batches.pop(message.batch_id, None)
+        if entry is None:
+            return
+        done, rids = entry
+        for rid in rids:
+            record = self._records.get(rid)
+            if record is None or record.executed:
+                continue
+            record.executed = True
+            if record.final:
+                self._retire(record)
+            elif message.error is not None:
+                self._fail([rid], ServerError(message.error[1], Status.coerce(message.error[0])))
+        if not done.done():
+            done.set_result(None)
+
+    # -- ending --------------------------------------------------------------------------------
+    def _retire(self, record: _InFlight) -> None:
+        """Final response in and `execute` returned: forget the record, free its inputs."""
+        self._records.pop(record.rid, None)
+        if record.rescheduled:
+            self._rescheduled -= 1
+        self.free_p2s(record.input_handles)
+        record.input_handles = []
+
+    def _fail(self, rids: list[int], error: ServerError) -> None:
+        for rid in rids:
+            record = self._records.get(rid)
+            if record is not None:
+                self._retire(record)
+                record.stream.fail(error)
+
+    def fail_all(self, error: ServerError) -> None:
+        """Every request in flight fails with `error`; every batch waiter wakes up."""
+        self._fail(list(self._records), error)
+        batches, self._batches = self._batches, {}
+        for future, _ in batches.values():
+            if not future.done():
+                future.set_result(None)
+
+    def free_p2s(self, handles: list[list[int]]) -> None:
+        p2s = self._stub.p2s
+        if p2s is None:
+            return
+        for handle in handles:
+            try:
+                p2s.free(handle)
+            except (KeyError, IndexError, TypeError, ValueError):
+                log.error("stub '%s' released an unknown p2s handle %s", self._stub.instance_name, handle)
+
+
+def _parameters_json(request: InferRequest) -> str:
+    parameters = model_parameters(request)
+    return json.dumps(parameters) if parameters else "{}"

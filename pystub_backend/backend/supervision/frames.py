@@ -1,0 +1,176 @@
+"""The frame link to one stub: the one place that sends to a stub with a deadline, and the
+dispatcher of the frames the stub sends back.
+
+    send(message, timeout)   await room in the stub's queue, at most `timeout` s (default: the stub
+                             timeout); raises ChannelTimeoutError naming the message and the stub,
+                             ChannelClosedError when the stub is gone
+    send_soon(message)       never blocks: sent at once when there is room, else from a task bounded
+                             by the stub timeout, in order behind earlier `send_soon` frames;
+                             failures are logged (for replies and notices nobody awaits)
+    flush()                  wait until every `send_soon` frame went out (or was given up)
+    request_reply(...)       send and wait for the reply of a given class (INIT, IS_READY, ...)
+
+Incoming frames: the request frames (RESPONSE, EXECUTE_DONE, RELEASE) go to the request exchange,
+LOG to the backend log, feature frames to the server's BackendHandlers, replies to their waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+
+from pystub_backend.backend.supervision.errors import StubStartError
+from pystub_backend.ipc.channel import AsyncChannel, ChannelClosedError, ChannelTimeoutError
+from pystub_backend.ipc.messages import core as msg
+
+if TYPE_CHECKING:
+    from pystub_backend.backend.supervision.stub_process import StubProcess
+
+__all__ = ["FrameLink"]
+
+_Reply = TypeVar("_Reply")
+
+log = logging.getLogger("pystub.stub")
+_LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+
+class FrameLink:
+    def __init__(self, stub: StubProcess, timeout: float) -> None:
+        self._stub = stub
+        self._timeout = timeout
+        self.channel: AsyncChannel | None = None
+        self._waiters: dict[type, asyncio.Future[object]] = {}
+        self._last_soon: asyncio.Task[None] | None = None
+        self._soon_tasks: set[asyncio.Task[None]] = set()
+
+    def open(self, sock: socket.socket, on_closed: Callable[[], None]) -> None:
+        self.channel = AsyncChannel(sock, self._on_frame, on_closed)
+
+    @property
+    def closed(self) -> bool:
+        return self.channel is None or self.channel.closed
+
+    # -- sending -----------------------------------------------------------------------------------
+    def _what(self, message: NamedTuple) -> str:
+        return f"{type(message).__name__} to stub '{self._stub.instance_name}'"
+
+    async def send(self, message: NamedTuple, timeout: float | None = None) -> None:
+        """Send `message`, waiting at most `timeout` s (default: the stub timeout) for room.
+
+        Raises ChannelTimeoutError (naming the message and the stub) or ChannelClosedError."""
+        if self.channel is None:
+            raise ChannelClosedError(f"stub '{self._stub.instance_name}' has no channel")
+        await self.channel.send(msg.encode(message), self._timeout if timeout is None else timeout,
+                                self._what(message))
+
+    def send_soon(self, message: NamedTuple) -> None:
+        """Send `message` in order with earlier `send_soon` frames; never blocks, never raises."""
+        channel = self.channel
+        if channel is None or channel.closed:
+            return
+        frame = msg.encode(message)
+        previous = self._last_soon
+        if previous is None or previous.done():
+            try:
+                if channel.try_send(frame):
+                    return
+            except ChannelClosedError:
+                return
+            previous = None
+        task = asyncio.ensure_future(self._send_later(channel, frame, self._what(message), previous))
+        self._last_soon = task
+        self._soon_tasks.add(task)
+        task.add_done_callback(self._soon_tasks.discard)
+
+    async def _send_later(self, channel: AsyncChannel, frame: bytes, what: str,
+                          previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await asyncio.wait({previous})  # keep the frames in the order they were sent
+        try:
+            await channel.send(frame, self._timeout, what)
+        except (ChannelClosedError, ChannelTimeoutError) as exc:
+            log.warning("could not send %s: %s", what, exc)
+
+    async def flush(self) -> None:
+        """Wait until every frame `send_soon` queued has been sent (or given up); returns at once
+        in the usual case, where they went out immediately."""
+        last = self._last_soon
+        if last is not None and not last.done():
+            await asyncio.wait({last})
+
+    # -- replies -----------------------------------------------------------------------------------
+    async def request_reply(self, message: NamedTuple, reply: type[_Reply], timeout: float, what: str) -> _Reply:
+        """Send `message` and return the stub's `reply`-class answer. Raises StubStartError when
+        the stub dies or `timeout` s pass (the text names `what`)."""
+        if self.closed:
+            raise StubStartError(self._stub.death_text(what))
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._waiters[reply] = future  # registered before the reply can arrive
+        try:
+            try:
+                await self.send(message)
+            except (ChannelClosedError, ChannelTimeoutError) as exc:
+                raise StubStartError(f"{self._stub.death_text(what)} ({exc})") from exc
+            try:
+                return cast(_Reply, await asyncio.wait_for(future, timeout))
+            except asyncio.TimeoutError:
+                raise StubStartError(f"timed out after {timeout:.0f} s waiting for {what} from stub "
+                                     f"'{self._stub.instance_name}'") from None
+        finally:
+            if self._waiters.get(reply) is future:
+                del self._waiters[reply]
+
+    def fail_waiters(self) -> None:
+        """The stub is gone: every reply waiter learns it now."""
+        for waiter in self._waiters.values():
+            if not waiter.done():
+                waiter.set_exception(StubStartError(self._stub.death_text("a reply")))
+
+    # -- receiving ---------------------------------------------------------------------------------
+    def _on_frame(self, frame: bytes) -> None:
+        try:
+            message = msg.decode(frame)
+        except msg.MessageDecodeError as exc:
+            log.error("dropped a corrupt frame from stub '%s': %s", self._stub.instance_name, exc)
+            return
+        try:
+            self._dispatch(message)
+        except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the channel's reader
+            log.error("dropped a malformed %s frame from stub '%s': %s: %s", type(message).__name__,
+                      self._stub.instance_name, type(exc).__name__, exc)
+
+    def _dispatch(self, message: Any) -> None:  # a decoded message: any registered class
+        kind = type(message)
+        exchange = self._stub.exchange
+        if kind is msg.Response:
+            exchange.on_response(message.response)
+        elif kind is msg.ExecuteDone:
+            exchange.on_execute_done(message)
+        elif kind is msg.Log:
+            self._on_log(message)
+        elif kind is msg.Release:
+            exchange.free_p2s(message.handles)
+        elif (feature := self._stub.services.handlers.frame_handler(kind)) is not None:
+            feature(self._stub, message)
+        else:
+            waiter = self._waiters.get(kind)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(message)
+            else:
+                log.warning("unexpected %s from stub '%s'", kind.__name__, self._stub.instance_name)
+
+    def _on_log(self, message: msg.Log) -> None:
+        """A record from the stub, logged once with the model's own file:line."""
+        level = _LOG_LEVELS.get(message.level, logging.INFO)
+        if not log.isEnabledFor(level):
+            return
+        record = log.makeRecord(log.name, level, message.filename, message.lineno,
+                                "[%s] %s", (self._stub.instance_name, message.message), None)
+        log.handle(record)
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()

@@ -1,0 +1,69 @@
+"""What the server hands each stub for its feature frame handlers: a typed seam, not the core.
+
+    StubServices
+        handlers        BackendHandlers   the frame table every stub of this server dispatches to
+        core            ServerCore      BLS targets (lookup, readiness, infer) and model control;
+                                        None for stubs outside a server (auto-complete, tools)
+        custom_metrics  CustomMetrics   pb_utils.MetricFamily / Metric of this server's models
+        bls_payloads    PayloadRegistry the BLS calls in flight, by (caller base, call id)
+
+Per-stub feature state (multiplex holdings, the sequence batcher that owns a stub, the client shm
+regions a stub maps) is kept by its feature keyed by the StubProcess, since it dies with the stub.
+`features.install.feature_services(core)` builds this object; ModelVersion passes it to every
+instance it starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pystub_backend.backend.features.bls.payloads import PayloadRegistry
+    from pystub_backend.backend.features.custom_metrics import CustomMetrics
+    from pystub_backend.backend.inference import InferRequest
+    from pystub_backend.backend.models.config import ModelConfig
+    from pystub_backend.backend.supervision.handlers import BackendHandlers
+    from pystub_backend.backend.supervision.response_stream import ResponseStream
+
+__all__ = ["ServerCore", "ServedVersion", "StubServices"]
+
+
+class ServedVersion(Protocol):
+    """A loaded model version as feature handlers see it (BLS checks)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> int | str: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+
+class ServerCore(Protocol):
+    """The part of the server core that stubs may reach: BLS and `pb_utils` model control."""
+
+    def model_config(self, name: str, version: str = "") -> ModelConfig: ...
+
+    def model_versions(self) -> Sequence[ServedVersion]: ...
+
+    def is_decoupled(self, name: str, version: str = "") -> bool: ...
+
+    async def infer_stream(self, request: InferRequest) -> ResponseStream: ...
+
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None: ...
+
+    async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None: ...
+
+    async def model_ready(self, name: str, version: str = "") -> bool: ...
+
+
+@dataclass(frozen=True)
+class StubServices:
+    handlers: BackendHandlers
+    custom_metrics: CustomMetrics
+    bls_payloads: PayloadRegistry
+    core: ServerCore | None = None

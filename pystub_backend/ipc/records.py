@@ -1,0 +1,59 @@
+"""The records that travel inside messages: tensors, requests, responses, errors.
+
+Each is a NamedTuple, so it encodes as the msgpack array of its fields (in this order) and code
+that still destructures it positionally keeps working; `pystub_backend.ipc.wire.decode` builds
+these from the arrays of a frame, checking arity and field types the way it checks messages.
+
+    WireTensor   = [name, datatype, shape, handle]
+                   handle: arena handle [segment, offset, nbytes] (pystub_backend.ipc.arena) or a
+                   client-region handle [generation, offset, nbytes, key, inode] (ipc.tensors)
+    WireRequest  = [rid, id, inputs: [WireTensor], requested_outputs: [name], parameters_json,
+                    correlation_id, flags, timeout_us, output_regions | nil]
+                   output_regions {output name: region handle}: outputs the stub writes straight
+                   into client regions; an 8-element array (no regions) is accepted as well
+    WireResponse = [rid, flags, error: WireError | nil, outputs: [WireTensor], parameters_json | nil]
+                   parameters nil marks a flags-only final (no response object)
+    WireError    = [code (pystub_backend.ipc.status.Status), message]
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+__all__ = ["WireTensor", "WireRequest", "WireResponse", "WireError", "RECORDS"]
+
+
+class WireTensor(NamedTuple):
+    name: str
+    datatype: str
+    shape: list[int]
+    handle: list[Any]  # arena handle (3 ints) or region handle (5 items); see the module docstring
+
+
+class WireError(NamedTuple):
+    code: int
+    message: str
+
+
+class WireRequest(NamedTuple):
+    rid: int
+    id: str
+    inputs: list[WireTensor]
+    requested_outputs: list[str]
+    parameters_json: str
+    correlation_id: int | str
+    flags: int
+    timeout_us: int
+    output_regions: dict[str, list[Any]] | None = None
+
+
+class WireResponse(NamedTuple):
+    rid: int
+    flags: int
+    error: WireError | None
+    outputs: list[WireTensor]
+    parameters_json: str | None
+
+
+# Every record class; `wire.decode` builds fields annotated with one of these.
+RECORDS: tuple[type, ...] = (WireTensor, WireError, WireRequest, WireResponse)

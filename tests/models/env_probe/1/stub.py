@@ -1,0 +1,1 @@
+MARKER = "env_probe/stub"

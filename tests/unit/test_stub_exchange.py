@@ -1,0 +1,186 @@
+"""pystub_backend.backend.supervision (exchange, frames, stub_process): the request exchange and the
+one `send` over a real channel pair, real arenas and a real child process, with the test playing the
+stub; and real stubs that fail to boot exiting with their named codes."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import InferRequest, Tensor
+from pystub_backend.backend.supervision.errors import StubStartError
+from pystub_backend.backend.supervision.settings import StubSettings
+from pystub_backend.backend.supervision.stub_process import StubProcess
+from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
+from pystub_backend.ipc.channel import BlockingChannel, ChannelTimeoutError, make_pair
+from pystub_backend.ipc.exit_codes import StubExitCode
+from pystub_backend.ipc.messages import core as msg
+
+_SLEEPER = "import sys, time; time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))"
+
+
+class Harness:
+    """A StubProcess wired by hand to a peer channel the test drives, and to a child process that
+    exits with a given code after a given time (what `alive` and `death_reason` read)."""
+
+    def __init__(self, sleep: float = 60.0, code: int = 0, timeout: float = 0.3) -> None:
+        self.stub = StubProcess("exchange_0", StubSettings(stub_timeout_seconds=timeout), "exchange")
+        parent, child = make_pair()
+        self.peer = BlockingChannel(child)
+        stub = self.stub
+        stub.p2s = ArenaWriter(stub.base, "p2s", 1 << 20, 1 << 20)
+        stub.s2p = ArenaReader(stub.base, "s2p")
+        stub.process = subprocess.Popen([sys.executable, "-c", _SLEEPER, str(sleep), str(code)],
+                                        start_new_session=True)
+        stub.link.open(parent, stub._on_channel_closed)
+        self.deaths: list[StubProcess] = []
+        stub.on_death = self.deaths.append
+
+    async def receive(self) -> object:
+        frame = await asyncio.get_running_loop().run_in_executor(None, self.peer.recv, 5.0)
+        assert frame is not None, "timed out waiting for a frame from the backend"
+        return msg.decode(frame)
+
+    async def close(self) -> None:
+        self.peer.close()
+        self.stub.kill()
+        await self.stub.stop(finalize_timeout=0)
+
+
+def _run(test: Callable[[Harness], Awaitable[None]], **kwargs: float) -> None:
+    async def main() -> None:
+        harness = Harness(**kwargs)
+        try:
+            await test(harness)
+        finally:
+            await harness.close()
+
+    asyncio.run(main())
+
+
+def _request(n: int = 4) -> InferRequest:
+    return InferRequest("exchange", inputs=[Tensor("IN", "FP32", (n,), np.ones(n, np.float32).tobytes())])
+
+
+def test_a_stub_that_dies_mid_request_fails_that_request_and_frees_its_inputs() -> None:
+    async def test(h: Harness) -> None:
+        assert h.stub.p2s is not None
+        running = asyncio.ensure_future(h.stub.execute_streams([_request()]))
+        execute = await h.receive()
+        assert isinstance(execute, msg.Execute) and len(execute.requests) == 1
+        assert h.stub.in_flight == 1 and h.stub.p2s.allocation_count == 1
+        h.peer.close()  # the stub is gone with the request in flight
+        streams, _ = await asyncio.wait_for(running, 5.0)
+        with pytest.raises(ServerError, match=r"Stub process 'exchange_0' is not healthy\."):
+            await streams[0].single()  # type: ignore[union-attr]
+        assert h.stub.in_flight == 0 and h.stub.p2s.allocation_count == 0
+        assert h.deaths == [h.stub] and not h.stub.alive
+
+    _run(test)
+
+
+def test_inputs_are_kept_until_both_the_final_response_and_execute_done() -> None:
+    async def test(h: Harness) -> None:
+        assert h.stub.p2s is not None
+        running = asyncio.ensure_future(h.stub.execute_streams([_request(), _request(8)]))
+        execute = await h.receive()
+        assert isinstance(execute, msg.Execute)
+        first, second = (wire[0] for wire in execute.requests)
+        assert first != second, "one record per request id"
+        # a decoupled model completes the first request from another thread, before execute returns
+        h.peer.send(msg.encode(msg.Response([first, msg.RESPONSE_FINAL, None, [], None])), 1.0)
+        await asyncio.sleep(0.05)
+        assert h.stub.in_flight == 1, "the first request is complete"
+        assert h.stub.p2s.allocation_count == 2, "its inputs stay until execute returned"
+        h.peer.send(msg.encode(msg.ExecuteDone(execute.batch_id, [429, "model raised"], [])), 1.0)
+        streams, _ = await asyncio.wait_for(running, 5.0)
+        assert (await streams[0].single()).error is None  # type: ignore[union-attr]
+        with pytest.raises(ServerError, match="model raised"):
+            await streams[1].single()  # type: ignore[union-attr]
+        assert h.stub.in_flight == 0 and h.stub.p2s.allocation_count == 0
+
+    _run(test)
+
+
+def test_send_times_out_naming_the_message_and_the_stub() -> None:
+    async def test(h: Harness) -> None:
+        started = time.monotonic()
+        with pytest.raises(ChannelTimeoutError, match=r"waiting to send Cancel to stub 'exchange_0'"):
+            for _ in range(10_000):  # the peer never reads: its queue fills, then send waits 0.3 s
+                await h.stub.send(msg.Cancel(list(range(5000))))
+        assert time.monotonic() - started < 5.0
+
+    _run(test)
+
+
+def test_send_soon_never_blocks_and_keeps_the_order_through_a_full_queue() -> None:
+    async def test(h: Harness) -> None:
+        started = time.monotonic()
+        for token in range(200):  # far more than the queue holds: the rest wait in order
+            h.stub.send_soon(msg.Cancel([token] + [0] * 2000))
+        assert time.monotonic() - started < 0.5, "send_soon must not wait for the stub"
+        flushed = asyncio.ensure_future(h.stub.flush())
+        received = []
+        for _ in range(200):
+            message = await h.receive()
+            assert isinstance(message, msg.Cancel)
+            received.append(message.rids[0])
+        await asyncio.wait_for(flushed, 5.0)
+        assert received == list(range(200))
+
+    _run(test, timeout=10.0)  # the queued frames wait at most this long for room: none is dropped
+
+
+def test_death_reason_names_a_stub_exit_code() -> None:
+    async def test(h: Harness) -> None:
+        assert h.stub.process is not None
+        h.stub.process.wait(timeout=10)
+        assert h.stub.death_reason() == "exited with code 72 (INITIALIZE_FAILED)"
+        assert h.stub.exit_code == StubExitCode.INITIALIZE_FAILED
+
+    _run(test, sleep=0.0, code=int(StubExitCode.INITIALIZE_FAILED))
+
+
+# -- real stubs that cannot boot ------------------------------------------------------------------
+_RAISING_INIT = """
+class TritonPythonModel:
+    def initialize(self, args):
+        raise ValueError("no weights here")
+
+    def execute(self, requests):
+        return []
+"""
+
+
+@pytest.mark.parametrize("source, code, text", [
+    (_RAISING_INIT, StubExitCode.INITIALIZE_FAILED, "no weights here"),
+    ("import module_that_is_not_there\n", StubExitCode.MODEL_IMPORT_FAILED, "module_that_is_not_there"),
+])
+def test_a_real_stub_that_cannot_boot_exits_with_its_code(tmp_path: Path, source: str, code: StubExitCode,
+                                                          text: str) -> None:
+    model = tmp_path / "model.py"
+    model.write_text(source)
+
+    async def main() -> None:
+        stub = StubProcess("boot_0", StubSettings(), "boot")
+        stub.spawn()
+        try:
+            started = time.monotonic()
+            with pytest.raises(StubStartError, match=text) as raised:
+                await stub.initialize(str(model), {"model_name": "boot", "model_version": "1"}, {})
+            assert raised.value.boot_failure
+            await stub.stop(finalize_timeout=0)
+            assert stub.exit_code == code, stub.death_reason()
+            assert time.monotonic() - started < 2.0, "it exits by itself: no SIGTERM/SIGKILL ladder"
+        finally:
+            await stub.stop(finalize_timeout=0)
+
+    asyncio.run(main())
