@@ -119,10 +119,6 @@ KNOWN: dict[str, str] = {
         "Triton answers [500, {\"error\": \"failed to parse the request JSON buffer: Missing a name for object member. at 1\"}]; pystub answers [400, {\"error\": \"failed to parse the request JSON buffer: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)\"}]",
     "test_features.py::test_system_shared_memory_http[register_missing_key]":
         "Triton answers [500, {\"error\": \"Unable to open shared memory region: '/no_such_shm_key_differential'\"}]; pystub answers [400, {\"error\": \"Unable to open shared memory region: '/no_such_shm_key_differential': No such file or directory\"}]",
-    "test_infer.py::test_bf16_roundtrip[grpc]":
-        "a BF16 tensor passed through Tensor.from_dlpack(input.to_dlpack()): Triton answers datatype BF16 (values 1.0, -2.5, 3.0); pystub answers datatype UINT16 (the raw bits 16256, 49184, 16448)",
-    "test_infer.py::test_bf16_roundtrip[http]":
-        "a BF16 tensor passed through Tensor.from_dlpack(input.to_dlpack()): Triton answers datatype BF16 (values 1.0, -2.5, 3.0); pystub answers datatype UINT16 (the raw bits 16256, 49184, 16448)",
     "test_infer.py::test_http_binary_raw[header_length_too_large]":
         "Triton answers [400, {\"error\": \"inference header size should be in range (0, 232), got: 100000\"}]; pystub answers [400, {\"error\": \"Inference-Header-Content-Length 100000 exceeds the request body size of 232 bytes\"}]",
     "test_infer.py::test_http_binary_raw[header_length_too_small]":
