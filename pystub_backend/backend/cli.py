@@ -1,7 +1,8 @@
 """`pystub-backend`: the command line, compatible with `tritonserver`'s (PROTOCOL.md section 17).
 
-Both `--flag=value` and `--flag value` work; an unknown flag is a usage error naming it; GPU-only
-flags are accepted and ignored with one log line.
+Every tritonserver 2.51 flag is accepted (the list and what each does here: `flags.FLAGS`); both
+`--flag=value` and `--flag value` work. A flag tritonserver does not have is a usage error naming
+it (exit status 2). Flags without effect here are logged once at start-up with the reason.
 """
 
 from __future__ import annotations
@@ -10,128 +11,146 @@ import argparse
 import asyncio
 import logging
 import sys
-from dataclasses import dataclass, field
 
+from pystub_backend.backend import flag_values as values
+from pystub_backend.backend.flags import FLAGS, Effect, flag_named
 from pystub_backend.backend.log import LogSettings, configure_logging
+from pystub_backend.backend.options import GrpcOptions, ServerOptions, TlsFiles
 from pystub_backend.backend.supervision.settings import BackendConfigError, StubSettings, parse_backend_config
+from pystub_backend.backend.telemetry import latency
 
 __all__ = ["ServerOptions", "parse_args", "main"]
 
 log = logging.getLogger("pystub.cli")
 
-_GPU_ONLY = ("--cuda-memory-pool-byte-size", "--pinned-memory-pool-byte-size",
-             "--min-supported-compute-capability", "--allow-gpu-metrics")
-_NO_OPS = ("--grpc-infer-allocation-pool-size", "--http-thread-count")
-# Flags whose features arrive with later work; they fail clearly instead of being ignored.
-_NOT_SUPPORTED_YET = ("--backend-directory",)
+# Integer gRPC flags and the grpc core channel argument each one sets.
+_GRPC_CHANNEL_ARGS = {
+    "--grpc-keepalive-time": "grpc.keepalive_time_ms",
+    "--grpc-keepalive-timeout": "grpc.keepalive_timeout_ms",
+    "--grpc-http2-max-pings-without-data": "grpc.http2.max_pings_without_data",
+    "--grpc-http2-min-recv-ping-interval-without-data": "grpc.http2.min_ping_interval_without_data_ms",
+    "--grpc-http2-max-ping-strikes": "grpc.http2.max_ping_strikes",
+    "--grpc-max-connection-age": "grpc.max_connection_age_ms",
+    "--grpc-max-connection-age-grace": "grpc.max_connection_age_grace_ms",
+}
 
 
-@dataclass
-class ServerOptions:
-    repositories: list[str]
-    http_address: str = "127.0.0.1"
-    http_port: int = 8000
-    grpc_address: str = "127.0.0.1"
-    grpc_port: int = 8001
-    metrics_address: str = "127.0.0.1"
-    metrics_port: int = 8002
-    allow_http: bool = True
-    allow_grpc: bool = True
-    allow_metrics: bool = True
-    metrics_interval_ms: int = 2000  # how often the polled gauges (CPU, memory, stub RSS) are sampled
-    allow_cpu_metrics: bool = True
-    http_max_input_size: int = 64 * 2**20
-    exit_on_error: bool = True
-    strict_readiness: bool = True
-    auto_complete: bool = True
-    server_id: str = "pystub"
-    model_control_mode: str = "none"
-    load_models: list[str] = field(default_factory=list)
-    repository_poll_secs: float = 15.0
-    allow_client_shm: bool = False
-    settings: StubSettings = field(default_factory=StubSettings)
-    log: LogSettings = field(default_factory=LogSettings)
-    ignored: list[str] = field(default_factory=list)
-    not_supported: dict[str, str] = field(default_factory=dict)
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
 
 
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got '{text}'")
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got '{text}'")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got '{text}'")
-    return value
-
-
-def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pystub-backend", allow_abbrev=False,
-                                     description="Serve Triton Python-backend models over KServe v2.")
-    add = parser.add_argument
+def _add_server_flags(add: _Adder) -> None:
     add("--model-repository", "--model-store", dest="repositories", action="append", required=True,
         metavar="DIR", help="model repository (repeatable)")
     add("--id", dest="server_id", default="pystub")
-    for name, default in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
-        add(f"--{name}-port", type=int, default=default)
-        add(f"--{name}-address", default="127.0.0.1")
-        add(f"--allow-{name}", type=parse_bool, default=True, metavar="BOOL")
-    add("--metrics-interval-ms", type=_positive_int, default=2000, metavar="MS",
-        help="how often the polled metrics (CPU, memory, stub RSS) are sampled")
-    add("--allow-cpu-metrics", type=parse_bool, default=True, metavar="BOOL")
-    add("--http-max-input-size", type=int, default=64 * 2**20)
-    add("--exit-on-error", type=parse_bool, default=True, metavar="BOOL")
+    add("--exit-on-error", type=values.parse_bool, default=True, metavar="BOOL")
     add("--exit-timeout-secs", type=float, default=30.0)
-    add("--strict-readiness", type=parse_bool, default=True, metavar="BOOL")
-    add("--strict-model-config", type=parse_bool, default=None, metavar="BOOL")
+    add("--strict-readiness", type=values.parse_bool, default=True, metavar="BOOL")
+    add("--strict-model-config", type=values.parse_bool, default=None, metavar="BOOL")
     add("--disable-auto-complete-config", action="store_true")
     add("--backend-config", action="append", default=[], metavar="python,KEY=VALUE")
+    add("--backend-directory", default="", metavar="DIR")
     add("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
     add("--load-model", dest="load_models", action="append", default=[], metavar="NAME",
         help="model to load at start-up in explicit mode (repeatable; '*' loads all)")
-    add("--repository-poll-secs", type=_positive_seconds, default=15.0, metavar="N")
-    add("--allow-client-shm", type=parse_bool, default=False, metavar="BOOL",
-        help="enable the system shared memory extension (default false, as in Triton)")
+    add("--repository-poll-secs", type=values.positive_seconds, default=15.0, metavar="N")
+    add("--model-config-name", default="", metavar="NAME")
+    add("--model-load-thread-count", type=values.positive_int, default=4, metavar="N")
+    add("--model-load-retry-count", type=values.non_negative_int, default=0, metavar="N")
+    add("--allow-client-shm", type=values.parse_bool, default=False, metavar="BOOL",
+        help="enable the system shared memory extension (default false)")
+    add("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE")
+    add("--response-cache-byte-size", type=values.non_negative_int, default=None, metavar="BYTES")
     add("--log-verbose", type=int, default=0)
-    add("--log-info", type=parse_bool, default=True, metavar="BOOL")
-    add("--log-warning", type=parse_bool, default=True, metavar="BOOL")
-    add("--log-error", type=parse_bool, default=True, metavar="BOOL")
+    for level in ("info", "warning", "error"):
+        add(f"--log-{level}", type=values.parse_bool, default=True, metavar="BOOL")
     add("--log-file", default="")
     add("--log-format", choices=("default", "ISO8601"), default="default")
-    for flag in _GPU_ONLY + _NO_OPS + _NOT_SUPPORTED_YET:
-        add(flag, action="append", default=None, metavar="VALUE")
+
+
+def _add_listener_flags(add: _Adder) -> None:
+    for name, default in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
+        add(f"--{name}-port", type=int, default=default)
+        add(f"--{name}-address", default="127.0.0.1")
+        add(f"--allow-{name}", type=values.parse_bool, default=True, metavar="BOOL")
+    add("--metrics-interval-ms", type=values.positive_int, default=2000, metavar="MS",
+        help="how often the polled metrics (CPU, memory, stub RSS) are sampled")
+    add("--allow-cpu-metrics", type=values.parse_bool, default=True, metavar="BOOL")
+    add("--metrics-config", action="append", default=[], metavar="KEY=VALUE")
+    add("--http-max-input-size", type=int, default=64 * 2**20)
+    add("--reuse-http-port", type=values.parse_bool, default=False, metavar="BOOL")
+    add("--http-restricted-api", action="append", default=[], metavar="API[,API...],KEY=VALUE")
+    add("--reuse-grpc-port", type=values.parse_bool, default=False, metavar="BOOL")
+    add("--http-header-forward-pattern", type=values.regex, default=None, metavar="REGEX")
+    add("--grpc-header-forward-pattern", type=values.regex, default=None, metavar="REGEX")
+    add("--grpc-restricted-protocol", action="append", default=[], metavar="API[,API...],KEY=VALUE")
+    add("--grpc-use-ssl", type=values.parse_bool, default=False, metavar="BOOL")
+    add("--grpc-use-ssl-mutual", type=values.parse_bool, default=False, metavar="BOOL")
+    for name in ("server-cert", "server-key", "root-cert"):
+        add(f"--grpc-{name}", default="", metavar="PEM_FILE")
+    add("--grpc-infer-response-compression-level", type=values.compression_level, default=None,
+        metavar="none|low|medium|high")
+    add("--grpc-keepalive-permit-without-calls", type=values.parse_bool, default=None, metavar="BOOL")
+    for flag in _GRPC_CHANNEL_ARGS:
+        add(flag, type=values.non_negative_int, default=None, metavar="MS_OR_COUNT")
+
+
+class _Adder:
+    """`parser.add_argument` that records which flags got a typed definition."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+        self.defined: set[str] = set()
+
+    def __call__(self, *names: str, **kwargs: object) -> None:
+        self.parser.add_argument(*names, **kwargs)  # type: ignore[arg-type]
+        self.defined.update(names)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser: typed definitions for the flags with an effect, a generic one for the rest."""
+    parser = argparse.ArgumentParser(prog="pystub-backend", allow_abbrev=False,
+                                     description="Serve Triton Python-backend models over KServe v2.")
+    add = _Adder(parser)
+    _add_server_flags(add)
+    _add_listener_flags(add)
+    for flag in FLAGS:
+        if flag.name in add.defined:
+            continue
+        if flag.effect is not Effect.NO_OP:
+            raise AssertionError(f"{flag.name} has an effect but no definition in the parser")
+        if flag.takes_value:
+            add(flag.name, action="append", default=None, metavar="VALUE", help=f"no effect: {flag.note}")
+        else:
+            add(flag.name, action="store_true", default=None, help=f"no effect: {flag.note}")
     return parser
 
 
-def parse_args(argv: list[str]) -> ServerOptions:
-    """Options from the command line. Exits with status 2 and a usage message on bad flags."""
-    parser = _build_parser()
-    args = parser.parse_args(argv)
+def _grpc_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> GrpcOptions:
+    channel_args = {key: getattr(args, _dest(flag)) for flag, key in _GRPC_CHANNEL_ARGS.items()
+                    if getattr(args, _dest(flag)) is not None}
+    if args.grpc_keepalive_permit_without_calls is not None:
+        channel_args["grpc.keepalive_permit_without_calls"] = int(args.grpc_keepalive_permit_without_calls)
+    if args.grpc_infer_response_compression_level is not None:
+        channel_args["grpc.default_compression_level"] = args.grpc_infer_response_compression_level
+    tls = None
+    if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
+        if not args.grpc_server_cert or not args.grpc_server_key:
+            parser.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+        if args.grpc_use_ssl_mutual and not args.grpc_root_cert:
+            parser.error("--grpc-use-ssl-mutual needs --grpc-root-cert")
+        tls = TlsFiles(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert, args.grpc_use_ssl_mutual)
     try:
-        settings = parse_backend_config(args.backend_config, StubSettings(exit_timeout_seconds=args.exit_timeout_secs))
-    except BackendConfigError as exc:
+        restricted = values.restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol")
+    except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
+    return GrpcOptions(channel_args=channel_args, reuse_port=args.reuse_grpc_port, tls=tls, restrictions=restricted,
+                       header_forward_pattern=args.grpc_header_forward_pattern)
+
+
+def _base_options(args: argparse.Namespace, settings: StubSettings) -> ServerOptions:
     auto_complete = not args.disable_auto_complete_config and args.strict_model_config is not True
-    options = ServerOptions(
+    return ServerOptions(
         repositories=args.repositories, http_address=args.http_address, http_port=args.http_port,
         grpc_address=args.grpc_address, grpc_port=args.grpc_port, metrics_address=args.metrics_address,
         metrics_port=args.metrics_port, allow_http=args.allow_http, allow_grpc=args.allow_grpc,
@@ -140,30 +159,60 @@ def parse_args(argv: list[str]) -> ServerOptions:
         server_id=args.server_id, model_control_mode=args.model_control_mode, load_models=args.load_models,
         repository_poll_secs=args.repository_poll_secs, allow_client_shm=args.allow_client_shm, settings=settings,
         log=LogSettings(log_file=args.log_file, log_info=args.log_info, log_warning=args.log_warning,
-                        log_error=args.log_error, log_verbose_level=args.log_verbose, log_format=args.log_format))
-    options.metrics_interval_ms, options.allow_cpu_metrics = args.metrics_interval_ms, args.allow_cpu_metrics
-    for flag in _GPU_ONLY + _NO_OPS:
-        if getattr(args, flag[2:].replace("-", "_")) is not None:
-            options.ignored.append(flag)
-    for flag in _NOT_SUPPORTED_YET:
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None:
-            options.not_supported[flag] = ",".join(value)
+                        log_error=args.log_error, log_verbose_level=args.log_verbose, log_format=args.log_format),
+        metrics_interval_ms=args.metrics_interval_ms, allow_cpu_metrics=args.allow_cpu_metrics,
+        reuse_http_port=args.reuse_http_port, http_header_forward_pattern=args.http_header_forward_pattern,
+        model_load_thread_count=args.model_load_thread_count,
+        model_load_retry_count=args.model_load_retry_count, model_config_name=args.model_config_name,
+        backend_directory=args.backend_directory)
+
+
+def _composite_options(options: ServerOptions, args: argparse.Namespace) -> None:
+    """The key=value flags; raises argparse.ArgumentTypeError on a malformed entry."""
+    options.http_restrictions = values.restrictions(args.http_restricted_api, "--http-restricted-api")
+    options.metrics_config = values.setting(args.metrics_config, "--metrics-config")
+    try:
+        latency.parse_config(options.metrics_config)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    options.cache_config = values.cache_setting(args.cache_config, "--cache-config")
+    if args.response_cache_byte_size is not None:  # deprecated spelling of local,size=N
+        options.cache_config.setdefault("local", {}).setdefault("size", str(args.response_cache_byte_size))
+
+
+def parse_args(argv: list[str]) -> ServerOptions:
+    """Options from the command line. Exits with status 2 and a usage message on bad flags."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = parse_backend_config(args.backend_config, StubSettings(exit_timeout_seconds=args.exit_timeout_secs))
+    except BackendConfigError as exc:
+        parser.error(str(exc))
+    options = _base_options(args, settings)
+    options.grpc = _grpc_options(args, parser)
+    try:
+        _composite_options(options, args)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    options.ignored = [flag.name for flag in FLAGS
+                       if flag.effect is Effect.NO_OP and getattr(args, _dest(flag.name)) is not None]
     return options
+
+
+def _log_ignored(options: ServerOptions) -> None:
+    for name in options.ignored:
+        log.info("%s is accepted and has no effect: %s", name, flag_named(name).note)
+    for name in latency.parse_config(options.metrics_config)[1]:
+        log.info("--metrics-config %s is accepted and has no effect: Triton 2.51 has no such metrics", name)
+    if options.load_models and options.model_control_mode != "explicit":
+        log.warning("--load-model is ignored: it applies only with --model-control-mode=explicit")
 
 
 def main(argv: list[str] | None = None) -> None:
     options = parse_args(sys.argv[1:] if argv is None else argv)
     configure_logging(options.log)
-    for flag in options.ignored:
-        log.info("%s is accepted and ignored: it has no effect in pystub (no GPU, or not applicable)", flag)
-    if options.load_models and options.model_control_mode != "explicit":
-        log.warning("--load-model is ignored: it applies only with --model-control-mode=explicit")
-    if options.not_supported:
-        flags = ", ".join(options.not_supported)
-        log.error("not supported yet: %s", flags)
-        print(f"pystub-backend: error: not supported yet: {flags}", file=sys.stderr)
-        sys.exit(2)
+    _log_ignored(options)
+    latency.configure(latency.parse_config(options.metrics_config)[0])  # before any model loads
     from pystub_backend.backend.server import serve  # imported late: keeps `--help` fast
 
     sys.exit(asyncio.run(serve(options)))

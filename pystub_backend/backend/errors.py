@@ -63,7 +63,8 @@ def forget_traceback(error: BaseException) -> None:
     tensors included, alive until the garbage collector's rare full pass. Failing 16 MiB requests
     piled up gigabytes that way. The frontends call this once they have answered with the error.
     """
-    pending, seen = [error], set()
+    pending: list[BaseException | None] = [error]
+    seen: set[int] = set()
     while pending:
         current = pending.pop()
         if current is None or id(current) in seen:

@@ -28,8 +28,10 @@ __all__ = [
     "InferRequest",
     "InferResponse",
     "ServerCore",
+    "ServingTarget",
     "ParameterValue",
     "tensor_to_numpy",
+    "buffer_view",
 ]
 
 Buffer = Union[bytes, bytearray, memoryview, np.ndarray]
@@ -52,7 +54,7 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        return memoryview(self.data).nbytes
+        return buffer_view(self.data).nbytes
 
 
 @dataclass
@@ -101,6 +103,11 @@ class InferResponse:
     flags_only: bool = False
 
 
+def buffer_view(data: Buffer) -> memoryview:
+    """A memoryview of tensor data, whichever buffer type holds it."""
+    return data.data if isinstance(data, np.ndarray) else memoryview(data)
+
+
 def tensor_to_numpy(tensor: Tensor) -> np.ndarray:
     """The tensor as a numpy array shaped like it (BYTES: an object array of bytes).
 
@@ -109,9 +116,16 @@ def tensor_to_numpy(tensor: Tensor) -> np.ndarray:
     """
     if tensor.datatype == "BYTES":
         count = int(np.prod(tensor.shape, dtype=np.int64))
-        return deserialize_bytes(tensor.data, count).reshape(tensor.shape)
+        return deserialize_bytes(buffer_view(tensor.data), count).reshape(tensor.shape)
     array = np.frombuffer(tensor.data, dtype=numpy_dtype(tensor.datatype))
     return array.reshape(tensor.shape)
+
+
+class ServingTarget(Protocol):
+    """What a frontend may ask of the model version serving its request."""
+
+    @property
+    def decoupled(self) -> bool: ...
 
 
 class ServerCore(Protocol):
@@ -141,10 +155,15 @@ class ServerCore(Protocol):
         """The config as Triton's HTTP `/config` renders it (int64 fields as numbers)."""
         ...
 
-    async def infer(self, request: InferRequest) -> InferResponse: ...
+    def target(self, name: str, version: str = "") -> ServingTarget | None:
+        """The model version a request would be served by now, or None (the request then fails
+        with the lookup's own error). Pass it on to `infer`: the request is looked up once."""
 
-    async def infer_stream(self, request: InferRequest) -> Any:
-        """The request's ResponseStream (`pystub_backend.backend.supervision.response_stream`): every response as it comes."""
+    async def infer(self, request: InferRequest, target: ServingTarget | None = None) -> InferResponse: ...
+
+    async def infer_stream(self, request: InferRequest, target: ServingTarget | None = None) -> Any:
+        """The request's ResponseStream (`pystub_backend.backend.supervision.response_stream`): every
+        response as it comes."""
         ...
 
     def is_decoupled(self, name: str, version: str = "") -> bool: ...

@@ -59,10 +59,9 @@ def _checked(key: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ServerError(f"log setting 'log_verbose_level' must be an integer >= 0, got {value!r}",
                               Status.INVALID_ARG)
-    elif key == "log_format":
-        if value not in LOG_FORMATS:
-            raise ServerError(f"log setting 'log_format' must be 'default' or 'ISO8601', got {value!r}",
-                              Status.INVALID_ARG)
+    elif key == "log_format" and value not in LOG_FORMATS:
+        raise ServerError(f"log setting 'log_format' must be 'default' or 'ISO8601', got {value!r}",
+                          Status.INVALID_ARG)
     return value
 
 

@@ -14,10 +14,10 @@ from typing import Any
 
 from aiohttp import web
 
-from pystub_backend.backend.cli import ServerOptions
 from pystub_backend.backend.core import Core, CoreOptions
 from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
 from pystub_backend.backend.models.repository import RepositoryError
+from pystub_backend.backend.options import GrpcOptions, ServerOptions
 from pystub_backend.ipc.names import sweep_stale
 
 __all__ = ["serve", "Listeners"]
@@ -32,25 +32,27 @@ class Listeners:
         self._stoppers: list[Callable[[], Awaitable[Any]]] = []
 
     async def start_http(self, app: web.Application, address: str, port: int, label: str,
-                         grace: float = 60.0) -> int:
+                         grace: float = 60.0, reuse_port: bool = False) -> int:
         # `grace` bounds how long stopping waits for running handlers (aiohttp's default is 60 s,
         # whatever --exit-timeout-secs says).
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=grace)
         await runner.setup()
-        site = web.TCPSite(runner, address, port, reuse_address=True)
+        # reuse_port (SO_REUSEPORT) lets several servers share the port: --reuse-http-port.
+        site = web.TCPSite(runner, address, port, reuse_address=True, reuse_port=reuse_port or None)
         await site.start()
         self._stoppers.append(runner.cleanup)
         bound = runner.addresses[0][1]
         log.info("Started %s at %s:%d", label, address, bound)
         return bound
 
-    async def start_grpc(self, core: Core, address: str, port: int, grace: float) -> int:
-        from pystub_backend.backend.frontends.grpc.servicer import create_grpc_server
-        server, bound = create_grpc_server(core, address, port)
-        await server.start()
-        self._stoppers.append(lambda: server.stop(grace))
-        log.info("Started GRPCInferenceService at %s:%d", address, bound)
-        return bound
+    async def start_grpc(self, core: Core, address: str, port: int, grace: float,
+                         options: GrpcOptions | None = None) -> int:
+        from pystub_backend.backend.frontends.grpc.listener import create_grpc_listener
+        listener = create_grpc_listener(core, address, port, options)
+        await listener.start()
+        self._stoppers.append(lambda: listener.stop(grace))
+        log.info("Started GRPCInferenceService at %s:%d", address, listener.port)
+        return listener.port
 
     async def stop(self) -> None:
         for stop in reversed(self._stoppers):
@@ -66,12 +68,15 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
     from pystub_backend.backend.frontends.http.server import create_http_app
     from pystub_backend.backend.frontends.metrics import create_metrics_app
     if options.allow_grpc:
-        await listeners.start_grpc(core, options.grpc_address, options.grpc_port, options.settings.exit_timeout_seconds)
+        await listeners.start_grpc(core, options.grpc_address, options.grpc_port, options.settings.exit_timeout_seconds,
+                                   options.grpc)
     if options.allow_http:
-        app = create_http_app(core, max_input_size=options.http_max_input_size)
+        app = create_http_app(core, max_input_size=options.http_max_input_size,
+                              restrictions=options.http_restrictions,
+                              header_forward_pattern=options.http_header_forward_pattern)
         app.add_routes(admin_routes(core))
         await listeners.start_http(app, options.http_address, options.http_port, "HTTPService",
-                                   options.settings.exit_timeout_seconds)
+                                   options.settings.exit_timeout_seconds, options.reuse_http_port)
     if options.allow_metrics:
         metrics_app = create_metrics_app(core, options.metrics_interval_ms, options.allow_cpu_metrics)
         await listeners.start_http(metrics_app, options.metrics_address, options.metrics_port, "Metrics Service",
@@ -98,7 +103,11 @@ async def serve(options: ServerOptions) -> int:
                             auto_complete=options.auto_complete, strict_readiness=options.strict_readiness,
                             server_id=options.server_id, model_control_mode=options.model_control_mode,
                             startup_models=options.load_models, poll_seconds=options.repository_poll_secs,
-                            allow_client_shm=options.allow_client_shm))
+                            allow_client_shm=options.allow_client_shm,
+                            load_thread_count=options.model_load_thread_count,
+                            load_retry_count=options.model_load_retry_count,
+                            backend_directory=options.backend_directory,
+                            model_config_name=options.model_config_name))
     listeners = Listeners()
     try:
         try:

@@ -66,7 +66,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     columns = _COLUMNS + ((_MULTIPLEXED,) if any(row.get("multiplexed_models") for row in rows) else ())
     table = [[title for title, _ in columns]] + [[_cell(row, key) for _, key in columns] for row in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table)
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+                     for line in table)
 
 
 def _restart(url: str, model: str, instance: str | None) -> int:

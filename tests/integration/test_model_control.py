@@ -188,8 +188,8 @@ def test_file_override_forms_a_private_model_directory(protocol: str, http: http
     assert override_dirs() - before == set()
 
 
-@pytest.mark.parametrize("key", ["file:../evil.py", "file:/tmp/evil.py", "file:1/../../evil.py", "file:",
-                                 "file:1//model.py", "file:./1/model.py"])
+@pytest.mark.parametrize("key", ["file:../evil.py", "file:/../evil.py", "file:1/../../evil.py", "file:",
+                                 "file:1//model.py", "file:./1/model.py", "file://1/model.py"])
 def test_bad_file_paths_are_refused(key: str, http: httpclient.InferenceServerClient,
                                     grpc: grpcclient.InferenceServerClient):
     before = override_dirs()
@@ -198,6 +198,43 @@ def test_bad_file_paths_are_refused(key: str, http: httpclient.InferenceServerCl
         assert f"Invalid file override '{key}'" in text
     assert override_dirs() == before
     assert "evil" not in index(http)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_leading_slash_in_a_file_key_is_relative_to_the_model_directory(
+        protocol: str, http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient):
+    client: Any = http if protocol == "http" else grpc
+    before = override_dirs()
+    client.load_model("from_files", config=OVERRIDE_CONFIG, files={"file:/1/model.py": OVERRIDE_MODEL})
+    created = override_dirs() - before
+    assert len(created) == 1
+    assert (Path(tempfile.gettempdir()) / created.pop() / "from_files" / "1" / "model.py").read_bytes() == \
+        OVERRIDE_MODEL
+    tensor = httpclient.InferInput("INPUT0", [4], "FP32")
+    tensor.set_data_from_numpy(np.zeros(4, np.float32))
+    np.testing.assert_array_equal(http.infer("from_files", [tensor]).as_numpy("OUTPUT0"), np.ones(4))
+    client.unload_model("from_files")
+    assert override_dirs() == before
+
+
+@pytest.mark.parametrize("config", ["name: \"someone_else\"\nbackend: \"python\"\n", "not_a_field: 1\n"],
+                         ids=["names-another-model", "unreadable"])
+def test_a_config_that_cannot_be_polled_fails_the_load_as_a_poll(
+        config: str, backend: Backend, http: httpclient.InferenceServerClient,
+        grpc: grpcclient.InferenceServerClient):
+    model_dir = Path(backend.repository) / "unpollable"
+    shutil.copytree(Path(backend.repository) / "identity_fp32", model_dir, dirs_exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(config)
+    try:
+        for client in (http, grpc):
+            text = raises(lambda: client.load_model("unpollable"))
+            assert "failed to load 'unpollable', failed to poll from model repository" in text, text
+        reply = requests.post(f"http://{backend.http_url}/v2/repository/models/unpollable/load", timeout=60)
+        assert reply.status_code == 500  # Triton 2.51 answers a failed poll with INTERNAL
+        assert index(http)["unpollable"]["state"] == "UNAVAILABLE"
+        assert "failed to load 'unpollable'" in backend.log()
+    finally:
+        shutil.rmtree(model_dir)
 
 
 def test_files_require_a_config(http: httpclient.InferenceServerClient):

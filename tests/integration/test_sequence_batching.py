@@ -53,6 +53,7 @@ PROBES = {
                  "max_sequence_idle_microseconds: 1000000\ndirect { }"),
     "seq_restart": ("max_batch_size: 1", "max_sequence_idle_microseconds: 30000000\ndirect { }"),
     "seq_unload": ("max_batch_size: 2", "max_sequence_idle_microseconds: 30000000\ndirect { }"),
+    "seq_probe_iterative": ("max_batch_size: 1", "iterative_sequence: true\ndirect { }"),
 }
 ITERATIVE = {
     "iter_decoupled": "model_transaction_policy { decoupled: true }\nsequence_batching { iterative_sequence: true "
@@ -422,6 +423,31 @@ def test_a_decoupled_iterative_sequence_is_rescheduled_until_done(backend: Backe
         stream.close()
     assert sorted(pairs) == sorted([(2, 1), (1, 2), (0, 3), (1, 1), (0, 2)])  # OUT = runs left, RUNS = runs
     assert max(batches) == 2  # the two iterative sequences ran in the same batches
+
+
+def test_iterative_requests_without_a_correlation_id_are_sequences_of_their_own(backend: Backend) -> None:
+    """As in Triton 2.51: an iterative sequence model needs no correlation id; each such request
+    is its own sequence, rescheduled until done (decoupled over a stream, default mode over HTTP)."""
+    stream = Stream(backend)
+    try:
+        stream.send("iter_decoupled", 3, 0, name="IN")
+        stream.send("iter_decoupled", 2, 0, name="IN")
+        pairs = []
+        for _ in range(5):
+            result = stream.next()
+            pairs.append((int(result.as_numpy("OUT")[0][0]), int(result.as_numpy("RUNS")[0][0])))
+    finally:
+        stream.close()
+    assert sorted(pairs) == sorted([(2, 1), (1, 2), (0, 3), (1, 1), (0, 2)])
+    for _ in range(2):
+        result = _iterative(backend, "iter_default", 0)
+        assert (int(result.as_numpy("OUT")[0][0]), int(result.as_numpy("RUNS")[0][0])) == (1, 2)
+    text = error_of(lambda: infer(backend, "seq_direct", 1, 0, start=True))
+    assert "must specify a non-zero or non-empty correlation ID" in text  # not iterative: still required
+    # What the model sees, as in Triton 2.51: a generated correlation id and START; each request
+    # is a new sequence (the running sum restarts), and its slot is free again once it ran.
+    seen = [infer(backend, "seq_probe_iterative", value, 0) for value in (5, 7)]
+    assert [(answer["FLAGS"], answer["CORRID"], answer["OUTPUT"]) for answer in seen] == [(1, "1", 5), (1, "2", 7)]
 
 
 def test_an_iterative_sequence_evicted_while_rescheduled_ends_cleanly(backend: Backend) -> None:

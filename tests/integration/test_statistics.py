@@ -203,8 +203,8 @@ EXPECTED = {
     # one execution of 4 requests x 2 rows; 3 succeed, 1 fails in the model; 2 validation
     # failures and 1 cancellation never execute
     "metered": expected_counts(1, 8, 3, {"REJECTED": 2, "CANCELED": 1, "BACKEND": 1, "OTHER": 0}, {8: 1}),
-    # three executions of one request: execute raised, an error response, a success
-    "raiser": expected_counts(3, 3, 1, {"REJECTED": 0, "CANCELED": 0, "BACKEND": 2, "OTHER": 0}, {1: 3}),
+    # three executions of one request: execute raised (no inference), an error response, a success
+    "raiser": expected_counts(3, 2, 1, {"REJECTED": 0, "CANCELED": 0, "BACKEND": 2, "OTHER": 0}, {1: 3}),
     # one execution, answered CANCELLED after the client cancelled
     "wait_cancel": expected_counts(1, 1, 0, {"REJECTED": 0, "CANCELED": 1, "BACKEND": 0, "OTHER": 0}, {1: 1}),
 }
@@ -279,3 +279,20 @@ def test_pending_requests_are_counted_while_they_wait(backend: Backend) -> None:
         assert seen["pending"] == 1
         assert not isinstance(answer.result(), InferenceServerException)
     assert metrics(backend)[("nv_inference_pending_request_count", labels)] == 0
+
+
+def test_inferences_count_what_the_model_answered_and_executions_every_execute(tmp_path: Path) -> None:
+    """Triton 2.51's counting: a model that raises for 3 of 10 requests has made 7 inferences in
+    10 executions; an error response it returns is an inference (checked against Triton)."""
+    repository = make_repository(tmp_path, "raiser")
+    with Backend(repository) as backend:
+        for value in [5] * 7 + [-1] * 3:
+            http_call(backend, "raiser", lambda m, value=value: int_input(m, value))
+        labels = (("model", "raiser"), ("version", "1"))
+        samples = metrics(backend)
+        assert (samples[("nv_inference_count", labels)], samples[("nv_inference_exec_count", labels)]) == (7, 10)
+        (row,) = http_stats(backend, "raiser")
+        assert (row["inference_count"], row["execution_count"]) == (7, 10)
+        assert "this request alone fails" in str(http_call(backend, "raiser", lambda m: int_input(m, 1)))
+        samples = metrics(backend)
+        assert (samples[("nv_inference_count", labels)], samples[("nv_inference_exec_count", labels)]) == (8, 11)

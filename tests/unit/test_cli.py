@@ -65,16 +65,16 @@ def test_gpu_only_and_noop_flags_are_accepted_and_recorded():
                                     "--http-thread-count"}
 
 
-def test_features_of_later_issues_are_named():
+def test_backend_directory_is_stored():
     options = parse_args(["--model-repository=/m", "--backend-directory=/b"])
-    assert set(options.not_supported) == {"--backend-directory"}
+    assert options.backend_directory == "/b"
+    assert options.ignored == []
 
 
 def test_allow_client_shm_is_off_by_default_as_in_triton():
     assert parse_args(["--model-repository=/m"]).allow_client_shm is False
     assert parse_args(["--model-repository=/m", "--allow-client-shm=true"]).allow_client_shm is True
     assert parse_args(["--model-repository=/m", "--allow-client-shm", "false"]).allow_client_shm is False
-    assert parse_args(["--model-repository=/m", "--allow-client-shm=true"]).not_supported == {}
 
 
 def test_model_control_flags():
@@ -84,7 +84,6 @@ def test_model_control_flags():
                           "--load-model", "b", "--repository-poll-secs", "0.5"])
     assert (options.model_control_mode, options.load_models, options.repository_poll_secs) == (
         "explicit", ["a", "b"], 0.5)
-    assert options.not_supported == {}
 
 
 @pytest.mark.parametrize("flag, text", [
@@ -100,8 +99,8 @@ def test_bad_model_control_flags_are_usage_errors(flag, text, capsys):
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pystub_backend.backend", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, "-m", "pystub_backend.backend", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
 
 
 def test_unknown_flag_is_a_usage_error_naming_it():
@@ -110,10 +109,12 @@ def test_unknown_flag_is_a_usage_error_naming_it():
     assert "--no-such-flag" in result.stderr
 
 
-def test_not_supported_yet_exits_with_its_name():
-    result = _run_cli("--model-repository=/m", "--backend-directory=/b")
-    assert result.returncode == 2
-    assert "not supported yet: --backend-directory" in result.stderr
+def test_no_op_flags_are_logged_with_their_reason(tmp_path):
+    result = _run_cli(f"--model-repository={tmp_path / 'absent'}", "--trace-level=TIMESTAMPS", "--rate-limit=off",
+                      "--http-port=0", "--grpc-port=0", "--metrics-port=0")
+    assert result.returncode == 1  # the repository does not exist; the flags were accepted
+    assert "--trace-level is accepted and has no effect: pystub has no request tracing" in result.stderr
+    assert "--rate-limit is accepted and has no effect: pystub has no rate limiter" in result.stderr
 
 
 def test_missing_repository_exits_nonzero(tmp_path):

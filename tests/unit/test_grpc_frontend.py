@@ -21,7 +21,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from pystub_backend.backend.errors import ServerError, Status
-from pystub_backend.backend.frontends.grpc.servicer import create_grpc_server
+from pystub_backend.backend.frontends.grpc.listener import create_grpc_server
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
 
 MODEL = "identity"
@@ -72,6 +72,9 @@ class EchoCore:
     def is_decoupled(self, name: str, version: str = "") -> bool:
         return False
 
+    def target(self, name: str, version: str = "") -> Any:
+        return None  # no model is decoupled: the frontend asks the core to look it up
+
     def is_ready(self) -> bool:
         return True
 
@@ -91,7 +94,7 @@ class EchoCore:
     def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
         raise NotImplementedError
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(self, request: InferRequest, target: Any = None) -> InferResponse:
         self._check(request.model_name)
         outputs = [Tensor(t.name.replace("INPUT", "OUTPUT"), t.datatype, t.shape,
                           memoryview(bytearray(t.data)))  # a fresh buffer, as an arena would be

@@ -69,6 +69,9 @@ class EchoCore:
     def is_decoupled(self, name: str, version: str = "") -> bool:
         return False
 
+    def target(self, name: str, version: str = "") -> Any:
+        return None  # no model is decoupled: the frontend asks the core to look it up
+
     def is_ready(self) -> bool:
         return self.ready
 
@@ -86,7 +89,7 @@ class EchoCore:
         self._check(name, version)
         return {**_CONFIG, "name": name}
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(self, request: InferRequest, target: Any = None) -> InferResponse:
         self._check(request.model_name, request.model_version)
         self.requests.append(request)
         if request.model_name == "boom":

@@ -42,7 +42,8 @@ def test_bad_parameters(parameters, text):
     assert info.value.status == Status.INVALID_ARG and text in info.value.message
 
 
-@pytest.mark.parametrize("key", ["file:", "file:/etc/passwd", "file:../x", "file:1/../../x", "file:1/..",
+@pytest.mark.parametrize("key", ["file:", "file:/", "file://etc/passwd", "file:/../x", "file:../x", "file:1/../../x",
+                                 "file:1/..",
                                  "file:1//x", "file:./x", "file:1/", "file:a\0b"])
 def test_unsafe_paths(key):
     with pytest.raises(ServerError) as info:
@@ -50,6 +51,11 @@ def test_unsafe_paths(key):
     assert f"Invalid file override '{key}'" in info.value.message
     with pytest.raises(ServerError):
         parse_load_parameters({"config": "{}", key: b""})
+
+
+@pytest.mark.parametrize("key", ["file:1/model.py", "file:/1/model.py"])
+def test_a_leading_slash_means_the_model_directory(key: str):
+    assert override_file_path(key) == "1/model.py"
 
 
 def test_override_dir_is_private_and_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

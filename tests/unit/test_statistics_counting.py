@@ -14,6 +14,7 @@ from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
 from pystub_backend.backend.scheduling.default import DefaultScheduler
 from pystub_backend.backend.scheduling.dynamic import DynamicBatcher
+from pystub_backend.backend.scheduling.sequence import SequenceBatcher
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import FAILURE_REASONS, BatchTiming, ModelStatistics
 from pystub_backend.ipc.status import Status
@@ -24,11 +25,13 @@ class FakeInstance:
     is answered CANCELLED; `hold` keeps a batch running; `dead` fails it before the model."""
 
     name = "fake_0"
+    stub = None  # the sequence batcher asks which stub holds a sequence's state
 
     def __init__(self) -> None:
         self.hold: asyncio.Event | None = None
         self.started = asyncio.Event()
         self.dead = False
+        self.fail_batch = False  # the stub fails every stream (as when `execute` raises)
 
     healthy = usable = property(lambda self: True)
 
@@ -50,7 +53,10 @@ class FakeInstance:
             stream = ResponseStream(request.id, request.model_name, lambda: None)
             error = {"model": ServerError("model error", Status.INTERNAL),
                      "cancel": ServerError("cancelled", Status.CANCELLED)}.get(request.id.rstrip("0123456789"))
-            stream.put(InferResponse("m", "", request.id, error=error), True)
+            if self.fail_batch:
+                stream.fail(ServerError("Failed to process the request(s)", Status.INTERNAL))
+            else:
+                stream.put(InferResponse("m", "", request.id, error=error), True)
             streams.append(stream)
         return streams, BatchTiming(10, 20, 30)
 
@@ -102,12 +108,14 @@ def test_failure_reasons_are_validated_and_counted() -> None:
     assert tuple(stats.failures) == FAILURE_REASONS and stats.last_inference_ms > 0
 
 
-def test_inferences_are_counted_per_execution() -> None:
+def test_executions_and_inferences_are_counted_apart() -> None:
     stats = ModelStatistics("m", "1")
-    stats.record_execution(8, BatchTiming(1, 2, 3))
+    stats.record_execution(8, BatchTiming(1, 2, 3))  # requests of 2, 3 and 3 rows
     stats.record_success(2, 100, 10, BatchTiming(1, 2, 3))
+    stats.record_failure(50, "BACKEND", inferences=3)  # an error response: the model answered it
+    stats.record_failure(50, "BACKEND")  # execute raised: no inference
     data = stats.as_dict()
-    assert (data["execution_count"], data["inference_count"]) == (1, 8)
+    assert (data["execution_count"], data["inference_count"]) == (1, 5)
     assert data["batch_stats"][0]["batch_size"] == 8 and data["inference_stats"]["success"]["count"] == 1
     assert stats.load_duration_s is None
     stats.loaded()
@@ -122,6 +130,21 @@ def test_model_errors_and_cancelled_answers(batching: bool) -> None:
         assert answers == ["OK", "INTERNAL", "CANCELLED"]
         assert failures(stats) == {"BACKEND": 1, "CANCELED": 1}
         assert stats.success.count == 1 and stats.inference_count == 3
+
+    run(body, batching)
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["default", "dynamic_batcher"])
+def test_a_batch_failure_is_an_execution_but_no_inference(batching: bool) -> None:
+    """As in Triton: a request whose stream the stub failed (execute raised, stub died) is not an
+    inference; an error response the model returned is."""
+    async def body(scheduler: Any, instance: FakeInstance, stats: ModelStatistics) -> None:
+        instance.fail_batch = True
+        assert await outcome(scheduler.schedule(request("ok1", rows=2), 2)) == "INTERNAL"
+        instance.fail_batch = False
+        assert await outcome(scheduler.schedule(request("model1", rows=3), 3)) == "INTERNAL"
+        assert (stats.execution_count, stats.inference_count) == (2, 3)
+        assert failures(stats) == {"BACKEND": 2}
 
     run(body, batching)
 
@@ -190,3 +213,39 @@ def test_a_full_queue_and_a_queue_timeout_are_rejected() -> None:
         assert failures(stats) == {"REJECTED": 2} and stats.success.count == 3
 
     run(body, True, max_queue_size=2)
+
+
+def test_the_sequence_batcher_records_failures_as_the_others_do() -> None:
+    """Each failure with its reason: the model's CANCELLED answer is CANCELED, its error BACKEND,
+    requests still queued when the model unloads OTHER (it used to record every one as BACKEND)."""
+    async def main() -> None:
+        instance, stats = FakeInstance(), ModelStatistics("m", "1")
+        config = model_config_pb2.ModelConfig(name="m", max_batch_size=1)
+        config.sequence_batching.max_sequence_idle_microseconds = 10_000_000
+        batcher = SequenceBatcher([instance], stats, config)
+        batcher.start()
+
+        def step(rid: str, sequence: int, start: bool = False, end: bool = False) -> Awaitable[str]:
+            sent = request(rid)
+            sent.parameters = {"sequence_id": sequence, "sequence_start": start, "sequence_end": end}
+            return outcome(batcher.schedule(sent, 1))
+
+        try:
+            answers = await asyncio.wait_for(asyncio.gather(
+                step("ok1", 1, start=True), step("model1", 1), step("cancel1", 1, end=True)), 10)
+            assert answers == ["OK", "INTERNAL", "CANCELLED"]
+            assert failures(stats) == {"BACKEND": 1, "CANCELED": 1}
+            instance.hold = asyncio.Event()
+            running = asyncio.ensure_future(step("ok2", 2, start=True))
+            await asyncio.sleep(0.01)
+            queued = asyncio.ensure_future(step("ok3", 2, end=True))
+            await asyncio.sleep(0.01)
+            assert batcher.fail_queued(ServerError("unloading", Status.UNAVAILABLE)) == 1
+            instance.hold.set()
+            assert await asyncio.wait_for(asyncio.gather(running, queued), 10) == ["OK", "UNAVAILABLE"]
+            assert failures(stats) == {"BACKEND": 1, "CANCELED": 1, "OTHER": 1}
+            assert (stats.execution_count, stats.inference_count, stats.success.count) == (4, 4, 2)
+        finally:
+            await batcher.stop("stopped by the test")
+
+    asyncio.run(main())

@@ -1,1 +1,25 @@
-"""Protocol frontends: HTTP and gRPC listeners that translate the wire into `pystub_backend.backend.inference`."""
+"""Protocol frontends: the listeners that translate the wire into `pystub_backend.backend.inference`.
+
+    http/      KServe v2 over HTTP (aiohttp): inference, generate, model control, shared memory
+    grpc/      KServe v2 over gRPC (grpc.aio), with grpc.health.v1 and server reflection
+    metrics.py Prometheus text on the metrics port
+    admin.py   pystub's admin endpoint behind `stubctl` (/v2/pystub/stubs, group "model-repository")
+
+Names load on first use: the HTTP side does not import grpc, nor the reverse.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["create_http_app", "create_grpc_listener", "GrpcListener", "create_metrics_app", "admin_routes"]
+
+_HOMES = {"create_http_app": "http.server", "create_grpc_listener": "grpc.listener", "GrpcListener": "grpc.listener",
+          "create_metrics_app": "metrics", "admin_routes": "admin"}
+
+
+def __getattr__(name: str) -> object:
+    """The public names, imported from their modules when first asked for (PEP 562)."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

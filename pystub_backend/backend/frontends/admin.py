@@ -18,7 +18,10 @@ from typing import Any
 import psutil
 from aiohttp import web
 
+from pystub_backend.backend.core import Core
+from pystub_backend.backend.models.version import ModelVersion
 from pystub_backend.backend.scheduling.multiplex import held_ids
+from pystub_backend.backend.supervision.instance import ModelInstance
 
 __all__ = ["stub_rows", "admin_routes"]
 
@@ -34,7 +37,7 @@ def _process_facts(pid: int | None) -> dict[str, Any]:
         return {"rss_bytes": 0, "cpu_percent": 0.0}
 
 
-def _stub_row(model_version: Any, instance: Any) -> dict[str, Any]:
+def _stub_row(model_version: ModelVersion, instance: ModelInstance) -> dict[str, Any]:
     stub = instance.stub
     healthy = instance.healthy
     control = stub.control if stub is not None else None
@@ -65,7 +68,7 @@ def _stub_row(model_version: Any, instance: Any) -> dict[str, Any]:
     return row
 
 
-def stub_rows(core: Any) -> list[dict[str, Any]]:
+def stub_rows(core: Core) -> list[dict[str, Any]]:
     """One row per stub of every loaded model version."""
     return [_stub_row(version, instance) for version in core.model_versions() for instance in version.instances]
 
@@ -85,7 +88,7 @@ def _error(status: int, text: str) -> web.Response:
     return web.json_response({"error": text}, status=status)
 
 
-async def _restart(core: Any, request: web.Request) -> web.Response:
+async def _restart(core: Core, request: web.Request) -> web.Response:
     if not _is_loopback(request):
         return _error(403, f"admin calls that change state are accepted from loopback only, not from "
                            f"'{request.remote}'")
@@ -103,7 +106,7 @@ async def _restart(core: Any, request: web.Request) -> web.Response:
     return web.json_response({"restarted": [instance.name for instance in targets]})
 
 
-def admin_routes(core: Any) -> list[web.RouteDef]:
+def admin_routes(core: Core) -> list[web.RouteDef]:
     async def stubs(_: web.Request) -> web.Response:
         return web.json_response({"stubs": stub_rows(core)})
 

@@ -1,7 +1,8 @@
 """`GET /metrics` on the metrics port (PROTOCOL.md section 14): Prometheus text, exposition
 format 0.0.4 (`pystub_backend.backend.telemetry.prometheus_text`), `text/plain; charset=utf-8`.
 
-    nv_inference_* {model, version}          each loaded version's statistics (pystub_backend.backend.telemetry.statistics)
+    nv_inference_* {model, version}          each loaded version's statistics (telemetry.statistics)
+    nv_inference_*_summary_us                latency summaries with --metrics-config (telemetry.latency)
     nv_inference_request_failure {.., reason} REJECTED, CANCELED, BACKEND, OTHER
     nv_inference_pending_request_count       requests waiting in the version's scheduler queue
     nv_model_load_duration_secs              how long the version took to load
@@ -9,8 +10,8 @@ format 0.0.4 (`pystub_backend.backend.telemetry.prometheus_text`), `text/plain; 
     pystub_stub_* {model, version, instance} each stub: up, restarts, heartbeat age, RSS (polled),
                                              p2s arena bytes used/total, requests in flight,
                                              requests served/failed
-    pystub_multiplexed_*                     model multiplexing (pystub_backend.backend.scheduling.multiplex)
-    <custom families>                        pb_utils.MetricFamily from the models (pystub_backend.backend.features.custom_metrics)
+    pystub_multiplexed_*                     model multiplexing (scheduling.multiplex)
+    <custom families>                        pb_utils.MetricFamily from the models (features.custom_metrics)
 
 Everything but the polled gauges is read at scrape time from memory: a scrape costs no system
 call and no round trip to a stub, so it stays fast while the stubs are busy.
@@ -21,13 +22,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import psutil
 from aiohttp import web
 
+from pystub_backend.backend.core import Core
 from pystub_backend.backend.features.custom_metrics import KIND_NAMES, CustomMetrics, registry_for
+from pystub_backend.backend.models.version import ModelVersion
 from pystub_backend.backend.scheduling.multiplex import multiplex_metrics
+from pystub_backend.backend.supervision.instance import ModelInstance
+from pystub_backend.backend.telemetry import latency
 from pystub_backend.backend.telemetry.prometheus_text import TextWriter
 from pystub_backend.backend.telemetry.statistics import FAILURE_REASONS, ModelStatistics
 
@@ -63,7 +67,7 @@ class SystemPoller:
     """The gauges that cost system calls (CPU, memory, stub RSS), sampled every `interval_s` on a
     worker thread and read at scrape time."""
 
-    def __init__(self, core: Any, interval_s: float, cpu_metrics: bool = True) -> None:
+    def __init__(self, core: Core, interval_s: float, cpu_metrics: bool = True) -> None:
         self._core = core
         self.interval_s = interval_s
         self.cpu_metrics = cpu_metrics
@@ -104,12 +108,12 @@ class SystemPoller:
         self.rss = rss
 
 
-def _version_labels(version: Any) -> list[tuple[str, str]]:
+def _version_labels(version: ModelVersion) -> list[tuple[str, str]]:
     return [("model", version.name), ("version", str(version.version))]
 
 
-def _per_version(writer: TextWriter, versions: list[Any], name: str, kind: str, help_text: str,
-                 value: Callable[[Any], float | int | None]) -> None:
+def _per_version(writer: TextWriter, versions: list[ModelVersion], name: str, kind: str, help_text: str,
+                 value: Callable[[ModelVersion], float | int | None]) -> None:
     """One family with a sample per version (none where `value` is None)."""
     writer.family(name, kind, help_text)
     for version in versions:
@@ -118,14 +122,21 @@ def _per_version(writer: TextWriter, versions: list[Any], name: str, kind: str, 
             writer.sample(name, _version_labels(version), found)
 
 
-def _inference_families(writer: TextWriter, versions: list[Any]) -> None:
+def _of_stats(getter: _Getter) -> Callable[[ModelVersion], int]:
+    """`getter` applied to a version's statistics."""
+    return lambda version: getter(version.stats)
+
+
+def _inference_families(writer: TextWriter, versions: list[ModelVersion]) -> None:
     _per_version(writer, versions, _SUCCESS[0], "counter", _SUCCESS[1], lambda v: v.stats.success.count)
     writer.family(_FAILURE[0], "counter", _FAILURE[1])
     for version in versions:
         for reason in FAILURE_REASONS:  # every reason, zeros included, as Triton does
             writer.sample(_FAILURE[0], [*_version_labels(version), ("reason", reason)], version.stats.failures[reason])
     for name, help_text, getter in _COUNTERS:
-        _per_version(writer, versions, name, "counter", help_text, lambda v, getter=getter: getter(v.stats))
+        if not latency.config.counters and name.endswith("_duration_us"):
+            continue  # --metrics-config counter_latencies=false
+        _per_version(writer, versions, name, "counter", help_text, _of_stats(getter))
     _per_version(writer, versions, "nv_inference_pending_request_count", "gauge",
                  "Instantaneous number of pending requests awaiting execution per-model.",
                  lambda v: v.scheduler.queued if v.scheduler is not None else 0)
@@ -144,19 +155,19 @@ def _system_families(writer: TextWriter, poller: SystemPoller | None) -> None:
         writer.sample(name, [], value)
 
 
-def _stub_facts(instance: Any, poller: SystemPoller | None) -> dict[str, Any]:
+def _stub_facts(instance: ModelInstance, poller: SystemPoller | None) -> dict[str, float | int]:
     """This instance's pystub_stub_* values; a fact that is unknown now (no healthy stub) is left out."""
     stub, healthy = instance.stub, instance.healthy
-    facts: dict[str, Any] = {"up": int(healthy), "restarts_total": instance.restarts,
-                             "in_flight": stub.in_flight if stub is not None else 0,
-                             "served_total": instance.served, "failed_total": instance.failed}
+    facts: dict[str, float | int] = {"up": int(healthy), "restarts_total": instance.restarts,
+                                     "in_flight": stub.in_flight if stub is not None else 0,
+                                     "served_total": instance.served, "failed_total": instance.failed}
     if healthy and stub is not None:
         age = stub.control.heartbeat_age() if stub.control is not None else None
         if age is not None:
             facts["heartbeat_age_seconds"] = age
         if stub.p2s is not None:
             facts["arena_used_bytes"], facts["arena_total_bytes"] = stub.p2s.used, stub.p2s.total
-        rss = poller.rss.get(stub.pid) if poller is not None else None
+        rss = poller.rss.get(stub.pid) if poller is not None and stub.pid is not None else None
         if rss is not None:
             facts["rss_bytes"] = rss
     return facts
@@ -175,7 +186,7 @@ _STUB_FAMILIES = (
 )
 
 
-def _stub_families(writer: TextWriter, versions: list[Any], poller: SystemPoller | None) -> None:
+def _stub_families(writer: TextWriter, versions: list[ModelVersion], poller: SystemPoller | None) -> None:
     rows = [(_version_labels(version) + [("instance", instance.name)], _stub_facts(instance, poller))
             for version in versions for instance in version.instances]
     for fact, kind, help_text in _STUB_FAMILIES:
@@ -197,19 +208,22 @@ def _custom_families(writer: TextWriter, registry: CustomMetrics) -> None:
                                  series.count)
 
 
-def render_metrics(core: Any, poller: SystemPoller | None = None) -> str:
+def render_metrics(core: Core, poller: SystemPoller | None = None) -> str:
     """The Prometheus text exposition of everything `/metrics` serves."""
     writer = TextWriter()
     versions = core.model_versions()
     _inference_families(writer, versions)
     _system_families(writer, poller)
+    writer.raw(latency.summary_lines([(v.name, str(v.version), v.stats.latency) for v in versions
+                                      if v.stats.latency is not None]))
     _stub_families(writer, versions, poller)
     writer.raw(multiplex_metrics(core))  # pystub_multiplexed_* (pystub_backend.backend.features.multiplex_stats)
     _custom_families(writer, registry_for(core))
     return writer.text()
 
 
-def create_metrics_app(core: Any, interval_ms: int = DEFAULT_INTERVAL_MS, cpu_metrics: bool = True) -> web.Application:
+def create_metrics_app(core: Core, interval_ms: int = DEFAULT_INTERVAL_MS, cpu_metrics: bool = True
+                       ) -> web.Application:
     """The metrics listener's app; its poller runs while the app does."""
     poller = SystemPoller(core, interval_ms / 1000.0, cpu_metrics)
 

@@ -1,1 +1,15 @@
-"""pystub_backend.backend.models."""
+"""Models: what a model is, from its directory to its serving versions.
+
+    repository  find model directories, read and complete configs, choose versions
+    config      the ModelConfig: parsing, normalizing, metadata
+    overrides   the parameters of a load request, the private directory of file overrides
+    lifecycle   start, retire and stop versions; what is in flight
+    version     one loaded version of a Python model; ensemble(_config, _run): of an ensemble
+    state       the states of models and versions
+    validation  checking an inference request against the config
+
+Import what you use from the modules listed below (the package imports none of them itself).
+"""
+
+__all__ = ["config", "ensemble", "ensemble_config", "ensemble_run", "lifecycle", "overrides", "repository",
+           "state", "validation", "version"]

@@ -19,6 +19,7 @@ from typing import Any, Union
 
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc.model_config_pb2 import ModelConfig  # a class, so mypy takes it as a type
 
 from pystub_backend.backend.scheduling.sequence_controls import check_config as check_sequence_batching
 from pystub_backend.ipc.dtypes import config_to_wire
@@ -38,7 +39,6 @@ __all__ = [
     "config_parameters",
 ]
 
-ModelConfig = model_config_pb2.ModelConfig
 _Group = model_config_pb2.ModelInstanceGroup
 
 _PYTHON_BACKEND = "python"

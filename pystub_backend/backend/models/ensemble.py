@@ -28,6 +28,7 @@ from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.models.config import ConfigError, ModelConfig, config_to_json, is_decoupled
 from pystub_backend.backend.models.ensemble_config import EnsembleGraph
 from pystub_backend.backend.models.ensemble_run import EnsembleRun
+from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.version import ModelLoadError
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics, reason_for
@@ -79,6 +80,7 @@ class EnsembleScheduler:
         stream = ResponseStream(request.id, version.name, lambda: self._cancel(run_holder))
         stream.model_version = str(version.version)
         decoupled_steps = version.decoupled_steps()
+        assert version.graph is not None  # set when the version loaded, before it served
         run = EnsembleRun(version.core, version.graph, request, stream, decoupled_steps,
                           version.answers_decoupled(decoupled_steps))
         run_holder.append(run)
@@ -134,14 +136,14 @@ class EnsembleVersion:
         self.stats = ModelStatistics(self.name, str(version))
         self.instances: list[Any] = []
         self.scheduler: EnsembleScheduler | None = None
-        self.state = "UNAVAILABLE"
+        self.state = ModelState.UNAVAILABLE
         self.reason = ""
         self.graph: EnsembleGraph | None = None
 
     # -- readiness -------------------------------------------------------------------------------------
     @property
     def loaded(self) -> bool:
-        return self.state == "READY"
+        return self.state == ModelState.READY
 
     @property
     def ready(self) -> bool:
@@ -169,16 +171,16 @@ class EnsembleVersion:
     # -- loading ---------------------------------------------------------------------------------------
     async def load(self) -> None:
         """Check the graph and the composing models. Raises ModelLoadError."""
-        self.state = "LOADING"
+        self.state = ModelState.LOADING
         try:
             self.graph = EnsembleGraph.from_config(self.config)
             for step in self.graph.steps:
                 self._check_step(step)
         except (ConfigError, ModelLoadError) as exc:
-            self.state, self.reason = "UNAVAILABLE", str(exc)
+            self.state, self.reason = ModelState.UNAVAILABLE, str(exc)
             raise ModelLoadError(str(exc)) from exc
         self.scheduler = EnsembleScheduler(self)
-        self.state, self.reason = "READY", ""
+        self.state, self.reason = ModelState.READY, ""
 
     def _check_step(self, step: Any) -> None:
         try:
@@ -218,10 +220,10 @@ class EnsembleVersion:
         return None
 
     async def unload(self, timeout: float) -> None:
-        self.state = "UNLOADING"
+        self.state = ModelState.UNLOADING
         if self.scheduler is not None:
             await self.scheduler.stop(f"Model '{self.name}' version {self.version} is unloading.")
-        self.state, self.reason = "UNAVAILABLE", "unloaded"
+        self.state, self.reason = ModelState.UNAVAILABLE, "unloaded"
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "version": str(self.version), "state": self.state, "reason": self.reason}
+        return {"name": self.name, "version": str(self.version), "state": self.state.value, "reason": self.reason}

@@ -22,6 +22,7 @@ from pystub_backend.backend.models.ensemble import EnsembleVersion
 from pystub_backend.backend.models.ensemble_config import is_ensemble
 from pystub_backend.backend.models.overrides import OverrideDir
 from pystub_backend.backend.models.repository import ModelSource
+from pystub_backend.backend.models.state import UNLOADED_REASON, ModelState
 from pystub_backend.backend.models.version import ModelLoadError, ModelVersion
 from pystub_backend.backend.supervision.settings import StubSettings
 
@@ -41,7 +42,7 @@ class ModelEntry:
         self.failed: dict[int, str] = {}  # versions that failed to load, with the reason
         self.retiring: dict[int, ModelVersion] = {}  # being drained and unloaded
         self.unloaded: list[int] = []
-        self.state = "UNAVAILABLE"  # for the index when no version row says more
+        self.state = ModelState.UNAVAILABLE  # for the index when no version row says more
         self.reason = ""
         self.override: OverrideDir | None = None  # the file-override directory the versions run from
         self.fingerprint: frozenset[Any] | None = None  # of the directory it was loaded from (polling)
@@ -49,22 +50,22 @@ class ModelEntry:
     @property
     def is_unloaded(self) -> bool:
         """Unloaded on purpose: it does not count against strict readiness (as in Triton)."""
-        return not self.versions and self.state == "UNAVAILABLE" and self.reason == "unloaded"
+        return not self.versions and self.state == ModelState.UNAVAILABLE and self.reason == UNLOADED_REASON
 
     def index_rows(self) -> list[dict[str, str]]:
         rows = {version: model_version.describe() for version, model_version in self.versions.items()}
         for version in self.retiring:
-            rows.setdefault(version, self._row(version, "UNLOADING", ""))
+            rows.setdefault(version, self._row(version, ModelState.UNLOADING, ""))
         for version, reason in self.failed.items():
-            rows.setdefault(version, self._row(version, "UNAVAILABLE", reason))
+            rows.setdefault(version, self._row(version, ModelState.UNAVAILABLE, reason))
         for version in self.unloaded:
-            rows.setdefault(version, self._row(version, "UNAVAILABLE", "unloaded"))
+            rows.setdefault(version, self._row(version, ModelState.UNAVAILABLE, UNLOADED_REASON))
         if not rows:
-            return [{"name": self.name, "version": "", "state": self.state, "reason": self.reason}]
+            return [{"name": self.name, "version": "", "state": self.state.value, "reason": self.reason}]
         return [rows[version] for version in sorted(rows)]
 
-    def _row(self, version: int, state: str, reason: str) -> dict[str, str]:
-        return {"name": self.name, "version": str(version), "state": state, "reason": reason}
+    def _row(self, version: int, state: ModelState, reason: str) -> dict[str, str]:
+        return {"name": self.name, "version": str(version), "state": state.value, "reason": reason}
 
 
 class InFlight:
@@ -146,8 +147,8 @@ async def start_versions(source: ModelSource, settings: StubSettings, context: A
         return model_version
 
     results = await asyncio.gather(*(start(version) for version in source.versions))
-    loaded = {v: r for v, r in zip(source.versions, results) if not isinstance(r, str)}
-    failed = {v: r for v, r in zip(source.versions, results) if isinstance(r, str)}
+    loaded = {v: r for v, r in zip(source.versions, results, strict=True) if not isinstance(r, str)}
+    failed = {v: r for v, r in zip(source.versions, results, strict=True) if isinstance(r, str)}
     return loaded, failed
 
 

@@ -8,8 +8,10 @@
                       the model directory for this load; removed when the model is unloaded,
                       or at the next start-up if the server that made it was killed
 
-Paths come from the network, so they are checked before anything is written: relative, no `..`,
-no empty or `.` components, and the resolved file must stay inside the directory. Files are
+Paths come from the network, so they are checked before anything is written: relative to the
+model directory (one leading `/` is allowed and means the same, as in Triton: `file:/1/model.py`
+is `1/model.py`), no `..`, no empty or `.` components, and the resolved file must stay inside the
+directory. Files are
 created with O_EXCL | O_NOFOLLOW in a directory nobody else can write to.
 """
 
@@ -66,13 +68,16 @@ def parse_load_parameters(parameters: Mapping[str, Any]) -> LoadRequest:
 
 
 def override_file_path(key: str) -> str:
-    """The relative path a `file:<path>` key names. Raises ServerError for a path that is empty,
-    absolute, or has `..`, `.` or empty components."""
+    """The path relative to the model directory that a `file:<path>` key names (Triton joins the
+    key to the model directory, so one leading `/` changes nothing). Raises ServerError for a path
+    that is empty, still absolute, or has `..`, `.` or empty components."""
     path = key[len(FILE_PREFIX):]
+    if path.startswith("/"):
+        path = path[1:]
     why = ""
     if not path or "\0" in path:
         why = "the path is empty or holds a NUL character"
-    elif path.startswith("/") or os.path.isabs(path):
+    elif os.path.isabs(path):
         why = "the path is absolute"
     elif ".." in path.split("/"):
         why = "the path contains '..'"

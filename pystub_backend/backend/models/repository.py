@@ -27,8 +27,8 @@ from pystub_backend.backend.models.config import (
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess, StubStartError
 
-__all__ = ["ModelSource", "RepositoryError", "find_models", "prepare_model", "select_versions", "model_file",
-           "check_stub_name", "model_fingerprint", "INVALID_STUB_NAME"]
+__all__ = ["ModelSource", "RepositoryError", "PollError", "POLL_FAILED", "find_models", "prepare_model",
+           "select_versions", "model_file", "check_stub_name", "model_fingerprint", "INVALID_STUB_NAME"]
 
 log = logging.getLogger("pystub.repository")
 
@@ -37,15 +37,25 @@ class RepositoryError(Exception):
     """A model directory that cannot be turned into a loadable model; the text says why."""
 
 
+class PollError(RepositoryError):
+    """The repository does not describe the model: no directory, a config.pbtxt that cannot be
+    read, or one that names another model. Triton reports these as a failed poll (the text here
+    goes to the log, the client gets `POLL_FAILED`)."""
+
+
+POLL_FAILED = "failed to load '{name}', failed to poll from model repository"
+
+
 @dataclass
 class ModelSource:
     name: str
     model_dir: str
     config: ModelConfig
     versions: list[int]
+    backend_model: str = ""  # a Python-based backend's model.py, which serves every version
 
     def model_path(self, version: int) -> str:
-        return os.path.join(self.model_dir, str(version), model_file(self.config))
+        return self.backend_model or os.path.join(self.model_dir, str(version), model_file(self.config))
 
 
 # Triton's python backend (stub_launcher.cc) refuses stub names holding any of these.
@@ -119,29 +129,58 @@ async def _auto_complete(config: ModelConfig, model_path: str, settings: StubSet
     return config_from_json(completed)
 
 
+def _config_file(model_dir: str, config_name: str) -> str:
+    """`configs/<config_name>.pbtxt` when --model-config-name names one that exists, else config.pbtxt."""
+    if config_name:
+        custom = os.path.join(model_dir, "configs", f"{config_name}.pbtxt")
+        if os.path.isfile(custom):
+            return custom
+    return os.path.join(model_dir, "config.pbtxt")
+
+
+def backend_model_file(config: ModelConfig, backend_directory: str) -> str:
+    """`<backend_directory>/<backend>/model.py` of a Python-based backend, or "" when there is none."""
+    if not backend_directory or not config.backend or config.backend == "python":
+        return ""
+    path = os.path.join(backend_directory, config.backend, "model.py")
+    return path if os.path.isfile(path) else ""
+
+
 async def prepare_model(name: str, model_dir: str, settings: StubSettings, auto_complete: bool = True,
-                        config_override: ModelConfig | None = None) -> ModelSource:
+                        config_override: ModelConfig | None = None, backend_directory: str = "",
+                        config_name: str = "") -> ModelSource:
     """Read, complete and normalize a model's config. Raises RepositoryError."""
     check_stub_name(name)
+    config = config_override if config_override is not None else _read_config(name, model_dir, config_name)
+    backend_model = ""
     try:
-        if config_override is not None:
-            config = config_override
-        elif os.path.isfile(os.path.join(model_dir, "config.pbtxt")):
-            config = load_config_file(os.path.join(model_dir, "config.pbtxt"))
-        else:
-            config = ModelConfig()
         if not config.name:
             config.name = name
+        backend_model = backend_model_file(config, backend_directory)
         versions = _numeric_subdirs(model_dir)
         if auto_complete and versions and not config.platform:
-            latest_path = os.path.join(model_dir, str(versions[-1]), model_file(config))
+            latest_path = backend_model or os.path.join(model_dir, str(versions[-1]), model_file(config))
             config = await _auto_complete(config, latest_path, settings)
         config = normalize(config, name)
     except (ConfigError, StubStartError, OSError) as exc:
         raise RepositoryError(str(exc)) from exc
     for _, instance_name, _ in instance_names(config):
         check_stub_name(instance_name)
-    return ModelSource(name, model_dir, config, select_versions(config, model_dir))
+    return ModelSource(name, model_dir, config, select_versions(config, model_dir), backend_model)
+
+
+def _read_config(name: str, model_dir: str, config_name: str = "") -> ModelConfig:
+    """The model directory's config (`_config_file`; empty when there is none). Raises PollError
+    when it cannot be read or names another model."""
+    path = _config_file(model_dir, config_name)
+    try:
+        config = load_config_file(path) if os.path.isfile(path) else ModelConfig()
+    except (ConfigError, OSError) as exc:
+        raise PollError(str(exc)) from exc
+    if config.name and config.name != name:
+        raise PollError(f"unexpected directory name '{name}' for model '{config.name}', directory name must equal "
+                        f"model name")
+    return config
 
 
 def model_fingerprint(model_dir: str) -> frozenset[tuple[str, int, int]]:

@@ -18,6 +18,7 @@ from pystub_backend.backend.models.config import (
     instance_names,
     is_decoupled,
 )
+from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.scheduling.choice import make_scheduler
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.execution_env import (
@@ -103,14 +104,14 @@ class ModelVersion:
         self.stats = ModelStatistics(self.name, str(version))
         self.instances: list[ModelInstance] = []
         self.scheduler: Scheduler | None = None  # see pystub_backend.backend.scheduling.choice
-        self.state = "UNAVAILABLE"
+        self.state = ModelState.UNAVAILABLE
         self.reason = ""
         self._monitor: asyncio.Task | None = None
 
     # -- readiness -------------------------------------------------------------------------------
     @property
     def loaded(self) -> bool:
-        return self.state == "READY"
+        return self.state == ModelState.READY
 
     @property
     def ready(self) -> bool:
@@ -157,7 +158,7 @@ class ModelVersion:
 
     async def load(self) -> None:
         """Start and initialize every instance. Raises ModelLoadError (and stops what started)."""
-        self.state = "LOADING"
+        self.state = ModelState.LOADING
         config_json = json.dumps(self.config_json)
         try:
             if not os.path.isfile(self.model_path):
@@ -168,14 +169,14 @@ class ModelVersion:
             await asyncio.gather(*(instance.start() for instance in self.instances))
         except (StubStartError, ModelLoadError, OSError) as exc:
             await self._stop_instances(self.settings.stub_timeout_seconds)
-            self.state, self.reason = "UNAVAILABLE", str(exc)
+            self.state, self.reason = ModelState.UNAVAILABLE, str(exc)
             raise ModelLoadError(str(exc)) from exc
         self.scheduler = make_scheduler(self.config, self.instances, self.stats)
         self.scheduler.start()
         # Hangs (frozen heartbeat, execute deadline) are the supervisor's to find; deaths it sees at once.
         interval = min(0.5, self.settings.heartbeat_timeout_seconds / 4)
         self._monitor = asyncio.ensure_future(watch_health(lambda: self.instances, interval))
-        self.state, self.reason = "READY", ""
+        self.state, self.reason = ModelState.READY, ""
 
     # -- serving -------------------------------------------------------------------------------------
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
@@ -208,18 +209,18 @@ class ModelVersion:
 
     async def unload(self, timeout: float) -> None:
         """Fail queued requests, finalize and stop every instance."""
-        self.state = "UNLOADING"
+        self.state = ModelState.UNLOADING
         if self._monitor is not None:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)
         if self.scheduler is not None:
             await self.scheduler.stop(f"Model '{self.name}' version {self.version} is unloading.")
         await self._stop_instances(timeout)
-        self.state, self.reason = "UNAVAILABLE", "unloaded"
+        self.state, self.reason = ModelState.UNAVAILABLE, "unloaded"
 
     async def _stop_instances(self, timeout: float) -> None:
         await asyncio.gather(*(instance.stop(timeout) for instance in self.instances))
         self.instances = [i for i in self.instances if i.state is not InstanceState.STOPPED]
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "version": str(self.version), "state": self.state, "reason": self.reason}
+        return {"name": self.name, "version": str(self.version), "state": self.state.value, "reason": self.reason}

@@ -12,59 +12,46 @@ The caller gets the request's ResponseStream; `schedule` waits for its single an
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from typing import Any
+from collections.abc import Sequence
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.inference import InferRequest, InferResponse
+from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler
 from pystub_backend.backend.supervision.response_stream import ResponseStream
-from pystub_backend.backend.telemetry.statistics import (
-    BACKEND,
-    CANCELED,
-    OTHER,
-    BatchTiming,
-    ModelStatistics,
-    reason_for,
-)
-from pystub_backend.ipc.status import Status
+from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, ModelStatistics
 
-__all__ = ["DefaultScheduler", "PIPELINE_DEPTH"]
+__all__ = ["DefaultScheduler", "PIPELINE_DEPTH", "Work"]
 
 PIPELINE_DEPTH = 2
-log = logging.getLogger("pystub.scheduler")
 
 
-class _Work:
+class Work:
+    """A queued request and the future its caller awaits (its stream, or why it never ran)."""
+
     __slots__ = ("request", "batch_size", "future", "enqueued_ns", "delivered", "started")
 
-    def __init__(self, request: InferRequest, batch_size: int, future: asyncio.Future) -> None:
+    def __init__(self, request: InferRequest, batch_size: int, future: asyncio.Future[Outcome]) -> None:
         self.request = request
         self.batch_size = batch_size
         self.future = future
         self.enqueued_ns = time.monotonic_ns()
-        self.delivered: Any = None
+        self.delivered: Outcome | None = None
         self.started = False  # handed to an instance: its statistics are recorded when it ends
 
 
-class DefaultScheduler:
-    def __init__(self, instances: list[Any], stats: ModelStatistics) -> None:
+class DefaultScheduler(Scheduler[Instance, Work]):
+    _runs_in_own_task = False  # `_deliver` hands the caller its stream once the request is sent
+    def __init__(self, instances: Sequence[Instance], stats: ModelStatistics) -> None:
+        super().__init__(stats)
         self._instances = instances
-        self._stats = stats
-        self._queue: asyncio.Queue[_Work] = asyncio.Queue()
-        self._workers: list[asyncio.Task] = []
-        self._stopped: ServerError | None = None
-
-    def start(self) -> None:
-        for instance in self._instances:
-            for _ in range(PIPELINE_DEPTH):
-                self._workers.append(asyncio.ensure_future(self._work(instance)))
+        self._queue: asyncio.Queue[Work] = asyncio.Queue()
 
     @property
     def queued(self) -> int:
         return self._queue.qsize()
 
-    async def schedule(self, request: InferRequest, batch_size: int) -> Any:
+    async def schedule(self, request: InferRequest, batch_size: int) -> InferResponse:
         """The request's InferResponse. Raises ServerError."""
         stream = await self.schedule_stream(request, batch_size)
         try:
@@ -77,58 +64,46 @@ class DefaultScheduler:
         """The request's ResponseStream, once its execute has started. Raises ServerError."""
         if self._stopped is not None:
             raise self._stopped
-        work = _Work(request, batch_size, asyncio.get_running_loop().create_future())
+        work = Work(request, batch_size, asyncio.get_running_loop().create_future())
         self._queue.put_nowait(work)
         try:
             result = await work.future
         except asyncio.CancelledError:
             # Cancelled while queued (awaiting it, the task's cancel cancels the future too).
             if not work.started and (work.future.cancelled() or not work.future.done()):
-                self._stats.record_failure(time.monotonic_ns() - work.enqueued_ns, CANCELED)
+                self._record_failure(work.enqueued_ns, CANCELED)
             work.future.cancel()
             raise
         if isinstance(result, ServerError):
             raise result
         return result
 
-    async def _work(self, instance: Any) -> None:
-        # A worker serves while its instance is READY, waits while it restarts, and ends when it
-        # is FAILED or stopped.
-        while await instance.wait_ready():
-            work = await self._next_work(instance)
-            if work.future.done():
-                continue
-            # Died while we waited, or an execute on it now waits for a BLS call (the work could only
-            # queue behind it): leave the work to another instance.
-            if not instance.healthy or getattr(instance, "held", False):
-                self._queue.put_nowait(work)
-                continue
-            await self._run(instance, work)
-        self._fail_queue_if_no_instance_left(instance)
+    # -- the policy: the next free pipeline slot of any instance takes the oldest request ----------
+    def _units(self) -> Sequence[Instance]:
+        return [instance for instance in self._instances for _ in range(PIPELINE_DEPTH)]
 
-    async def _next_work(self, instance: Any) -> _Work:
+    def _instance_of(self, unit: Instance) -> Instance:
+        return unit
+
+    async def _take(self, unit: Instance) -> Work | None:
+        work = await self._next_work(unit)
+        return None if work.future.done() else work
+
+    async def _next_work(self, instance: Instance) -> Work:
         """The work a free worker of `instance` runs next: the oldest. A hook for schedulers that
-        route (multiplex_router.MultiplexScheduler picks work whose sub-model the instance holds)."""
+        route (multiplex.MultiplexScheduler picks work whose sub-model the instance holds)."""
         return await self._queue.get()
 
-    async def _run(self, instance: Any, work: _Work) -> None:
+    def _give_back(self, unit: Instance, work: Work) -> None:
+        self._queue.put_nowait(work)  # another instance takes it
+
+    async def _run(self, unit: Instance, work: Work) -> None:
         work.started = True
-        started = time.monotonic_ns()
-        try:
-            (result,), timing = await instance.execute_streams([work.request],
-                                                               lambda sent: self._deliver(work, sent[0]))
-        except Exception as exc:  # a bug below us must fail this request, not end the worker
-            log.exception("scheduler: executing a request on '%s' failed", getattr(instance, "name", "?"))
-            result, timing = ServerError(f"failed to execute the request: {exc}", Status.INTERNAL), BatchTiming()
-        if isinstance(result, ServerError):  # it never reached the model (stub gone, arena full)
-            self._stats.record_failure(time.monotonic_ns() - work.enqueued_ns, BACKEND)
-        else:
-            self._stats.record_execution(work.batch_size, timing)
-            result.when_final(lambda stream: self._record(stream, work, started, timing))
+        (result,) = await self._execute(unit, [work], lambda sent: self._deliver(work, sent[0]))
         self._deliver(work, result)
 
     @staticmethod
-    def _deliver(work: _Work, result: Any) -> None:
+    def _deliver(work: Work, result: Outcome) -> None:
         """Hand the stream to the caller as soon as the request is on its way (so a client that
         goes away cancels it while the model runs); cancel it when nobody waits any more."""
         if not work.future.done():
@@ -137,40 +112,20 @@ class DefaultScheduler:
             result.cancel()
         work.delivered = result
 
-    def _record(self, stream: ResponseStream, work: _Work, started: int, timing: BatchTiming) -> None:
-        finished = time.monotonic_ns()
-        if stream.error is not None:
-            self._stats.record_failure(finished - work.enqueued_ns, reason_for(stream.error))
-        else:
-            self._stats.record_success(work.batch_size, finished - work.enqueued_ns, started - work.enqueued_ns,
-                                       timing)
-
-    def _fail_queue_if_no_instance_left(self, instance: Any) -> None:
-        if any(other.usable for other in self._instances):
-            return
-        error = instance.unhealthy_error()
-        while not self._queue.empty():
-            work = self._queue.get_nowait()
-            if not work.future.done():
-                self._stats.record_failure(time.monotonic_ns() - work.enqueued_ns, BACKEND)
-                work.future.set_result(error)
+    def _instance_gone(self, unit: Instance) -> None:
+        if not any(other.usable for other in self._instances):
+            self._fail_all_queued(unit.unhealthy_error(), BACKEND)
 
     def fail_queued(self, error: ServerError) -> int:
         """Fail every request still waiting in the queue; running ones go on. Returns how many."""
+        return self._fail_all_queued(error, OTHER)
+
+    def _fail_all_queued(self, error: ServerError, reason: str) -> int:
         failed = 0
         while not self._queue.empty():
             work = self._queue.get_nowait()
             if not work.future.done():
-                self._stats.record_failure(time.monotonic_ns() - work.enqueued_ns, OTHER)
+                self._record_failure(work.enqueued_ns, reason)
                 work.future.set_result(error)
                 failed += 1
         return failed
-
-    async def stop(self, reason: str) -> None:
-        """Fail what is still queued with `reason` and stop the workers."""
-        self._stopped = ServerError(reason, Status.UNAVAILABLE)
-        self.fail_queued(self._stopped)
-        for worker in self._workers:
-            worker.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
-        self._workers.clear()

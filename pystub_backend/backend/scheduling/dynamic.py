@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.models.config import ModelConfig
+from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler
 from pystub_backend.backend.scheduling.request_queue import (
     BatchLimits,
     PriorityQueue,
@@ -38,20 +39,10 @@ from pystub_backend.backend.scheduling.request_queue import (
     form_batch,
 )
 from pystub_backend.backend.supervision.response_stream import ResponseStream
-from pystub_backend.backend.telemetry.statistics import (
-    BACKEND,
-    CANCELED,
-    OTHER,
-    REJECTED,
-    BatchTiming,
-    ModelStatistics,
-    reason_for,
-)
+from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, REJECTED, ModelStatistics
 from pystub_backend.ipc.status import Status
 
 __all__ = ["DynamicBatcher", "TIMEOUT_MESSAGE"]
-
-log = logging.getLogger("pystub.scheduler")
 
 TIMEOUT_MESSAGE = "Request timeout expired"  # Triton's text for a REJECT timeout
 
@@ -64,15 +55,15 @@ class _Item(QueueEntry):
     def __init__(self, request: InferRequest, batch_size: int, key: Hashable, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(batch_size, key, time.monotonic_ns())
         self.request = request
-        self.future: asyncio.Future = loop.create_future()  # a ResponseStream or a ServerError
+        self.future: asyncio.Future[Outcome] = loop.create_future()
         self.finished = False  # preserve_ordering: its answer is known
         self.turn: asyncio.Future | None = None  # preserve_ordering: done when earlier ones answered
 
 
-class DynamicBatcher:
-    def __init__(self, instances: list[Any], stats: ModelStatistics, config: Any) -> None:
+class DynamicBatcher(Scheduler[Instance, list[_Item]]):
+    def __init__(self, instances: list[Instance], stats: ModelStatistics, config: ModelConfig) -> None:
+        super().__init__(stats)
         self._instances = instances
-        self._stats = stats
         self._limits = BatchLimits.from_config(config)
         self._requests = PriorityQueue.from_config(config.dynamic_batching)
         self._preserve_ordering = bool(config.dynamic_batching.preserve_ordering)
@@ -80,17 +71,14 @@ class DynamicBatcher:
         self._ragged = frozenset(i.name for i in config.input if i.allow_ragged_batch)
         self._shape_tensors = frozenset(i.name for i in config.input if i.is_shape_tensor)
         self._loop: Any = None  # the running loop, known from start()
-        self._idle: collections.deque[asyncio.Future] = collections.deque()
-        self._workers: list[asyncio.Task] = []
-        self._running: set[asyncio.Task] = set()
+        self._idle: collections.deque[asyncio.Future[list[_Item]]] = collections.deque()
         self._kick_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_ns = 0
-        self._stopped: ServerError | None = None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._workers = [asyncio.ensure_future(self._work(instance)) for instance in self._instances]
+        super().start()
 
     @property
     def queued(self) -> int:
@@ -141,7 +129,7 @@ class DynamicBatcher:
             self._requests.push(item, int(parameters.get("priority", 0) or 0),
                                 int(parameters.get("timeout", 0) or 0), item.enqueued_ns)
         except QueueFullError as exc:
-            self._stats.record_failure(0, REJECTED)
+            self._record_failure(item.enqueued_ns, REJECTED)
             raise ServerError(str(exc), Status.UNAVAILABLE) from None
         if ordered:
             item.turn = self._loop.create_future()
@@ -154,7 +142,7 @@ class DynamicBatcher:
         non-batch dims (the whole shape and the values of shape tensors; any shape when ragged)."""
         if self._limits.max_batch_size <= 0:
             return None
-        key = []
+        key: list[tuple[object, ...]] = []
         for tensor in sorted(request.inputs, key=lambda t: t.name):
             if tensor.name in self._ragged:
                 key.append((tensor.name, tensor.datatype))
@@ -167,7 +155,7 @@ class DynamicBatcher:
     def _abandon(self, item: _Item, result: Any) -> None:
         """The caller went away: take the request out of the queue, cancel or free its answer."""
         if self._requests.discard(item):
-            self._stats.record_failure(time.monotonic_ns() - item.enqueued_ns, CANCELED)
+            self._record_failure(item.enqueued_ns, CANCELED)
             self._schedule_kick()
         if item.future.done() and not item.future.cancelled() and result is None:
             result = item.future.result()
@@ -204,7 +192,7 @@ class DynamicBatcher:
             return
         now = time.monotonic_ns()
         for entry in self._requests.expire(now):
-            self._fail(entry, ServerError(TIMEOUT_MESSAGE, Status.UNAVAILABLE), now, REJECTED)  # type: ignore[arg-type]
+            self._fail(entry, ServerError(TIMEOUT_MESSAGE, Status.UNAVAILABLE), REJECTED)  # type: ignore[arg-type]
         wake = None
         while self._idle:
             if self._idle[0].done():  # its worker was cancelled
@@ -213,7 +201,7 @@ class DynamicBatcher:
             count, wake = form_batch(self._requests, now, self._limits)
             if not count:
                 break
-            self._idle.popleft().set_result(self._requests.pop(count))
+            self._idle.popleft().set_result(self._requests.pop(count))  # type: ignore[arg-type]  # our _Items
         deadline = self._requests.next_deadline()
         if deadline is not None and (wake is None or deadline < wake):
             wake = deadline
@@ -232,29 +220,18 @@ class DynamicBatcher:
         self._timer = None
         self._kick()
 
-    def _fail(self, item: _Item, error: ServerError, now_ns: int, reason: str) -> None:
-        self._stats.record_failure(now_ns - item.enqueued_ns, reason)
+    def _fail(self, item: _Item, error: ServerError, reason: str) -> None:
+        self._record_failure(item.enqueued_ns, reason)
         self._resolve(item, error)
 
-    # -- workers ---------------------------------------------------------------------------------
-    async def _work(self, instance: Any) -> None:
-        # A worker serves while its instance is READY, waits while it restarts, and ends when it
-        # is FAILED or stopped. The batch runs in a task of its own so that stopping the worker
-        # never cuts a batch in half: its requests still get their answers.
-        while await instance.wait_ready():
-            batch = await self._next_batch()
-            # Died while we waited, or an execute on it now waits for a BLS call (the batch could only
-            # queue behind it): leave the batch to another instance.
-            if not instance.healthy or getattr(instance, "held", False):
-                self._give_back(batch)
-                continue
-            task = asyncio.ensure_future(self._run(instance, batch))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-            await asyncio.shield(task)
-        self._fail_queue_if_no_instance_left(instance)
+    # -- the policy: an idle instance takes the next batch ----------------------------------------
+    def _units(self) -> Sequence[Instance]:
+        return self._instances
 
-    async def _next_batch(self) -> list[_Item]:
+    def _instance_of(self, unit: Instance) -> Instance:
+        return unit
+
+    async def _take(self, unit: Instance) -> list[_Item]:
         waiter = self._loop.create_future()
         self._idle.append(waiter)
         self._schedule_kick()
@@ -262,50 +239,26 @@ class DynamicBatcher:
             return await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self._give_back(waiter.result())
+                self._give_back(unit, waiter.result())
             waiter.cancel()
             raise
 
-    def _give_back(self, batch: list[_Item]) -> None:
+    def _give_back(self, unit: Instance, work: list[_Item]) -> None:
         if self._stopped is not None:
-            now = time.monotonic_ns()
-            for item in batch:
-                self._fail(item, self._stopped, now, OTHER)
+            for item in work:
+                self._fail(item, self._stopped, OTHER)
             return
-        self._requests.push_front(batch)  # type: ignore[arg-type]
+        self._requests.push_front(work)  # type: ignore[arg-type]
         self._schedule_kick()
 
-    async def _run(self, instance: Any, batch: list[_Item]) -> None:
-        started = time.monotonic_ns()
-        requests = [item.request for item in batch]
-        try:
-            results, timing = await instance.execute_streams(requests)
-        except Exception as exc:  # a bug below us must not leave callers waiting
-            log.exception("dynamic batcher: executing a batch of %d failed", len(batch))
-            results, timing = [ServerError(f"failed to execute the batch: {exc}", Status.INTERNAL)] * len(batch), \
-                BatchTiming()
-        executed = sum(item.batch_size for item, result in zip(batch, results) if not isinstance(result, ServerError))
-        if executed:  # requests that never reached the model (stub gone, arena full) are no execution
-            self._stats.record_execution(executed, timing)
-        now = time.monotonic_ns()
-        for item, result in zip(batch, results, strict=True):
-            if isinstance(result, ServerError):
-                self._fail(item, result, now, BACKEND)
-                continue
-            result.when_final(lambda stream, item=item: self._record(stream, item, started, timing))
-            self._resolve(item, result)
+    async def _run(self, unit: Instance, work: list[_Item]) -> None:
+        results = await self._execute(unit, work)
+        for item, result in zip(work, results, strict=True):
+            self._resolve(item, result)  # an error: it never reached the model (counted)
 
-    def _record(self, stream: ResponseStream, item: _Item, started: int, timing: BatchTiming) -> None:
-        finished = time.monotonic_ns()
-        if stream.error is not None:
-            self._stats.record_failure(finished - item.enqueued_ns, reason_for(stream.error))
-        else:
-            self._stats.record_success(item.batch_size, finished - item.enqueued_ns, started - item.enqueued_ns,
-                                       timing)
-
-    def _fail_queue_if_no_instance_left(self, instance: Any) -> None:
+    def _instance_gone(self, unit: Instance) -> None:
         if not any(other.usable for other in self._instances):
-            self._fail_all_queued(instance.unhealthy_error(), BACKEND)
+            self._fail_all_queued(unit.unhealthy_error(), BACKEND)
 
     # -- stopping --------------------------------------------------------------------------------
     def fail_queued(self, error: ServerError) -> int:
@@ -314,22 +267,12 @@ class DynamicBatcher:
         return self._fail_all_queued(error, OTHER)
 
     def _fail_all_queued(self, error: ServerError, reason: str) -> int:
-        now = time.monotonic_ns()
         entries = self._requests.drain()
         for entry in entries:
-            self._fail(entry, error, now, reason)  # type: ignore[arg-type]
+            self._fail(entry, error, reason)  # type: ignore[arg-type]
         return len(entries)
 
-    async def stop(self, reason: str) -> None:
-        """Fail what is still queued with `reason` (UNAVAILABLE) and stop the workers."""
-        self._stopped = ServerError(reason, Status.UNAVAILABLE)
+    async def _before_workers_stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        failed = self.fail_queued(self._stopped)
-        if failed:
-            log.info("%s failed %d queued request(s)", reason, failed)
-        for worker in self._workers:
-            worker.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
-        self._workers.clear()

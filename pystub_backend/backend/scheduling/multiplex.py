@@ -313,8 +313,9 @@ class MultiplexScheduler(DefaultScheduler):
     def __init__(self, state: MultiplexState, stats: ModelStatistics) -> None:
         super().__init__(state.instances, stats)
         self._state = state
-        self._queue = RoutedQueue(state.instances, state, state.settings.routing)  # type: ignore[assignment]
-        state.on_change(self._queue.notify)
+        queue = RoutedQueue(state.instances, state, state.settings.routing)
+        self._queue = queue  # type: ignore[assignment]  # it offers the asyncio.Queue calls the base makes
+        state.on_change(queue.notify)
 
     async def schedule_stream(self, request: Any, batch_size: int) -> Any:
         request_model_id(request)  # an invalid id fails here, before it queues

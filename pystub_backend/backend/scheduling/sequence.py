@@ -20,17 +20,21 @@ Same face as the other schedulers (pystub_backend.backend.scheduling.choice). Ev
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import logging
 import math
 import time
+from collections.abc import Sequence as Listing
 from typing import Any
 
 from pystub_backend.backend import client_link
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.features import sequence_frames
 from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.models.config import ModelConfig
+from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler
 from pystub_backend.backend.scheduling.request_queue import BatchLimits
-from pystub_backend.backend.scheduling.sequence_controls import Controls, sequence_fields
+from pystub_backend.backend.scheduling.sequence_controls import Controls, admitted_fields
 from pystub_backend.backend.scheduling.sequence_slots import (
     Lane,
     SeqItem,
@@ -39,9 +43,10 @@ from pystub_backend.backend.scheduling.sequence_slots import (
     direct_batch,
     oldest_batch,
 )
+from pystub_backend.backend.scheduling.sequence_stubs import StubSequences
 from pystub_backend.backend.supervision.response_stream import ResponseStream
-from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics
-from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceEvicted
+from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, ModelStatistics
+from pystub_backend.ipc.messages.sequences import SequenceEvicted
 from pystub_backend.ipc.status import Status
 
 __all__ = ["SequenceBatcher"]
@@ -51,13 +56,14 @@ log = logging.getLogger("pystub.scheduler")
 _CANCELLED_REASONS = ("client_disconnected", "cancelled")
 
 
-class SequenceBatcher:
-    def __init__(self, instances: list[Any], stats: ModelStatistics, config: Any) -> None:
+class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
+    def __init__(self, instances: list[Instance], stats: ModelStatistics, config: ModelConfig) -> None:
+        super().__init__(stats)
         self._model = config.name
-        self._stats = stats
         self._controls = Controls.from_config(config)
         sequence = config.sequence_batching
         self._iterative = bool(sequence.iterative_sequence)
+        self.sequences = StubSequences(config.name, self._iterative)  # what the stubs and we share
         self._idle_ns = int(sequence.max_sequence_idle_microseconds) * 1000
         batching = max(1, int(config.max_batch_size))
         self._oldest = sequence.HasField("oldest")
@@ -73,9 +79,7 @@ class SequenceBatcher:
             self._min_ready = max(1, math.ceil(float(sequence.direct.minimum_slot_utilization) * slots))
         self._table = SlotTable([Lane(i, instance, slots) for i, instance in enumerate(instances)])
         self._wakeups: dict[Lane, asyncio.Event] = {}
-        self._running_items: dict[int, SeqItem] = {}  # id(request) -> item, while its batch runs
-        self._workers: list[asyncio.Task] = []
-        self._batches: set[asyncio.Task] = set()
+        self._anonymous = itertools.count(1)  # ids of requests without a correlation id (iterative)
         self._idle_timer: asyncio.TimerHandle | None = None
         self._idle_timer_ns = 0
         self._loop: Any = None
@@ -85,7 +89,7 @@ class SequenceBatcher:
         self._loop = asyncio.get_running_loop()
         for lane in self._table.lanes:
             self._wakeups[lane] = asyncio.Event()
-            self._workers.append(asyncio.ensure_future(self._work(lane)))
+        super().start()
 
     @property
     def queued(self) -> int:
@@ -122,20 +126,14 @@ class SequenceBatcher:
         ServerError with Triton's texts."""
         if self._closed is not None:
             raise self._closed
-        fields = sequence_fields(request.parameters)
-        cid = fields.correlation_id
-        if cid == 0 or cid == "":
-            raise ServerError(f"inference request to model '{self._model}' must specify a non-zero or non-empty "
-                              f"correlation ID", Status.INVALID_ARG)
-        if batch_size > 1:
-            raise ServerError(f"inference request to model '{self._model}' must specify batch-size 1 due to "
-                              f"requirements of sequence batcher", Status.INVALID_ARG)
+        fields, cid, shown = admitted_fields(request.parameters, self._model, batch_size,
+                                             self._anonymous if self._iterative else None)
         sequence = self._table.find(cid)
         if sequence is None and not fields.start:
             raise ServerError(f"inference request for sequence {cid} to model '{self._model}' must specify the "
                               f"START flag on the first request of the sequence", Status.INVALID_ARG)
-        request.inputs.extend(self._controls.tensors(fields, self._model))
-        request.correlation_id, request.flags = cid, fields.flags
+        request.inputs.extend(self._controls.tensors(shown, self._model))
+        request.correlation_id, request.flags = shown.correlation_id, shown.flags
         if sequence is None:
             sequence = self._table.start(cid)
         elif fields.start:
@@ -159,10 +157,15 @@ class SequenceBatcher:
             sequence.link.unwatch(sequence)
         sequence.link = link
         if link is not None:
-            link.watch(sequence, lambda: self._evict(sequence, "client_disconnected"))
+            link.watch(sequence, functools.partial(self._client_gone, sequence))
+
+    def _client_gone(self, sequence: Sequence) -> None:
+        self._evict(sequence, "client_disconnected")
 
     def _abandon(self, item: SeqItem) -> None:
         """A request's caller was cancelled: cancelling one request cancels its sequence."""
+        if item in item.sequence.queue:  # never executed (a running one is counted when it ends)
+            self._record_failure(item.enqueued_ns, CANCELED)
         if not item.future.done():
             item.future.cancel()
         self._evict(item.sequence, "cancelled")
@@ -172,22 +175,23 @@ class SequenceBatcher:
         if lane is not None and lane in self._wakeups:
             self._wakeups[lane].set()
 
-    async def _work(self, lane: Lane) -> None:
-        # A lane serves while its instance is READY, waits while it restarts, and ends when it is
-        # FAILED or stopped. A batch runs in a task of its own so that stopping the worker never
-        # cuts one in half.
-        while await lane.instance.wait_ready():
-            batch = await self._next_batch(lane)
-            if not lane.instance.healthy:  # it died while we waited: the batch waits for its return
-                for item in reversed(batch):
-                    item.sequence.running = None
-                    item.sequence.queue.appendleft(item)
-                continue
-            task = asyncio.ensure_future(self._run(lane, batch))
-            self._batches.add(task)
-            task.add_done_callback(self._batches.discard)
-            await asyncio.shield(task)
-        self._lane_failed(lane)
+    # -- the policy: one lane per instance, one batch of its sequences at a time ---------------------
+    def _units(self) -> Listing[Lane]:
+        return self._table.lanes
+
+    def _instance_of(self, unit: Lane) -> Instance:
+        return unit.instance
+
+    def _can_run(self, instance: Instance) -> bool:
+        return instance.healthy  # its sequences' state is on this instance: no other can run them
+
+    def _give_back(self, unit: Lane, work: list[SeqItem]) -> None:
+        for item in reversed(work):  # it died while we waited: the batch waits for its return
+            item.sequence.running = None
+            item.sequence.queue.appendleft(item)
+
+    async def _take(self, unit: Lane) -> list[SeqItem]:
+        return await self._next_batch(unit)
 
     async def _next_batch(self, lane: Lane) -> list[SeqItem]:
         wakeup = self._wakeups[lane]
@@ -215,58 +219,39 @@ class SequenceBatcher:
             return True
         self._drop(sequence, ServerError(
             f"sequence {sequence.correlation_id} of model '{self._model}' was lost: the stub process that held its "
-            f"state restarted. Start the sequence again.", Status.UNAVAILABLE))
+            f"state restarted. Start the sequence again.", Status.UNAVAILABLE), BACKEND)
         return False
 
     async def _run(self, lane: Lane, batch: list[SeqItem]) -> None:
         stub = lane.instance.stub
         if stub is not None:
-            await sequence_frames.flush(stub)  # evictions go before the requests after them
-            if self._iterative:
-                sequence_frames.OWNERS[stub] = self
+            await self.sequences.flush(stub)  # evictions go before the requests after them
         for item in batch:
-            item.rescheduled_rid = None
             item.sequence.stub = stub  # from now on this stub holds the sequence's state
-            self._running_items[id(item.request)] = item
-        started = time.monotonic_ns()
+        self.sequences.batch_started(stub, batch)
         try:
-            results, timing = await lane.instance.execute_streams([item.request for item in batch],
-                                                                  lambda sent: self._sent(batch, sent))
-        except Exception as exc:  # a bug below us must not leave callers waiting
-            log.exception("sequence batcher: executing a batch of %d failed", len(batch))
-            results, timing = [ServerError(f"failed to execute the batch: {exc}", Status.INTERNAL)] * len(batch), \
-                BatchTiming()
+            results = await self._execute(lane.instance, batch, lambda sent: self._sent(batch, sent),
+                                          lambda item: item.stream is None)  # type: ignore[attr-defined]
         finally:
-            for item in batch:
-                self._running_items.pop(id(item.request), None)
-        self._stats.record_execution(len(batch), timing)
+            self.sequences.batch_ended(batch)
         for item, result in zip(batch, results, strict=True):
-            self._after(item, result, started, timing)
+            self._after(item, result)
 
     @staticmethod
-    def _sent(batch: list[SeqItem], results: list[Any]) -> None:
+    def _sent(batch: list[SeqItem], results: list[Outcome]) -> None:
         """The batch is on its way: an eviction may now cancel a request while the model runs it."""
         for item, result in zip(batch, results, strict=True):
             item.sent = None if isinstance(result, ServerError) else result
 
-    def on_rescheduled(self, request: InferRequest, rid: int) -> bool:
-        """The model rescheduled `request` of the running batch (sequence_frames); False when it
-        is not one of ours."""
-        item = self._running_items.get(id(request))
-        if item is None:
-            return False
-        item.rescheduled_rid = rid
-        return True
-
-    def _after(self, item: SeqItem, result: Any, started: int, timing: BatchTiming) -> None:
+    def _after(self, item: SeqItem, result: Outcome) -> None:
         sequence = item.sequence
         sequence.running = None
         item.sent = None
-        if isinstance(result, ServerError):
-            self._fail(item, result)
+        if isinstance(result, ServerError):  # it never reached the model (counted)
+            if not item.future.done():
+                item.future.set_result(result)
         elif item.stream is None:
             item.stream = result
-            result.when_final(lambda stream: self._record(stream, item, started, timing))
             if not item.future.done():
                 item.future.set_result(result)
             elif not result.finished:
@@ -285,16 +270,9 @@ class SequenceBatcher:
         elif not sequence.queue:
             self._start_idling(sequence)
 
-    def _record(self, stream: ResponseStream, item: SeqItem, started: int, timing: BatchTiming) -> None:
-        finished = time.monotonic_ns()
-        if stream.error is not None:
-            self._stats.record_failure(finished - item.enqueued_ns)
-        else:
-            self._stats.record_success(1, finished - item.enqueued_ns, started - item.enqueued_ns, timing)
-
-    def _fail(self, item: SeqItem, error: ServerError) -> None:
+    def _fail(self, item: SeqItem, error: ServerError, reason: str) -> None:
         if not item.future.done():
-            self._stats.record_failure(time.monotonic_ns() - item.enqueued_ns)
+            self._record_failure(item.enqueued_ns, reason)
             item.future.set_result(error)
 
     def _drop_rescheduled(self, item: SeqItem, error: ServerError) -> None:
@@ -302,7 +280,7 @@ class SequenceBatcher:
         stub, rid = item.sequence.stub, item.rescheduled_rid
         item.rescheduled_rid = None
         if stub is not None and rid is not None:
-            sequence_frames.send_to_stub(stub, SequenceDropRescheduled([rid], [int(error.status), error.message]))
+            self.sequences.drop(stub, [rid], error.status, error.message)
 
     def _release(self, sequence: Sequence) -> None:
         """The sequence ended (END executed) or was evicted: free its slot for the backlog."""
@@ -313,15 +291,18 @@ class SequenceBatcher:
         if promoted is not None:
             self._wake(promoted.lane)
 
+    def _instance_gone(self, unit: Lane) -> None:
+        self._lane_failed(unit)
+
     def _lane_failed(self, lane: Lane) -> None:
         """The instance is FAILED for good: its sequences are lost, the backlog goes elsewhere."""
         lane.dead = True
         error = lane.instance.unhealthy_error()
         for sequence in lane.sequences():
-            self._drop(sequence, error)
+            self._drop(sequence, error, BACKEND)
         if all(other.dead for other in self._table.lanes):
             for sequence in list(self._table.backlog):
-                self._drop(sequence, error)
+                self._drop(sequence, error, BACKEND)
 
     # -- idle sequences ----------------------------------------------------------------------------
     def _start_idling(self, sequence: Sequence) -> None:
@@ -364,21 +345,23 @@ class SequenceBatcher:
         if sequence.evicted:
             return 0
         holder = sequence.stub if sequence.lane is not None and sequence.stub is sequence.lane.instance.stub else None
-        failed = self._drop(sequence, error or self._evicted_error(sequence, reason))
+        failed = self._drop(sequence, error or self._evicted_error(sequence, reason),
+                            CANCELED if reason in _CANCELLED_REASONS else OTHER)
         running = sequence.running
-        stream = running and (running.sent or running.stream)
+        stream = None if running is None else (running.sent or running.stream)
         if stream is not None and reason in _CANCELLED_REASONS:
             stream.cancel()  # the model sees is_cancelled()
         told = holder is not None and holder.alive
-        if told:
-            sequence_frames.send_to_stub(holder, SequenceEvicted(sequence.correlation_id, reason))
+        if holder is not None and told:
+            self.sequences.send(holder, SequenceEvicted(sequence.correlation_id, reason))
         log.info("sequence %s of model '%s' evicted (%s)%s%s", sequence.correlation_id, self._model, reason,
                  f"; {failed} queued request(s) failed" if failed else "",
                  "" if told else "; no stub holds its state")
         return failed
 
-    def _drop(self, sequence: Sequence, error: ServerError) -> int:
-        """Forget a sequence: fail its queued requests with `error`, free its slot."""
+    def _drop(self, sequence: Sequence, error: ServerError, reason: str) -> int:
+        """Forget a sequence: fail its queued requests with `error` (a failure of `reason`), free
+        its slot."""
         sequence.evicted = True
         queued, failed = list(sequence.queue), 0
         sequence.queue.clear()
@@ -386,7 +369,7 @@ class SequenceBatcher:
             if item.rescheduled_rid is not None:
                 self._drop_rescheduled(item, error)
             elif not item.future.done():
-                self._fail(item, error)
+                self._fail(item, error, reason)
                 failed += 1
         self._release(sequence)
         return failed
@@ -399,18 +382,10 @@ class SequenceBatcher:
         self._closed = self._closed or error
         return sum(self._evict(sequence, "unloading", error) for sequence in self._table.all_sequences())
 
-    async def stop(self, reason: str) -> None:
-        """Fail what is still queued with `reason` (UNAVAILABLE), evict every sequence, make sure the
-        models heard of it before their FINALIZE, and stop the lanes."""
-        failed = self.fail_queued(ServerError(reason, Status.UNAVAILABLE))
-        if failed:
-            log.info("%s failed %d queued request(s)", reason, failed)
+    async def _before_workers_stop(self) -> None:
+        """The models hear of every eviction before their FINALIZE."""
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
         stubs = [lane.instance.stub for lane in self._table.lanes if lane.instance.stub is not None]
-        await asyncio.gather(*(sequence_frames.flush(stub) for stub in stubs))
-        for worker in self._workers:
-            worker.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
-        self._workers.clear()
+        await asyncio.gather(*(self.sequences.flush(stub) for stub in stubs))

@@ -20,6 +20,7 @@ Pure functions: no asyncio, no scheduler state. `check_config` runs when a model
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ from pystub_backend.backend.inference import ParameterValue, Tensor
 from pystub_backend.ipc.bytes_codec import serialize_bytes
 from pystub_backend.ipc.status import Status
 
-__all__ = ["SequenceFields", "Controls", "sequence_fields", "check_config", "FLAG_START", "FLAG_END"]
+__all__ = ["SequenceFields", "Controls", "sequence_fields", "admitted_fields", "check_config", "FLAG_START", "FLAG_END"]
 
 FLAG_START = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 FLAG_END = 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
@@ -72,6 +73,28 @@ def _flag(parameters: dict[str, ParameterValue], key: str) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
     raise _invalid(f"invalid value for '{key}' parameter, expected a boolean, got {value!r}")
+
+
+def admitted_fields(parameters: dict[str, ParameterValue], model: str, batch_size: int,
+                    anonymous: Iterator[int] | None) -> tuple[SequenceFields, int | str, SequenceFields]:
+    """A sequence request's fields, the id of its sequence in the batcher's table, and the fields
+    the model sees. As in Triton 2.51, an iterative sequence model (`anonymous` gives it ids)
+    takes a request without a correlation id as a sequence of its own: the model sees a generated
+    id (1, 2, ...) and START; the batcher ends the sequence with the request (its table id is
+    negative, which no client id is). Raises ServerError (INVALID_ARG) with Triton's texts."""
+    fields = sequence_fields(parameters)
+    cid, shown = fields.correlation_id, fields
+    if cid == 0 or cid == "":
+        if anonymous is None:
+            raise _invalid(f"inference request to model '{model}' must specify a non-zero or non-empty "
+                           f"correlation ID")
+        generated = next(anonymous)
+        cid, fields, shown = -generated, SequenceFields(-generated, FLAG_START | FLAG_END), \
+            SequenceFields(generated, FLAG_START)
+    if batch_size > 1:
+        raise _invalid(f"inference request to model '{model}' must specify batch-size 1 due to requirements of "
+                       f"sequence batcher")
+    return fields, cid, shown
 
 
 def sequence_fields(parameters: dict[str, ParameterValue]) -> SequenceFields:

@@ -27,6 +27,7 @@ from typing import Any
 
 from pystub_backend.backend.scheduling.request_queue import BatchLimits, QueueEntry, form_batch
 from pystub_backend.backend.scheduling.sequence_controls import SequenceFields
+from pystub_backend.backend.supervision.response_stream import ResponseStream
 
 __all__ = ["SeqItem", "Sequence", "Lane", "SlotTable", "direct_batch", "oldest_batch"]
 
@@ -43,8 +44,8 @@ class SeqItem(QueueEntry):
         self.fields = fields
         self.sequence = sequence
         self.future = future  # resolves to the ResponseStream (first dispatch) or a ServerError
-        self.stream: Any = None  # the ResponseStream once dispatched
-        self.sent: Any = None  # its ResponseStream while its execute runs (cancellable meanwhile)
+        self.stream: ResponseStream | None = None  # once dispatched
+        self.sent: ResponseStream | None = None  # while its execute runs (cancellable meanwhile)
         self.rescheduled_rid: int | None = None  # set while the model's reschedule is pending
 
 
@@ -52,7 +53,7 @@ class Sequence:
     __slots__ = ("correlation_id", "lane", "slot", "queue", "running", "idle_since_ns", "link", "stub",
                  "mapped", "evicted")
 
-    def __init__(self, correlation_id: Hashable) -> None:
+    def __init__(self, correlation_id: int | str) -> None:
         self.correlation_id = correlation_id
         self.lane: Lane | None = None  # None while in the backlog (or once its slot is freed)
         self.slot = -1

@@ -35,6 +35,7 @@ class ResponseStream:
         self.cancelled = False
         self._on_final: list[Callable[[ResponseStream], None]] = []
         self.error: ServerError | None = None  # the last error response, for statistics
+        self.failed = False  # ended by `fail`: the model never answered it (not an inference)
 
     # -- producer side (the stub's frames) --------------------------------------------------------
     @property
@@ -60,6 +61,7 @@ class ResponseStream:
     def fail(self, error: ServerError) -> None:
         """End the stream with an error response (stub death, batch failure)."""
         if not self._final:
+            self.failed = True
             self.put(InferResponse(self.model_name, "", self.request_id, error=error, final=True), final=True)
 
     def _finish(self) -> None:

@@ -71,7 +71,7 @@ class TextWriter:
         """One histogram series: `counts` are per bound (not cumulative); `count` includes the
         observations above the last bound."""
         cumulative = 0
-        for bound, bucket_count in zip(bounds, counts):
+        for bound, bucket_count in zip(bounds, counts, strict=False):
             cumulative += bucket_count
             self._lines.append(f"{name}_bucket{_labels_text(labels, floatToGoString(bound))} {cumulative}")
         self._lines.append(f"{name}_bucket{_labels_text(labels, '+Inf')} {count}")

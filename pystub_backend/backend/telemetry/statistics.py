@@ -2,9 +2,12 @@
 derives from them (section 14).
 
 What is counted where, as Triton does:
-- an execution (`record_execution`): `execution_count` += 1, `inference_count` += its batch size
-  (the sum of the batch sizes of the requests the model's `execute` received, whether they then
-  succeed or fail), and one batch_stats entry of that size;
+- an execution (`record_execution`): `execution_count` += 1 and one batch_stats entry of its size
+  (the sum of the batch sizes of the requests the model's `execute` received);
+- a request the model answered: `inference_count` += its batch size (every success; a failure
+  only when `record_failure` is told so). As in Triton 2.51, an error response the model returned
+  counts; a request whose `execute` raised (the whole batch fails) or whose stub died does not (a
+  model that raises for 3 of 10 requests: inference_count 7, execution_count 10);
 - a request that succeeds (`record_success`): `success` (request duration), `queue` (enqueue to
   execution start) and the batch's compute_input/compute_infer/compute_output durations;
 - a request that fails (`record_failure`): `fail` (its duration so far) and one failure of its
@@ -19,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pystub_backend.backend.telemetry.latency import new_window
 from pystub_backend.ipc.status import Status
 
 __all__ = ["Duration", "ModelStatistics", "BatchTiming", "FAILURE_REASONS", "REJECTED", "CANCELED",
@@ -83,6 +87,7 @@ class ModelStatistics:
         self._batches: dict[int, _BatchStats] = {}
         self._created = time.monotonic()
         self.load_duration_s: float | None = None  # set by loaded()
+        self.latency = new_window()  # --metrics-config summary_latencies (telemetry.latency)
 
     def loaded(self) -> None:
         """The version finished loading: its load duration is the time since these statistics
@@ -92,25 +97,30 @@ class ModelStatistics:
 
     def record_execution(self, batch_size: int, timing: BatchTiming) -> None:
         self.execution_count += 1
-        self.inference_count += batch_size
         stats = self._batches.setdefault(batch_size, _BatchStats())
         stats.compute_input.add(timing.compute_input_ns)
         stats.compute_infer.add(timing.compute_infer_ns)
         stats.compute_output.add(timing.compute_output_ns)
 
     def record_success(self, batch_size: int, total_ns: int, queue_ns: int, timing: BatchTiming) -> None:
-        """`batch_size` is accepted for the callers' sake: inferences are counted per execution."""
+        """One request of `batch_size` that succeeded (and so is an inference)."""
+        self.inference_count += batch_size
         self.last_inference_ms = int(time.time() * 1000)
         self.success.add(total_ns)
         self.queue.add(queue_ns)
         self.compute_input.add(timing.compute_input_ns)
         self.compute_infer.add(timing.compute_infer_ns)
         self.compute_output.add(timing.compute_output_ns)
+        if self.latency is not None:
+            self.latency.observe(request=total_ns, queue=queue_ns, compute_input=timing.compute_input_ns,
+                                 compute_infer=timing.compute_infer_ns, compute_output=timing.compute_output_ns)
 
-    def record_failure(self, total_ns: int, reason: str = BACKEND) -> None:
-        """One failed request. Raises ValueError for a reason not in FAILURE_REASONS."""
+    def record_failure(self, total_ns: int, reason: str = BACKEND, inferences: int = 0) -> None:
+        """One failed request; `inferences`: its batch size when the model answered it (an error
+        response). Raises ValueError for a reason not in FAILURE_REASONS."""
         if reason not in self.failures:
             raise ValueError(f"unknown failure reason {reason!r}; expected one of {FAILURE_REASONS}")
+        self.inference_count += inferences
         self.last_inference_ms = int(time.time() * 1000)
         self.fail.add(total_ns)
         self.failures[reason] += 1

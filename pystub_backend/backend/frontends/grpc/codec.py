@@ -290,7 +290,7 @@ def _output_view(tensor: Tensor) -> bytes | memoryview:
     if isinstance(data, np.ndarray) and data.dtype.hasobject:
         # numpy exports object arrays as raw pointers; BYTES must arrive serialized
         raise TypeError(f"output '{tensor.name}' holds a numpy object array, not tensor bytes")
-    view = memoryview(data)
+    view = data.data if isinstance(data, np.ndarray) else memoryview(data)
     if not view.c_contiguous:
         return view.tobytes()  # in C order, like numpy's tobytes
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")

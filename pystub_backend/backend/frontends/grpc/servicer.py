@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -19,31 +20,22 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pystub_backend.backend import log as backend_log
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, grpc_code
+from pystub_backend.backend.frontends.forwarding import forward_headers
 from pystub_backend.backend.frontends.grpc import shm as grpc_shm
 from pystub_backend.backend.frontends.grpc.codec import (
     ParsedInferRequest,
     decode_infer_request,
     log_settings_from_proto,
     log_settings_to_proto,
-    parse_infer_request,
     repository_parameters,
     serialize_infer_response,
 )
 from pystub_backend.backend.frontends.grpc.stream import stream_infer
 from pystub_backend.backend.inference import ServerCore
 
-__all__ = ["create_grpc_server", "InferenceServicer"]
+__all__ = ["InferenceServicer"]
 
 _log = logging.getLogger(__name__)
-
-_SERVER_OPTIONS = [
-    # grpc.aio caps messages at 4 MiB; Triton has no limit and perf_analyzer sends large batches.
-    ("grpc.max_receive_message_length", -1),
-    ("grpc.max_send_message_length", -1),
-    # gRPC sets SO_REUSEPORT by default, which lets a second server bind a busy port and
-    # silently take half the connections; a busy port must be an error instead.
-    ("grpc.so_reuseport", 0),
-]
 
 _Response = TypeVar("_Response")
 _Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[_Response]]
@@ -80,7 +72,7 @@ def _rpc(handler: _Handler[_Response]) -> _Handler[_Response | None]:
 _TensorMetadata = service_pb2.ModelMetadataResponse.TensorMetadata
 
 
-def _tensor_metadata(items: list[dict[str, Any]]) -> list[Any]:
+def _tensor_metadata(items: list[dict[str, Any]]) -> list[service_pb2.ModelMetadataResponse.TensorMetadata]:
     return [_TensorMetadata(name=item["name"], datatype=item["datatype"], shape=item["shape"])
             for item in items]
 
@@ -106,30 +98,36 @@ def _answer_unimplemented_on_the_loop(cls: type) -> type:
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Answers the KServe v2 gRPC service from a `ServerCore`."""
 
-    def __init__(self, core: ServerCore) -> None:
+    def __init__(self, core: ServerCore, header_pattern: re.Pattern[str] | None = None) -> None:
         self._core = core
+        self._header_pattern = header_pattern  # --grpc-header-forward-pattern
 
     @_rpc
-    async def ServerLive(self, request: Any, context: Any) -> service_pb2.ServerLiveResponse:
+    async def ServerLive(self, request: service_pb2.ServerLiveRequest,
+                         context: grpc.aio.ServicerContext) -> service_pb2.ServerLiveResponse:
         return service_pb2.ServerLiveResponse(live=self._core.is_live())
 
     @_rpc
-    async def ServerReady(self, request: Any, context: Any) -> service_pb2.ServerReadyResponse:
+    async def ServerReady(self, request: service_pb2.ServerReadyRequest,
+                          context: grpc.aio.ServicerContext) -> service_pb2.ServerReadyResponse:
         return service_pb2.ServerReadyResponse(ready=self._core.is_ready())
 
     @_rpc
-    async def ModelReady(self, request: Any, context: Any) -> service_pb2.ModelReadyResponse:
+    async def ModelReady(self, request: service_pb2.ModelReadyRequest,
+                         context: grpc.aio.ServicerContext) -> service_pb2.ModelReadyResponse:
         ready = await self._core.model_ready(request.name, request.version)
         return service_pb2.ModelReadyResponse(ready=ready)
 
     @_rpc
-    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+    async def ServerMetadata(self, request: service_pb2.ServerMetadataRequest,
+                             context: grpc.aio.ServicerContext) -> service_pb2.ServerMetadataResponse:
         core = self._core
         return service_pb2.ServerMetadataResponse(
             name=core.server_name, version=core.server_version, extensions=core.extensions)
 
     @_rpc
-    async def ModelMetadata(self, request: Any, context: Any) -> service_pb2.ModelMetadataResponse:
+    async def ModelMetadata(self, request: service_pb2.ModelMetadataRequest,
+                            context: grpc.aio.ServicerContext) -> service_pb2.ModelMetadataResponse:
         meta = self._core.model_metadata(request.name, request.version)
         return service_pb2.ModelMetadataResponse(
             name=meta["name"],
@@ -140,12 +138,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
 
     @_rpc
-    async def ModelConfig(self, request: Any, context: Any) -> service_pb2.ModelConfigResponse:
+    async def ModelConfig(self, request: service_pb2.ModelConfigRequest,
+                          context: grpc.aio.ServicerContext) -> service_pb2.ModelConfigResponse:
         config = self._core.model_config(request.name, request.version)
         return service_pb2.ModelConfigResponse(config=config)
 
     @_rpc
-    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+    async def ModelStatistics(self, request: service_pb2.ModelStatisticsRequest,
+                              context: grpc.aio.ServicerContext) -> service_pb2.ModelStatisticsResponse:
         # The core speaks the HTTP JSON form, whose names are the proto's (durations {count, ns}).
         stats = self._core.statistics(request.name, request.version)
         return json_format.ParseDict({"model_stats": stats},
@@ -153,7 +153,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                      ignore_unknown_fields=True)
 
     @_rpc
-    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+    async def RepositoryIndex(self, request: service_pb2.RepositoryIndexRequest,
+                              context: grpc.aio.ServicerContext) -> service_pb2.RepositoryIndexResponse:
         models = self._core.repository_index(ready_only=request.ready)
         return service_pb2.RepositoryIndexResponse(models=[
             service_pb2.RepositoryIndexResponse.ModelIndex(
@@ -162,62 +163,82 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for m in models])
 
     @_rpc
-    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+    async def RepositoryModelLoad(self, request: service_pb2.RepositoryModelLoadRequest,
+                                  context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelLoadResponse:
         _check_repository_name(request.repository_name)
         parameters = repository_parameters(request.parameters)
         await self._core.load_model(request.model_name, parameters)  # type: ignore[attr-defined]
         return service_pb2.RepositoryModelLoadResponse()
 
     @_rpc
-    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+    async def RepositoryModelUnload(self, request: service_pb2.RepositoryModelUnloadRequest,
+                                    context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelUnloadResponse:
         _check_repository_name(request.repository_name)
         parameters = repository_parameters(request.parameters)
         await self._core.unload_model(request.model_name, parameters)  # type: ignore[attr-defined]
         return service_pb2.RepositoryModelUnloadResponse()
 
     @_rpc
-    async def LogSettings(self, request: Any, context: Any) -> service_pb2.LogSettingsResponse:
+    async def LogSettings(self, request: service_pb2.LogSettingsRequest,
+                          context: grpc.aio.ServicerContext) -> service_pb2.LogSettingsResponse:
         updates = log_settings_from_proto(request.settings)
         settings = backend_log.update_settings(updates) if updates else backend_log.settings.as_dict()
         return log_settings_to_proto(settings)
 
     # -- shared memory extensions (grpc_shm) ------------------------------------------------------
     @_rpc
-    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+    async def SystemSharedMemoryStatus(
+            self, request: service_pb2.SystemSharedMemoryStatusRequest,
+            context: grpc.aio.ServicerContext) -> service_pb2.SystemSharedMemoryStatusResponse:
         return grpc_shm.system_status(self._core.client_shm, request)  # type: ignore[attr-defined]
 
     @_rpc
-    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+    async def SystemSharedMemoryRegister(
+            self, request: service_pb2.SystemSharedMemoryRegisterRequest,
+            context: grpc.aio.ServicerContext) -> service_pb2.SystemSharedMemoryRegisterResponse:
         return grpc_shm.system_register(self._core.client_shm, request)  # type: ignore[attr-defined]
 
     @_rpc
-    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+    async def SystemSharedMemoryUnregister(
+            self, request: service_pb2.SystemSharedMemoryUnregisterRequest,
+            context: grpc.aio.ServicerContext) -> service_pb2.SystemSharedMemoryUnregisterResponse:
         return grpc_shm.system_unregister(self._core.client_shm, request)  # type: ignore[attr-defined]
 
     @_rpc
-    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+    async def CudaSharedMemoryStatus(
+            self, request: service_pb2.CudaSharedMemoryStatusRequest,
+            context: grpc.aio.ServicerContext) -> service_pb2.CudaSharedMemoryStatusResponse:
         return grpc_shm.cuda_status(self._core.client_shm, request)  # type: ignore[attr-defined]
 
     @_rpc
-    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+    async def CudaSharedMemoryRegister(
+            self, request: service_pb2.CudaSharedMemoryRegisterRequest,
+            context: grpc.aio.ServicerContext) -> service_pb2.CudaSharedMemoryRegisterResponse:
         return grpc_shm.cuda_register(self._core.client_shm, request)  # type: ignore[attr-defined]
 
     @_rpc
-    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+    async def CudaSharedMemoryUnregister(
+            self, request: service_pb2.CudaSharedMemoryUnregisterRequest,
+            context: grpc.aio.ServicerContext) -> service_pb2.CudaSharedMemoryUnregisterResponse:
         return grpc_shm.cuda_unregister(self._core.client_shm, request)  # type: ignore[attr-defined]
 
-    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
-        async for response in stream_infer(self._core, request_iterator, context):
+    async def ModelStreamInfer(
+            self, request_iterator: AsyncIterator[service_pb2.ModelInferRequest],
+            context: grpc.aio.ServicerContext) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
+        async for response in stream_infer(self._core, request_iterator, context, self._header_pattern):
             yield response
 
     @_rpc
-    async def ModelInfer(self, request: ParsedInferRequest, context: Any) -> bytes:
-        """Takes and returns the wire form (see `_register`): large tensors skip protobuf."""
+    async def ModelInfer(self, request: ParsedInferRequest, context: grpc.aio.ServicerContext) -> bytes:
+        """Takes and returns the wire form (see `listener.register`): large tensors skip protobuf."""
         message = request.message
-        if self._core.is_decoupled(message.model_name, message.model_version):
+        target = self._core.target(message.model_name, message.model_version)  # the one lookup of this request
+        if target is not None and target.decoupled:
             raise ServerError("ModelInfer RPC doesn't support models with decoupled transaction policy",
                               Status.UNSUPPORTED)
-        response = await self._core.infer(decode_infer_request(message, request.raw_input_contents))
+        decoded = decode_infer_request(message, request.raw_input_contents)
+        forward_headers(context.invocation_metadata() or (), decoded.parameters, self._header_pattern)
+        response = await self._core.infer(decoded, target)
         try:
             return serialize_infer_response(response)
         finally:
@@ -229,50 +250,3 @@ def _check_repository_name(name: str) -> None:
     # Triton's gRPC frontend refuses a repository name: a model is looked up in every repository.
     if name:
         raise ServerError("'repository_name' specification is not supported", Status.UNSUPPORTED)
-
-
-_SERVICE = "inference.GRPCInferenceService"
-
-
-class _HandlerCapture:
-    """Stands in for a server to catch the method handlers the generated code registers."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        pass  # the same handlers also come through add_registered_method_handlers
-
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
-        self.handlers = dict(handlers)
-
-
-def _register(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
-    """The generated registration, except that ModelInfer parses and serializes its own messages
-    (`grpc_codec.parse_infer_request` / `serialize_infer_response`): protobuf's bytes fields cost
-    50-130 ms per 16 MiB tensor."""
-    capture = _HandlerCapture()
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)
-    handlers = capture.handlers
-    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        servicer.ModelInfer, request_deserializer=parse_infer_request, response_serializer=None)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
-    server.add_registered_method_handlers(_SERVICE, handlers)
-
-
-def create_grpc_server(core: ServerCore, address: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """A `grpc.aio` server for `core`, bound but not started; returns it and the bound port.
-
-    Call it on the event loop that will run the server, then `await server.start()`. Port 0 binds
-    an ephemeral port. Raises OSError when the address cannot be bound.
-    """
-    server = grpc.aio.server(options=_SERVER_OPTIONS)
-    _register(InferenceServicer(core), server)
-    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
-    try:
-        bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError as exc:  # grpcio reports a failed bind as RuntimeError
-        raise OSError(f"cannot bind gRPC listener to {host}:{port}: {exc}") from exc
-    if bound == 0:  # older grpcio returned 0 instead of raising
-        raise OSError(f"cannot bind gRPC listener to {host}:{port}")
-    return server, bound

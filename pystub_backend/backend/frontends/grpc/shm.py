@@ -1,6 +1,6 @@
 """gRPC messages of the shared memory extensions (PROTOCOL.md sections 4 and 11), answered from the
-core's `pystub_backend.backend.features.client_shm.ClientShmRegistry`. The servicer's methods call these; errors are
-`ServerError`s, which the servicer turns into gRPC statuses.
+core's `pystub_backend.backend.features.client_shm.ClientShmRegistry`. The servicer's methods call
+these; errors are `ServerError`s, which the servicer turns into gRPC statuses.
 
     SystemSharedMemoryStatus{name}     -> {regions: map<name, {name, key, offset, byte_size}>}
     SystemSharedMemoryRegister{name, key, offset, byte_size}
@@ -12,16 +12,17 @@ core's `pystub_backend.backend.features.client_shm.ClientShmRegistry`. The servi
 
 from __future__ import annotations
 
-from typing import Any
+from tritonclient.grpc import service_pb2 as pb
 
-from tritonclient.grpc import service_pb2
+from pystub_backend.backend.features.client_shm import ClientShmRegistry
 
 __all__ = ["system_status", "system_register", "system_unregister", "cuda_status", "cuda_register",
            "cuda_unregister"]
 
 
-def system_status(registry: Any, request: Any) -> service_pb2.SystemSharedMemoryStatusResponse:
-    response = service_pb2.SystemSharedMemoryStatusResponse()
+def system_status(registry: ClientShmRegistry,
+                  request: pb.SystemSharedMemoryStatusRequest) -> pb.SystemSharedMemoryStatusResponse:
+    response = pb.SystemSharedMemoryStatusResponse()
     for region in registry.status(request.name):
         entry = response.regions[region["name"]]
         entry.name, entry.key = region["name"], region["key"]
@@ -29,26 +30,31 @@ def system_status(registry: Any, request: Any) -> service_pb2.SystemSharedMemory
     return response
 
 
-def system_register(registry: Any, request: Any) -> service_pb2.SystemSharedMemoryRegisterResponse:
+def system_register(registry: ClientShmRegistry,
+                    request: pb.SystemSharedMemoryRegisterRequest) -> pb.SystemSharedMemoryRegisterResponse:
     registry.register(request.name, request.key, request.offset, request.byte_size)
-    return service_pb2.SystemSharedMemoryRegisterResponse()
+    return pb.SystemSharedMemoryRegisterResponse()
 
 
-def system_unregister(registry: Any, request: Any) -> service_pb2.SystemSharedMemoryUnregisterResponse:
+def system_unregister(registry: ClientShmRegistry,
+                      request: pb.SystemSharedMemoryUnregisterRequest) -> pb.SystemSharedMemoryUnregisterResponse:
     registry.unregister(request.name)
-    return service_pb2.SystemSharedMemoryUnregisterResponse()
+    return pb.SystemSharedMemoryUnregisterResponse()
 
 
-def cuda_status(registry: Any, request: Any) -> service_pb2.CudaSharedMemoryStatusResponse:
+def cuda_status(registry: ClientShmRegistry,
+                request: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:
     registry.cuda_status(request.name)  # raises for a named region: none exists
-    return service_pb2.CudaSharedMemoryStatusResponse()
+    return pb.CudaSharedMemoryStatusResponse()
 
 
-def cuda_register(registry: Any, request: Any) -> service_pb2.CudaSharedMemoryRegisterResponse:
+def cuda_register(registry: ClientShmRegistry,
+                  request: pb.CudaSharedMemoryRegisterRequest) -> pb.CudaSharedMemoryRegisterResponse:
     registry.cuda_register(request.name)
-    return service_pb2.CudaSharedMemoryRegisterResponse()
+    return pb.CudaSharedMemoryRegisterResponse()
 
 
-def cuda_unregister(registry: Any, request: Any) -> service_pb2.CudaSharedMemoryUnregisterResponse:
+def cuda_unregister(registry: ClientShmRegistry,
+                    request: pb.CudaSharedMemoryUnregisterRequest) -> pb.CudaSharedMemoryUnregisterResponse:
     registry.cuda_unregister(request.name)
-    return service_pb2.CudaSharedMemoryUnregisterResponse()
+    return pb.CudaSharedMemoryUnregisterResponse()

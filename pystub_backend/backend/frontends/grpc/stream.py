@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +24,7 @@ from tritonclient.grpc import service_pb2
 
 from pystub_backend.backend import client_link
 from pystub_backend.backend.errors import ServerError, forget_traceback, grpc_code
+from pystub_backend.backend.frontends.forwarding import forward_headers
 from pystub_backend.backend.frontends.grpc.codec import decode_infer_request, encode_infer_response
 from pystub_backend.backend.inference import InferResponse, ServerCore
 
@@ -53,9 +55,11 @@ def _error_message(request_id: str, error: ServerError) -> service_pb2.ModelStre
 class _StreamSession:
     """The requests of one stream, and the queue their responses are written from."""
 
-    def __init__(self, core: ServerCore, grpc_errors: bool) -> None:
+    def __init__(self, core: ServerCore, grpc_errors: bool, forwarded: list[tuple[str, str | bytes]],
+                 header_pattern: re.Pattern[str] | None) -> None:
         self.core = core
         self.grpc_errors = grpc_errors
+        self._forwarded, self._header_pattern = forwarded, header_pattern  # the stream's metadata
         # Bounded: a client that does not read stops our reading of the model's responses, which
         # stops returning credits, which makes the model's sender wait (and, past its deadline,
         # fail the request). Memory stays bounded at every step.
@@ -77,9 +81,11 @@ class _StreamSession:
         request_id = message.id
         try:
             request = decode_infer_request(message)
+            forward_headers(self._forwarded, request.parameters, self._header_pattern)
             request_id = request.id
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_KEY, False))
-            stream = await self.core.infer_stream(request)
+            target = self.core.target(request.model_name, request.model_version)  # the one lookup
+            stream = await self.core.infer_stream(request, target)
         except ServerError as error:
             forget_traceback(error)  # its frames hold the request; the error lives on in the queue
             await self._wait(turn)
@@ -88,7 +94,8 @@ class _StreamSession:
             return
         self.streams.add(stream)
         try:
-            decoupled = self.core.is_decoupled(request.model_name, request.model_version)
+            decoupled = target.decoupled if target is not None else \
+                self.core.is_decoupled(request.model_name, request.model_version)
             if not decoupled:
                 await self._wait(turn)  # default-mode models answer in request order
             async for response in stream:
@@ -123,9 +130,11 @@ class _StreamSession:
             task.cancel()
 
 
-async def stream_infer(core: ServerCore, request_iterator: AsyncIterator[Any],
-                       context: grpc.aio.ServicerContext) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
-    session = _StreamSession(core, _wants_grpc_errors(context))
+async def stream_infer(core: ServerCore, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext,
+                       header_pattern: re.Pattern[str] | None = None
+                       ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
+    metadata = list(context.invocation_metadata() or ())
+    session = _StreamSession(core, _wants_grpc_errors(context), metadata, header_pattern)
     link = client_link.open_link()  # pystub sequences: sequences left open on this stream end with it
 
     async def read() -> None:

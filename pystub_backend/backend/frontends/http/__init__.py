@@ -1,1 +1,13 @@
-"""pystub_backend.backend.frontends.http."""
+"""The KServe v2 HTTP frontend: `create_http_app` builds the aiohttp application.
+
+    server.py       routes, error middleware, body reading (--http-max-input-size: the JSON part)
+    codec.py        JSON + binary request bodies;  raw.py  raw binary requests
+    encode.py       responses;  compression.py  gzip/deflate both ways
+    generate.py     /generate and /generate_stream;  control.py  model control and logging
+    shm.py          shared memory extension;  restrict.py  --http-restricted-api groups
+"""
+
+from pystub_backend.backend.frontends.http.restrict import path_group
+from pystub_backend.backend.frontends.http.server import create_http_app
+
+__all__ = ["create_http_app", "path_group"]

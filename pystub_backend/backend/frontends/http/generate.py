@@ -37,7 +37,7 @@ def _input_tensor(spec: dict[str, Any], value: Any, batching: bool) -> Tensor:
     values = value if isinstance(value, list) else [value]
     if any(isinstance(v, list) for v in values):
         raise _invalid(f"generate input '{spec['name']}' must be a scalar or a 1-D list")
-    shape = (1, len(values)) if batching and len(spec["shape"]) > 1 else (len(values),)
+    shape: tuple[int, ...] = (1, len(values)) if batching and len(spec["shape"]) > 1 else (len(values),)
     if not batching and len(spec["shape"]) == 0:
         shape = ()
     data = json_to_tensor_bytes(spec["name"], spec["datatype"], shape, values)

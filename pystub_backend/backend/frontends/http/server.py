@@ -11,13 +11,16 @@ import asyncio
 import functools
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, http_status
+from pystub_backend.backend.frontends.forwarding import forward_headers
 from pystub_backend.backend.frontends.http.codec import (
     INFERENCE_HEADER,
     Body,
@@ -34,8 +37,10 @@ from pystub_backend.backend.frontends.http.control import control_routes
 from pystub_backend.backend.frontends.http.encode import EncodedResponse, encode_infer_response
 from pystub_backend.backend.frontends.http.generate import generate, generate_stream
 from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_input_spec
+from pystub_backend.backend.frontends.http.restrict import restriction_middleware
 from pystub_backend.backend.frontends.http.shm import shm_routes
 from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.options import Restrictions
 from pystub_backend.ipc.messages.multiplex import MODEL_ID_HEADER, MODEL_ID_PARAMETER
 
 __all__ = ["create_http_app"]
@@ -47,19 +52,29 @@ _T = TypeVar("_T")
 
 # (De)compressing more than this runs in a worker thread so the loop keeps serving health checks.
 _OFFLOAD_BYTES = 1 << 20
+# A compressed body with binary tensor data is not bounded by --http-max-input-size (only its JSON
+# part is); this bounds what it may inflate to, so a small body cannot claim unbounded memory.
+_MAX_INFLATED = 1 << 32
 _MODEL = "/v2/models/{model}"
 _MODEL_VERSION = "/v2/models/{model}/versions/{version:[0-9]+}"
 
 
-def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20) -> web.Application:
-    """The aiohttp application serving `core`; request bodies above `max_input_size` get 400."""
+def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
+                    restrictions: Restrictions | None = None,
+                    header_forward_pattern: re.Pattern[str] | None = None) -> web.Application:
+    """The aiohttp application serving `core`; a JSON part above `max_input_size` gets 400, a
+    request of a restricted API group without its header gets 403, and headers matching
+    `header_forward_pattern` become inference request parameters."""
+    middlewares: list[Middleware] = [_error_middleware]
+    if restrictions:
+        middlewares.append(restriction_middleware(restrictions))
     app = web.Application(
         client_max_size=max_input_size,
-        middlewares=[_error_middleware],
+        middlewares=middlewares,
         # Request bodies are decompressed here, under the size limit, not by aiohttp's parser.
         handler_args={"auto_decompress": False},
     )
-    routes = _Routes(core, max_input_size)
+    routes = _Routes(core, max_input_size, header_forward_pattern)
     router = app.router
     router.add_get("/v2/health/live", routes.live)
     router.add_get("/v2/health/ready", routes.ready)
@@ -140,9 +155,10 @@ def _model_ref(request: web.Request) -> tuple[str, str]:
 class _Routes:
     """The route handlers, bound to one core."""
 
-    def __init__(self, core: ServerCore, max_input_size: int) -> None:
+    def __init__(self, core: ServerCore, max_input_size: int, header_pattern: re.Pattern[str] | None) -> None:
         self._core = core
         self._max_input_size = max_input_size
+        self._header_pattern = header_pattern
 
     async def live(self, request: web.Request) -> web.Response:
         # Triton answers 400 with an empty body; clients look only at the status.
@@ -183,14 +199,16 @@ class _Routes:
 
     async def infer(self, request: web.Request) -> web.Response:
         model, version = _model_ref(request)
-        if self._core.is_decoupled(model, version):
+        target = self._core.target(model, version)  # the one lookup of this request
+        if target is not None and target.decoupled:
             raise ServerError("HTTP end point doesn't support models with decoupled transaction policy",
                               Status.UNSUPPORTED)
         body = await self._read_body(request)
         decoded = self._decode(body, request, model, version)
         _copy_multiplexed_model_id(request, decoded.request)
+        forward_headers(request.headers.items(), decoded.request.parameters, self._header_pattern)
         with http_request_link(request):  # pystub sequences: a client gone mid-request evicts its sequence
-            response = await self._core.infer(decoded.request)
+            response = await self._core.infer(decoded.request, target)
         try:
             encoded = encode_infer_response(response, decoded.output_format)
         finally:
@@ -210,17 +228,33 @@ class _Routes:
         return decode_raw_request(body, spec, model, version)
 
     async def _read_body(self, request: web.Request) -> bytes | bytearray:
-        """The decompressed body, refused with 400 as soon as it passes the size limit."""
+        """The decompressed body, refused with 400 as soon as its JSON part passes the size limit.
+
+        `--http-max-input-size` bounds the JSON part only, as in Triton: the whole body when there
+        is no `Inference-Header-Content-Length`, else the length that header declares (checked
+        before reading); binary tensor data after the JSON is not counted.
+        """
         limit = self._max_input_size
-        if request.content_length is not None and request.content_length > limit:
+        declared = _declared_json_length(request.headers.get(INFERENCE_HEADER))
+        if declared is not None and declared > limit:
+            raise _too_large(limit, "JSON part")
+        body_limit = limit if INFERENCE_HEADER not in request.headers else None
+        if body_limit is not None and request.content_length is not None and request.content_length > body_limit:
             raise _too_large(limit)
         body = bytearray()
         while chunk := await request.content.readany():
             body += chunk
-            if len(body) > limit:
+            if body_limit is not None and len(body) > body_limit:
                 raise _too_large(limit)
         encoding = request.headers.get("Content-Encoding")
-        return await _offload(len(body), decompress_body, body, encoding, limit)
+        inflate_limit = body_limit if body_limit is not None else _MAX_INFLATED
+        return await _offload(len(body), decompress_body, body, encoding, inflate_limit)
+
+
+def _declared_json_length(value: str | None) -> int | None:
+    """The header's length when it is a plain number; anything else is judged by the decoder."""
+    text = (value or "").strip()
+    return int(text) if text.isdigit() else None
 
 
 def _copy_multiplexed_model_id(request: web.Request, infer_request: Any) -> None:
@@ -236,8 +270,8 @@ def _copy_multiplexed_model_id(request: web.Request, infer_request: Any) -> None
     infer_request.parameters[MODEL_ID_PARAMETER] = value
 
 
-def _too_large(limit: int) -> ServerError:
-    message = f"request body exceeds the maximum input size of {limit} bytes"
+def _too_large(limit: int, what: str = "request body") -> ServerError:
+    message = f"{what} exceeds the maximum input size of {limit} bytes (--http-max-input-size)"
     return ServerError(message, Status.INVALID_ARG)
 
 

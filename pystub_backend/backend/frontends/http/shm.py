@@ -7,8 +7,8 @@
     POST /v2/cudasharedmemory/region/{r}/register      -> refused
     POST /v2/cudasharedmemory[/region/{r}]/unregister  -> 200
 
-The calls go to the core's `pystub_backend.backend.features.client_shm.ClientShmRegistry`; errors are `ServerError`s that
-the app's error middleware renders as `{"error": msg}`.
+The calls go to the core's `pystub_backend.backend.features.client_shm.ClientShmRegistry`; errors
+are `ServerError`s that the app's error middleware renders as `{"error": msg}`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,340 @@
+"""Model control: loading, reloading and unloading models, repository polling, the repository index
+(PROTOCOL.md section 10).
+
+    load_model ──▶ _exclusive(name) ──▶ _load: prepare_model ─▶ start_versions ─▶ _install (swap in,
+                   (one operation per      retire the old versions) ── a failure leaves what served
+                    model at a time)
+    unload_model ─▶ _exclusive(name) ──▶ _unload: out of the table, then retire each version
+    poll_repository: new directories load, changed ones reload, removed ones unload
+
+Each operation runs in a task of its own, so a client that goes away does not cancel it half-way,
+and shutdown waits for it. Entries and versions move through `ModelState`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from pystub_backend.backend.core.options import CoreOptions
+from pystub_backend.backend.core.table import ModelTable
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.models.config import ConfigError, config_from_json
+from pystub_backend.backend.models.ensemble_config import (
+    composes,
+    ensemble_dependencies,
+    ensemble_graph_models,
+    load_waves,
+)
+from pystub_backend.backend.models.lifecycle import InFlight, ModelEntry, retire, start_versions, stop_versions
+from pystub_backend.backend.models.overrides import LoadRequest, OverrideDir, parse_load_parameters
+from pystub_backend.backend.models.repository import (
+    POLL_FAILED,
+    ModelSource,
+    PollError,
+    RepositoryError,
+    check_stub_name,
+    find_models,
+    model_fingerprint,
+    prepare_model,
+)
+from pystub_backend.backend.models.state import UNLOADED_REASON, ModelState
+from pystub_backend.backend.models.version import ModelVersion
+from pystub_backend.ipc.status import Status
+
+__all__ = ["ModelControl"]
+
+log = logging.getLogger("pystub.core")
+_T = TypeVar("_T")
+Fingerprint = frozenset[tuple[str, int, int]]
+
+# Triton's text (model_repository_manager.cc), in every mode but explicit.
+_NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"
+
+
+def _load_error(name: str, text: str) -> ServerError:
+    return ServerError(f"load failed for model '{name}': {text}", Status.INVALID_ARG)
+
+
+def _version_failures(failed: dict[int, str]) -> str:
+    return "\n".join(f"version {v} is at UNAVAILABLE state: Internal: {reason};"
+                     for v, reason in sorted(failed.items()))
+
+
+def _raise_unexpected(results: list[object]) -> None:
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, ServerError):
+            raise result
+
+
+class ModelControl:
+    """Loads and unloads the models of `table`. `context` (the core) reaches the stubs' feature
+    handlers; `in_flight` is what retiring a version drains."""
+
+    def __init__(self, options: CoreOptions, table: ModelTable, in_flight: InFlight, context: object) -> None:
+        self.options = options
+        self._table = table
+        self._in_flight = in_flight
+        self._context = context
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._operations: set[asyncio.Task[Any]] = set()
+        self._load_slots = asyncio.Semaphore(options.load_thread_count)  # --model-load-thread-count
+        self._poller: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # -- start-up and shutdown -------------------------------------------------------------------
+    async def load_repository(self) -> list[str]:
+        """Load the models the control mode selects at start-up and, in poll mode, start polling.
+        Returns the names that failed (already logged). Raises RepositoryError when a repository
+        itself is unusable."""
+        found = find_models(self.options.repositories)
+        names = list(found)
+        if self.options.model_control_mode == "explicit" and "*" not in self.options.startup_models:
+            names = list(dict.fromkeys(self.options.startup_models))
+        fingerprints: dict[str, Fingerprint] = {}
+        if self.options.model_control_mode == "poll":  # what the first poll compares against
+            fingerprints = await asyncio.to_thread(lambda: {n: model_fingerprint(p) for n, p in found.items()})
+        results: list[object] = []
+        ordered: list[str] = []
+        for wave in load_waves(names, found):  # ensembles after the models they compose
+            ordered.extend(wave)
+            results.extend(await asyncio.gather(
+                *(self._exclusive(name, lambda name=name: self._load(name, found.get(name), None,  # type: ignore[misc]
+                                                                     fingerprints.get(name)))
+                  for name in wave), return_exceptions=True))
+        _raise_unexpected(results)
+        if self.options.model_control_mode == "poll":
+            self._poller = asyncio.ensure_future(self._poll_forever())
+        return [name for name, result in zip(ordered, results, strict=True) if result is not None]
+
+    async def unload_all(self) -> None:
+        """Stop polling, let running loads finish, then drain and unload every model."""
+        self._closing = True
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        await asyncio.gather(*list(self._operations), return_exceptions=True)
+        await asyncio.gather(*(self._unload(name) for name in list(self._table.entries)))
+
+    # -- requests (explicit mode) -----------------------------------------------------------------
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None,
+                         _seen: frozenset[str] = frozenset()) -> None:
+        """Load (or reload) a model; explicit mode only. `parameters`: `config` (str) and
+        `file:<path>` (bytes). Raises ServerError."""
+        self._require_explicit()
+        if not name or name in (".", "..") or "/" in name or "\0" in name:
+            raise _load_error(name, "invalid model name")
+        try:
+            check_stub_name(name)
+        except RepositoryError as exc:
+            raise _load_error(name, str(exc)) from None
+        request = parse_load_parameters(parameters or {})
+        model_dir = None
+        if not request.files:
+            try:
+                model_dir = find_models(self.options.repositories).get(name)
+            except RepositoryError as exc:
+                raise ServerError(str(exc), Status.INTERNAL) from None
+        await self._load_composing_models(name, model_dir, request, _seen)
+        await self._exclusive(name, lambda: self._load(name, model_dir, request, None))
+
+    async def _load_composing_models(self, name: str, model_dir: str | None, request: LoadRequest,
+                                     seen: frozenset[str]) -> None:
+        """An ensemble's composing models that are not loaded yet load first (as in Triton)."""
+        try:
+            config = config_from_json(request.config) if request.config else None
+        except ConfigError:
+            return  # the load itself reports the bad config
+        composing = ensemble_graph_models(config) if config is not None else ensemble_dependencies(model_dir)
+        if not composing:
+            return
+        try:
+            found = find_models(self.options.repositories)
+        except RepositoryError:
+            found = {}
+        for dependency in composing:  # one that is nowhere fails the ensemble's load, which says so
+            if dependency in found and dependency not in seen and not self._table.loaded(dependency):
+                await self.load_model(dependency, None, seen | {name})
+
+    async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """Drain and unload a model; explicit mode only. With `unload_dependents`, the loaded
+        ensembles that compose it are unloaded too. Unloading what is not loaded succeeds."""
+        self._require_explicit()
+        dependents = (parameters or {}).get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise ServerError("Unload parameter 'unload_dependents' must be a boolean", Status.INVALID_ARG)
+        await self._exclusive(name, lambda: self._unload(name))
+        if dependents:
+            entries = self._table.entries.values()
+            for ensemble in [e.name for e in entries if composes(e.versions.values(), name)]:
+                await self.unload_model(ensemble, {"unload_dependents": True})
+
+    def _require_explicit(self) -> None:
+        if self.options.model_control_mode != "explicit":
+            raise ServerError(_NOT_EXPLICIT, Status.UNAVAILABLE)
+
+    async def _exclusive(self, name: str, operation: Callable[[], Awaitable[_T]]) -> _T:
+        """Run one load/unload of `name` after the previous one ended, in a task of its own."""
+        if self._closing:
+            raise ServerError("the server is shutting down", Status.UNAVAILABLE)
+        lock = self._locks.setdefault(name, asyncio.Lock())
+
+        async def run() -> _T:
+            async with lock:
+                return await operation()
+
+        task = asyncio.ensure_future(run())
+        self._operations.add(task)
+        task.add_done_callback(self._operation_done)
+        return await asyncio.shield(task)
+
+    def _operation_done(self, task: asyncio.Task[Any]) -> None:
+        self._operations.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved here: the caller that awaited it may be gone
+
+    # -- loading -----------------------------------------------------------------------------------
+    async def _load(self, name: str, model_dir: str | None, request: LoadRequest | None,
+                    fingerprint: Fingerprint | None) -> None:
+        """Load `name` from `model_dir` (or the request's override files); reload it if loaded.
+        A failed reload leaves the loaded versions serving. Raises ServerError (logged)."""
+        entry = self._table.entries.setdefault(name, ModelEntry(name))
+        if fingerprint is not None:
+            entry.fingerprint = fingerprint
+        source, override = await self._prepare(entry, model_dir, request)
+        loaded, failed = await self._start_versions(source)
+        for version in loaded.values():
+            version.stats.loaded()  # nv_model_load_duration_secs
+        if failed and (entry.versions or not loaded):
+            await stop_versions(loaded, self.options.settings.stub_timeout_seconds)
+            if override is not None:
+                override.remove()
+            if not entry.versions:
+                entry.state, entry.reason = ModelState.UNAVAILABLE, "; ".join(failed.values())
+                entry.failed, entry.unloaded = failed, []
+            raise _load_error(name, _version_failures(failed))
+        await self._install(entry, loaded, failed, override)
+        if failed:
+            raise _load_error(name, _version_failures(failed))
+
+    async def _prepare(self, entry: ModelEntry, model_dir: str | None, request: LoadRequest | None
+                       ) -> tuple[ModelSource, OverrideDir | None]:
+        """The model's source (config, versions) and its override directory. Raises ServerError
+        (logged); the entry then shows why, unless versions of it serve on."""
+        name, override = entry.name, None
+        try:
+            check_stub_name(name)
+            config = config_from_json(request.config) if request is not None and request.config else None
+            if request is not None and request.files:
+                override = OverrideDir.create(name, request.files)
+                model_dir = override.model_dir
+            if model_dir is None:
+                raise PollError(f"model '{name}' is not found in any model repository")
+            if not entry.versions:
+                entry.state, entry.reason = ModelState.LOADING, ""
+            source = await prepare_model(name, model_dir, self.options.settings, self.options.auto_complete, config,
+                                         self.options.backend_directory, self.options.model_config_name)
+        except (RepositoryError, ConfigError, ServerError) as exc:
+            if override is not None:
+                override.remove()
+            text = exc.message if isinstance(exc, ServerError) else str(exc)
+            log.error("failed to load '%s': Internal: %s", name, text)
+            if not entry.versions:
+                entry.state, entry.reason, entry.failed, entry.unloaded = ModelState.UNAVAILABLE, text, {}, []
+            if isinstance(exc, PollError):  # Triton's answer to a failed poll (the reason is logged)
+                raise ServerError(POLL_FAILED.format(name=name), Status.INTERNAL) from None
+            raise _load_error(name, text) from None
+        return source, override
+
+    async def _start_versions(self, source: ModelSource) -> tuple[dict[int, ModelVersion], dict[int, str]]:
+        """`start_versions` in one of the load slots; a failure is retried `load_retry_count` times."""
+        for attempt in range(self.options.load_retry_count + 1):
+            async with self._load_slots:
+                loaded, failed = await start_versions(source, self.options.settings, self._context)
+            if not failed or attempt == self.options.load_retry_count:
+                break
+            await stop_versions(loaded, self.options.settings.stub_timeout_seconds)
+            log.warning("failed to load '%s' (%s); retrying (%d of %d)", source.name, "; ".join(failed.values()),
+                        attempt + 1, self.options.load_retry_count)
+        return loaded, failed
+
+    async def _install(self, entry: ModelEntry, loaded: dict[int, ModelVersion], failed: dict[int, str],
+                       override: OverrideDir | None) -> None:
+        """Swap the new versions in, then retire the old ones and their override directory."""
+        old, old_override = entry.versions, entry.override
+        entry.versions, entry.failed, entry.unloaded, entry.override = loaded, failed, [], override
+        entry.state, entry.reason = (ModelState.READY, "") if not failed else \
+            (ModelState.UNAVAILABLE, "; ".join(failed.values()))
+        await self._retire(entry, old)
+        if old_override is not None:
+            old_override.remove()
+
+    async def _retire(self, entry: ModelEntry, versions: dict[int, ModelVersion]) -> None:
+        entry.retiring.update(versions)
+        timeout = self.options.settings.exit_timeout_seconds
+        try:
+            await asyncio.gather(*(retire(version, self._in_flight, timeout) for version in versions.values()))
+        finally:
+            for number, version in versions.items():
+                if entry.retiring.get(number) is version:
+                    del entry.retiring[number]
+
+    async def _unload(self, name: str) -> None:
+        entry = self._table.entries.get(name)
+        if entry is None:
+            return
+        versions, entry.versions = entry.versions, {}
+        had = sorted(set(versions) | set(entry.failed) | set(entry.unloaded))
+        entry.state, entry.reason, entry.failed = ModelState.UNLOADING, "", {}
+        await self._retire(entry, versions)
+        if entry.override is not None:
+            entry.override.remove()
+            entry.override = None
+        entry.unloaded, entry.fingerprint = had, None
+        entry.state, entry.reason = ModelState.UNAVAILABLE, UNLOADED_REASON
+
+    # -- repository polling ------------------------------------------------------------------------
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.poll_seconds)
+            try:
+                await self.poll_repository()
+            except Exception:  # a bad poll must not end polling
+                log.exception("repository poll failed")
+
+    async def poll_repository(self) -> None:
+        """Load new model directories, reload changed ones, unload removed ones."""
+        try:
+            found = find_models(self.options.repositories)
+        except RepositoryError as exc:
+            log.error("repository poll: %s", exc)
+            return
+        fingerprints = await asyncio.to_thread(lambda: {n: model_fingerprint(p) for n, p in found.items()})
+        operations: list[Awaitable[None]] = []
+        for name, path in found.items():
+            entry = self._table.entries.get(name)
+            if entry is None or entry.fingerprint != fingerprints[name]:
+                log.info("repository poll: %s '%s'", "reloading" if entry and entry.versions else "loading", name)
+                operations.append(self._exclusive(
+                    name, lambda name=name, path=path: self._load(name, path, None, fingerprints[name])))  # type: ignore[misc]
+        for name, entry in self._table.entries.items():
+            if name not in found and entry.fingerprint is not None:
+                log.info("repository poll: '%s' was removed; unloading it", name)
+                operations.append(self._exclusive(name, lambda name=name: self._unload(name)))  # type: ignore[misc]
+        _raise_unexpected(await asyncio.gather(*operations, return_exceptions=True))
+
+    # -- the index -----------------------------------------------------------------------------------
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model the server knows of, and every model directory in the repositories that
+        was never loaded (as in Triton's explicit mode, such a row has only a name)."""
+        entries = self._table.entries
+        rows = [row for entry in entries.values() for row in entry.index_rows()]
+        try:
+            found = find_models(self.options.repositories)
+        except RepositoryError:
+            found = {}
+        rows.extend({"name": name} for name in found if name not in entries)
+        rows.sort(key=lambda row: (row["name"], int(row.get("version") or 0)))
+        return [row for row in rows if not ready_only or row.get("state") == ModelState.READY.value]

@@ -1,0 +1,117 @@
+"""Values of the command-line flags: the argparse `type=` functions and the composite formats.
+
+Each function raises `argparse.ArgumentTypeError` (a usage error, exit status 2) with a message
+that quotes the bad text; the formats are Triton's (`tritonserver --help`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from pystub_backend.backend.options import API_GROUPS, Restriction, Restrictions
+
+__all__ = ["parse_bool", "positive_seconds", "positive_int", "non_negative_int", "compression_level", "regex",
+           "restrictions", "setting", "cache_setting"]
+
+_COMPRESSION_LEVELS = ("none", "low", "medium", "high")  # grpc_compression_level 0..3
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got '{text}'")
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got '{text}'")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got '{text}'")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got '{text}'")
+    return value
+
+
+def regex(text: str) -> re.Pattern[str]:
+    """A regular expression (the header forward patterns)."""
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"invalid regular expression '{text}': {exc}") from None
+
+
+def compression_level(text: str) -> int:
+    """none, low, medium or high as gRPC's compression level 0..3."""
+    lowered = text.strip().lower()
+    if lowered not in _COMPRESSION_LEVELS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(_COMPRESSION_LEVELS)}, got '{text}'")
+    return _COMPRESSION_LEVELS.index(lowered)
+
+
+def restrictions(entries: list[str], flag: str) -> Restrictions:
+    """`<group>[,<group>...]:<key>=<value>` entries as group -> Restriction.
+
+    The format is the one tritonserver 2.51 parses (its --help shows a comma before the key, which
+    it refuses). A group named in two entries is an error, as in Triton."""
+    result: Restrictions = {}
+    for entry in entries:
+        groups_text, colon, pair = entry.partition(":")
+        key, equals, value = pair.partition("=")
+        if not colon or not groups_text or not equals or not key.strip():
+            raise argparse.ArgumentTypeError(
+                f"{flag} option format is '<api>[,<api>...]:<key>=<value>', got '{entry}'")
+        for group in (g.strip() for g in groups_text.split(",")):
+            if group not in API_GROUPS:
+                raise argparse.ArgumentTypeError(
+                    f"{flag}: unknown API group '{group}' (known: {', '.join(API_GROUPS)})")
+            if group in result:
+                raise argparse.ArgumentTypeError(f"{flag}: API group '{group}' is given more than once")
+            result[group] = Restriction(key.strip().lower(), value)
+    return result
+
+
+def setting(entries: list[str], flag: str) -> dict[str, str]:
+    """`<setting>=<value>` entries (--metrics-config) as a dict; the last one of a name wins."""
+    result: dict[str, str] = {}
+    for entry in entries:
+        name, equals, value = entry.partition("=")
+        if not equals or not name.strip():
+            raise argparse.ArgumentTypeError(f"{flag} expects <setting>=<value>, got '{entry}'")
+        result[name.strip()] = value.strip()
+    return result
+
+
+def cache_setting(entries: list[str], flag: str) -> dict[str, dict[str, str]]:
+    """`<cache>,<setting>=<value>` entries (--cache-config) as cache -> {setting: value}."""
+    result: dict[str, dict[str, str]] = {}
+    for entry in entries:
+        cache, comma, pair = entry.partition(",")
+        name, equals, value = pair.partition("=")
+        if not comma or not equals or not cache.strip() or not name.strip():
+            raise argparse.ArgumentTypeError(f"{flag} expects <cache>,<setting>=<value>, got '{entry}'")
+        result.setdefault(cache.strip(), {})[name.strip()] = value.strip()
+    return result

@@ -1,0 +1,122 @@
+"""The gRPC listener: a `grpc.aio` server with the inference service, health and reflection.
+
+What the command line decides arrives as `GrpcOptions`: grpc core channel arguments (keepalive,
+HTTP/2 ping policy, connection age, compression level), SO_REUSEPORT, TLS (server-only or mutual)
+and the restricted protocol groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from tritonclient.grpc import service_pb2_grpc
+
+from pystub_backend.backend.frontends.grpc.codec import parse_infer_request
+from pystub_backend.backend.frontends.grpc.health import SERVICE_NAME as HEALTH_SERVICE
+from pystub_backend.backend.frontends.grpc.health import HealthService
+from pystub_backend.backend.frontends.grpc.restrict import RestrictionInterceptor
+from pystub_backend.backend.frontends.grpc.servicer import InferenceServicer
+from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.options import GrpcOptions, TlsFiles
+
+__all__ = ["GrpcListener", "create_grpc_listener", "create_grpc_server", "INFERENCE_SERVICE"]
+
+INFERENCE_SERVICE = "inference.GRPCInferenceService"
+
+_BASE_CHANNEL_ARGS: dict[str, int] = {
+    # grpc.aio caps messages at 4 MiB; Triton has no limit and perf_analyzer sends large batches.
+    "grpc.max_receive_message_length": -1,
+    "grpc.max_send_message_length": -1,
+    # gRPC sets SO_REUSEPORT by default, which lets a second server bind a busy port and
+    # silently take half the connections; a busy port must be an error unless asked for.
+    "grpc.so_reuseport": 0,
+}
+
+
+class _HandlerCapture:
+    """Stands in for a server to catch the method handlers the generated code registers."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass  # the same handlers also come through add_registered_method_handlers
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.handlers = dict(handlers)
+
+
+def register(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """The generated registration, except that ModelInfer parses and serializes its own messages
+    (`codec.parse_infer_request` / `serialize_infer_response`): protobuf's bytes fields cost
+    50-130 ms per 16 MiB tensor."""
+    capture = _HandlerCapture()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)
+    handlers = capture.handlers
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        servicer.ModelInfer, request_deserializer=parse_infer_request, response_serializer=None)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(INFERENCE_SERVICE, handlers),))
+    server.add_registered_method_handlers(INFERENCE_SERVICE, handlers)
+
+
+@dataclass
+class GrpcListener:
+    server: grpc.aio.Server
+    port: int
+    health: HealthService
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    async def stop(self, grace: float) -> None:
+        """NOT_SERVING to health watchers (their streams end), then stop within `grace` seconds."""
+        self.health.close()
+        await self.server.stop(grace)
+
+
+def _credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    """Raises OSError when a PEM file cannot be read."""
+    pair = (Path(tls.server_key).read_bytes(), Path(tls.server_cert).read_bytes())
+    root = Path(tls.root_cert).read_bytes() if tls.root_cert else None
+    return grpc.ssl_server_credentials([pair], root_certificates=root, require_client_auth=tls.mutual)
+
+
+def _bind(server: grpc.aio.Server, address: str, port: int, tls: TlsFiles | None) -> int:
+    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+    target = f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(target) if tls is None else server.add_secure_port(target, _credentials(tls))
+    except RuntimeError as exc:  # grpcio reports a failed bind as RuntimeError
+        raise OSError(f"cannot bind gRPC listener to {target}: {exc}") from exc
+    if bound == 0:  # older grpcio returned 0 instead of raising
+        raise OSError(f"cannot bind gRPC listener to {target}")
+    return bound
+
+
+def create_grpc_listener(core: ServerCore, address: str, port: int,
+                         options: GrpcOptions | None = None) -> GrpcListener:
+    """The gRPC listener for `core`, bound but not started.
+
+    Call it on the event loop that will run the server, then `await listener.start()`. Port 0 binds
+    an ephemeral port. Raises OSError when the address cannot be bound or a TLS file read.
+    """
+    options = options or GrpcOptions()
+    channel_args = {**_BASE_CHANNEL_ARGS, "grpc.so_reuseport": int(options.reuse_port), **options.channel_args}
+    interceptors = [RestrictionInterceptor(options.restrictions)] if options.restrictions else []
+    server = grpc.aio.server(options=list(channel_args.items()), interceptors=interceptors)
+    register(InferenceServicer(core, options.header_forward_pattern), server)
+    health = HealthService(core)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection((INFERENCE_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server)
+    return GrpcListener(server, _bind(server, address, port, options.tls), health)
+
+
+def create_grpc_server(core: ServerCore, address: str, port: int,
+                       options: GrpcOptions | None = None) -> tuple[grpc.aio.Server, int]:
+    """`create_grpc_listener` for callers that stop the server themselves: (server, bound port)."""
+    listener = create_grpc_listener(core, address, port, options)
+    return listener.server, listener.port

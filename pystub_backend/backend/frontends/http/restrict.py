@@ -1,0 +1,58 @@
+"""`--http-restricted-api`: endpoints of a restricted group need a header key=value (403 otherwise).
+
+The groups are Triton's. pystub's admin endpoint (`/v2/pystub/...`) is in "model-repository",
+since it restarts models. Paths of no group (unknown routes) are left to the router's 404.
+"""
+
+from __future__ import annotations
+
+import re
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from pystub_backend.backend.options import Restrictions
+
+__all__ = ["path_group", "restriction_middleware"]
+
+_MODEL = r"/v2/models/[^/]+(?:/versions/[^/]+)?"
+_PATTERNS = [(re.compile(pattern), group) for pattern, group in (
+    (r"/v2/health/(?:live|ready)", "health"),
+    (_MODEL + r"/ready", "health"),
+    (r"/v2", "metadata"),
+    (r"/v2/models/stats", "statistics"),  # before _MODEL, which would read it as a model named "stats"
+    (_MODEL, "metadata"),
+    (_MODEL + r"/(?:infer|generate|generate_stream)", "inference"),
+    (r"/v2/(?:system|cuda)sharedmemory(?:/.*)?", "shared-memory"),
+    (_MODEL + r"/config", "model-config"),
+    (r"/v2/repository(?:/.*)?", "model-repository"),
+    (r"/v2/pystub(?:/.*)?", "model-repository"),
+    (_MODEL + r"/stats", "statistics"),
+    (r"/v2/trace/setting", "trace"),
+    (_MODEL + r"/trace/setting", "trace"),
+    (r"/v2/logging", "logging"),
+)]
+
+
+def path_group(path: str) -> str | None:
+    """The API group of a request path, None when it belongs to none."""
+    path = path.rstrip("/") or "/"
+    for pattern, group in _PATTERNS:
+        if pattern.fullmatch(path):
+            return group
+    return None
+
+
+def restriction_middleware(restrictions: Restrictions) -> Middleware:
+    """An aiohttp middleware refusing requests of a restricted group without the expected header."""
+
+    @web.middleware
+    async def restrict(request: web.Request, handler: Handler) -> web.StreamResponse:
+        group = path_group(request.path)
+        restriction = restrictions.get(group) if group else None
+        if restriction is not None and request.headers.get(restriction.key) != restriction.value:
+            text = f"This API is restricted, expecting header '{restriction.key}'"
+            return web.json_response({"error": text}, status=403)
+        return await handler(request)
+
+    return restrict

@@ -1,0 +1,93 @@
+"""`ServerOptions`: what the command line decided, handed from `cli` to `server`.
+
+Its own module so that `cli` (parsing) and `server` (running) both depend on it and not on each
+other. The gRPC listener's settings and the restricted API groups have their own records because
+the frontends receive them without the rest.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from pystub_backend.backend.log import LogSettings
+from pystub_backend.backend.supervision.settings import StubSettings
+
+__all__ = ["ServerOptions", "GrpcOptions", "TlsFiles", "Restriction", "Restrictions", "API_GROUPS"]
+
+# Triton's API groups of --http-restricted-api / --grpc-restricted-protocol. pystub's admin
+# endpoint (/v2/pystub/stubs) belongs to "model-repository": it restarts models.
+API_GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
+              "statistics", "trace", "logging")
+
+
+@dataclass(frozen=True)
+class Restriction:
+    """A request of the group must carry the header (metadata) `key` with exactly `value`."""
+
+    key: str
+    value: str
+
+
+# API group -> its restriction; groups not listed are open.
+Restrictions = dict[str, Restriction]
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files of --grpc-use-ssl; `root_cert` is required and checked when `mutual`."""
+
+    server_cert: str
+    server_key: str
+    root_cert: str = ""
+    mutual: bool = False
+
+
+@dataclass
+class GrpcOptions:
+    """The gRPC listener: channel arguments (grpc core names), TLS, restrictions."""
+
+    channel_args: dict[str, int] = field(default_factory=dict)
+    reuse_port: bool = False
+    tls: TlsFiles | None = None
+    restrictions: Restrictions = field(default_factory=dict)
+    header_forward_pattern: re.Pattern[str] | None = None  # metadata forwarded as request parameters
+
+
+@dataclass
+class ServerOptions:
+    repositories: list[str]
+    http_address: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_address: str = "127.0.0.1"
+    grpc_port: int = 8001
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = 8002
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    metrics_interval_ms: int = 2000  # how often the polled gauges (CPU, memory, stub RSS) are sampled
+    allow_cpu_metrics: bool = True
+    http_max_input_size: int = 64 * 2**20
+    exit_on_error: bool = True
+    strict_readiness: bool = True
+    auto_complete: bool = True
+    server_id: str = "pystub"
+    model_control_mode: str = "none"
+    load_models: list[str] = field(default_factory=list)
+    repository_poll_secs: float = 15.0
+    allow_client_shm: bool = False
+    settings: StubSettings = field(default_factory=StubSettings)
+    log: LogSettings = field(default_factory=LogSettings)
+    reuse_http_port: bool = False
+    http_header_forward_pattern: re.Pattern[str] | None = None  # headers forwarded as request parameters
+    http_restrictions: Restrictions = field(default_factory=dict)
+    grpc: GrpcOptions = field(default_factory=GrpcOptions)
+    model_load_thread_count: int = 4
+    model_load_retry_count: int = 0
+    model_config_name: str = ""
+    backend_directory: str = ""
+    metrics_config: dict[str, str] = field(default_factory=dict)
+    cache_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Flags accepted without effect, in the order given: logged once at start-up.
+    ignored: list[str] = field(default_factory=list)

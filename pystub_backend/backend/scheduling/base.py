@@ -1,0 +1,217 @@
+"""What every scheduler shares: the worker loop, failure accounting and statistics.
+
+    start() ──▶ one worker per unit (an instance, a pipeline slot of one, a sequence lane)
+    worker:  while instance.wait_ready():        READY, or back from a restart (False: FAILED/stopped)
+                 work = await _take(unit)         the policy: which request(s) this unit runs next
+                 unit can't run it now?  ──▶ _give_back(unit, work)   (died meanwhile, held by BLS)
+                 _run(unit, work) in a task of its own (or inline, if the policy says so)
+             _instance_gone(unit)                 the policy: what happens to work nobody can run
+
+Statistics are counted here and only here (`telemetry.statistics` says what each counter means):
+an execution when a batch reached the model; per request, when its stream ends, an inference
+unless the stream was failed (batch failure, stub death: the model did not answer it), then a
+success, or a failure with the reason its error gives; a request that never reached the model
+fails with the reason its scheduler names (REJECTED, CANCELED, BACKEND, OTHER).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Generic, Protocol, TypeVar
+
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.inference import InferRequest, InferResponse
+from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.telemetry.statistics import BACKEND, BatchTiming, ModelStatistics, reason_for
+from pystub_backend.ipc.status import Status
+
+__all__ = ["Scheduler", "Outcome", "Instance", "Queued"]
+
+log = logging.getLogger("pystub.scheduler")
+
+Outcome = ResponseStream | ServerError  # what executing one request gives: its stream, or why it never ran
+
+
+class Instance(Protocol):
+    """What a scheduler uses of a model instance (supervision.instance.ModelInstance, or a wrapper
+    such as multiplex.MultiplexedInstance)."""
+
+    name: str
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def usable(self) -> bool: ...
+
+    def unhealthy_error(self) -> ServerError: ...
+
+    async def wait_ready(self) -> bool: ...
+
+    async def execute_streams(self, requests: list[InferRequest],
+                              on_sent: Callable[[list[Outcome]], None] | None = None
+                              ) -> tuple[list[Outcome], BatchTiming]: ...
+
+
+class Queued(Protocol):
+    """What a scheduler keeps of each request it queues."""
+
+    request: InferRequest
+    batch_size: int
+    enqueued_ns: int
+
+
+_Unit = TypeVar("_Unit")
+_Work = TypeVar("_Work")
+
+
+class Scheduler(abc.ABC, Generic[_Unit, _Work]):
+    """The base of every scheduler. A subclass keeps only its policy: `_units`, `_instance_of`,
+    `_take`, `_give_back`, `_run` (which calls `_execute`), `_instance_gone`, `fail_queued`,
+    `queued`, `schedule` and `schedule_stream`."""
+
+    # A batch runs in a task of its own, so that stopping the worker never cuts it in half (its
+    # requests still get their answers). A policy whose run hands each caller its outcome as
+    # soon as the request is on its way may run inline instead: one task less per request.
+    _runs_in_own_task = True
+
+    def __init__(self, stats: ModelStatistics) -> None:
+        self._stats = stats
+        self._workers: list[asyncio.Task[None]] = []
+        self._running: set[asyncio.Task[None]] = set()
+        self._stopped: ServerError | None = None
+
+    # -- the face every scheduler has -------------------------------------------------------------
+    def start(self) -> None:
+        for unit in self._units():
+            self._workers.append(asyncio.ensure_future(self._work(unit)))
+
+    @property
+    @abc.abstractmethod
+    def queued(self) -> int:
+        """Requests waiting for an instance."""
+
+    @abc.abstractmethod
+    async def schedule(self, request: InferRequest, batch_size: int) -> InferResponse:
+        """The request's single InferResponse. Raises ServerError."""
+
+    @abc.abstractmethod
+    async def schedule_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
+        """The request's ResponseStream once its execute has started. Raises ServerError."""
+
+    @abc.abstractmethod
+    def fail_queued(self, error: ServerError) -> int:
+        """Answer every queued request with `error` (running ones go on); returns how many."""
+
+    async def stop(self, reason: str) -> None:
+        """Fail what is still queued with `reason` (UNAVAILABLE) and stop the workers."""
+        self._stopped = ServerError(reason, Status.UNAVAILABLE)
+        failed = self.fail_queued(self._stopped)
+        if failed:
+            log.info("%s failed %d queued request(s)", reason, failed)
+        await self._before_workers_stop()
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers.clear()
+
+    # -- the policy ---------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _units(self) -> Sequence[_Unit]:
+        """What gets a worker each."""
+
+    @abc.abstractmethod
+    def _instance_of(self, unit: _Unit) -> Instance:
+        """The ModelInstance a unit runs its work on."""
+
+    @abc.abstractmethod
+    async def _take(self, unit: _Unit) -> _Work | None:
+        """The work the unit runs next (None: nothing after all, ask again)."""
+
+    @abc.abstractmethod
+    def _give_back(self, unit: _Unit, work: _Work) -> None:
+        """Work taken by a unit that cannot run it now goes back to wait."""
+
+    @abc.abstractmethod
+    async def _run(self, unit: _Unit, work: _Work) -> None:
+        """Execute the work and hand each caller its outcome."""
+
+    @abc.abstractmethod
+    def _instance_gone(self, unit: _Unit) -> None:
+        """The unit's instance is FAILED for good (or the scheduler stopped)."""
+
+    def _can_run(self, instance: Instance) -> bool:
+        """Whether a unit may run the work it took: its instance did not die while it waited, and
+        no execute on it waits for a BLS call (the work could only queue behind it)."""
+        return bool(instance.healthy) and not getattr(instance, "held", False)
+
+    async def _before_workers_stop(self) -> None:
+        """A hook of `stop`, after the queue failed and before the workers are cancelled."""
+
+    # -- the worker loop -------------------------------------------------------------------------------
+    async def _work(self, unit: _Unit) -> None:
+        # A worker serves while its instance is READY, waits while it restarts, and ends when it
+        # is FAILED or stopped.
+        instance = self._instance_of(unit)
+        while await instance.wait_ready():
+            work = await self._take(unit)
+            if work is None:
+                continue
+            if not self._can_run(instance):
+                self._give_back(unit, work)
+                continue
+            if not self._runs_in_own_task:
+                await self._run(unit, work)
+                continue
+            task = asyncio.ensure_future(self._run(unit, work))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+            await asyncio.shield(task)
+        self._instance_gone(unit)
+
+    async def _execute(self, instance: Instance, batch: Sequence[Queued],
+                       on_sent: Callable[[list[Outcome]], None] | None = None,
+                       follow: Callable[[Queued], bool] | None = None) -> list[Outcome]:
+        """Send a batch to the instance: one outcome per request, counted here. A request that
+        never reached the model (stub gone, arena full) is a BACKEND failure; the others are one
+        execution, and each is counted when its stream ends (`follow`: whether to count a request
+        at all; False for one the model runs again). Never raises but for cancellation."""
+        started = time.monotonic_ns()
+        try:
+            results, timing = await instance.execute_streams([work.request for work in batch], on_sent)
+        except Exception as exc:  # a bug below us must fail these requests, not end the worker
+            log.exception("scheduler: executing a batch of %d on '%s' failed", len(batch),
+                          getattr(instance, "name", "?"))
+            results, timing = [ServerError(f"failed to execute the request: {exc}", Status.INTERNAL)] * len(batch), \
+                BatchTiming()
+        executed = 0
+        for work, result in zip(batch, results, strict=True):
+            counted = follow is None or follow(work)
+            if isinstance(result, ServerError):
+                if counted:
+                    self._record_failure(work.enqueued_ns, BACKEND)
+                continue
+            executed += work.batch_size
+            if counted:
+                result.when_final(functools.partial(self._record_final, work=work, started_ns=started, timing=timing))
+        if executed:  # requests that never reached the model are no execution
+            self._stats.record_execution(executed, timing)
+        return list(results)
+
+    # -- statistics ----------------------------------------------------------------------------------
+    def _record_failure(self, enqueued_ns: int, reason: str) -> None:
+        """A request failed with `reason` before the model answered it."""
+        self._stats.record_failure(time.monotonic_ns() - enqueued_ns, reason)
+
+    def _record_final(self, stream: ResponseStream, work: Queued, started_ns: int, timing: BatchTiming) -> None:
+        finished, enqueued = time.monotonic_ns(), work.enqueued_ns
+        if stream.error is None:
+            self._stats.record_success(work.batch_size, finished - enqueued, started_ns - enqueued, timing)
+        else:  # an error response of the model is an inference; a stream the stub failed is not
+            self._stats.record_failure(finished - enqueued, reason_for(stream.error),
+                                       0 if stream.failed else work.batch_size)
