@@ -109,10 +109,6 @@ KNOWN: dict[str, str] = {
         "Triton answers [500, {\"error\": \"failed to parse the request JSON buffer: Missing a name for object member. at 1\"}]; pystub answers [400, {\"error\": \"failed to parse the request JSON buffer: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)\"}]",
     "test_features.py::test_repository_errors[init_fails]":
         "Triton answers [400, {\"error\": \"load failed for model 'init_fails': version 1 is at UNAVAILABLE state: Internal: RuntimeError: cannot start\"}]; pystub answers [400, {\"error\": \"load failed for model 'init_fails': version 1 is at UNAVAILABLE state: Internal: RuntimeError: cannot start\\nTraceback (most recent call last):\\n  File \\\"/work/wt/differential/pystub_backend/stub/stub.py\\\", line 212, in _init\\n    initialize(args)\\n  File \\\"/tmp/differential-0ehbtap4/pystub/models/init_fails/1/model.py\\\", line 6, in initialize\\n    raise RuntimeError(\\\"cannot start\\\")\\nRuntimeError: cannot start\\n;\"}]",
-    "test_features.py::test_repository_errors[unknown_model]":
-        "Triton answers [500, {\"error\": \"failed to load 'never_in_repository', failed to poll from model repository\"}]; pystub answers [400, {\"error\": \"load failed for model 'never_in_repository': failed to poll from model repository\"}]",
-    "test_features.py::test_repository_load_grpc":
-        "Triton answers [true, false, [\"StatusCode.INTERNAL\", \"failed to load 'never_in_repository', failed to poll from model repository\"]]; pystub answers [true, false, [\"StatusCode.INVALID_ARGUMENT\", \"load failed for model 'never_in_repository': failed to poll from model repository\"]]",
     "test_features.py::test_reserved_parameters[binary_data_output]":
         "Triton answers [500, {\"error\": \"Unable to parse 'binary_data_output': attempt to access JSON non-boolean as boolean\"}]; pystub answers [400, {\"error\": \"parameter 'binary_data_output' must be a boolean\"}]",
     "test_features.py::test_system_shared_memory_http[register_bad_json]":
