@@ -23,6 +23,13 @@ case "$cmd" in
         ;;
     test)
         setup
+        # Real Triton 2.51 is the oracle of tests/differential: install it into .bench/venv (once).
+        # Offline, the tier fails under CI=true and skips with the reason elsewhere.
+        # The reason travels to the tier in DIFFERENTIAL_TRITON_ERROR, so test workers do not retry.
+        if ! triton_error=$("$VENV/bin/python" tools/triton_env.py 2>&1 >/dev/null); then
+            export DIFFERENTIAL_TRITON_ERROR="${triton_error:-tools/triton_env.py failed}"
+            echo "$DIFFERENTIAL_TRITON_ERROR" >&2
+        fi
         set +e
         # Three workers on two cores: most tests wait on real servers rather than compute
         # (22 min serially, under 5 min this way). Whole files per worker keep module-scoped

@@ -35,9 +35,21 @@ def set_parent_death_signal(parent_pid: int) -> None:
 
 
 def ignore_termination_signals() -> None:
-    """Stubs stop on a FINALIZE message; SIGINT/SIGTERM from a terminal or a group kill are ignored."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """Stubs stop on a FINALIZE message; SIGINT/SIGTERM from a terminal or a group kill are ignored.
+
+    Ignored by a handler that only records them, not by SIG_IGN: an ignored disposition is inherited
+    across exec, so a process the model starts (a multiprocessing "spawn" pool, a subprocess) could
+    not be terminated by its own parent; a handler is reset to the default in the new program.
+    """
+    signal.signal(signal.SIGINT, _record_signal)
+    signal.signal(signal.SIGTERM, _record_signal)
+
+
+ignored_signals: dict[int, int] = {}  # signal number -> how often it reached the stub and was ignored
+
+
+def _record_signal(signum: int, frame: object) -> None:
+    ignored_signals[signum] = ignored_signals.get(signum, 0) + 1
 
 
 def _exit_orphaned() -> None:

@@ -25,6 +25,7 @@ from pystub_backend.backend.models.config import (
     normalize,
 )
 from pystub_backend.backend.models.python_backends import with_backend_runtime
+from pystub_backend.backend.models.remote import RemoteRepositoryError, is_remote, sync_repository
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess, StubStartError
 
@@ -79,6 +80,11 @@ def find_models(repositories: list[str]) -> dict[str, str]:
     repository or a model name found in two of them."""
     found: dict[str, str] = {}
     for repository in repositories:
+        if is_remote(repository):  # s3://, gs://, as://: read from the local mirror (models/remote.py)
+            try:
+                repository = sync_repository(repository)
+            except RemoteRepositoryError as exc:
+                raise RepositoryError(str(exc)) from exc
         if not os.path.isdir(repository):
             raise RepositoryError(f"failed to stat file {repository}: the model repository does not exist")
         for entry in sorted(os.listdir(repository)):

@@ -1,0 +1,160 @@
+"""Send one request to a server and reduce the answer to plain data that two servers can share.
+
+Every helper returns an `Outcome`-like dict: `{"ok": ...}` with outputs as (datatype, shape,
+values) or `{"status": ..., "error": ...}`. Two servers agree when the dicts are equal. Raw HTTP
+(`raw`) is for what tritonclient hides: status codes, headers, bodies of errors.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import queue
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, Union
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from oracle import Endpoint, Pair
+from tritonclient.utils import InferenceServerException
+
+_TIMEOUT = 60.0
+Plain = Union[dict, list, str, int, float, bool, None]
+T = TypeVar("T")
+
+
+@dataclass
+class Reply:
+    """One raw HTTP exchange."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:  # noqa: ANN401 - a JSON document: its shape is what the tests compare
+        return json.loads(self.body) if self.body else None
+
+
+def raw(endpoint: Endpoint, method: str, path: str, body: bytes | Plain = None,
+        headers: dict[str, str] | None = None, port: int | None = None) -> Reply:
+    """One HTTP request on a fresh connection (closed afterwards)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port or endpoint.http_port, timeout=_TIMEOUT)
+    try:
+        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+        connection.request(method, path, body=data, headers=headers or {})
+        response = connection.getresponse()
+        return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+    finally:
+        connection.close()
+
+
+Tensor = tuple[str, np.ndarray, str]   # name, data, datatype
+
+
+def _outputs(result: object, names: Sequence[str]) -> dict[str, list]:
+    """Each named output as [dtype, shape, values] (BYTES decoded as UTF-8 with replacement)."""
+    out: dict[str, list] = {}
+    for name in names:
+        array = result.as_numpy(name)  # type: ignore[attr-defined]
+        if array is None:
+            out[name] = ["absent"]
+            continue
+        values = [v.decode(errors="replace") if isinstance(v, bytes) else v for v in array.reshape(-1).tolist()]
+        out[name] = [str(array.dtype) if array.dtype != np.object_ else "object", list(array.shape), values]
+    return out
+
+
+def http_infer(endpoint: Endpoint, model: str, tensors: Sequence[Tensor], outputs: Sequence[str],
+               binary: bool = True, binary_outputs: bool = True, timeout: float = _TIMEOUT, **options: object) -> dict:
+    """tritonclient.http infer; the outputs, or the error's status and message, or {"timeout": s}
+    when no answer came within `timeout` seconds."""
+    client = httpclient.InferenceServerClient(endpoint.http_url, network_timeout=timeout)
+    try:
+        inputs = []
+        for name, data, datatype in tensors:
+            tensor = httpclient.InferInput(name, list(data.shape), datatype)
+            tensor.set_data_from_numpy(data, binary_data=binary)
+            inputs.append(tensor)
+        requested = [httpclient.InferRequestedOutput(n, binary_data=binary_outputs) for n in outputs]
+        result = client.infer(model, inputs, outputs=requested or None, **options)
+        return {"ok": _outputs(result, outputs)}
+    except InferenceServerException as error:
+        return {"status": error.status(), "error": error.message()}
+    except TimeoutError:
+        return {"timeout": timeout}
+    finally:
+        client.close()
+
+
+def grpc_infer(endpoint: Endpoint, model: str, tensors: Sequence[Tensor], outputs: Sequence[str],
+               timeout: float = _TIMEOUT, **options: object) -> dict:
+    """tritonclient.grpc infer; the outputs, or the error's status and message, or {"timeout": s}
+    when no answer came within `timeout` seconds."""
+    client = grpcclient.InferenceServerClient(endpoint.grpc_url)
+    try:
+        inputs = []
+        for name, data, datatype in tensors:
+            tensor = grpcclient.InferInput(name, list(data.shape), datatype)
+            tensor.set_data_from_numpy(data)
+            inputs.append(tensor)
+        requested = [grpcclient.InferRequestedOutput(n) for n in outputs]
+        result = client.infer(model, inputs, outputs=requested or None, client_timeout=timeout,
+                              **options)
+        return {"ok": _outputs(result, outputs)}
+    except InferenceServerException as error:
+        if error.status() == "StatusCode.DEADLINE_EXCEEDED":
+            return {"timeout": timeout}
+        return {"status": error.status(), "error": error.message()}
+    finally:
+        client.close()
+
+
+def grpc_stream(endpoint: Endpoint, model: str, requests: Sequence[Sequence[Tensor]], outputs: Sequence[str],
+                expected_finals: int | None = None) -> list[dict]:
+    """Send `requests` on one gRPC stream; collect every response (empty finals included) until
+    each request got its final response. Raises AssertionError naming what it waited for."""
+    client = grpcclient.InferenceServerClient(endpoint.grpc_url)
+    received: queue.Queue[tuple[object, object]] = queue.Queue()
+    try:
+        client.start_stream(callback=lambda result, error: received.put((result, error)))
+        for tensors in requests:
+            inputs = []
+            for name, data, datatype in tensors:
+                tensor = grpcclient.InferInput(name, list(data.shape), datatype)
+                tensor.set_data_from_numpy(data)
+                inputs.append(tensor)
+            client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        finals, collected = 0, list[dict]()
+        while finals < (expected_finals if expected_finals is not None else len(requests)):
+            try:
+                result, error = received.get(timeout=_TIMEOUT)
+            except queue.Empty:
+                raise AssertionError(f"{endpoint.name}: no final response from '{model}' on the stream "
+                                     f"within {_TIMEOUT} s; got {collected}") from None
+            if error is not None:
+                collected.append({"status": error.status(), "error": error.message()})  # type: ignore[attr-defined]
+                finals += 1   # an error ends its request on the stream
+                continue
+            response = result.get_response()  # type: ignore[attr-defined]
+            final = response.parameters["triton_final_response"].bool_param
+            finals += final
+            item = _outputs(result, [n for n in outputs if any(o.name == n for o in response.outputs)])
+            collected.append({"final": final, "outputs": item})
+        return collected
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def both(pair: Pair, call: Callable[..., T], *args: object, **kwargs: object) -> tuple[T, T]:
+    """`call(endpoint, ...)` on Triton and on pystub, in that order."""
+    return call(pair.triton, *args, **kwargs), call(pair.pystub, *args, **kwargs)
+
+
+def agree(triton: object, pystub: object) -> None:
+    """Assert that the two answers are equal; the message shows both in full."""
+    if triton != pystub:
+        raise AssertionError(f"DIFF\n  triton: {json.dumps(triton, sort_keys=True, default=str)}\n"
+                             f"  pystub: {json.dumps(pystub, sort_keys=True, default=str)}")

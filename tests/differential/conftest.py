@@ -1,0 +1,48 @@
+"""The differential tier: one Triton 2.51 and one pystub per test file, shared by its tests.
+
+Known differences live in known.py, keyed by test id; this conftest marks those tests
+`xfail(strict=True)` with the difference as the reason, so a fix shows up as an XPASS failure
+and the entry must then be removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from known import KNOWN
+from oracle import Pair, running_pair
+
+_HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def _module_pair() -> Iterator[Pair]:
+    # One pair per file, not per process: each file then sees servers in the same state whatever
+    # ran before it (pytest-xdist --dist loadfile starts one pair per file anyway).
+    with running_pair() as started:
+        yield started
+
+
+@pytest.fixture()
+def pair(_module_pair: Pair) -> Iterator[Pair]:
+    """Triton and pystub on copies of tests/differential/models (started once per test file).
+
+    A test after which Triton is no longer running fails with Triton's last log lines, and Triton
+    is started again, so that one crash of the oracle is blamed on the request that caused it and
+    does not fail every later test."""
+    yield _module_pair
+    death = _module_pair.triton_server.died()
+    if death is not None:
+        _module_pair.triton_server.restart()
+        pytest.fail(f"the oracle died during this test: {death}", pytrace=False)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).parent != _HERE:
+            continue
+        key = f"{Path(str(item.fspath)).name}::{item.name}"
+        if key in KNOWN:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=KNOWN[key]))
