@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for newcomers and CI:
 #   ./dev.sh serve [pystub-backend flags...]   set up .venv, start the backend on examples/models
-#   ./dev.sh test  [pytest args...]            set up .venv, run the whole test suite
+#   ./dev.sh test  [pytest args...]            set up .venv, run ruff, mypy and the whole test suite
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=.venv
@@ -31,6 +31,12 @@ case "$cmd" in
             echo "$DIFFERENTIAL_TRITON_ERROR" >&2
         fi
         set +e
+        # The checkers first (their configs: ruff.toml, setup.cfg [mypy]); the tests run either way,
+        # and a finding fails the run as a failing test would.
+        "$VENV/bin/ruff" check .
+        lint=$?
+        "$VENV/bin/mypy" pystub_backend
+        types=$?
         # Three workers on two cores: most tests wait on real servers rather than compute
         # (22 min serially, under 5 min this way). Whole files per worker keep module-scoped
         # backends shared; pass -n0 to run serially.
@@ -38,6 +44,8 @@ case "$cmd" in
         rc=$?
         # pytest exits 5 when it collected no tests: not a failure of the project
         [ $rc -eq 5 ] && { echo "pytest collected no tests"; rc=0; }
+        [ $lint -ne 0 ] && { echo "ruff reported findings (above)"; [ $rc -eq 0 ] && rc=1; }
+        [ $types -ne 0 ] && { echo "mypy reported errors (above)"; [ $rc -eq 0 ] && rc=1; }
         exit $rc
         ;;
     *)

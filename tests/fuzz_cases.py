@@ -443,10 +443,7 @@ def ipc_frame(draw: Any, kinds: tuple[int, ...] = (), arities: dict[int, int] | 
         return msgpack.packb([kind, *draw(st.lists(_msgpack_values, max_size=4))], use_bin_type=True)
     kind = draw(st.sampled_from(kinds)) if kinds else 0
     arity = (arities or {}).get(kind, 0)
-    if how == "arity":
-        count = draw(st.integers(0, arity + 3).filter(lambda n: n != arity))
-    else:
-        count = arity
+    count = draw(st.integers(0, arity + 3).filter(lambda n: n != arity)) if how == "arity" else arity
     return msgpack.packb([kind, *draw(st.lists(_msgpack_values, min_size=count, max_size=count))],
                          use_bin_type=True)
 

@@ -55,14 +55,15 @@ class Backend:
         self.wrapper = list(wrapper)
         self.process: subprocess.Popen | None = None
         self.ports: dict[str, int] = {}
-        self._log_file = tempfile.NamedTemporaryFile(prefix="pystub-backend-", suffix=".log", delete=False)
+        # Kept open for the backend's lifetime (it is the backend's stdout); closed in stop().
+        self._log_file = tempfile.NamedTemporaryFile(prefix="pystub-backend-", suffix=".log", delete=False)  # noqa: SIM115
         self.log_path = Path(self._log_file.name)
 
     # -- life cycle ----------------------------------------------------------------------------
     def command(self) -> list[str]:
         ports = [] if self.expect_exit else ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
-        return [*self.wrapper, sys.executable, "-m", "pystub_backend.backend", "--model-repository", self.repository, *ports,
-                *self.args]
+        return [*self.wrapper, sys.executable, "-m", "pystub_backend.backend", "--model-repository", self.repository,
+                *ports, *self.args]
 
     def start(self, timeout: float = 90.0) -> Backend:
         env = dict(os.environ, **(self.env or {}))

@@ -20,7 +20,8 @@ def start_backend(repository: Path, log_path: Path, *flags: str) -> tuple[subpro
     and return it with its gRPC port. Exits with the log when it does not start within 90 s."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "pystub_backend.backend", "--model-repository", str(repository),
+        process = subprocess.Popen([sys.executable, "-m", "pystub_backend.backend",
+                                    "--model-repository", str(repository),
                                     "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", *flags],
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(ROOT),
                                    env=env, start_new_session=True)

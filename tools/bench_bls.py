@@ -136,7 +136,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="pystub-bench-bls-") as tmp:
         repository = Path(tmp) / "models"
         write_repository(repository)
-        process, port = start_backend(repository, Path(tmp) / "backend.log", "--backend-config=python,stub-timeout-seconds=120")
+        process, port = start_backend(repository, Path(tmp) / "backend.log",
+                                      "--backend-config=python,stub-timeout-seconds=120")
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         try:
             for label, data, count in sizes:

@@ -86,7 +86,8 @@ class Server:
         arena = ["--backend-config=python,shm-default-byte-size=134217728"]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "pystub_backend.backend", "--model-repository", str(model.parent), "--http-port", "0",
+                [sys.executable, "-m", "pystub_backend.backend", "--model-repository", str(model.parent),
+                 "--http-port", "0",
                  "--grpc-port", "0", "--metrics-port", "0", "--allow-client-shm=true", *arena],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(ROOT), env=env,
                 start_new_session=True)

@@ -169,7 +169,8 @@ class Chaos:
                     if not np.array_equal(result.as_numpy("OUTPUT0"), data):
                         raise AssertionError("wrong answer: identity_fp32 (large)")
                 except Exception as exc:  # noqa: BLE001 - recorded
-                    self.ledger.failure("large", getattr(exc, "message", lambda: str(exc))())
+                    text = exc.message() if hasattr(exc, "message") else str(exc)
+                    self.ledger.failure("large", text)
                     continue
                 self.ledger.success("large", time.monotonic() - started)
         finally:

@@ -22,6 +22,8 @@ from pystub_backend.ipc.bytes_codec import deserialize_bytes
 from pystub_backend.ipc.dtypes import numpy_dtype
 
 __all__ = [
+    "RESERVED_PARAMETERS",
+    "model_parameters",
     "Buffer",
     "Tensor",
     "RequestedOutput",
@@ -175,3 +177,18 @@ class ServerCore(Protocol):
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         """The `model_stats` list in the HTTP JSON form of PROTOCOL.md section 8."""
         ...
+
+
+# Request parameters with a meaning to the protocol or the scheduler; the model never sees them.
+RESERVED_PARAMETERS = frozenset({
+    "sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
+    "binary_data_output",
+})
+
+
+def model_parameters(request: InferRequest) -> dict[str, ParameterValue]:
+    """The request parameters the model sees: all but the reserved keys and `triton_*`."""
+    return {
+        key: value for key, value in request.parameters.items()
+        if key not in RESERVED_PARAMETERS and not key.startswith("triton_")
+    }

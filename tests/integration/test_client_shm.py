@@ -432,13 +432,13 @@ def test_disabled_by_default(tmp_path: Any) -> None:
                 extensions = metadata["extensions"] if protocol == "http" else list(metadata.extensions)
                 assert "system_shared_memory" not in extensions and "binary_tensor_data" in extensions
                 assert "cuda_shared_memory" not in extensions
-                for call in (lambda: connection.register_system_shared_memory("r", key, 64),
-                             lambda: connection.get_system_shared_memory_status(),
-                             lambda: connection.unregister_system_shared_memory()):
+                for call in (lambda c=connection: c.register_system_shared_memory("r", key, 64),
+                             lambda c=connection: c.get_system_shared_memory_status(),
+                             lambda c=connection: c.unregister_system_shared_memory()):
                     assert "--allow-client-shm=true" in error_of(call).message()
                 connection.unregister_cuda_shared_memory()  # still fine: nothing to unregister
-                error = error_of(lambda: connection.infer(
-                    "identity_fp32", [shm_input(protocol, "INPUT0", [1, 16], "FP32", "r", 64)]))
+                error = error_of(lambda c=connection, p=protocol: c.infer(
+                    "identity_fp32", [shm_input(p, "INPUT0", [1, 16], "FP32", "r", 64)]))
                 assert "Unable to find shared memory region: 'r'" in error.message()
                 assert "--allow-client-shm=true" in error.message()
             finally:

@@ -194,7 +194,7 @@ def test_bad_file_paths_are_refused(key: str, http: httpclient.InferenceServerCl
                                     grpc: grpcclient.InferenceServerClient):
     before = override_dirs()
     for client in (http, grpc):
-        text = raises(lambda: client.load_model("evil", config=OVERRIDE_CONFIG, files={key: b"x = 1\n"}))
+        text = raises(lambda c=client: c.load_model("evil", config=OVERRIDE_CONFIG, files={key: b"x = 1\n"}))
         assert f"Invalid file override '{key}'" in text
     assert override_dirs() == before
     assert "evil" not in index(http)
@@ -227,7 +227,7 @@ def test_a_config_that_cannot_be_polled_fails_the_load_as_a_poll(
     (model_dir / "config.pbtxt").write_text(config)
     try:
         for client in (http, grpc):
-            text = raises(lambda: client.load_model("unpollable"))
+            text = raises(lambda c=client: c.load_model("unpollable"))
             assert "failed to load 'unpollable', failed to poll from model repository" in text, text
         reply = requests.post(f"http://{backend.http_url}/v2/repository/models/unpollable/load", timeout=60)
         assert reply.status_code == 500  # Triton 2.51 answers a failed poll with INTERNAL

@@ -109,7 +109,7 @@ def wait_for_metric(backend: Backend, name: str, model: str, total: float, timeo
 def test_lru_order_eviction_before_load_and_unload_calls(backend: Backend) -> None:
     sequence = ["a", "b", "a", "c", "b"]
     results = [infer(backend, "multiplex_one", model_id) for model_id in sequence]
-    for model_id, result in zip(sequence, results):
+    for model_id, result in zip(sequence, results, strict=True):
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.array([1, 2], np.float32) * factor_of(model_id))
     assert [first(r, "HIT") for r in results] == [0, 0, 1, 0, 0]
     # `a` was used after `b`, so `c` evicts `b` (the least recently used), then `b` evicts `a`; the

@@ -41,8 +41,11 @@ def _tritonserver_help() -> str | None:
     binary = site / "pytriton" / "tritonserver" / "bin" / "tritonserver" if site else None
     if binary is None or not binary.exists():
         return None
-    from tools.compare import environment
-    env = environment.ensure(install=False).triton_env()
+    from tools.triton_env import TritonInstallError, ensure_triton
+    try:
+        env = ensure_triton(install=False).triton_env()  # what ./dev.sh test installs for the oracle tier
+    except TritonInstallError:
+        return None
     libs = [str(site / "nvidia_pytriton.libs"), str(binary.parent.parent / "lib"), env["LD_LIBRARY_PATH"]]
     env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)
     result = subprocess.run([str(binary), "--help"], capture_output=True, text=True, env=env, timeout=60)

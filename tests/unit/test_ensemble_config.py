@@ -1,4 +1,4 @@
-"""Ensemble graphs (pystub_backend/backend/models/ensemble_config.py): validation texts, readiness of steps, load order."""
+"""Ensemble graphs (backend/models/ensemble_config.py): validation texts, readiness of steps, load order."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""EnsembleRun (pystub_backend/backend/models/ensemble_run.py) against a fake core: tensors pass between steps as the very
+"""EnsembleRun (backend/models/ensemble_run.py) against a fake core: tensors pass between steps as the very
 same buffers (no copy in the backend), step responses are released only after everything built on
 them is, decoupled steps fork one ensemble response each in order, and errors and cancels clean up."""
 

@@ -1,4 +1,4 @@
-"""The routing rules of a multiplexed model's queue (pystub_backend/backend/scheduling/multiplex_queue.py): hits first, ids
+"""The routing rules of a multiplexed model's queue (backend/scheduling/multiplex_queue.py): hits first, ids
 nobody holds to the idle instance that loses least, stealing from busy holders, no starvation,
 random pinning, abandoned work, and waiting workers woken by new work."""
 

@@ -1,5 +1,5 @@
 """Multiplexing numbers for operators: histogram buckets, the Prometheus lines
-(pystub_backend/backend/features/multiplex_stats.py), the config parameters (pystub_backend/backend/scheduling/multiplex.py) and the stubctl
+(backend/features/multiplex_stats.py), the config parameters (backend/scheduling/multiplex.py) and the stubctl
 SUB-MODELS column."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""pystub_backend.backend.telemetry.prometheus_text: the exposition format, checked against prometheus_client's parser."""
+"""backend.telemetry.prometheus_text: the exposition format, checked against prometheus_client's parser."""
 
 from __future__ import annotations
 

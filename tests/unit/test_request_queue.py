@@ -1,4 +1,4 @@
-"""The dynamic batcher's queue rules (pystub_backend/backend/scheduling/request_queue.py): priority levels, queue policies
+"""The dynamic batcher's queue rules (backend/scheduling/request_queue.py): priority levels, queue policies
 (max_queue_size, timeouts with REJECT and DELAY, timeout override), and batch forming (preferred
 sizes, queue delay, max size, incompatible shapes)."""
 

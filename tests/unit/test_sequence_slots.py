@@ -1,5 +1,5 @@
 """The sequence batcher's pure parts: sequence parameters, control tensors, config checks, slots,
-the backlog and the batch-forming rules (pystub_backend.backend.scheduling.sequence_controls, pystub_backend.backend.scheduling.sequence_slots)."""
+the backlog and the batch-forming rules (backend.scheduling.sequence_controls, backend.scheduling.sequence_slots)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,14 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import InferRequest, ParameterValue, Tensor, buffer_view
+from pystub_backend.backend.inference import (
+    RESERVED_PARAMETERS,
+    InferRequest,
+    ParameterValue,
+    Tensor,
+    buffer_view,
+    model_parameters,
+)
 from pystub_backend.backend.models.config import ModelConfig
 from pystub_backend.ipc.bytes_codec import BytesDecodeError, count_elements
 from pystub_backend.ipc.dtypes import CODE_TO_WIRE, WIRE_TO_CODE, config_to_wire, element_size
@@ -31,10 +38,6 @@ from pystub_backend.ipc.status import Status
 __all__ = ["validate_request", "model_parameters", "RESERVED_PARAMETERS"]
 
 # Request parameters the server consumes; the model never sees them (PROTOCOL.md section 7).
-RESERVED_PARAMETERS = frozenset({
-    "sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
-    "binary_data_output",
-})
 _ALLOWED_TRITON_KEY = "triton_enable_empty_final_response"
 _MAX_BYTES = 2**63 - 1
 # What the wire to the stub can carry (uint64), and Triton reads: `timeout` (µs) and `priority`.
@@ -70,14 +73,6 @@ def validate_request(request: InferRequest, config: ModelConfig) -> int:
     for tensor in request.inputs:
         _check_byte_size(request, config.name, tensor)
     return batch_size
-
-
-def model_parameters(request: InferRequest) -> dict[str, ParameterValue]:
-    """The request parameters the model sees: all but the reserved keys and `triton_*`."""
-    return {
-        key: value for key, value in request.parameters.items()
-        if key not in RESERVED_PARAMETERS and not key.startswith("triton_")
-    }
 
 
 def _invalid(message: str) -> ServerError:

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features import client_shm
-from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
-from pystub_backend.backend.models.validation import model_parameters
+from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor, model_parameters
 from pystub_backend.backend.supervision.outbox import StubOutbox
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BatchTiming
