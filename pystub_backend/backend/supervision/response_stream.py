@@ -33,6 +33,7 @@ class ResponseStream:
         self._wakeup: asyncio.Future | None = None
         self._final = False
         self.cancelled = False
+        self._dropping = False  # cancelled, and what still arrives is released unseen
         self._on_final: list[Callable[[ResponseStream], None]] = []
         self.error: ServerError | None = None  # the last error response, for statistics
         self.failed = False  # ended by `fail`: the model never answered it (not an inference)
@@ -54,7 +55,7 @@ class ResponseStream:
         response.model_version = self.model_version or response.model_version
         if self.on_put is not None:
             self.on_put(response)
-        if self.cancelled:
+        if self._dropping:
             response.release()
         else:
             self._queue.append(response)
@@ -123,14 +124,19 @@ class ResponseStream:
             raise first.error
         return first
 
-    def cancel(self) -> None:
-        """The client is gone or cancelled: tell the stub, drop what is queued."""
-        if self.cancelled or self._final:
+    def cancel(self, keep_responses: bool = False) -> None:
+        """The client is gone or cancelled: tell the stub, drop what is queued. With
+        `keep_responses` (a BLS caller's `iterator.cancel()`) the consumer still gets what the stub
+        sends until its final response, as on Triton."""
+        if self._final:
             return
-        self.cancelled = True
-        while self._queue:
-            self._queue.popleft().release()
-        self._on_cancel()
+        if not keep_responses:
+            self._dropping = True
+            while self._queue:
+                self._queue.popleft().release()
+        if not self.cancelled:
+            self.cancelled = True
+            self._on_cancel()
         self._wake()
 
 

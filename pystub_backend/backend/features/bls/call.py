@@ -124,7 +124,7 @@ class BlsCall:
             return
         self._cancel_requested = True
         if self.stream is not None:
-            self.stream.cancel()  # the target sees is_cancelled(); its queued responses are dropped
+            self.stream.cancel(keep_responses=True)  # the target sees is_cancelled(), winds down with its final
         elif self._scheduling is not None:
             self._scheduling.cancel()  # still waiting for an instance: leave the queue
         self._credit.set()
@@ -184,23 +184,22 @@ class BlsCall:
             await self._send_final_error(error)
             return None
         if self._cancel_requested and self.stream is not None:
-            self.stream.cancel()
+            self.stream.cancel(keep_responses=True)
         return self.stream
 
     async def _forward_all(self, stream: ResponseStream) -> None:
+        # After a cancel the caller still gets everything the target sends, ending with the
+        # target's own final response, as on Triton; a stub that abandoned the call releases them.
         while True:
             response = await self._next(stream)
             if response is None:
                 break
-            if self._cancel_requested or self._caller_dead:
+            if self._caller_dead:
                 response.release()
                 continue
             if self.decoupled and not await self._wait_for_credit(stream):
                 response.release()  # the caller stopped reading: it was told, the target cancelled
                 return
-            if self._cancel_requested:  # while we waited for credit
-                response.release()
-                continue
             await self._forward(response)
             if response.final:
                 return
@@ -220,7 +219,7 @@ class BlsCall:
     async def _wait_for_credit(self, stream: ResponseStream) -> bool:
         """Wait until the caller's iterator is less than a window behind. False when it read
         nothing for the stub timeout: the target is cancelled and the caller gets the final."""
-        while self._unconsumed >= BLS_CREDIT_WINDOW and not self._cancel_requested:
+        while self._unconsumed >= BLS_CREDIT_WINDOW:
             self._credit.clear()
             try:
                 await asyncio.wait_for(self._credit.wait(), self._timeout)
