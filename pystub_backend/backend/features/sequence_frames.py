@@ -5,39 +5,28 @@
                  and the batcher's stop wait for, so a frame never overtakes the EXECUTE after it
                  and the model hears of every eviction before FINALIZE
     from a stub  SequenceRescheduled: the model rescheduled requests of the batch that is running;
-                 the batcher that sent the batch (`OWNERS`) queues them again. A model that is not
+                 the batcher that sent the batch (`StubProcess.reschedule_owner`) queues them again. A model that is not
                  an iterative sequence model cannot be rescheduled: its request ends with an error.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceEvicted, SequenceRescheduled
 from pystub_backend.ipc.records import WireError
 from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
-    from pystub_backend.backend.inference import InferRequest
     from pystub_backend.backend.supervision.handlers import BackendHandlers
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
-__all__ = ["register", "send_to_stub", "flush", "OWNERS", "NOT_ITERATIVE"]
+__all__ = ["register", "send_to_stub", "flush", "NOT_ITERATIVE"]
 
 log = logging.getLogger("pystub.scheduler")
 
 
-
-class RescheduleOwner(Protocol):
-    """The sequence batcher whose batch runs on a stub (scheduling.sequence.SequenceBatcher)."""
-
-    def on_rescheduled(self, request: InferRequest, rid: int) -> bool: ...
-
-
-# StubProcess -> the iterative sequence batcher whose batches it runs (set before each batch).
-OWNERS: weakref.WeakKeyDictionary[StubProcess, RescheduleOwner] = weakref.WeakKeyDictionary()
 
 NOT_ITERATIVE = ("Failed to reschedule the request of model '{model}': request rescheduling requires "
                  "'sequence_batching {{ iterative_sequence: true }}' in the model configuration. The request "
@@ -58,7 +47,7 @@ async def flush(stub: StubProcess) -> None:
 
 def _on_rescheduled(stub: StubProcess, message: SequenceRescheduled) -> None:
     """Runs before the batch's EXECUTE_DONE: the batcher learns which of its requests run again."""
-    owner = OWNERS.get(stub)
+    owner = stub.reschedule_owner
     refused = []
     for rid in message.rids:
         request = stub.reschedule(rid)

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from pystub_backend.backend.features import sequence_frames
 from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled
 from pystub_backend.ipc.records import WireError
 from pystub_backend.ipc.status import Status
@@ -54,7 +53,7 @@ class StubSequences:
     # -- rescheduling ---------------------------------------------------------------------------------
     def batch_started(self, stub: StubProcess | None, batch: Iterable[SeqItem]) -> None:
         if stub is not None and self.iterative:
-            sequence_frames.OWNERS[stub] = self  # the handler asks us about its rescheduled requests
+            stub.reschedule_owner = self  # the stub's SequenceRescheduled frames ask us
         for item in batch:
             item.rescheduled_rid = None
             self._running[id(item.request)] = item

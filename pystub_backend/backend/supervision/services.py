@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pystub_backend.backend.supervision.handlers import BackendHandlers
     from pystub_backend.backend.supervision.response_stream import ResponseStream
 
-__all__ = ["ServerCore", "ServedVersion", "StubServices"]
+__all__ = ["RescheduleOwner", "ServerCore", "ServedVersion", "StubServices"]
 
 
 class ServedVersion(Protocol):
@@ -41,6 +41,13 @@ class ServedVersion(Protocol):
 
     @property
     def ready(self) -> bool: ...
+
+
+class RescheduleOwner(Protocol):
+    """The iterative sequence batcher whose batch runs on a stub (scheduling/sequence_stubs.py):
+    the stub's SequenceRescheduled frames are answered by it."""
+
+    def on_rescheduled(self, request: InferRequest, rid: int) -> bool: ...
 
 
 class ServerCore(Protocol):

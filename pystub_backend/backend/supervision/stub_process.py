@@ -36,7 +36,7 @@ from pystub_backend.backend.supervision.frames import FrameLink
 from pystub_backend.backend.supervision.init_failure import died_during_initialize
 from pystub_backend.backend.supervision.output import OutputForwarder
 from pystub_backend.backend.supervision.ready_probe import ReadyProbe
-from pystub_backend.backend.supervision.services import StubServices
+from pystub_backend.backend.supervision.services import RescheduleOwner, StubServices
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.telemetry.statistics import BatchTiming
 from pystub_backend.ipc import names
@@ -75,6 +75,8 @@ class StubProcess:
         self._output: OutputForwarder | None = None
         self._ready_probe = ReadyProbe(self.link, instance_name, settings.stub_timeout_seconds)  # config-sections hook
         self.has_is_ready = False
+        # The iterative sequence batcher whose batch runs here (set before each of its batches).
+        self.reschedule_owner: RescheduleOwner | None = None
         self.on_death: Callable[[StubProcess], None] | None = None
 
     # -- facts ---------------------------------------------------------------------------------
