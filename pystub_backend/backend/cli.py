@@ -90,6 +90,8 @@ def _add_listener_flags(add: _Adder) -> None:
     add("--http-header-forward-pattern", type=values.regex, default=None, metavar="REGEX")
     add("--grpc-header-forward-pattern", type=values.regex, default=None, metavar="REGEX")
     add("--grpc-restricted-protocol", action="append", default=[], metavar="API[,API...],KEY=VALUE")
+    add("--allow-remote-control", action="append", default=[], metavar="API[,API...]|all",
+        help="state-changing API groups any peer may call (default: loopback peers only)")
     add("--grpc-use-ssl", type=values.parse_bool, default=False, metavar="BOOL")
     add("--grpc-use-ssl-mutual", type=values.parse_bool, default=False, metavar="BOOL")
     for name in ("server-cert", "server-key", "root-cert"):
@@ -177,6 +179,8 @@ def _base_options(args: argparse.Namespace, settings: StubSettings) -> ServerOpt
 def _composite_options(options: ServerOptions, args: argparse.Namespace) -> None:
     """The key=value flags; raises argparse.ArgumentTypeError on a malformed entry."""
     options.http_restrictions = values.restrictions(args.http_restricted_api, "--http-restricted-api")
+    options.remote_control = values.remote_control(args.allow_remote_control)
+    options.grpc.remote_control = options.remote_control
     options.metrics_config = values.setting(args.metrics_config, "--metrics-config")
     try:
         latency.parse_config(options.metrics_config)

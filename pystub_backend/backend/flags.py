@@ -149,6 +149,9 @@ PYSTUB_FLAGS: tuple[Flag, ...] = (
     Flag("--http-max-input-size", "67108864", _I,
          "largest JSON part of an HTTP request (binary tensor data after it is not counted); later "
          "Triton releases have this flag, 2.51 does not"),
+    Flag("--allow-remote-control", "model-repository,logging", _I,
+         "state-changing API groups (model-repository, shared-memory, logging, trace, or all) that peers other "
+         "than loopback may call without a --http-restricted-api / --grpc-restricted-protocol key"),
 )
 
 _BY_NAME = {flag.name: flag for flag in FLAGS + PYSTUB_FLAGS}

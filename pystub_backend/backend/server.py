@@ -74,7 +74,8 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
     if options.allow_http:
         app = create_http_app(core, max_input_size=options.http_max_input_size,
                               restrictions=options.http_restrictions,
-                              header_forward_pattern=options.http_header_forward_pattern)
+                              header_forward_pattern=options.http_header_forward_pattern,
+                              remote_control=options.remote_control)
         app.add_routes(admin_routes(core))
         await listeners.start_http(app, options.http_address, options.http_port, "HTTPService",
                                    options.settings.exit_timeout_seconds, options.reuse_http_port)

@@ -4,14 +4,14 @@
     POST /v2/pystub/stubs/{model}/restart          restart every instance of the model
     POST /v2/pystub/stubs/{model}/{instance}/restart
 
-Calls that change state are accepted from loopback peers only: anyone who can reach the port can
-look, only someone on the machine can act.
+Restarts change state: the HTTP frontend's access policy (frontends/access.py, group
+"model-repository") decides who may call them, as for model load/unload. Anyone who can reach the
+port can look.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import time
 from typing import Any
 
@@ -73,25 +73,11 @@ def stub_rows(core: Core) -> list[dict[str, Any]]:
     return [_stub_row(version, instance) for version in core.model_versions() for instance in version.instances]
 
 
-def _is_loopback(request: web.Request) -> bool:
-    peer = (request.remote or "").split("%", 1)[0]
-    try:
-        address = ipaddress.ip_address(peer)
-    except ValueError:
-        return False
-    # A dual-stack listener (--http-address=::) sees 127.0.0.1 as ::ffff:127.0.0.1.
-    mapped = getattr(address, "ipv4_mapped", None)
-    return (mapped or address).is_loopback
-
-
 def _error(status: int, text: str) -> web.Response:
     return web.json_response({"error": text}, status=status)
 
 
 async def _restart(core: Core, request: web.Request) -> web.Response:
-    if not _is_loopback(request):
-        return _error(403, f"admin calls that change state are accepted from loopback only, not from "
-                           f"'{request.remote}'")
     model = request.match_info["model"]
     wanted = request.match_info.get("instance")
     targets = [i for v in core.model_versions() if v.name == model for i in v.instances
