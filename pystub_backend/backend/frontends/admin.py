@@ -19,6 +19,8 @@ import psutil
 from aiohttp import web
 
 from pystub_backend.backend.core import Core
+from pystub_backend.backend.core.table import check_model_name
+from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.models.version import ModelVersion
 from pystub_backend.backend.scheduling.multiplex import held_ids
 from pystub_backend.backend.supervision.instance import ModelInstance
@@ -80,6 +82,10 @@ def _error(status: int, text: str) -> web.Response:
 async def _restart(core: Core, request: web.Request) -> web.Response:
     model = request.match_info["model"]
     wanted = request.match_info.get("instance")
+    try:
+        check_model_name(model)
+    except ServerError as exc:
+        return _error(400, exc.message)
     targets = [i for v in core.model_versions() if v.name == model for i in v.instances
                if wanted is None or i.name == wanted]
     if not targets:
