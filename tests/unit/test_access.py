@@ -7,7 +7,7 @@ import pytest
 
 from pystub_backend.backend.frontends.access import AccessPolicy, is_loopback, peer_address
 from pystub_backend.backend.frontends.grpc.restrict import STATE_CHANGING, UPDATING, method_group
-from pystub_backend.backend.frontends.http.restrict import changes_state, path_group
+from pystub_backend.backend.frontends.http.restrict import _may_change_state, changes_state, path_group
 from pystub_backend.backend.options import Restriction
 
 
@@ -47,6 +47,7 @@ def test_refusal_names_the_peer_and_the_ways_out() -> None:
     ("POST", "/v2/models/m/infer", False), ("DELETE", "/v2/logging", True)])
 def test_http_calls_that_change_state(method: str, path: str, changing: bool) -> None:
     assert changes_state(method, path, path_group(path)) is changing
+    assert _may_change_state(method, path) or not changing  # the fast pre-check never hides a change
 
 
 def test_grpc_methods_that_change_state() -> None:

@@ -51,6 +51,11 @@ _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _INDEX = re.compile(r"/v2/repository(?:/[^/]+)?/index/?")
 
 
+def _may_change_state(method: str, path: str) -> bool:
+    """A cheap superset of `changes_state`: under /v2/models/ only trace settings change state."""
+    return method not in _READ_METHODS and (not path.startswith("/v2/models/") or "/trace/setting" in path)
+
+
 def changes_state(method: str, path: str, group: str | None) -> bool:
     """Whether a request of `group` changes the server's state (see the module docstring)."""
     return group in STATE_GROUPS and method not in _READ_METHODS and not _INDEX.fullmatch(path)
@@ -63,6 +68,8 @@ def restriction_middleware(policy: AccessPolicy) -> Middleware:
 
     @web.middleware
     async def restrict(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not restrictions and not _may_change_state(request.method, request.path):
+            return await handler(request)  # inference and reads: no pattern matching on the hot path
         group = path_group(request.path)
         restriction = restrictions.get(group) if group else None
         if restriction is not None and request.headers.get(restriction.key) != restriction.value:
