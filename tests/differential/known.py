@@ -7,8 +7,6 @@ fix shows as XPASS(strict) and its entry must then be removed here and in the do
 """
 
 KNOWN: dict[str, str] = {
-    "test_features.py::test_infer_after_failed_load":
-        "after a failed load of a model the repository does not have, Triton answers an inference on it with 404 \"Request for unknown model: 'absent_after_load' is not found\"; pystub with 404 \"Request for unknown model: 'absent_after_load' has no available versions\" (the failed load left an entry without versions behind)",
     "test_endpoints.py::test_grpc_admin[shm_register_missing_key]":
         "Triton answers {\"error\": \"Unable to open shared memory region: '/no_such_shm_key_differential'\", \"status\": \"StatusCode.INTERNAL\"}; pystub answers {\"error\": \"Unable to open shared memory region: '/no_such_shm_key_differential': No such file or directory\", \"status\": \"StatusCode.INVALID_ARGUMENT\"}",
     "test_endpoints.py::test_grpc_admin[statistics_unknown_model]":
