@@ -3,6 +3,7 @@
 Threads:
     main       runs the work queue: AutoComplete, Init, Execute, Finalize (model code runs here)
     receiver   reads frames; frees s2p handles on Release at once (even while execute runs),
+               reads SPILLED frames (over the frame limit) out of p2s and releases them,
                queues everything else for main
     heartbeat  liveness.Heartbeat
     async      event_loop.InstanceLoop, on first `async def execute`
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pystub_backend.ipc import spill
 from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import BlockingChannel, ChannelClosedError
 from pystub_backend.ipc.control_block import ControlBlock, StubState
@@ -89,7 +91,16 @@ class Stub:
     def send(self, message: Any) -> None:
         for hook in self._send_hooks:  # e.g. buffered metric changes go out before this frame
             hook(self, message)
-        self.channel.send(msg.encode(message), self.options.send_timeout, type(message).__name__)
+        frame = msg.encode(message)
+        if not spill.fits(frame):  # e.g. a response with megabytes of parameters: it goes in s2p
+            frame, handle = spill.spill(frame, self.s2p)
+            try:
+                self.channel.send(frame, self.options.send_timeout, type(message).__name__)
+            except BaseException:
+                self.s2p.free(handle)  # never sent: the backend will not release it
+                raise
+            return
+        self.channel.send(frame, self.options.send_timeout, type(message).__name__)
 
     def log(self, level: int, text: str, filename: str = "stub", lineno: int = 0) -> None:
         try:
@@ -111,6 +122,8 @@ class Stub:
                 continue
             try:
                 message = msg.decode(frame)
+                if type(message) is msg.Spilled:
+                    message = self._unspill(message)
             except msg.MessageDecodeError as exc:
                 self.log_error(f"stub '{self.instance}' dropped a corrupt frame: {exc}")
                 continue
@@ -119,6 +132,16 @@ class Stub:
             except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the receiver
                 self.log_error(f"stub '{self.instance}' dropped a malformed {type(message).__name__} frame: "
                                f"{type(exc).__name__}: {exc}")
+
+    def _unspill(self, message: msg.Spilled) -> Any:
+        """The message a SPILLED frame names in p2s; the backend frees its bytes on our RELEASE."""
+        try:
+            return spill.unspill(message, self.p2s)
+        finally:
+            try:
+                self.send(msg.Release([message.handle], []))
+            except (ChannelClosedError, OSError):
+                pass  # the backend is gone: its arena goes with it
 
     def _dispatch(self, message: Any) -> None:
         """Act on one frame on the receiver thread, or queue it for the main thread."""
