@@ -293,18 +293,12 @@ class Stub:
         error = None
         self.control.execute_started()
         try:
-            for wire in message.requests:
-                kept = self.rescheduled.take(wire.rid)  # pystub sequences: a rescheduled request runs as itself
-                if kept is None:
-                    sender, state = self.requests.make_sender(wire)
-                    states.append(state)  # registered now: closed below even if its request cannot be built
-                    requests.append(build_request(wire, self.p2s, self.model_name, self.model_version, sender))
-                else:
-                    requests.append(kept[0])
-                    states.append(kept[1])
+            wires = self._build_requests(message.requests, requests, states, responses)
+            if not requests:  # every request of the batch was refused alone
+                return
             result = run_execute(self.model, requests, self.decoupled, self.loop, self.log_error, self.batched)
             entries = check_return(result, requests, self.decoupled, self.instance)
-            for wire, state, entry in zip(message.requests, states, entries, strict=False):  # decoupled: no entries
+            for wire, state, entry in zip(wires, states, entries, strict=False):  # decoupled: no entries
                 if entry is not None and not state.final:
                     self.requests.close(state)
                     responses.append(response_to_wire(wire.rid, entry, _FINAL, set(wire.requested_outputs), self.s2p))
@@ -320,7 +314,35 @@ class Stub:
             responses = []
         finally:
             self.control.execute_finished()
-        self.send(msg.ExecuteDone(message.batch_id, error, responses))
+            self.send(msg.ExecuteDone(message.batch_id, error, responses))
+
+    def _build_requests(self, wires: list[msg.WireRequest], requests: list[Any], states: list[RequestState],
+                        responses: list[Any]) -> list[msg.WireRequest]:
+        """Fill `requests` and `states` for the wire requests that can be built; return those wires.
+
+        A request whose inputs cannot be read (a client region that shrank or was replaced under
+        it, a corrupt handle) is answered alone with INVALID_ARG in `responses`: it must not fail
+        the other requests of its batch."""
+        built: list[msg.WireRequest] = []
+        for wire in wires:
+            kept = self.rescheduled.take(wire.rid)  # pystub sequences: a rescheduled request runs as itself
+            if kept is not None:
+                requests.append(kept[0])
+                states.append(kept[1])
+                built.append(wire)
+                continue
+            sender, state = self.requests.make_sender(wire)
+            try:
+                request = build_request(wire, self.p2s, self.model_name, self.model_version, sender)
+            except ValueError as exc:
+                self.requests.close(state)
+                responses.append(msg.WireResponse(wire.rid, _FINAL, error_to_wire(Status.INVALID_ARG, str(exc)),
+                                                  [], "{}"))
+                continue
+            requests.append(request)
+            states.append(state)
+            built.append(wire)
+        return built
 
 
 async def _await(awaitable: Any) -> Any:
