@@ -167,3 +167,41 @@ def check_storm(backend: Backend, clients: Clients) -> None:
     assert shared > 0, "no oversize request was batched with another one: the batch case went untested"
     wait_for_baseline(backend, baseline)
     assert "Traceback" not in backend.log()
+
+
+@pytest.fixture(scope="module")
+def echo_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    repository = make_repository(tmp_path_factory.mktemp("param_echo"), "param_echo")
+    with module_backend(Backend(repository)) as started:
+        yield started
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_large_parameters_travel_both_ways(echo_backend: Backend, protocol: str) -> None:
+    """300 KB of request parameters reach the model; 300 KB of response parameters come back (a
+    SPILLED frame from the stub, through s2p); the arenas are back at their baseline after."""
+    module = httpclient if protocol == "http" else grpcclient
+    client = (httpclient.InferenceServerClient(echo_backend.http_url, network_timeout=120) if protocol == "http"
+              else grpcclient.InferenceServerClient(echo_backend.grpc_url))
+    try:
+        for pad in (16, 300_000, 16):
+            tensor = module.InferInput("PAD_BYTES", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([pad], np.int32))
+            result = client.infer("param_echo", [tensor], parameters={"sent": "s" * 300_000})
+            response = result.get_response()
+            if protocol == "http":
+                parameters = {key: value for key, value in response["parameters"].items()}
+            else:
+                parameters = {key: value.string_param for key, value in response.parameters.items()}
+            assert parameters["pad"] == "p" * pad
+            assert json.loads(parameters["echo"]) == {"sent": "s" * 300_000}
+    finally:
+        client.close()
+    rows = [row for row in json.loads(urllib.request.urlopen(  # noqa: S310 - loopback test server
+        f"http://{echo_backend.http_url}/v2/pystub/stubs", timeout=30).read())["stubs"]]
+    deadline = time.monotonic() + 30
+    while any(r["arena_used_bytes"] or r["s2p_used_bytes"] or r["in_flight"] for r in rows):
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.1)
+        with urllib.request.urlopen(f"http://{echo_backend.http_url}/v2/pystub/stubs", timeout=30) as answer:
+            rows = json.loads(answer.read())["stubs"]
