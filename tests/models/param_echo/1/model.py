@@ -1,7 +1,6 @@
 """Returns PAD_BYTES as OUTPUT0, with a response parameter "pad" of PAD_BYTES characters and the
 request's own parameters echoed as "echo" (their JSON): large responses leave the stub spilled."""
 
-import json
 
 import triton_python_backend_utils as pb_utils
 
