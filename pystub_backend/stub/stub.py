@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pystub_backend.ipc import spill
-from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
+from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import BlockingChannel, ChannelClosedError
 from pystub_backend.ipc.control_block import ControlBlock, StubState
 from pystub_backend.ipc.exit_codes import StubExitCode
@@ -314,7 +314,18 @@ class Stub:
             responses = []
         finally:
             self.control.execute_finished()
-            self.send(msg.ExecuteDone(message.batch_id, error, responses))
+            self._send_done(message.batch_id, error, responses)
+
+    def _send_done(self, batch_id: int, error: Any, responses: list[Any]) -> None:
+        """EXECUTE_DONE; when it is over the frame limit and s2p has no room to spill it, the
+        batch fails with the arena's text instead (that frame always fits): the backend must hear
+        of every batch, or its requests would wait for their deadline."""
+        try:
+            self.send(msg.ExecuteDone(batch_id, error, responses))
+        except ArenaFullError as exc:
+            for response in responses:
+                self._free([t.handle for t in response.outputs])
+            self.send(msg.ExecuteDone(batch_id, error_to_wire(Status.INTERNAL, str(exc)), []))
 
     def _build_requests(self, wires: list[msg.WireRequest], requests: list[Any], states: list[RequestState],
                         responses: list[Any]) -> list[msg.WireRequest]:
