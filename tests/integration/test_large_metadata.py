@@ -205,3 +205,18 @@ def test_large_parameters_travel_both_ways(echo_backend: Backend, protocol: str)
         time.sleep(0.1)
         with urllib.request.urlopen(f"http://{echo_backend.http_url}/v2/pystub/stubs", timeout=30) as answer:
             rows = json.loads(answer.read())["stubs"]
+
+
+def test_an_error_echoing_a_large_id_reaches_a_grpc_client_as_itself(echo_backend: Backend) -> None:
+    """Validation errors start with `[request id: <id>]`: with a 140 KB id the status details
+    would outgrow what a gRPC client accepts (it then reports RESOURCE_EXHAUSTED); they are cut."""
+    client = grpcclient.InferenceServerClient(echo_backend.grpc_url)
+    try:
+        tensor = grpcclient.InferInput("PAD_BYTES", [1], "FP32")  # the model wants INT32
+        tensor.set_data_from_numpy(np.array([1], np.float32))
+        with pytest.raises(InferenceServerException) as error:
+            client.infer("param_echo", [tensor], request_id="i" * BIG_ID)
+        assert str(error.value.status()) == "StatusCode.INVALID_ARGUMENT", error.value
+        assert error.value.message().startswith("[request id: iiii") and "characters cut]" in error.value.message()
+    finally:
+        client.close()
