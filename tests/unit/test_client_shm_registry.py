@@ -237,6 +237,35 @@ def test_validation_checks_the_shm_byte_size() -> None:
         registry.close()
 
 
+def test_a_region_its_owner_truncated_is_an_error_never_a_fault() -> None:
+    """The backend reads regions with preadv, never through a mapping (issue 18): a region that
+    shrank under its registration gives INVALID_ARG for the request that reads it, and a plain
+    input's size is checked without reading it at all."""
+    from pystub_backend.backend.models.config import config_from_json
+    config = config_from_json('{"name": "m", "backend": "python", "max_batch_size": 0, '
+                              '"input": [{"name": "I", "data_type": "TYPE_STRING", "dims": [2]}], '
+                              '"output": [{"name": "O", "data_type": "TYPE_STRING", "dims": [2]}]}')
+    payload = b"\x02\x00\x00\x00ab\x01\x00\x00\x00c"
+    registry = ClientShmRegistry(enabled=True)
+    with shm_object(payload) as key:
+        registry.register("r", key, 0, len(payload))
+        os.truncate("/dev/shm" + key, 3)
+        request = InferRequest("m", inputs=[Tensor("I", "BYTES", (2,), b"", shm_parameters("r", len(payload)))])
+        with registry.resolve(request), pytest.raises(ServerError) as error:
+            validate_request(request, config)
+        assert error.value.status == Status.INVALID_ARG and "it was truncated" in error.value.message
+        plain = InferRequest("m", inputs=[Tensor("I", "FP32", (2,), b"", shm_parameters("r", 8))])
+        with registry.resolve(plain):
+            shm_input = plain.inputs[0]
+            assert shm_input.nbytes == 8  # known without reading the region
+            with pytest.raises(ServerError, match="truncated"):
+                bytes(shm_input.data)
+        os.truncate("/dev/shm" + key, len(payload))  # grown back: readable again (zeros past byte 3)
+        with registry.resolve(request):
+            assert bytes(request.inputs[0].data) == payload[:3] + bytes(len(payload) - 3)
+        registry.close()
+
+
 class _FakeChannel:
     def __init__(self) -> None:
         self.frames: list[bytes] = []
