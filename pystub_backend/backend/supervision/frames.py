@@ -88,8 +88,7 @@ class FrameLink:
         try:
             await self.channel.send(frame, self._timeout if timeout is None else timeout, self._what(message))
         except (ChannelClosedError, ChannelTimeoutError):
-            if spilled is not None:  # never sent: the stub will not release it
-                self._stub.exchange.free_p2s([spilled])
+            self._unsent(spilled)
             raise
 
     def send_soon(self, message: NamedTuple) -> None:
@@ -98,7 +97,7 @@ class FrameLink:
         if channel is None or channel.closed:
             return
         try:
-            frame, _ = self._frame(message)  # a spilled frame lost in a failed send goes with the stub
+            frame, spilled = self._frame(message)
         except (ArenaFullError, ChannelClosedError, TypeError, ValueError, OverflowError) as exc:
             log.warning("could not send %s: %s", self._what(message), exc)
             return
@@ -108,21 +107,28 @@ class FrameLink:
                 if channel.try_send(frame):
                     return
             except ChannelClosedError:
+                self._unsent(spilled)
                 return
             previous = None
-        task = asyncio.ensure_future(self._send_later(channel, frame, self._what(message), previous))
+        task = asyncio.ensure_future(self._send_later(channel, frame, spilled, self._what(message), previous))
         self._last_soon = task
         self._soon_tasks.add(task)
         task.add_done_callback(self._soon_tasks.discard)
 
-    async def _send_later(self, channel: AsyncChannel, frame: bytes, what: str,
+    async def _send_later(self, channel: AsyncChannel, frame: bytes, spilled: list[int] | None, what: str,
                           previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await asyncio.wait({previous})  # keep the frames in the order they were sent
         try:
             await channel.send(frame, self._timeout, what)
         except (ChannelClosedError, ChannelTimeoutError) as exc:
+            self._unsent(spilled)
             log.warning("could not send %s: %s", what, exc)
+
+    def _unsent(self, spilled: list[int] | None) -> None:
+        """A spilled frame that was never sent: free its p2s bytes (the stub cannot release them)."""
+        if spilled is not None:
+            self._stub.exchange.free_p2s([spilled])
 
     async def flush(self) -> None:
         """Wait until every frame `send_soon` queued has been sent (or given up); returns at once
