@@ -18,6 +18,7 @@ frame is corrupt. Frames within the limit are sent as before: one length test on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from pystub_backend.ipc.channel import MAX_FRAME
@@ -46,17 +47,25 @@ def spill(frame: bytes, arena: _Writer) -> tuple[bytes, list[int]]:
     return encode(Spilled(handle)), handle
 
 
-def unspill(message: Spilled, arena: _Viewer) -> NamedTuple:
-    """The message the SPILLED frame names, decoded from the sender's arena (the bytes are copied
-    out: the caller may release the handle at once). Raises MessageDecodeError for a corrupt one."""
+def unspill(message: Spilled, arena: _Viewer, release: Callable[[list[int]], None]) -> NamedTuple:
+    """The message the SPILLED frame names, decoded from the sender's arena; `release(handle)` is
+    called once the bytes are copied out (whether they decode or not), so the sender can free them.
+
+    Raises MessageDecodeError for a corrupt one: a handle that is not three ints (not released: it
+    names nothing), bytes that cannot be read or decoded, or a spilled frame inside."""
+    handle = message.handle
+    if len(handle) != 3 or not all(type(part) is int for part in handle):
+        raise MessageDecodeError(f"a spilled frame's handle must be three ints, not {handle!r}")
     try:
-        view = arena.view(message.handle)
-    except (ValueError, IndexError, KeyError, OSError) as exc:
-        raise MessageDecodeError(f"spilled frame at {message.handle} cannot be read: {exc}") from exc
+        view = arena.view(handle)
+    except Exception as exc:  # noqa: BLE001 - any failure to map a corrupt handle is a corrupt frame
+        release(handle)
+        raise MessageDecodeError(f"spilled frame at {handle} cannot be read: {exc}") from exc
     try:
         inner = decode(view)
     finally:
         view.release()
+        release(handle)
     if isinstance(inner, Spilled):
         raise MessageDecodeError("a spilled frame names another spilled frame")
     return inner

@@ -135,13 +135,13 @@ class Stub:
 
     def _unspill(self, message: msg.Spilled) -> Any:
         """The message a SPILLED frame names in p2s; the backend frees its bytes on our RELEASE."""
+        return spill.unspill(message, self.p2s, self._release_p2s)
+
+    def _release_p2s(self, handle: list[int]) -> None:
         try:
-            return spill.unspill(message, self.p2s)
-        finally:
-            try:
-                self.send(msg.Release([message.handle], []))
-            except (ChannelClosedError, OSError):
-                pass  # the backend is gone: its arena goes with it
+            self.send(msg.Release([handle], []))
+        except (ChannelClosedError, OSError):
+            pass  # the backend is gone: its arena goes with it
 
     def _dispatch(self, message: Any) -> None:
         """Act on one frame on the receiver thread, or queue it for the main thread."""

@@ -209,7 +209,7 @@ def test_an_oversize_request_travels_spilled_in_p2s_and_is_freed_on_release() ->
         assert h.stub.p2s.allocation_count == 3  # two inputs and the frame
         reader = ArenaReader(h.stub.base, "p2s")
         try:
-            execute = spill.unspill(spilled, reader)
+            execute = spill.unspill(spilled, reader, lambda handle: None)  # released below, by frame
         finally:
             reader.close()
         assert isinstance(execute, msg.Execute) and [w.id for w in execute.requests] == ["", big.id]

@@ -198,10 +198,7 @@ class FrameLink:
         s2p = self._stub.s2p
         if s2p is None:
             raise msg.MessageDecodeError("a spilled frame arrived before the s2p arena exists")
-        try:
-            return spill.unspill(message, s2p)
-        finally:
-            self._stub.exchange.outbox.release([message.handle])
+        return spill.unspill(message, s2p, lambda handle: self._stub.exchange.outbox.release([handle]))
 
     def _dispatch(self, message: Any) -> None:  # a decoded message: any registered class
         kind = type(message)
