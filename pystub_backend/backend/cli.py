@@ -14,7 +14,7 @@ import sys
 
 from pystub_backend.backend import flag_values as values
 from pystub_backend.backend.flags import FLAGS, Effect, flag_named
-from pystub_backend.backend.log import LogSettings, configure_logging
+from pystub_backend.backend.log import CLI_LOG_FORMATS, LogSettings, configure_logging
 from pystub_backend.backend.options import GrpcOptions, ServerOptions, TlsFiles
 from pystub_backend.backend.scheduling.rate_limiter import RATE_LIMIT_MODES
 from pystub_backend.backend.supervision.settings import BackendConfigError, StubSettings, parse_backend_config
@@ -71,7 +71,7 @@ def _add_server_flags(add: _Adder) -> None:
     for level in ("info", "warning", "error"):
         add(f"--log-{level}", type=values.parse_bool, default=True, metavar="BOOL")
     add("--log-file", default="")
-    add("--log-format", choices=("default", "ISO8601"), default="default")
+    add("--log-format", choices=CLI_LOG_FORMATS, default="default")
 
 
 def _add_listener_flags(add: _Adder) -> None:

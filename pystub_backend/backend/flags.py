@@ -50,7 +50,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--log-info", "true", _I, "info lines on/off"),
     Flag("--log-warning", "true", _I, "warning lines on/off"),
     Flag("--log-error", "true", _I, "error lines on/off"),
-    Flag("--log-format", "ISO8601", _I, "'default' (glog style) or 'ISO8601' timestamps"),
+    Flag("--log-format", "ISO8601", _I, "'default' (glog style), 'ISO8601' timestamps or 'json' (pystub)"),
     Flag("--log-file", "/tmp/pystub.log", _I, "log to this file instead of stderr"),
     Flag("--model-store", "/models", _I, "same as --model-repository"),
     Flag("--model-repository", "/models", _I, "model repository (repeatable)"),
