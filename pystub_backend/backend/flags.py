@@ -112,8 +112,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--metrics-port", "8002", _I, "metrics port"),
     Flag("--metrics-interval-ms", "2000", _I, "sampling period of the polled gauges"),
     Flag("--metrics-config", "summary_latencies=true", _I,
-         "counter_latencies, summary_latencies, summary_quantiles as in Triton 2.51 (which has no "
-         "histogram_latencies: accepted, no effect)"),
+         "counter_latencies, summary_latencies, summary_quantiles as in Triton 2.51; histogram_latencies "
+         "adds pystub's nv_inference_*_histogram_us"),
     Flag("--trace-config", "level=TIMESTAMPS", _N, _TRACE),
     Flag("--backend-directory", "/opt/backends", _I,
          "Python-based backends: a model with backend: \"<name>\" runs <dir>/<name>/model.py"),
