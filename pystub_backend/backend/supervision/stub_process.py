@@ -303,7 +303,8 @@ class StubProcess:
         ladder = _LADDER if self._exiting or self.link.closed else _KILL_NOW
         for sig, grace in ladder:
             if sig is not None and process.poll() is None:
-                log.info("sending %s to stub '%s' (pid %d)", sig.name, self.instance_name, process.pid)
+                log.info("sending %s to stub '%s' (pid %d)", sig.name, self.instance_name, process.pid,
+                         extra={"model": self.model_name, "instance": self.instance_name})
                 try:
                     os.killpg(process.pid, sig)
                 except ProcessLookupError:
