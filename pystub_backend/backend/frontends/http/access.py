@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web import BaseRequest, StreamResponse
 
@@ -10,7 +11,7 @@ from pystub_backend.backend.log import verbose
 
 __all__ = ["HttpAccessLogger", "REQUEST_ID_KEY"]
 
-REQUEST_ID_KEY = "pystub_request_id"  # where the infer handler leaves the request's id
+REQUEST_ID_KEY = web.RequestKey("pystub_request_id", str)  # where the infer handler leaves the request's id
 
 
 class HttpAccessLogger(AbstractAccessLogger):
@@ -23,4 +24,4 @@ class HttpAccessLogger(AbstractAccessLogger):
         match_info = getattr(request, "match_info", None)
         model = match_info.get("model", "") if match_info is not None else ""
         access_line("HTTP", f"{request.method} {request.path}", str(response.status), time, request.remote or "",
-                    model, str(request.get(REQUEST_ID_KEY, "")))
+                    model, request.get(REQUEST_ID_KEY, ""))
