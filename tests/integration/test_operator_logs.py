@@ -71,8 +71,9 @@ def test_a_busy_port_is_reported_before_any_model_loads(tmp_path: Path, busy_por
         log_text = backend.log()
         label = {"http": "HTTP", "grpc": "gRPC", "metrics": "metrics"}[listener]
         assert f"failed to start a listener: {label} port 127.0.0.1:{busy_port} cannot be bound" in log_text
-        assert "loading 'slow_init'" not in log_text  # no model started: the 6 s initialize never ran
-        assert took < 6.0, log_text
+        # No model started (the 6 s initialize never ran): the decisive check, whatever the machine's load.
+        assert "loading 'slow_init'" not in log_text and "Started " not in log_text, log_text
+        assert took < 30.0, log_text
     finally:
         backend.stop(check=False)
 
