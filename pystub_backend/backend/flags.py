@@ -50,7 +50,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--log-info", "true", _I, "info lines on/off"),
     Flag("--log-warning", "true", _I, "warning lines on/off"),
     Flag("--log-error", "true", _I, "error lines on/off"),
-    Flag("--log-format", "ISO8601", _I, "'default' (glog style) or 'ISO8601' timestamps"),
+    Flag("--log-format", "ISO8601", _I, "'default' (glog style), 'ISO8601' timestamps or 'json' (pystub)"),
     Flag("--log-file", "/tmp/pystub.log", _I, "log to this file instead of stderr"),
     Flag("--model-store", "/models", _I, "same as --model-repository"),
     Flag("--model-repository", "/models", _I, "model repository (repeatable)"),
@@ -112,8 +112,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--metrics-port", "8002", _I, "metrics port"),
     Flag("--metrics-interval-ms", "2000", _I, "sampling period of the polled gauges"),
     Flag("--metrics-config", "summary_latencies=true", _I,
-         "counter_latencies, summary_latencies, summary_quantiles as in Triton 2.51 (which has no "
-         "histogram_latencies: accepted, no effect)"),
+         "counter_latencies, summary_latencies, summary_quantiles as in Triton 2.51; histogram_latencies "
+         "adds pystub's nv_inference_*_histogram_us"),
     Flag("--trace-config", "level=TIMESTAMPS", _N, _TRACE),
     Flag("--backend-directory", "/opt/backends", _I,
          "Python-based backends: a model with backend: \"<name>\" runs <dir>/<name>/model.py"),

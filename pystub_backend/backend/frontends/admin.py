@@ -15,7 +15,6 @@ import asyncio
 import time
 from typing import Any
 
-import psutil
 from aiohttp import web
 
 from pystub_backend.backend.core import Core
@@ -24,22 +23,19 @@ from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.models.version import ModelVersion
 from pystub_backend.backend.scheduling.multiplex import held_ids
 from pystub_backend.backend.supervision.instance import ModelInstance
+from pystub_backend.backend.telemetry.process_cpu import ProcessSampler
 
 __all__ = ["stub_rows", "admin_routes"]
 
 
-def _process_facts(pid: int | None) -> dict[str, Any]:
-    if pid is None:
+def _process_facts(pid: int | None, sampler: ProcessSampler) -> dict[str, Any]:
+    found = sampler.sample(pid) if pid is not None else None
+    if found is None:
         return {"rss_bytes": 0, "cpu_percent": 0.0}
-    try:
-        process = psutil.Process(pid)
-        with process.oneshot():
-            return {"rss_bytes": process.memory_info().rss, "cpu_percent": process.cpu_percent(interval=None)}
-    except psutil.Error:
-        return {"rss_bytes": 0, "cpu_percent": 0.0}
+    return {"rss_bytes": found.rss_bytes, "cpu_percent": found.cpu_percent}
 
 
-def _stub_row(model_version: ModelVersion, instance: ModelInstance) -> dict[str, Any]:
+def _stub_row(model_version: ModelVersion, instance: ModelInstance, sampler: ProcessSampler) -> dict[str, Any]:
     stub = instance.stub
     healthy = instance.healthy
     control = stub.control if stub is not None else None
@@ -66,13 +62,18 @@ def _stub_row(model_version: ModelVersion, instance: ModelInstance) -> dict[str,
         "last_error": instance.last_error,
         "multiplexed_models": held_ids(instance),  # sub-model ids the stub holds, LRU first
     }
-    row.update(_process_facts(row["pid"] if healthy else None))
+    row.update(_process_facts(row["pid"] if healthy else None, sampler))
     return row
 
 
-def stub_rows(core: Core) -> list[dict[str, Any]]:
-    """One row per stub of every loaded model version."""
-    return [_stub_row(version, instance) for version in core.model_versions() for instance in version.instances]
+def stub_rows(core: Core, sampler: ProcessSampler | None = None) -> list[dict[str, Any]]:
+    """One row per stub of every loaded model version. `sampler` keeps each stub's process across
+    calls, so CPU% is measured since the previous call (without one: since the stub started)."""
+    sampler = sampler or ProcessSampler()
+    rows = [_stub_row(version, instance, sampler) for version in core.model_versions()
+            for instance in version.instances]
+    sampler.forget_others({row["pid"] for row in rows if row["pid"] is not None})
+    return rows
 
 
 def _error(status: int, text: str) -> web.Response:
@@ -99,8 +100,10 @@ async def _restart(core: Core, request: web.Request) -> web.Response:
 
 
 def admin_routes(core: Core) -> list[web.RouteDef]:
+    sampler = ProcessSampler()  # lives as long as the routes: CPU% between two `stubctl` calls
+
     async def stubs(_: web.Request) -> web.Response:
-        return web.json_response({"stubs": stub_rows(core)})
+        return web.json_response({"stubs": stub_rows(core, sampler)})
 
     async def restart(request: web.Request) -> web.Response:
         return await _restart(core, request)

@@ -22,6 +22,7 @@ from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, http_status
 from pystub_backend.backend.frontends.access import AccessPolicy
 from pystub_backend.backend.frontends.forwarding import forward_headers
+from pystub_backend.backend.frontends.http.access import REQUEST_ID_KEY
 from pystub_backend.backend.frontends.http.codec import (
     INFERENCE_HEADER,
     Body,
@@ -207,6 +208,7 @@ class _Routes:
                               Status.UNSUPPORTED)
         body = await self._read_body(request)
         decoded = self._decode(body, request, model, version)
+        request[REQUEST_ID_KEY] = decoded.request.id  # for the access line (frontends.access_log)
         _copy_multiplexed_model_id(request, decoded.request)
         forward_headers(request.headers.items(), decoded.request.parameters, self._header_pattern)
         with http_request_link(request):  # pystub sequences: a client gone mid-request evicts its sequence
