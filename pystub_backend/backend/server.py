@@ -17,7 +17,7 @@ from aiohttp import web
 
 from pystub_backend.backend.core import Core, CoreOptions
 from pystub_backend.backend.features.response_cache import CacheConfigError
-from pystub_backend.backend.frontends.http.access import HttpAccessLogger
+from pystub_backend.backend.frontends.http.access_log import HttpAccessLogger
 from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
 from pystub_backend.backend.models.repository import RepositoryError
 from pystub_backend.backend.options import GrpcOptions, ServerOptions
@@ -39,7 +39,7 @@ class Listeners:
                          grace: float = 60.0, reuse_port: bool = False) -> int:
         # `grace` bounds how long stopping waits for running handlers (aiohttp's default is 60 s,
         # whatever --exit-timeout-secs says).
-        # The access logger checks --log-verbose per request (frontends.http.access).
+        # The access logger checks --log-verbose per request (frontends.http.access_log).
         runner = web.AppRunner(app, access_log=log, access_log_class=HttpAccessLogger,
                                handle_signals=False, shutdown_timeout=grace)
         await runner.setup()

@@ -7,8 +7,8 @@ With `--log-format json` the same facts are keys (`method`, `path`, `model`, `re
 `status`, `duration_ms`, `peer`). What the client sent (path, model name, request id) is escaped
 by the log's formatters like every message (backend.log).
 
-Cheap when off: the HTTP logger (http/access.py) returns after one integer comparison, and the
-gRPC interceptor (grpc/access.py) hands the call straight on without wrapping its handler. The
+Cheap when off: the HTTP logger (http/access_log.py) returns after one integer comparison, and the
+gRPC interceptor (grpc/access_log.py) hands the call straight on without wrapping its handler. The
 level is read per request, so a change through the logging extension applies to the next request.
 """
 

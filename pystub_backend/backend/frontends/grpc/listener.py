@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from tritonclient.grpc import service_pb2_grpc
 
 from pystub_backend.backend.frontends.access import AccessPolicy
-from pystub_backend.backend.frontends.grpc.access import GrpcAccessInterceptor
+from pystub_backend.backend.frontends.grpc.access_log import GrpcAccessInterceptor
 from pystub_backend.backend.frontends.grpc.codec import parse_infer_request
 from pystub_backend.backend.frontends.grpc.health import SERVICE_NAME as HEALTH_SERVICE
 from pystub_backend.backend.frontends.grpc.health import HealthService

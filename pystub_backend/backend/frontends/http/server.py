@@ -22,7 +22,7 @@ from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, http_status
 from pystub_backend.backend.frontends.access import AccessPolicy
 from pystub_backend.backend.frontends.forwarding import forward_headers
-from pystub_backend.backend.frontends.http.access import REQUEST_ID_KEY
+from pystub_backend.backend.frontends.http.access_log import REQUEST_ID_KEY
 from pystub_backend.backend.frontends.http.codec import (
     INFERENCE_HEADER,
     Body,
