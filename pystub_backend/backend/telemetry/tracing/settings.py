@@ -95,15 +95,15 @@ def _split(entry: str) -> tuple[str, str, str]:
     return mode, name, value.strip()
 
 
-def parse_trace_config(entries: list[str], deprecated: dict[str, str] | None = None) -> TraceConfig:
-    """The config of --trace-config entries; `deprecated` maps the old flags' settings (level,
-    rate, count, file, log-frequency) to their values, which --trace-config overrides.
+def parse_trace_config(entries: list[str], deprecated: list[tuple[str, str]] | None = None) -> TraceConfig:
+    """The config of --trace-config entries; `deprecated` holds the old flags' (setting, value)
+    pairs (level, rate, count, file, log-frequency), which --trace-config overrides.
     Raises TraceConfigError."""
     values: dict[str, object] = {}
     levels: list[str] = []
     resource: list[tuple[str, str]] = []
     given: set[str] = set()
-    for name, value in (deprecated or {}).items():
+    for name, value in deprecated or []:
         _apply(values, levels, resource, given, "triton" if name in _TRITON else "", name, value)
     config_levels: list[str] = []
     for entry in entries:

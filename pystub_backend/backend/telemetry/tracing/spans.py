@@ -86,7 +86,7 @@ class RequestTrace:
 
     __slots__ = ("_export", "trace_id", "triton_id", "parent_triton_id", "protocol", "model_name",
                  "model_version", "_parent", "_root_id", "_model_id", "_compute_id", "_root_events",
-                 "_model_events", "_compute_events", "_finished")
+                 "_model_events", "_compute_events", "_finished", "_computing", "_exported")
 
     def __init__(self, export: Callable[[list[SpanRecord]], None], triton_id: int, model_name: str,
                  protocol: str | None, parent: tuple[bytes, bytes] | None, parent_triton_id: int = 0) -> None:
@@ -104,7 +104,9 @@ class RequestTrace:
         self._root_events: list[tuple[str, int]] = []
         self._model_events: list[tuple[str, int]] = []
         self._compute_events: list[tuple[str, int]] = []
-        self._finished = False
+        self._finished = False  # the frontend (or BLS call) is done with the request
+        self._computing = 0  # executes sent to a stub whose EXECUTE_DONE is not in yet
+        self._exported = False
 
     # -- the request's steps (monotonic ns) --------------------------------------------------------
     def received(self, start_ns: int, end_ns: int) -> None:
@@ -115,13 +117,21 @@ class RequestTrace:
     def request_start(self, at_ns: int | None = None) -> None:
         self._model_events.append(("REQUEST_START", at_ns or time.monotonic_ns()))
 
-    def computed(self, version: str, queued_ns: int, start_ns: int, input_end_ns: int, end_ns: int) -> None:
-        """The scheduler ran the request: queued at `queued_ns`, sent to the stub at `start_ns`,
-        inputs staged by `input_end_ns`, the stub's execute returned at `end_ns`."""
+    def computing(self, version: str, queued_ns: int, start_ns: int) -> None:
+        """The scheduler took the request (queued at `queued_ns`) and sends it to a stub now. The
+        spans wait for `computed`: the response can reach the client before EXECUTE_DONE does."""
         self.model_version = version
         self._model_events.append(("QUEUE_START", queued_ns))
-        self._compute_events = [("COMPUTE_START", start_ns), ("COMPUTE_INPUT_END", input_end_ns),
-                                ("COMPUTE_OUTPUT_START", end_ns), ("COMPUTE_END", end_ns)]
+        self._compute_events.append(("COMPUTE_START", start_ns))
+        self._computing += 1
+
+    def computed(self, input_end_ns: int, end_ns: int) -> None:
+        """Inputs were staged by `input_end_ns`; the stub's execute returned at `end_ns`."""
+        self._compute_events += [("COMPUTE_INPUT_END", input_end_ns), ("COMPUTE_OUTPUT_START", end_ns),
+                                 ("COMPUTE_END", end_ns)]
+        self._computing -= 1
+        if self._finished and not self._computing:
+            self._export_spans()
 
     def request_end(self, at_ns: int | None = None) -> None:
         self._model_events.append(("REQUEST_END", at_ns or time.monotonic_ns()))
@@ -132,6 +142,10 @@ class RequestTrace:
             begin, end = _SEND[self.protocol]
             self._root_events += [("INFER_RESPONSE_COMPLETE", complete_ns), (begin, start_ns), (end, end_ns)]
 
+    @property
+    def model_span_id(self) -> bytes:
+        return self._model_id
+
     def context(self) -> str:
         """The context the stub receives (Triton's `request.trace().get_context()`): the model
         span, under which the model's BLS calls become children."""
@@ -140,14 +154,20 @@ class RequestTrace:
 
     # -- the end -------------------------------------------------------------------------------------
     def finish(self) -> None:
-        """Close every span and export them. Idempotent."""
+        """The request is answered: export the spans now, or when its execute is done. Idempotent."""
         if self._finished:
             return
         self._finished = True
-        now = time.monotonic_ns()
         if not any(name == "REQUEST_END" for name, _ in self._model_events):
-            self._model_events.append(("REQUEST_END", now))
-        offset = time.time_ns() - now  # monotonic -> wall clock, once per trace
+            self._model_events.append(("REQUEST_END", time.monotonic_ns()))
+        if not self._computing:
+            self._export_spans()
+
+    def _export_spans(self) -> None:
+        if self._exported:
+            return
+        self._exported = True
+        offset = time.time_ns() - time.monotonic_ns()  # monotonic -> wall clock, once per trace
         self._export([span for span in self._spans(offset) if span is not None])
 
     def _spans(self, offset: int) -> list[SpanRecord | None]:
@@ -160,14 +180,15 @@ class RequestTrace:
         return [  # the root spans its model span too (a failed request has no send events)
             self._span(ROOT_SPAN, self._root_id, self._parent, self._root_events, offset, {},
                        self._model_events) if self._root_id else None,
-            self._span(self.model_name, self._model_id, model_parent, self._model_events, offset, attributes),
+            self._span(self.model_name, self._model_id, model_parent, self._model_events, offset, attributes,
+                       self._compute_events),
             self._span(COMPUTE_SPAN, self._compute_id, self._model_id, self._compute_events, offset, {})
             if self._compute_events else None,
         ]
 
     def _span(self, name: str, span_id: bytes, parent: bytes, events: list[tuple[str, int]], offset: int,
-              attributes: dict[str, str | int], within: list[tuple[str, int]] = ()) -> SpanRecord:  # type: ignore[assignment]
+              attributes: dict[str, str | int], within: list[tuple[str, int]] | None = None) -> SpanRecord:
         events = sorted(events, key=lambda event: event[1])
-        times = [at for _, at in events] + [at for _, at in within] or [time.monotonic_ns()]
+        times = [at for _, at in events] + [at for _, at in within or ()] or [time.monotonic_ns()]
         return SpanRecord(name, self.trace_id, span_id, parent, min(times) + offset, max(times) + offset,
                           attributes, [(event, at + offset) for event, at in events])

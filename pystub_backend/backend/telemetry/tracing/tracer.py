@@ -43,6 +43,7 @@ class Tracer:
         self._exporter = exporter
         self._ids = itertools.count(1)  # triton.trace_id: 1, 2, ... per server, as in Triton
         self._samplers: dict[str, _Sampler] = {}
+        self._live: dict[bytes, int] = {}  # model span id -> triton.trace_id of traces not yet ended
         self.active = False
         self._refresh()
 
@@ -80,15 +81,21 @@ class Tracer:
         """A trace for a request the frontend received, or None when it is not sampled."""
         if not self.active or not self._sample(model):
             return None
-        return RequestTrace(self._export, next(self._ids), model, protocol, parse_traceparent(traceparent))
+        return self._register(RequestTrace(self._export, next(self._ids), model, protocol,
+                                           parse_traceparent(traceparent)))
 
-    def child(self, context: str | None, model: str, parent_triton_id: int = 0) -> RequestTrace | None:
+    def child(self, context: str | None, model: str) -> RequestTrace | None:
         """The child trace of a BLS call whose parent passed its trace context (always traced:
         the parent was sampled), or None."""
         parent = context_of(context) if self.active else None
         if parent is None:
             return None
-        return RequestTrace(self._export, next(self._ids), model, None, parent, parent_triton_id)
+        return self._register(RequestTrace(self._export, next(self._ids), model, None, parent,
+                                           self._live.get(parent[1], 0)))
+
+    def _register(self, trace: RequestTrace) -> RequestTrace:
+        self._live[trace.model_span_id] = trace.triton_id
+        return trace
 
     def _sample(self, model: str) -> bool:
         if self.settings.value("level", model) == ("OFF",):
@@ -105,6 +112,8 @@ class Tracer:
         return True
 
     def _export(self, spans: list[SpanRecord]) -> None:
+        for span in spans:
+            self._live.pop(span.span_id, None)
         if self._exporter is not None:
             self._exporter.export(spans)
 
