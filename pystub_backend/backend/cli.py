@@ -193,6 +193,7 @@ def _composite_options(options: ServerOptions, args: argparse.Namespace) -> None
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     options.trace = _trace_config(args)
+    options.deprecated = [name for name in _DEPRECATED_TRACE if getattr(args, _dest(f"--trace-{name}"))]
     options.cache_config = values.cache_setting(args.cache_config, "--cache-config")
     if args.cache_config and args.response_cache_byte_size is not None:  # response cache hook: Triton's text
         raise argparse.ArgumentTypeError("Incompatible flags --response-cache-byte-size and --cache-config both "
@@ -231,7 +232,16 @@ def parse_args(argv: list[str]) -> ServerOptions:
     return options
 
 
+# Triton's deprecation warnings of the old trace flags (the placeholder of each).
+_TRACE_PLACEHOLDERS = {"file": "triton,file=<path/to/your/file>", "level": "level=<OFF|TIMESTAMPS|TENSORS>",
+                       "rate": "rate=<rate value>", "count": "count=<count value>",
+                       "log-frequency": "triton,log-frequency=<log frequency value>"}
+
+
 def _log_ignored(options: ServerOptions) -> None:
+    for name in options.deprecated:
+        log.warning("'--trace-%s' has been deprecated and will be removed in future releases. Please use "
+                    "'--trace-config %s' instead", name, _TRACE_PLACEHOLDERS[name])
     for name in options.ignored:
         log.info("%s is accepted and has no effect: %s", name, flag_named(name).note)
     for name in latency.parse_config(options.metrics_config)[1]:

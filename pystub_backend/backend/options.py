@@ -96,5 +96,6 @@ class ServerOptions:
     rate_limit: str = "off"  # --rate-limit: off | execution_count
     rate_limit_resources: list[ResourceLimit] = field(default_factory=list)  # --rate-limit-resource
     trace: TraceConfig = field(default_factory=TraceConfig)  # --trace-config and the deprecated --trace-*
+    deprecated: list[str] = field(default_factory=list)  # the --trace-<name> flags given, logged at start-up
     # Flags accepted without effect, in the order given: logged once at start-up.
     ignored: list[str] = field(default_factory=list)

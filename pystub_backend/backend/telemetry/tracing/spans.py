@@ -177,9 +177,11 @@ class RequestTrace:
             "triton.model_name": self.model_name, "triton.model_version": int(version) if version.isdigit() else
             version, "triton.trace_id": self.triton_id}
         attributes["triton.trace_parent_id"] = self.parent_triton_id
-        return [  # the root spans its model span too (a failed request has no send events)
+        # A span covers its children: the root its model span (a failed request has no send events),
+        # and both the compute span, whose EXECUTE_DONE may come after the response was sent.
+        return [
             self._span(ROOT_SPAN, self._root_id, self._parent, self._root_events, offset, {},
-                       self._model_events) if self._root_id else None,
+                       self._model_events + self._compute_events) if self._root_id else None,
             self._span(self.model_name, self._model_id, model_parent, self._model_events, offset, attributes,
                        self._compute_events),
             self._span(COMPUTE_SPAN, self._compute_id, self._model_id, self._compute_events, offset, {})
