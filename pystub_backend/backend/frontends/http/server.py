@@ -42,8 +42,8 @@ from pystub_backend.backend.frontends.http.restrict import restriction_middlewar
 from pystub_backend.backend.frontends.http.shm import shm_routes
 from pystub_backend.backend.frontends.trace_settings import trace_routes
 from pystub_backend.backend.inference import ServerCore
-from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 from pystub_backend.backend.options import Restrictions
+from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 from pystub_backend.ipc.messages.multiplex import MODEL_ID_HEADER, MODEL_ID_PARAMETER
 
 __all__ = ["create_http_app"]
