@@ -1,7 +1,8 @@
 """The OTLP/HTTP exporter: finished spans, batched, POSTed as a protobuf `ExportTraceServiceRequest`.
 
-    request path ──▶ export(spans)  (appends to a bounded deque: no encoding, no I/O)
-    exporter thread: every `schedule_delay` (or when a batch is full) ──▶ encode ──▶ POST url
+    request path ──▶ export(trace)  (appends the ended trace to a bounded deque: no span records,
+                                     no encoding, no I/O)
+    exporter thread: every `schedule_delay` (or when a batch is full) ──▶ records ──▶ encode ──▶ POST
 
 It is the batch span processor of the OpenTelemetry SDK cut to what pystub needs (why not the
 SDK: docs/tracing.md): a queue of at most `max_queue_size` spans (more are dropped and counted),
@@ -19,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
+from typing import Protocol
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
@@ -27,11 +29,20 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from pystub_backend.backend.telemetry.tracing.spans import SpanRecord
 
-__all__ = ["OtlpExporter", "encode"]
+__all__ = ["OtlpExporter", "SpanSource", "encode"]
 
 log = logging.getLogger("pystub.tracing")
 
 _SCOPE = "triton-server"  # Triton's instrumentation scope name, kept so dashboards match
+
+
+class SpanSource(Protocol):
+    """An ended trace (spans.RequestTrace): its spans are built when the exporter takes it."""
+
+    @property
+    def span_count(self) -> int: ...
+
+    def records(self) -> list[SpanRecord]: ...
 
 
 def _value(value: str | int) -> AnyValue:
@@ -66,7 +77,8 @@ class OtlpExporter:
         self._delay = schedule_delay
         self._batch = max_export_batch_size
         self._timeout = timeout
-        self._queue: collections.deque[SpanRecord] = collections.deque()
+        self._queue: collections.deque[SpanSource] = collections.deque()
+        self._queued = 0  # spans in the queue
         self._wake = threading.Condition()
         self._stopping = False
         self.dropped = 0  # spans refused because the queue was full
@@ -75,14 +87,15 @@ class OtlpExporter:
         self._thread = threading.Thread(target=self._run, name="pystub-otlp-exporter", daemon=True)
         self._thread.start()
 
-    def export(self, spans: list[SpanRecord]) -> None:
+    def export(self, source: SpanSource) -> None:
+        count = source.span_count
         with self._wake:
-            room = self._max_queue - len(self._queue)
-            if room < len(spans):
-                self.dropped += len(spans) - max(room, 0)
-                spans = spans[:max(room, 0)]
-            self._queue.extend(spans)
-            if len(self._queue) >= self._batch:
+            if self._queued + count > self._max_queue:
+                self.dropped += count
+                return
+            self._queue.append(source)
+            self._queued += count
+            if self._queued >= self._batch:
                 self._wake.notify()
 
     def shutdown(self, timeout: float = 5.0) -> None:
@@ -98,10 +111,14 @@ class OtlpExporter:
     def _run(self) -> None:
         while True:
             with self._wake:
-                if not self._stopping and len(self._queue) < self._batch:
+                if not self._stopping and self._queued < self._batch:
                     self._wake.wait(self._delay)
                 stopping = self._stopping
-                batch = [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
+                sources: list[SpanSource] = []
+                while self._queue and sum(s.span_count for s in sources) < self._batch:
+                    sources.append(self._queue.popleft())
+                self._queued -= sum(source.span_count for source in sources)
+            batch = [record for source in sources for record in source.records()]
             if batch:
                 self._post(batch)
             if stopping and not batch:

@@ -86,9 +86,9 @@ class RequestTrace:
 
     __slots__ = ("_export", "trace_id", "triton_id", "parent_triton_id", "protocol", "model_name",
                  "model_version", "_parent", "_root_id", "_model_id", "_compute_id", "_root_events",
-                 "_model_events", "_compute_events", "_finished", "_computing", "_exported")
+                 "_model_events", "_compute_events", "_finished", "_computing", "_offset")
 
-    def __init__(self, export: Callable[[list[SpanRecord]], None], triton_id: int, model_name: str,
+    def __init__(self, export: Callable[[RequestTrace], None], triton_id: int, model_name: str,
                  protocol: str | None, parent: tuple[bytes, bytes] | None, parent_triton_id: int = 0) -> None:
         self._export = export
         self.trace_id = parent[0] if parent else _new_id(16)
@@ -106,7 +106,7 @@ class RequestTrace:
         self._compute_events: list[tuple[str, int]] = []
         self._finished = False  # the frontend (or BLS call) is done with the request
         self._computing = 0  # executes sent to a stub whose EXECUTE_DONE is not in yet
-        self._exported = False
+        self._offset: int | None = None  # wall clock - monotonic, set when the trace is handed to export
 
     # -- the request's steps (monotonic ns) --------------------------------------------------------
     def received(self, start_ns: int, end_ns: int) -> None:
@@ -134,7 +134,9 @@ class RequestTrace:
             self._export_spans()
 
     def request_end(self, at_ns: int | None = None) -> None:
-        self._model_events.append(("REQUEST_END", at_ns or time.monotonic_ns()))
+        """The request's final response is in (once: `finish` ends a request that has none)."""
+        if not self._finished:
+            self._model_events.append(("REQUEST_END", at_ns or time.monotonic_ns()))
 
     def sent(self, complete_ns: int, start_ns: int, end_ns: int) -> None:
         """The response was complete at `complete_ns`, then written from `start_ns` to `end_ns`."""
@@ -164,11 +166,20 @@ class RequestTrace:
             self._export_spans()
 
     def _export_spans(self) -> None:
-        if self._exported:
+        # Only the clock offset is taken here: the span records are built by `records()` on the
+        # exporter's thread, off the request path.
+        if self._offset is not None:
             return
-        self._exported = True
-        offset = time.time_ns() - time.monotonic_ns()  # monotonic -> wall clock, once per trace
-        self._export([span for span in self._spans(offset) if span is not None])
+        self._offset = time.time_ns() - time.monotonic_ns()  # monotonic -> wall clock, once per trace
+        self._export(self)
+
+    @property
+    def span_count(self) -> int:
+        return 1 + bool(self._root_id) + bool(self._compute_events)
+
+    def records(self) -> list[SpanRecord]:
+        """The finished spans (call once the trace was handed to export)."""
+        return [span for span in self._spans(self._offset or 0) if span is not None]
 
     def _spans(self, offset: int) -> list[SpanRecord | None]:
         model_parent = self._root_id or self._parent

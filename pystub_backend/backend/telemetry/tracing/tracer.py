@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pystub_backend.backend.telemetry.tracing.exporter import OtlpExporter
 from pystub_backend.backend.telemetry.tracing.settings import TraceConfig, TraceSettingsStore
-from pystub_backend.backend.telemetry.tracing.spans import RequestTrace, SpanRecord, context_of, parse_traceparent
+from pystub_backend.backend.telemetry.tracing.spans import RequestTrace, context_of, parse_traceparent
 
 __all__ = ["Tracer"]
 
@@ -111,11 +111,10 @@ class Tracer:
         sampler.traced += 1
         return True
 
-    def _export(self, spans: list[SpanRecord]) -> None:
-        for span in spans:
-            self._live.pop(span.span_id, None)
+    def _export(self, trace: RequestTrace) -> None:
+        self._live.pop(trace.model_span_id, None)
         if self._exporter is not None:
-            self._exporter.export(spans)
+            self._exporter.export(trace)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         if self._exporter is not None:
