@@ -192,6 +192,11 @@ class Scheduler(abc.ABC, Generic[_Unit, _Work]):
                           getattr(instance, "name", "?"))
             results, timing = [ServerError(f"failed to execute the request: {exc}", Status.INTERNAL)] * len(batch), \
                 BatchTiming()
+        except BaseException:  # cancelled (the worker stops): the batch's traces end here, not never
+            for work in batch:
+                if work.request.trace is not None:
+                    work.request.trace.computed(time.monotonic_ns(), time.monotonic_ns())
+            raise
         executed = 0
         for work, result in zip(batch, results, strict=True):
             if work.request.trace is not None:
