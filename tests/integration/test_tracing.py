@@ -1,8 +1,8 @@
 """Tracing (--trace-config mode=opentelemetry): the spans a real backend exports to a real OTLP/HTTP
 collector on 127.0.0.1 (tests/otlp_collector.py), and the trace settings endpoints.
 
-The span shapes asserted here are Triton 2.51's, as its own exporter sends them (tests/differential
-/test_tracing_oracle.py compares the two servers directly).
+The span shapes asserted here are Triton 2.51's, as its own exporter sends them
+(tests/differential/test_tracing_spans.py compares the two servers' spans directly).
 """
 
 from __future__ import annotations
