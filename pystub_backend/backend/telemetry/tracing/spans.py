@@ -82,7 +82,8 @@ def _new_id(size: int) -> bytes:
 
 class RequestTrace:
     """The spans of one request. Its methods are called on the event loop in request order; the
-    last, `finish`, hands the spans to `export` (once)."""
+    trace goes to `export` once, when `finish` was called and no execute is outstanding; the
+    exporter's thread then calls `records()`, which only reads."""
 
     __slots__ = ("_export", "trace_id", "triton_id", "parent_triton_id", "protocol", "model_name",
                  "model_version", "_parent", "_root_id", "_model_id", "_compute_id", "_root_events",
