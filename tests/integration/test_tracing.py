@@ -66,7 +66,7 @@ def _one(spans: list[ReceivedSpan], name: str) -> ReceivedSpan:
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_repository(tmp_path_factory.mktemp("tracing"), "trace_bls", "bls_leaf")
+    return make_repository(tmp_path_factory.mktemp("tracing"), "trace_bls", "bls_leaf", "repeat")
 
 
 @pytest.fixture(scope="module")
@@ -207,3 +207,28 @@ def test_an_unreachable_collector_costs_no_request(repository: Path, tmp_path: P
             result = _http_infer(backend, "bls_leaf")
             np.testing.assert_array_equal(result.as_numpy("OUT"), np.arange(3, dtype=np.float32) + 1)
         backend.wait_for_log(re.escape(f"to http://127.0.0.1:{port}/v1/traces failed"), timeout=30)
+
+
+def test_grpc_stream_requests_are_traced(traced: tuple[Backend, Collector]) -> None:
+    backend, collector = traced
+    traceparent, trace_id, client_span = _traceparent()
+    client = grpcclient.InferenceServerClient(backend.grpc_url)
+    answers: list[object] = []
+    try:
+        client.start_stream(callback=lambda result, error: answers.append(error or result),
+                            headers={"traceparent": traceparent})
+        count = grpcclient.InferInput("COUNT", [1], "INT32")
+        count.set_data_from_numpy(np.array([3], dtype=np.int32))
+        delay = grpcclient.InferInput("DELAY_MS", [1], "INT32")
+        delay.set_data_from_numpy(np.array([1], dtype=np.int32))
+        client.async_stream_infer("repeat", [count, delay])
+        spans = _of_trace(collector.wait_for("the stream request's 3 spans",
+                                             lambda s: len(_of_trace(s, trace_id)) >= 3), trace_id)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert len(answers) == 3 and not any(isinstance(a, Exception) for a in answers)
+    root, model = _one(spans, "InferRequest"), _one(spans, "repeat")
+    assert root.parent_span_id == client_span and model.parent_span_id == root.span_id
+    assert root.event_names[:2] == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END"]
+    assert model.event_names == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]

@@ -235,7 +235,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
             self, request_iterator: AsyncIterator[service_pb2.ModelInferRequest],
             context: grpc.aio.ServicerContext) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
-        async for response in stream_infer(self._core, request_iterator, context, self._header_pattern):
+        async for response in stream_infer(self._core, request_iterator, context, self._header_pattern,
+                                           self._tracer):
             yield response
 
     @_rpc
