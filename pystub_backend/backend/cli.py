@@ -20,6 +20,7 @@ from pystub_backend.backend.options import GrpcOptions, ServerOptions, TlsFiles
 from pystub_backend.backend.scheduling.rate_limiter import RATE_LIMIT_MODES
 from pystub_backend.backend.supervision.settings import BackendConfigError, StubSettings, parse_backend_config
 from pystub_backend.backend.telemetry import latency
+from pystub_backend.backend.telemetry.tracing.settings import TraceConfig, TraceConfigError, parse_trace_config
 
 __all__ = ["ServerOptions", "parse_args", "main"]
 
@@ -35,6 +36,10 @@ _GRPC_CHANNEL_ARGS = {
     "--grpc-max-connection-age": "grpc.max_connection_age_ms",
     "--grpc-max-connection-age-grace": "grpc.max_connection_age_grace_ms",
 }
+
+
+# The deprecated --trace-<name> flags (Triton keeps them; --trace-config overrides them).
+_DEPRECATED_TRACE = ("file", "level", "rate", "count", "log-frequency")
 
 
 def _dest(flag: str) -> str:
@@ -73,6 +78,11 @@ def _add_server_flags(add: _Adder) -> None:
         add(f"--log-{level}", type=values.parse_bool, default=True, metavar="BOOL")
     add("--log-file", default="")
     add("--log-format", choices=CLI_LOG_FORMATS, default="default")
+    add("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+        help="tracing (repeatable): level=, rate=, count=, mode=triton|opentelemetry, opentelemetry,url=, ...")
+    for name in _DEPRECATED_TRACE:
+        add(f"--trace-{name}", action="append", default=None, metavar="VALUE",
+            help=f"deprecated: --trace-config {name}=VALUE")
 
 
 def _add_listener_flags(add: _Adder) -> None:
@@ -222,12 +232,25 @@ def _composite_options(options: ServerOptions, args: argparse.Namespace) -> None
         latency.parse_config(options.metrics_config)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    options.trace = _trace_config(args)
+    options.deprecated = [name for name in _DEPRECATED_TRACE if getattr(args, _dest(f"--trace-{name}"))]
     options.cache_config = values.cache_setting(args.cache_config, "--cache-config")
     if args.cache_config and args.response_cache_byte_size is not None:  # response cache hook: Triton's text
         raise argparse.ArgumentTypeError("Incompatible flags --response-cache-byte-size and --cache-config both "
                                          "provided. Please provide one or the other.")
     if args.response_cache_byte_size is not None:  # deprecated spelling of local,size=N
         options.cache_config.setdefault("local", {}).setdefault("size", str(args.response_cache_byte_size))
+
+
+def _trace_config(args: argparse.Namespace) -> TraceConfig:
+    """--trace-config over the deprecated --trace-* flags (level may repeat; the last of the
+    others wins). Raises argparse.ArgumentTypeError."""
+    deprecated = [(name, value) for name in _DEPRECATED_TRACE
+                  for value in getattr(args, _dest(f"--trace-{name}")) or []]
+    try:
+        return parse_trace_config(list(args.trace_config), deprecated)
+    except TraceConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: list[str]) -> ServerOptions:
@@ -249,7 +272,16 @@ def parse_args(argv: list[str]) -> ServerOptions:
     return options
 
 
+# Triton's deprecation warnings of the old trace flags (the placeholder of each).
+_TRACE_PLACEHOLDERS = {"file": "triton,file=<path/to/your/file>", "level": "level=<OFF|TIMESTAMPS|TENSORS>",
+                       "rate": "rate=<rate value>", "count": "count=<count value>",
+                       "log-frequency": "triton,log-frequency=<log frequency value>"}
+
+
 def _log_ignored(options: ServerOptions) -> None:
+    for name in options.deprecated:
+        log.warning("'--trace-%s' has been deprecated and will be removed in future releases. Please use "
+                    "'--trace-config %s' instead", name, _TRACE_PLACEHOLDERS[name])
     for name in options.ignored:
         log.info("%s is accepted and has no effect: %s", name, flag_named(name).note)
     for name in latency.parse_config(options.metrics_config)[1]:

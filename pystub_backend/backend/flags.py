@@ -41,7 +41,7 @@ class Flag:
 
 _I, _S, _N = Effect.IMPLEMENTED, Effect.STORED, Effect.NO_OP
 _GPU = "pystub runs no GPU code"
-_TRACE = "pystub has no request tracing"
+_TRACE = "deprecated in Triton: --trace-config overrides it (docs/tracing.md)"
 
 FLAGS: tuple[Flag, ...] = (
     Flag("--id", "pystub", _I, "server name in the metadata responses"),
@@ -114,7 +114,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--metrics-config", "summary_latencies=true", _I,
          "counter_latencies, summary_latencies, summary_quantiles as in Triton 2.51; histogram_latencies "
          "adds pystub's nv_inference_*_histogram_us"),
-    Flag("--trace-config", "level=TIMESTAMPS", _N, _TRACE),
+    Flag("--trace-config", "mode=opentelemetry", _I,
+         "tracing: level, rate, count, mode; opentelemetry,url= and resource= export spans over OTLP/HTTP; "
+         "triton,file= and log-frequency= are kept but write no trace file"),
     Flag("--backend-directory", "/opt/backends", _I,
          "Python-based backends: a model with backend: \"<name>\" runs <dir>/<name>/model.py"),
     Flag("--backend-config", "python,shm-default-byte-size=4194304", _I, "python backend settings"),
@@ -135,11 +137,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--strict-model-config", "false", _I, "true disables auto-complete (deprecated in Triton)"),
     Flag("--response-cache-byte-size", "1048576", _I,
          "same as --cache-config=local,size=<bytes> (deprecated in Triton)"),
-    Flag("--trace-file", "/tmp/trace.json", _N, _TRACE),
-    Flag("--trace-level", "TIMESTAMPS", _N, _TRACE),
-    Flag("--trace-rate", "1000", _N, _TRACE),
-    Flag("--trace-count", "-1", _N, _TRACE),
-    Flag("--trace-log-frequency", "0", _N, _TRACE),
+    Flag("--trace-file", "/tmp/trace.json", _I, _TRACE),
+    Flag("--trace-level", "TIMESTAMPS", _I, _TRACE),
+    Flag("--trace-rate", "1000", _I, _TRACE),
+    Flag("--trace-count", "-1", _I, _TRACE),
+    Flag("--trace-log-frequency", "0", _I, _TRACE),
 )
 
 # pystub's own flags, which tritonserver does not have.

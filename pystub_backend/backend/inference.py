@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 import numpy as np
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.ipc.bytes_codec import deserialize_bytes
 from pystub_backend.ipc.dtypes import numpy_dtype
+
+if TYPE_CHECKING:
+    from pystub_backend.backend.telemetry.tracing.spans import RequestTrace
 
 __all__ = [
     "RESERVED_PARAMETERS",
@@ -79,6 +82,9 @@ class InferRequest:
     # model reads them as `correlation_id()` and `flags()`.
     correlation_id: int | str = 0
     flags: int = 0
+    # The request's trace when it was sampled (telemetry/tracing): the frontend or the BLS
+    # handler sets it; the scheduler records queue and compute times on it.
+    trace: RequestTrace | None = None
 
 
 def _no_release() -> None:

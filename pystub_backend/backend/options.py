@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pystub_backend.backend.log import LogSettings
 from pystub_backend.backend.scheduling.rate_limiter import ResourceLimit
 from pystub_backend.backend.supervision.settings import StubSettings
+from pystub_backend.backend.telemetry.tracing.settings import TraceConfig
 
 __all__ = ["ServerOptions", "GrpcOptions", "TlsFiles", "Restriction", "Restrictions", "API_GROUPS", "STATE_GROUPS",
            "OPEN_FLAG"]
@@ -101,5 +102,7 @@ class ServerOptions:
     cache_config: dict[str, dict[str, str]] = field(default_factory=dict)
     rate_limit: str = "off"  # --rate-limit: off | execution_count
     rate_limit_resources: list[ResourceLimit] = field(default_factory=list)  # --rate-limit-resource
+    trace: TraceConfig = field(default_factory=TraceConfig)  # --trace-config and the deprecated --trace-*
+    deprecated: list[str] = field(default_factory=list)  # the --trace-<name> flags given, logged at start-up
     # Flags accepted without effect, in the order given: logged once at start-up.
     ignored: list[str] = field(default_factory=list)

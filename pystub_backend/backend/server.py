@@ -22,6 +22,7 @@ from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
 from pystub_backend.backend.models.repository import RepositoryError
 from pystub_backend.backend.options import GrpcOptions, ServerOptions
 from pystub_backend.backend.port_check import busy_listeners
+from pystub_backend.backend.telemetry.tracing import Tracer
 from pystub_backend.ipc.names import sweep_stale
 
 __all__ = ["serve", "Listeners"]
@@ -54,7 +55,7 @@ class Listeners:
     async def start_grpc(self, core: Core, address: str, port: int, grace: float,
                          options: GrpcOptions | None = None) -> int:
         from pystub_backend.backend.frontends.grpc.listener import create_grpc_listener
-        listener = create_grpc_listener(core, address, port, options)
+        listener = create_grpc_listener(core, address, port, options, core.tracer)
         await listener.start()
         self._stoppers.append(lambda: listener.stop(grace))
         log.info("Started GRPCInferenceService at %s:%d", address, listener.port)
@@ -80,7 +81,7 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
         app = create_http_app(core, max_input_size=options.http_max_input_size,
                               restrictions=options.http_restrictions,
                               header_forward_pattern=options.http_header_forward_pattern,
-                              remote_control=options.remote_control)
+                              remote_control=options.remote_control, tracer=core.tracer)
         app.add_routes(admin_routes(core))
         await listeners.start_http(app, options.http_address, options.http_port, "HTTPService",
                                    options.settings.exit_timeout_seconds, options.reuse_http_port)
@@ -130,6 +131,7 @@ async def serve(options: ServerOptions) -> int:
     except CacheConfigError as exc:  # response cache hook: Triton fails at start-up too
         log.error("%s", exc)
         return 1
+    core.tracer = Tracer.from_config(options.trace)  # tracing hook
     listeners = Listeners()
     try:
         try:
@@ -154,3 +156,4 @@ async def serve(options: ServerOptions) -> int:
         await listeners.stop()
         await core.unload_all()
         log.info("all stubs stopped")
+        await asyncio.get_running_loop().run_in_executor(None, core.tracer.shutdown)  # flush the last spans

@@ -8,9 +8,11 @@ these from the arrays of a frame, checking arity and field types the way it chec
                    handle: arena handle [segment, offset, nbytes] (pystub_backend.ipc.arena) or a
                    client-region handle [generation, offset, nbytes, key, inode] (ipc.tensors)
     WireRequest  = [rid, id, inputs: [WireTensor], requested_outputs: [name], parameters_json,
-                    correlation_id, flags, timeout_us, output_regions | nil]
+                    correlation_id, flags, timeout_us, output_regions | nil, trace_context | nil]
                    output_regions {output name: region handle}: outputs the stub writes straight
-                   into client regions; an 8-element array (no regions) is accepted as well
+                   into client regions; trace_context: the request's trace context as JSON
+                   (`{"traceparent": ...}`) when it is traced, which `request.trace()` returns in
+                   the stub and a BLS call carries back; 8- and 9-element arrays are accepted
     WireResponse = [rid, flags, error: WireError | nil, outputs: [WireTensor], parameters_json | nil]
                    parameters nil marks a flags-only final (no response object)
     WireError    = [code (pystub_backend.ipc.status.Status), message]
@@ -45,6 +47,7 @@ class WireRequest(NamedTuple):
     flags: int
     timeout_us: int
     output_regions: dict[str, list[Any]] | None = None
+    trace_context: str | None = None
 
 
 class WireResponse(NamedTuple):

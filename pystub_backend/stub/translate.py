@@ -46,7 +46,8 @@ def build_request(wire: WireRequest, reader: ArenaReader, model_name: str, model
         inputs=inputs, request_id=wire.id, correlation_id=wire.correlation_id, flags=wire.flags,
         timeout=wire.timeout_us, parameters_json=wire.parameters_json,
         requested_output_names=set(wire.requested_outputs),
-        model_name=model_name, model_version=model_version, response_sender=sender)
+        model_name=model_name, model_version=model_version, response_sender=sender,
+        trace_context=wire.trace_context)
 
 
 def _response_parameters(response: Any) -> str:

@@ -13,8 +13,6 @@ KNOWN: dict[str, str] = {
         "Triton answers {\"error\": \"requested model 'no_such_model' is not available\", \"status\": \"StatusCode.INVALID_ARGUMENT\"}; pystub answers {\"error\": \"Request for unknown model: 'no_such_model' is not found\", \"status\": \"StatusCode.NOT_FOUND\"}",
     "test_endpoints.py::test_grpc_admin[statistics_unloaded_model]":
         "Triton answers {\"error\": \"requested model 'loadable' is not available\", \"status\": \"StatusCode.INVALID_ARGUMENT\"}; pystub answers {\"error\": \"Request for unknown model: 'loadable' is not found\", \"status\": \"StatusCode.NOT_FOUND\"}",
-    "test_endpoints.py::test_grpc_admin[trace_settings]":
-        "Triton answers {\"settings\": {\"log_frequency\": {\"value\": [\"0\"]}, \"trace_count\": {\"value\": [\"-1\"]}, \"trace_file\": {\"value\": [\"\"]}, \"trace_level\": {\"value\": [\"OFF\"]}, \"trace_mode\": {\"value\": [\"triton\"]}, \"trace_rate\": {\"value\": [\"1000\"]}}}; pystub answers {\"error\": \"Method not implemented!\", \"status\": \"StatusCode.UNIMPLEMENTED\"}",
     "test_endpoints.py::test_logging_update[not_json]":
         "Triton answers [500, {\"error\": \"failed to parse the request JSON buffer: Missing a name for object member. at 1\"}]; pystub answers [400, {\"error\": \"failed to parse the request JSON buffer: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)\"}]",
     "test_endpoints.py::test_logging_update[body3]":
@@ -64,7 +62,7 @@ KNOWN: dict[str, str] = {
     "test_endpoints.py::test_repository_index_bad_json":
         "Triton answers 500; pystub answers 400",
     "test_endpoints.py::test_server_extensions":
-        "extensions: Triton also lists classification, cuda_shared_memory, schedule_policy, sequence, trace; pystub lists only binary_tensor_data, logging, model_configuration, model_repository, model_repository(unload_dependents), parameters, statistics, system_shared_memory",
+        "extensions: Triton also lists classification, cuda_shared_memory, schedule_policy, sequence; pystub lists only binary_tensor_data, logging, model_configuration, model_repository, model_repository(unload_dependents), parameters, statistics, system_shared_memory, trace",
     "test_endpoints.py::test_statistics_status[/v2/models/add_sub/versions/7/stats]":
         "Triton answers [400, \"requested model version is not available for model 'add_sub'\"]; pystub answers [404, \"Request for unknown model: 'add_sub' version 7 is not found\"]",
     "test_endpoints.py::test_statistics_status[/v2/models/loadable/stats]":

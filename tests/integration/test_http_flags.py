@@ -99,4 +99,5 @@ def test_log_format_and_id(tmp_path: Path) -> None:
     assert metadata["name"] == "edge-7"
     started = next(line for line in log.splitlines() if "Started HTTPService" in line)
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ I \d+ server\.py:\d+\] Started HTTPService", started), started
-    assert "--trace-rate is accepted and has no effect: pystub has no request tracing" in log
+    assert ("'--trace-rate' has been deprecated and will be removed in future releases. Please use "
+            "'--trace-config rate=<rate value>' instead") in log

@@ -110,11 +110,12 @@ def test_unknown_flag_is_a_usage_error_naming_it():
 
 
 def test_no_op_flags_are_logged_with_their_reason(tmp_path):
-    result = _run_cli(f"--model-repository={tmp_path / 'absent'}", "--trace-level=TIMESTAMPS",
+    result = _run_cli(f"--model-repository={tmp_path / 'absent'}", "--model-namespacing=false",
                       "--cache-directory=/opt/caches",
                       "--http-port=0", "--grpc-port=0", "--metrics-port=0")
     assert result.returncode == 1  # the repository does not exist; the flags were accepted
-    assert "--trace-level is accepted and has no effect: pystub has no request tracing" in result.stderr
+    assert ("--model-namespacing is accepted and has no effect: model names are unique across repositories "
+            "in pystub") in result.stderr
     assert "--cache-directory is accepted and has no effect: pystub loads no cache shared libraries" in result.stderr
 
 

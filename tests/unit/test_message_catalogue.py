@@ -74,7 +74,7 @@ def test_an_eight_field_request_array_is_a_request_without_regions() -> None:
 
 
 @pytest.mark.parametrize("request_array, why", [
-    ([7, "", [], [], "{}", 0, 0], "WireRequest record must be an array of 8-9 fields"),
+    ([7, "", [], [], "{}", 0, 0], "WireRequest record must be an array of 8-10 fields"),
     ([7, "", [["I", "FP32", [1]]], [], "{}", 0, 0, 0], "WireTensor record must be an array of 4-4 fields"),
     ([7, "", [["I", 5, [1], [0, 0, 4]]], [], "{}", 0, 0, 0], "record WireTensor has a field 'datatype' of type int"),
     ([7, "", {}, [], "{}", 0, 0, 0], "record WireRequest has a field 'inputs' of type dict"),

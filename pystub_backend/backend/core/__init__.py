@@ -28,6 +28,7 @@ from pystub_backend.backend.features.client_shm import ClientShmRegistry
 from pystub_backend.backend.features.response_cache import cache_from_config
 from pystub_backend.backend.models.lifecycle import InFlight
 from pystub_backend.backend.scheduling.rate_limiter import RateLimiter
+from pystub_backend.backend.telemetry.tracing import Tracer
 from pystub_backend.ipc.status import Status
 
 __all__ = ["Core", "CoreOptions", "ModelTable", "SERVER_NAME", "SERVER_VERSION", "EXTENSIONS",
@@ -51,6 +52,9 @@ class Core(Serving):
         self.server_name = options.server_id
         self.server_version = SERVER_VERSION
         self.extensions = list(EXTENSIONS)
+        # Tracing hook: the server replaces this disabled tracer with the --trace-config one; the
+        # BLS handler asks it for the child traces of traced calls.
+        self.tracer = Tracer()
         if client_shm.enabled:
             self.extensions.append(SYSTEM_SHARED_MEMORY)
         self._live = True

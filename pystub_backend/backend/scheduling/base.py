@@ -182,6 +182,9 @@ class Scheduler(abc.ABC, Generic[_Unit, _Work]):
         execution, and each is counted when its stream ends (`follow`: whether to count a request
         at all; False for one the model runs again). Never raises but for cancellation."""
         started = time.monotonic_ns()
+        for work in batch:
+            if work.request.trace is not None:  # tracing hook
+                work.request.trace.computing(self._stats.version, work.enqueued_ns, started)
         try:
             results, timing = await instance.execute_streams([work.request for work in batch], on_sent)
         except Exception as exc:  # a bug below us must fail these requests, not end the worker
@@ -189,8 +192,15 @@ class Scheduler(abc.ABC, Generic[_Unit, _Work]):
                           getattr(instance, "name", "?"))
             results, timing = [ServerError(f"failed to execute the request: {exc}", Status.INTERNAL)] * len(batch), \
                 BatchTiming()
+        except BaseException:  # cancelled (the worker stops): the batch's traces end here, not never
+            for work in batch:
+                if work.request.trace is not None:
+                    work.request.trace.computed(time.monotonic_ns(), time.monotonic_ns())
+            raise
         executed = 0
         for work, result in zip(batch, results, strict=True):
+            if work.request.trace is not None:
+                self._trace(work, result, started, timing)
             counted = follow is None or follow(work)
             if isinstance(result, ServerError):
                 if counted:
@@ -202,6 +212,15 @@ class Scheduler(abc.ABC, Generic[_Unit, _Work]):
         if executed:  # requests that never reached the model are no execution
             self._stats.record_execution(executed, timing)
         return list(results)
+
+    def _trace(self, work: Queued, result: Outcome, started_ns: int, timing: BatchTiming) -> None:
+        """Tracing hook: the request's compute times, and its end when its stream ends."""
+        trace = work.request.trace
+        assert trace is not None
+        staged = started_ns + timing.compute_input_ns
+        trace.computed(staged, staged + timing.compute_infer_ns)
+        if isinstance(result, ResponseStream):
+            result.when_final(lambda _stream: trace.request_end())
 
     # -- statistics ----------------------------------------------------------------------------------
     def _record_failure(self, enqueued_ns: int, reason: str) -> None:

@@ -199,7 +199,8 @@ class RequestExchange:
         output_regions = client_shm.attach_regions(request, stub, stream) or None
         record.wire = WireRequest(rid, request.id, wire_inputs, [o.name for o in request.outputs],
                                   _parameters_json(request), request.correlation_id, request.flags,
-                                  int(request.parameters.get("timeout", 0) or 0), output_regions)
+                                  int(request.parameters.get("timeout", 0) or 0), output_regions,
+                                  request.trace.context() if request.trace is not None else None)
         self._records[rid] = record
         return record
 

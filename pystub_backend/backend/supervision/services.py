@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pystub_backend.backend.models.config import ModelConfig
     from pystub_backend.backend.supervision.handlers import BackendHandlers
     from pystub_backend.backend.supervision.response_stream import ResponseStream
+    from pystub_backend.backend.telemetry.tracing import Tracer
 
 __all__ = ["RescheduleOwner", "ServerCore", "ServedVersion", "StubServices"]
 
@@ -66,6 +67,10 @@ class ServerCore(Protocol):
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None: ...
 
     async def model_ready(self, name: str, version: str = "") -> bool: ...
+
+    @property
+    def tracer(self) -> Tracer:
+        """Tracing hook: the child traces of BLS calls a traced request makes."""
 
 
 @dataclass(frozen=True)

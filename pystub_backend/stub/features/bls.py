@@ -120,7 +120,8 @@ class BlsClient:
             return self._fail_locally(call, str(exc))
         version = request._model_version
         wire = WireRequest(call.id, request.request_id(), wire_inputs, sorted(request.requested_output_names()),
-                           request.parameters(), request.correlation_id(), request.flags(), timeout_us)
+                           request.parameters(), request.correlation_id(), request.flags(), timeout_us, None,
+                           request.trace().get_context())  # a traced caller's context: the call is its child
         with self._lock:
             self._calls[call.id] = call
         try:

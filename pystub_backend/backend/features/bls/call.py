@@ -85,6 +85,7 @@ class BlsCall:
         self.key: PayloadKey = (caller.base, message.call_id)
         self.request = request
         self.decoupled = bool(message.decoupled)
+        self.trace_context = message.request.trace_context  # the caller's, when it passed request.trace()
         self.holds = bool(message.holds)
         self.stream: ResponseStream | None = None
         self.finished = False  # the final response was sent (or the caller is gone)
@@ -150,6 +151,11 @@ class BlsCall:
 
     # -- running -------------------------------------------------------------------------------------
     async def _run(self, checks: Checks) -> None:
+        trace = self.core.tracer.child(self.trace_context, self.request.model_name) \
+            if self.core is not None and self.trace_context else None
+        self.request.trace = trace
+        if trace is not None:
+            trace.request_start()
         try:
             stream = await self._schedule(checks)
             if stream is not None:
@@ -160,6 +166,8 @@ class BlsCall:
             log.exception("BLS call %s of stub '%s' failed", self.call_id, self.caller.instance_name)
             await self._send_final_error(ServerError("internal error while running the BLS request", Status.INTERNAL))
         finally:
+            if trace is not None:
+                trace.finish()
             self.finished = True
             self._release_hold()
             self._registry.remove(self.key, self)

@@ -24,6 +24,7 @@ from pystub_backend.backend.frontends.grpc.restrict import RestrictionIntercepto
 from pystub_backend.backend.frontends.grpc.servicer import InferenceServicer
 from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.options import GrpcOptions, TlsFiles
+from pystub_backend.backend.telemetry.tracing import Tracer
 
 __all__ = ["GrpcListener", "create_grpc_listener", "create_grpc_server", "INFERENCE_SERVICE"]
 
@@ -100,7 +101,7 @@ def _bind(server: grpc.aio.Server, address: str, port: int, tls: TlsFiles | None
 
 
 def create_grpc_listener(core: ServerCore, address: str, port: int,
-                         options: GrpcOptions | None = None) -> GrpcListener:
+                         options: GrpcOptions | None = None, tracer: Tracer | None = None) -> GrpcListener:
     """The gRPC listener for `core`, bound but not started.
 
     Call it on the event loop that will run the server, then `await listener.start()`. Port 0 binds
@@ -115,7 +116,7 @@ def create_grpc_listener(core: ServerCore, address: str, port: int,
         RestrictionInterceptor(AccessPolicy.of(options.restrictions, options.remote_control)),
     ]
     server = grpc.aio.server(options=list(channel_args.items()), interceptors=interceptors)
-    register(InferenceServicer(core, options.header_forward_pattern), server)
+    register(InferenceServicer(core, options.header_forward_pattern, tracer), server)
     health = HealthService(core)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((INFERENCE_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server)

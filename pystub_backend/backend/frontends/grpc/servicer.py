@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -31,7 +32,9 @@ from pystub_backend.backend.frontends.grpc.codec import (
     serialize_infer_response,
 )
 from pystub_backend.backend.frontends.grpc.stream import stream_infer
+from pystub_backend.backend.frontends.trace_settings import grpc_trace_setting
 from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 
 __all__ = ["InferenceServicer"]
 
@@ -98,9 +101,11 @@ def _answer_unimplemented_on_the_loop(cls: type) -> type:
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Answers the KServe v2 gRPC service from a `ServerCore`."""
 
-    def __init__(self, core: ServerCore, header_pattern: re.Pattern[str] | None = None) -> None:
+    def __init__(self, core: ServerCore, header_pattern: re.Pattern[str] | None = None,
+                 tracer: Tracer | None = None) -> None:
         self._core = core
         self._header_pattern = header_pattern  # --grpc-header-forward-pattern
+        self._tracer = tracer or Tracer()
 
     @_rpc
     async def ServerLive(self, request: service_pb2.ServerLiveRequest,
@@ -185,6 +190,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         settings = backend_log.update_settings(updates) if updates else backend_log.settings.as_dict()
         return log_settings_to_proto(settings)
 
+    @_rpc
+    async def TraceSetting(self, request: service_pb2.TraceSettingRequest,
+                           context: grpc.aio.ServicerContext) -> service_pb2.TraceSettingResponse:
+        return await grpc_trace_setting(self._tracer, self._core, request, context)
+
     # -- shared memory extensions (grpc_shm) ------------------------------------------------------
     @_rpc
     async def SystemSharedMemoryStatus(
@@ -225,25 +235,48 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
             self, request_iterator: AsyncIterator[service_pb2.ModelInferRequest],
             context: grpc.aio.ServicerContext) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
-        async for response in stream_infer(self._core, request_iterator, context, self._header_pattern):
+        async for response in stream_infer(self._core, request_iterator, context, self._header_pattern,
+                                           self._tracer):
             yield response
 
     @_rpc
     async def ModelInfer(self, request: ParsedInferRequest, context: grpc.aio.ServicerContext) -> bytes:
         """Takes and returns the wire form (see `listener.register`): large tensors skip protobuf."""
         message = request.message
-        target = self._core.target(message.model_name, message.model_version)  # the one lookup of this request
-        if target is not None and target.decoupled:
-            raise ServerError("ModelInfer RPC doesn't support models with decoupled transaction policy",
-                              Status.UNSUPPORTED)
-        decoded = decode_infer_request(message, request.raw_input_contents)
-        forward_headers(context.invocation_metadata() or (), decoded.parameters, self._header_pattern)
-        response = await self._core.infer(decoded, target)
+        trace = _start_trace(self._tracer, message.model_name, context) if self._tracer.active else None
         try:
-            return serialize_infer_response(response)
+            target = self._core.target(message.model_name, message.model_version)  # the one lookup of this request
+            if target is not None and target.decoupled:
+                raise ServerError("ModelInfer RPC doesn't support models with decoupled transaction policy",
+                                  Status.UNSUPPORTED)
+            decoded = decode_infer_request(message, request.raw_input_contents)
+            forward_headers(context.invocation_metadata() or (), decoded.parameters, self._header_pattern)
+            if trace is not None:
+                decoded.trace = trace
+                trace.request_start()
+            response = await self._core.infer(decoded, target)
+            complete = time.monotonic_ns()
+            try:
+                return serialize_infer_response(response)
+            finally:
+                # Output data may view a stub's arena: hand it back whatever happened while encoding.
+                response.release()
+                if trace is not None:  # grpc writes the bytes after we return: SEND_END is when they are ready
+                    trace.sent(complete, complete, time.monotonic_ns())
         finally:
-            # Output data may view a stub's arena: hand it back whatever happened while encoding.
-            response.release()
+            if trace is not None:
+                trace.finish()
+
+
+def _start_trace(tracer: Tracer, model: str, context: grpc.aio.ServicerContext) -> RequestTrace | None:
+    """A trace of a unary request (or None): grpc has read the whole message before the handler
+    runs, so GRPC_WAITREAD_START and _END are both the handler's start."""
+    now = time.monotonic_ns()
+    parent = next((value for key, value in context.invocation_metadata() or () if key == "traceparent"), None)
+    trace = tracer.start(model, "GRPC", parent if isinstance(parent, str) else None)
+    if trace is not None:
+        trace.received(now, now)
+    return trace
 
 
 def _check_repository_name(name: str) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,6 +28,7 @@ from pystub_backend.backend.errors import ServerError, forget_traceback, grpc_co
 from pystub_backend.backend.frontends.forwarding import forward_headers
 from pystub_backend.backend.frontends.grpc.codec import decode_infer_request, encode_infer_response
 from pystub_backend.backend.inference import InferResponse, ServerCore
+from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 
 __all__ = ["stream_infer", "EMPTY_FINAL_KEY"]
 
@@ -56,8 +58,9 @@ class _StreamSession:
     """The requests of one stream, and the queue their responses are written from."""
 
     def __init__(self, core: ServerCore, grpc_errors: bool, forwarded: list[tuple[str, str | bytes]],
-                 header_pattern: re.Pattern[str] | None) -> None:
+                 header_pattern: re.Pattern[str] | None, tracer: Tracer | None = None) -> None:
         self.core = core
+        self._tracer = tracer
         self.grpc_errors = grpc_errors
         self._forwarded, self._header_pattern = forwarded, header_pattern  # the stream's metadata
         # Bounded: a client that does not read stops our reading of the model's responses, which
@@ -79,9 +82,13 @@ class _StreamSession:
     async def _serve(self, message: service_pb2.ModelInferRequest, turn: asyncio.Future | None,
                      done: asyncio.Future) -> None:
         request_id = message.id
+        trace = self._start_trace(message.model_name) if self._tracer is not None and self._tracer.active else None
         try:
             request = decode_infer_request(message)
             forward_headers(self._forwarded, request.parameters, self._header_pattern)
+            if trace is not None:
+                request.trace = trace
+                trace.request_start()
             request_id = request.id
             empty_final = bool(request.parameters.pop(EMPTY_FINAL_KEY, False))
             target = self.core.target(request.model_name, request.model_version)  # the one lookup
@@ -91,6 +98,8 @@ class _StreamSession:
             await self._wait(turn)
             await self.out.put(("error", request_id, error))
             done.set_result(None)
+            if trace is not None:
+                trace.finish()
             return
         self.streams.add(stream)
         try:
@@ -104,6 +113,20 @@ class _StreamSession:
             self.streams.discard(stream)
             if not done.done():
                 done.set_result(None)
+            if trace is not None:  # the last response is queued for the stream's writer
+                now = time.monotonic_ns()
+                trace.sent(now, now, now)
+                trace.finish()
+
+    def _start_trace(self, model: str) -> RequestTrace | None:
+        """A trace of one request of the stream (or None); it continues the stream's `traceparent`."""
+        assert self._tracer is not None
+        now = time.monotonic_ns()
+        parent = next((value for key, value in self._forwarded if key == "traceparent"), None)
+        trace = self._tracer.start(model, "GRPC", parent if isinstance(parent, str) else None)
+        if trace is not None:
+            trace.received(now, now)
+        return trace
 
     @staticmethod
     async def _wait(turn: asyncio.Future | None) -> None:
@@ -131,10 +154,10 @@ class _StreamSession:
 
 
 async def stream_infer(core: ServerCore, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext,
-                       header_pattern: re.Pattern[str] | None = None
+                       header_pattern: re.Pattern[str] | None = None, tracer: Tracer | None = None
                        ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
     metadata = list(context.invocation_metadata() or ())
-    session = _StreamSession(core, _wants_grpc_errors(context), metadata, header_pattern)
+    session = _StreamSession(core, _wants_grpc_errors(context), metadata, header_pattern, tracer)
     link = client_link.open_link()  # pystub sequences: sequences left open on this stream end with it
 
     async def read() -> None:

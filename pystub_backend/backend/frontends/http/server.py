@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -41,8 +42,10 @@ from pystub_backend.backend.frontends.http.generate import generate, generate_st
 from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_input_spec
 from pystub_backend.backend.frontends.http.restrict import restriction_middleware
 from pystub_backend.backend.frontends.http.shm import shm_routes
+from pystub_backend.backend.frontends.trace_settings import trace_routes
 from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.options import Restrictions
+from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 from pystub_backend.ipc.messages.multiplex import MODEL_ID_HEADER, MODEL_ID_PARAMETER
 
 __all__ = ["create_http_app"]
@@ -64,7 +67,8 @@ _MODEL_VERSION = "/v2/models/{model}/versions/{version:[0-9]+}"
 def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
                     restrictions: Restrictions | None = None,
                     header_forward_pattern: re.Pattern[str] | None = None,
-                    remote_control: frozenset[str] = frozenset()) -> web.Application:
+                    remote_control: frozenset[str] = frozenset(),
+                    tracer: Tracer | None = None) -> web.Application:
     """The aiohttp application serving `core`; a JSON part above `max_input_size` gets 400, a
     request of a restricted API group without its header gets 403, a state-changing one the
     access policy refuses (frontends/access.py; `remote_control` opens groups) gets 403, and
@@ -77,7 +81,8 @@ def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
         # Request bodies are decompressed here, under the size limit, not by aiohttp's parser.
         handler_args={"auto_decompress": False},
     )
-    routes = _Routes(core, max_input_size, header_forward_pattern)
+    tracer = tracer or Tracer()
+    routes = _Routes(core, max_input_size, header_forward_pattern, tracer)
     router = app.router
     router.add_get("/v2/health/live", routes.live)
     router.add_get("/v2/health/ready", routes.ready)
@@ -94,6 +99,7 @@ def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
     router.add_post("/v2/repository/index", routes.repository_index)
     router.add_post("/v2/repository/{repository}/index", routes.repository_index)
     app.add_routes(control_routes(core))  # model control and logging
+    app.add_routes(trace_routes(tracer, core))  # the trace extension's settings
     if hasattr(core, "client_shm"):
         app.add_routes(shm_routes(core))  # system and CUDA shared memory
     return app
@@ -158,8 +164,10 @@ def _model_ref(request: web.Request) -> tuple[str, str]:
 class _Routes:
     """The route handlers, bound to one core."""
 
-    def __init__(self, core: ServerCore, max_input_size: int, header_pattern: re.Pattern[str] | None) -> None:
+    def __init__(self, core: ServerCore, max_input_size: int, header_pattern: re.Pattern[str] | None,
+                 tracer: Tracer) -> None:
         self._core = core
+        self._tracer = tracer
         self._max_input_size = max_input_size
         self._header_pattern = header_pattern
 
@@ -200,7 +208,19 @@ class _Routes:
     async def generate_stream(self, request: web.Request) -> web.StreamResponse:
         return await generate_stream(self._core, request)
 
-    async def infer(self, request: web.Request) -> web.Response:
+    async def infer(self, request: web.Request) -> web.StreamResponse:
+        if not self._tracer.active:
+            return await self._infer(request, None)
+        trace = self._tracer.start(request.match_info["model"], "HTTP", request.headers.get("traceparent"))
+        if trace is None:
+            return await self._infer(request, None)
+        try:
+            return await self._infer(request, trace)
+        finally:
+            trace.finish()
+
+    async def _infer(self, request: web.Request, trace: RequestTrace | None) -> web.StreamResponse:
+        received = time.monotonic_ns()
         model, version = _model_ref(request)
         target = self._core.target(model, version)  # the one lookup of this request
         if target is not None and target.decoupled:
@@ -211,8 +231,13 @@ class _Routes:
         request[REQUEST_ID_KEY] = decoded.request.id  # for the access line (frontends.access_log)
         _copy_multiplexed_model_id(request, decoded.request)
         forward_headers(request.headers.items(), decoded.request.parameters, self._header_pattern)
+        if trace is not None:
+            trace.received(received, time.monotonic_ns())
+            decoded.request.trace = trace
+            trace.request_start()
         with http_request_link(request):  # pystub sequences: a client gone mid-request evicts its sequence
             response = await self._core.infer(decoded.request, target)
+        completed = time.monotonic_ns()
         try:
             encoded = encode_infer_response(response, decoded.output_format)
         finally:
@@ -220,7 +245,13 @@ class _Routes:
         encoding = response_encoding(request.headers.get("Accept-Encoding"))
         if encoding is not None:
             encoded = await _compress(encoded, encoding)
-        return web.Response(body=encoded.body, headers=encoded.headers)
+        answer = web.Response(body=encoded.body, headers=encoded.headers)
+        if trace is not None:  # sent here, not by aiohttp after the handler, to time HTTP_SEND
+            sending = time.monotonic_ns()
+            await answer.prepare(request)
+            await answer.write_eof()
+            trace.sent(completed, sending, time.monotonic_ns())
+        return answer
 
     def _decode(self, body: Body, request: web.Request, model: str, version: str) -> DecodedRequest:
         length = parse_header_length(request.headers.get(INFERENCE_HEADER), len(body))

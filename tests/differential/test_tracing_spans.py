@@ -1,0 +1,78 @@
+"""The spans themselves: Triton 2.51 and pystub, each exporting to its own OTLP collector.
+
+Both servers get the same `--trace-config` (opentelemetry mode, rate 1) and the same requests: an
+HTTP request to a model that makes a traced BLS call (tests/models/trace_bls) and a gRPC request,
+each with a client `traceparent`. Compared: every span's name, its parent (by name, or "client"),
+its event names in order, and its attributes (trace ids included: both servers number their
+traces 1, 2, 3 in the same order). Not compared: ids, times, resource attributes (the SDKs differ)
+and the OTLP encoding (Triton sends JSON, pystub protobuf; the collector reads both).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import oracle
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from calls import agree
+from harness import Backend, make_repository
+from oracle import TritonServer
+from otlp_collector import Collector, ReceivedSpan
+
+Shape = tuple[str, str, tuple[str, ...], tuple[tuple[str, object], ...]]
+
+
+def _flags(url: str) -> tuple[str, ...]:
+    return ("--trace-config", "mode=opentelemetry", "--trace-config", "rate=1", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", f"opentelemetry,url={url}", "--trace-config", "opentelemetry,bsp_schedule_delay=100")
+
+
+def _send(http_url: str, grpc_url: str, http_parent: str, grpc_parent: str) -> None:
+    client = httpclient.InferenceServerClient(http_url)
+    tensor = httpclient.InferInput("IN", [3], "FP32")
+    tensor.set_data_from_numpy(np.arange(3, dtype=np.float32))
+    try:
+        client.infer("trace_bls", [tensor], headers={"traceparent": http_parent})
+    finally:
+        client.close()
+    unary = grpcclient.InferenceServerClient(grpc_url)
+    grpc_tensor = grpcclient.InferInput("IN", [3], "FP32")
+    grpc_tensor.set_data_from_numpy(np.arange(3, dtype=np.float32))
+    try:
+        unary.infer("bls_leaf", [grpc_tensor], headers={"traceparent": grpc_parent})
+    finally:
+        unary.close()
+
+
+def _shape(spans: list[ReceivedSpan], client_spans: set[str]) -> list[Shape]:
+    names = {span.span_id: span.name for span in spans}
+    shapes = [(span.name, "client" if span.parent_span_id in client_spans else names.get(span.parent_span_id, "?"),
+               tuple(span.event_names), tuple(sorted(span.attributes.items()))) for span in spans]
+    return sorted(shapes, key=repr)
+
+
+def test_spans_of_http_bls_and_grpc_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repository = make_repository(tmp_path, "trace_bls", "bls_leaf")
+    trace_ids, span_ids = [os.urandom(16).hex() for _ in range(2)], [os.urandom(8).hex() for _ in range(2)]
+    parents = [f"00-{trace}-{span}-01" for trace, span in zip(trace_ids, span_ids, strict=True)]
+    shapes = []
+    with Collector() as triton_collector, Collector() as pystub_collector:
+        monkeypatch.setattr(oracle, "COMMON_FLAGS", _flags(triton_collector.url))  # all models, traced
+        triton = TritonServer(repository, tmp_path)
+        endpoint = triton.start()
+        try:
+            _send(endpoint.http_url, endpoint.grpc_url, *parents)
+            triton_spans = triton_collector.wait_for("Triton's 8 spans", lambda spans: len(spans) >= 8, timeout=60)
+        finally:
+            triton.stop()
+        with Backend(repository, *_flags(pystub_collector.url)) as backend:
+            _send(backend.http_url, backend.grpc_url, *parents)
+            pystub_spans = pystub_collector.wait_for("pystub's 8 spans", lambda spans: len(spans) >= 8, timeout=60)
+        for spans in (triton_spans, pystub_spans):
+            assert {span.trace_id for span in spans} == set(trace_ids)  # the clients' traces continued
+            shapes.append(_shape(spans, set(span_ids)))
+    agree(*shapes)
