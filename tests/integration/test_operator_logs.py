@@ -101,7 +101,7 @@ def test_access_lines_in_json_with_client_text_escaped(tmp_path: Path) -> None:
     with Backend(repository, "--log-format=json", "--log-verbose=1") as backend:
         status, text = _infer_http(backend, "slow_init", "req-1")
         assert status == 200 and json.loads(text)["outputs"][0]["data"] == [1.0], text
-        assert _infer_http(backend, HOSTILE, HOSTILE)[0] == 404  # no such model: the path is logged
+        assert _infer_http(backend, HOSTILE, HOSTILE)[0] == 400  # a name with control characters is refused: the path is logged
         client = grpcclient.InferenceServerClient(backend.grpc_url)
         try:
             tensor = grpcclient.InferInput("INPUT0", [1], "FP32")
@@ -121,7 +121,7 @@ def test_access_lines_in_json_with_client_text_escaped(tmp_path: Path) -> None:
     good = next(r for r in access if r.get("request_id") == "req-1")
     assert good["method"] == "POST /v2/models/slow_init/infer" and good["status"] == "200"
     assert good["model"] == "slow_init" and good["peer"] == "127.0.0.1" and float(str(good["duration_ms"])) > 0
-    hostile_http = next(r for r in access if r["status"] == "404")
+    hostile_http = next(r for r in access if r["status"] == "400")
     assert hostile_http["model"] == HOSTILE  # intact once decoded: JSON escaped it, nothing was lost
     hostile_grpc = next(r for r in access if r["method"] == "ModelInfer")
     assert hostile_grpc["request_id"] == HOSTILE and hostile_grpc["status"] == "OK"
