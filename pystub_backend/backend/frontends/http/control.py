@@ -20,6 +20,7 @@ from aiohttp import web
 
 from pystub_backend.backend import log as backend_log
 from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.http.json_body import parse_json_body
 from pystub_backend.backend.models.overrides import FILE_PREFIX
 
 __all__ = ["control_routes"]
@@ -37,10 +38,7 @@ def _document(body: bytes) -> dict[str, Any]:
     """The body's JSON object; an empty body is `{}`."""
     if not body.strip():
         return {}
-    try:
-        document = json.loads(body)
-    except ValueError as exc:
-        raise _invalid(f"failed to parse the request JSON buffer: {exc}") from None
+    document = parse_json_body(body)
     if not isinstance(document, dict):
         raise _invalid("the request body must be a JSON object")
     return document

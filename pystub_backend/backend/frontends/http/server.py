@@ -36,6 +36,7 @@ from pystub_backend.backend.frontends.http.compression import (
 from pystub_backend.backend.frontends.http.control import control_routes
 from pystub_backend.backend.frontends.http.encode import EncodedResponse, encode_infer_response
 from pystub_backend.backend.frontends.http.generate import generate, generate_stream
+from pystub_backend.backend.frontends.http.json_body import parse_json_body
 from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_input_spec
 from pystub_backend.backend.frontends.http.restrict import restriction_middleware
 from pystub_backend.backend.frontends.http.shm import shm_routes
@@ -279,11 +280,7 @@ def _ready_only(body: bytes) -> bool:
     """The `ready` flag of a repository index request body (empty means False)."""
     if not body.strip():
         return False
-    try:
-        document = json.loads(body)
-    except ValueError as exc:
-        message = f"failed to parse the request JSON buffer: {exc}"
-        raise ServerError(message, Status.INVALID_ARG) from None
+    document = parse_json_body(body)
     ready = document.get("ready", False) if isinstance(document, dict) else None
     if not isinstance(ready, bool):
         raise ServerError("'ready' must be a boolean", Status.INVALID_ARG)
