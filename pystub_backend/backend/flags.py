@@ -149,6 +149,10 @@ PYSTUB_FLAGS: tuple[Flag, ...] = (
     Flag("--http-max-input-size", "67108864", _I,
          "largest JSON part of an HTTP request (binary tensor data after it is not counted); later "
          "Triton releases have this flag, 2.51 does not"),
+    Flag("--http-header-timeout-secs", "30", _I,
+         "a request head (or an idle new connection) not complete after this many seconds is closed; 0: no limit"),
+    Flag("--http-body-timeout-secs", "60", _I,
+         "a request body not complete after this many seconds, plus one per 64 KiB received, is closed; 0: no limit"),
 )
 
 _BY_NAME = {flag.name: flag for flag in FLAGS + PYSTUB_FLAGS}

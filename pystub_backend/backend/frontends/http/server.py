@@ -123,6 +123,9 @@ async def _error_middleware(request: web.Request, handler: _Handler) -> web.Stre
         if exc.status < 400:
             raise
         return _http_exception_error(exc)
+    except ConnectionResetError:  # the client left, or was closed for reading too slowly: nobody to answer
+        _log.debug("HTTP %s %s: the connection closed before the request was read", request.method, request.path)
+        return _error(400, "the connection closed before the request was read")
     except Exception as exc:  # noqa: BLE001 - any failure must still answer in JSON
         _log.exception("HTTP %s %s failed", request.method, request.path)
         forget_traceback(exc)
