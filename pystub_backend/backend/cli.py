@@ -33,6 +33,8 @@ _GRPC_CHANNEL_ARGS = {
     "--grpc-http2-max-ping-strikes": "grpc.http2.max_ping_strikes",
     "--grpc-max-connection-age": "grpc.max_connection_age_ms",
     "--grpc-max-connection-age-grace": "grpc.max_connection_age_grace_ms",
+    "--grpc-handshake-timeout": "grpc.server_handshake_timeout_ms",  # pystub's
+    "--grpc-max-connection-idle": "grpc.max_connection_idle_ms",  # pystub's
 }
 
 

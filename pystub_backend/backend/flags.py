@@ -149,6 +149,12 @@ PYSTUB_FLAGS: tuple[Flag, ...] = (
     Flag("--http-max-input-size", "67108864", _I,
          "largest JSON part of an HTTP request (binary tensor data after it is not counted); later "
          "Triton releases have this flag, 2.51 does not"),
+    Flag("--grpc-handshake-timeout", "30000", _I,
+         "grpc.server_handshake_timeout_ms: a connection that has not sent the HTTP/2 preface (and TLS "
+         "handshake) in time is closed; pystub's default 30000"),
+    Flag("--grpc-max-connection-idle", "300000", _I,
+         "grpc.max_connection_idle_ms: a connection without calls for this long gets GOAWAY (clients reconnect); "
+         "pystub's default 300000"),
     Flag("--http-header-timeout-secs", "30", _I,
          "a request head (or an idle new connection) not complete after this many seconds is closed; 0: no limit"),
     Flag("--http-body-timeout-secs", "60", _I,
