@@ -43,7 +43,8 @@ class Client:
 
     def trickle(self) -> None:
         """Send the next piece: a header line, a body byte, a preface byte, or nothing."""
-        piece = {"head": b"X-Slow: 1\r\n", "body": b"0", "grpc-preface": PREFACE[self.sent:self.sent + 1]}.get(self.kind)
+        pieces = {"head": b"X-Slow: 1\r\n", "body": b"0", "grpc-preface": PREFACE[self.sent:self.sent + 1]}
+        piece = pieces.get(self.kind)
         if piece:
             try:
                 self.sock.send(piece)
