@@ -121,10 +121,7 @@ def probe_health(url: str, stop: threading.Event, interval: float = 0.005) -> li
     return latencies
 
 
-def test_health_answers_during_the_largest_allowed_load(backend: Backend):
-    per_file = MAX_OVERRIDE_BYTES // MAX_OVERRIDE_FILES
-    files = {f"file:1/data/f{i}.bin": b"\1" * per_file for i in range(MAX_OVERRIDE_FILES - 1)}
-    files["file:1/model.py"] = OVERRIDE_MODEL
+def _health_p99_during_load(backend: Backend, files: dict[str, bytes]) -> float:
     body = _load_body(files)
     stop, result = threading.Event(), {}
     prober = threading.Thread(target=lambda: result.update(latencies=probe_health(backend.http_url, stop)))
@@ -136,9 +133,20 @@ def test_health_answers_during_the_largest_allowed_load(backend: Backend):
     finally:
         stop.set()
         prober.join(60)
+    assert post(backend, "/v2/repository/models/from_files/unload", b"")[0] == 200
     latencies = sorted(result["latencies"])
     p99 = latencies[int(len(latencies) * 0.99)]
-    print(f"health during the largest allowed load: {len(latencies)} probes, median "
+    print(f"health during a load of {len(files)} files: {len(latencies)} probes, median "
           f"{statistics.median(latencies) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max {latencies[-1] * 1e3:.1f} ms")
-    assert post(backend, "/v2/repository/models/from_files/unload", b"")[0] == 200
-    assert p99 < 0.050
+    return p99
+
+
+def test_health_answers_during_the_largest_allowed_load(backend: Backend):
+    per_file = MAX_OVERRIDE_BYTES // MAX_OVERRIDE_FILES
+    files = {f"file:1/data/f{i}.bin": b"\1" * per_file for i in range(MAX_OVERRIDE_FILES - 1)}
+    files["file:1/model.py"] = OVERRIDE_MODEL
+    reference = _health_p99_during_load(backend, {"file:1/model.py": OVERRIDE_MODEL})
+    largest = _health_p99_during_load(backend, files)
+    # 50 ms p99 on a quiet machine (issue 18). On a machine so loaded that a one-file load already
+    # passes 25 ms, the largest load may at most double the one-file figure (before the fix: 20-70x).
+    assert largest < max(0.050, 2 * reference), (largest, reference)
