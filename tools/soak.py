@@ -129,7 +129,9 @@ def backend_flags(chaos: bool, heartbeat: float = 2.0) -> list[str]:
         return []
     return ["--model-control-mode=explicit", "--load-model=*", "--allow-client-shm=true",
             f"--backend-config=python,stub-heartbeat-timeout-seconds={heartbeat:g}",
-            "--backend-config=python,stub-max-restarts=50"]
+            "--backend-config=python,stub-max-restarts=50",
+            # the chaos's slow clients (tools/soak_chaos.py SLOW_CLIENT_TIMEOUT) are closed this soon
+            "--http-header-timeout-secs=2", "--http-body-timeout-secs=2"]
 
 
 def tmpfs_wrapper_works() -> bool:

@@ -18,8 +18,10 @@ active), with the load running throughout and abrupt clients closing connections
                   in-flight requests fail with "is unloading"/"was unloaded", and requests meanwhile
                   with "Request for unknown model ... has no available versions"
     abrupt close  (all along) HTTP requests cut mid-body or closed before the answer, gRPC streams
-                  and sequences whose channel closes mid-way; each is entered in the ledger as sent
-                  and closed by the client
+                  and sequences whose channel closes mid-way, and slow clients that send their
+                  request head or body a piece at a time (the server must close them at
+                  SLOW_CLIENT_TIMEOUT, tools/soak.py's --http-*-timeout-secs); each is entered in the
+                  ledger as sent and closed by the client (a slow client left open is a wrong answer)
 
 Each fault is recorded with its start and end time in `events`, for the report.
 """
@@ -41,12 +43,13 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-from soak_traffic import TIMEOUT_S, Ledger
+from soak_traffic import TIMEOUT_S, Ledger, WrongAnswer
 from tritonclient.utils import InferenceServerException
 
 __all__ = ["Chaos", "ChaosOptions"]
 
 MIB = 1 << 20
+SLOW_CLIENT_TIMEOUT = 2.0  # the backend's header and body read timeouts under chaos (tools/soak.py)
 
 
 @dataclass
@@ -227,12 +230,16 @@ class Chaos:
 
     # -- abrupt clients -------------------------------------------------------------------------
     def _abrupt_clients(self, stop: threading.Event) -> None:
-        ways = [self._cut_http_body, self._close_before_answer, self._close_grpc_stream, self._close_sequence_stream]
+        ways = [self._cut_http_body, self._close_before_answer, self._close_grpc_stream, self._close_sequence_stream,
+                self._slow_head, self._slow_body]
         while not stop.wait(0.2):
             way = self.rng.choice(ways)
             self.ledger.send("abrupt")
             try:
                 way()
+            except WrongAnswer as exc:
+                self.ledger.failure("abrupt", str(exc))
+                continue
             except Exception as exc:  # noqa: BLE001 - the way a client goes is not the server's error
                 self.ledger.failure("abrupt", f"client closed (and the attempt failed: {type(exc).__name__}: {exc})")
                 continue
@@ -247,6 +254,30 @@ class Chaos:
         with self._http_socket() as sock:
             sock.sendall(b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
                          + str(len(body) * 4).encode() + b"\r\n\r\n" + body[: len(body) // 2])
+
+    def _slow_head(self) -> None:
+        self._trickle(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n", b"X-Slow: 1\r\n")
+
+    def _slow_body(self) -> None:
+        self._trickle(b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n", b" ")
+
+    def _trickle(self, start: bytes, piece: bytes) -> None:
+        """Send `start`, then `piece` every 0.5 s until the server closes the connection, which it
+        must do at SLOW_CLIENT_TIMEOUT (a few seconds late under load is allowed)."""
+        with self._http_socket() as sock:
+            sock.sendall(start)
+            sock.settimeout(0.5)
+            deadline = time.monotonic() + SLOW_CLIENT_TIMEOUT + 8
+            while time.monotonic() < deadline:
+                try:
+                    sock.sendall(piece)
+                    if sock.recv(1) == b"":
+                        return
+                except TimeoutError:
+                    continue
+                except OSError:  # reset by the server: closed too
+                    return
+        raise WrongAnswer(f"a slow client was still open {SLOW_CLIENT_TIMEOUT + 8:g} s after connecting")
 
     def _close_before_answer(self) -> None:
         body = b'{"inputs":[{"name":"COUNT","shape":[1],"datatype":"INT32","data":[3]},' \

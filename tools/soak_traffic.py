@@ -15,6 +15,7 @@ sent > ok + errors, which the soak reports as lost requests.
     batched       gRPC                batch_identity   echo (dynamic batching: concurrent workers)
     sequence      gRPC                accumulate       running sums of a 2..5 step sequence
     bls           gRPC                soak_bls         OUT = IN + 1, computed by soak_leaf via BLS
+    hostile_json  HTTP, raw           (several)        JSON nested 200..100,000 deep is a 400 parse error
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import random
 import re
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -249,14 +252,35 @@ def bls(clients: Clients, rng: random.Random) -> int:
     return 1
 
 
+_JSON_PATHS = ("/v2/models/identity_fp32/infer", "/v2/models/identity_fp32/generate", "/v2/repository/index",
+               "/v2/logging")
+
+
+def hostile_json(clients: Clients, rng: random.Random) -> int:
+    """Issue 18: JSON nested deeper than the parser allows is a 400 naming the parse failure (it was
+    a 500 and a logged traceback), whatever else the server is doing."""
+    path, depth = rng.choice(_JSON_PATHS), rng.choice((200, 5_000, 100_000))
+    body = b"[" * depth + (b"]" * depth if rng.random() < 0.5 else b"")
+    request = urllib.request.Request(f"http://{clients.http_url}{path}", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            status, text = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, text = error.code, error.read()
+    _check(status == 400 and b"failed to parse the request JSON buffer" in text,
+           f"{depth}-deep JSON to {path}: {status} {text[:120]!r}")
+    return 1
+
+
 # One request per call; "sequence" (several requests) is Worker._sequence.
 REQUESTS: dict[str, Callable[[Clients, random.Random], int]] = {
     "http_json": http_json, "http_binary": http_binary, "http_bytes": http_bytes, "grpc": grpc_unary,
     "grpc_stream": grpc_stream, "batched": batched, "bls": bls, "big_metadata": big_metadata,
+    "hostile_json": hostile_json,
 }
 # kind -> weight in the mix
 KINDS: dict[str, int] = {"http_json": 2, "http_binary": 2, "http_bytes": 1, "grpc": 3, "grpc_stream": 2,
-                         "batched": 3, "sequence": 1, "bls": 2, "big_metadata": 1}
+                         "batched": 3, "sequence": 1, "bls": 2, "big_metadata": 1, "hostile_json": 1}
 
 
 class Worker(threading.Thread):

@@ -35,6 +35,8 @@ _GRPC_CHANNEL_ARGS = {
     "--grpc-http2-max-ping-strikes": "grpc.http2.max_ping_strikes",
     "--grpc-max-connection-age": "grpc.max_connection_age_ms",
     "--grpc-max-connection-age-grace": "grpc.max_connection_age_grace_ms",
+    "--grpc-handshake-timeout": "grpc.server_handshake_timeout_ms",  # pystub's
+    "--grpc-max-connection-idle": "grpc.max_connection_idle_ms",  # pystub's
 }
 
 
@@ -95,6 +97,8 @@ def _add_listener_flags(add: _Adder) -> None:
     add("--allow-cpu-metrics", type=values.parse_bool, default=True, metavar="BOOL")
     add("--metrics-config", action="append", default=[], metavar="KEY=VALUE")
     add("--http-max-input-size", type=int, default=64 * 2**20)
+    add("--http-header-timeout-secs", type=values.non_negative_seconds, default=30.0, metavar="SECONDS")
+    add("--http-body-timeout-secs", type=values.non_negative_seconds, default=60.0, metavar="SECONDS")
     add("--reuse-http-port", type=values.parse_bool, default=False, metavar="BOOL")
     add("--http-restricted-api", action="append", default=[], metavar="API[,API...],KEY=VALUE")
     add("--reuse-grpc-port", type=values.parse_bool, default=False, metavar="BOOL")
@@ -209,6 +213,7 @@ def _base_options(args: argparse.Namespace, settings: StubSettings) -> ServerOpt
         grpc_address=args.grpc_address, grpc_port=args.grpc_port, metrics_address=args.metrics_address,
         metrics_port=args.metrics_port, allow_http=args.allow_http, allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics, http_max_input_size=args.http_max_input_size,
+        http_header_timeout_secs=args.http_header_timeout_secs, http_body_timeout_secs=args.http_body_timeout_secs,
         exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness, auto_complete=auto_complete,
         server_id=args.server_id, model_control_mode=args.model_control_mode, load_models=args.load_models,
         repository_poll_secs=args.repository_poll_secs, allow_client_shm=args.allow_client_shm, settings=settings,

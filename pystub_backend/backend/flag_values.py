@@ -12,8 +12,9 @@ import re
 from pystub_backend.backend.options import API_GROUPS, OPEN_FLAG, STATE_GROUPS, Restriction, Restrictions
 from pystub_backend.backend.scheduling.rate_limiter import ResourceLimit, parse_resource_limit
 
-__all__ = ["parse_bool", "positive_seconds", "positive_int", "non_negative_int", "compression_level", "regex",
-           "restrictions", "remote_control", "setting", "cache_setting", "rate_limit_resource"]
+__all__ = ["parse_bool", "positive_seconds", "non_negative_seconds", "positive_int", "non_negative_int",
+           "compression_level", "regex", "restrictions", "remote_control", "setting", "cache_setting",
+           "rate_limit_resource"]
 
 _COMPRESSION_LEVELS = ("none", "low", "medium", "high")  # grpc_compression_level 0..3
 
@@ -34,6 +35,17 @@ def positive_seconds(text: str) -> float:
         value = 0.0
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got '{text}'")
+    return value
+
+
+def non_negative_seconds(text: str) -> float:
+    """Seconds >= 0 (0 turns a timeout off); finite."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got '{text}'")
     return value
 
 

@@ -154,6 +154,16 @@ PYSTUB_FLAGS: tuple[Flag, ...] = (
     Flag("--allow-remote-control", "model-repository,logging", _I,
          "state-changing API groups (model-repository, shared-memory, logging, trace, or all) that peers other "
          "than loopback may call without a --http-restricted-api / --grpc-restricted-protocol key"),
+    Flag("--grpc-handshake-timeout", "30000", _I,
+         "grpc.server_handshake_timeout_ms: a connection that has not sent the HTTP/2 preface (and TLS "
+         "handshake) in time is closed; pystub's default 30000"),
+    Flag("--grpc-max-connection-idle", "300000", _I,
+         "grpc.max_connection_idle_ms: a connection without calls for this long gets GOAWAY (clients reconnect); "
+         "pystub's default 300000"),
+    Flag("--http-header-timeout-secs", "30", _I,
+         "a request head (or an idle new connection) not complete after this many seconds is closed; 0: no limit"),
+    Flag("--http-body-timeout-secs", "60", _I,
+         "a request body not complete after this many seconds, plus one per 64 KiB received, is closed; 0: no limit"),
 )
 
 _BY_NAME = {flag.name: flag for flag in FLAGS + PYSTUB_FLAGS}

@@ -77,6 +77,8 @@ class ServerOptions:
     metrics_interval_ms: int = 2000  # how often the polled gauges (CPU, memory, stub RSS) are sampled
     allow_cpu_metrics: bool = True
     http_max_input_size: int = 64 * 2**20
+    http_header_timeout_secs: float = 30.0  # the request head must arrive within (0: no limit)
+    http_body_timeout_secs: float = 60.0  # the body, extended 1 s per 64 KiB received (0: no limit)
     exit_on_error: bool = True
     strict_readiness: bool = True
     auto_complete: bool = True

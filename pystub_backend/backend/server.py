@@ -18,6 +18,7 @@ from aiohttp import web
 from pystub_backend.backend.core import Core, CoreOptions
 from pystub_backend.backend.features.response_cache import CacheConfigError
 from pystub_backend.backend.frontends.http.access_log import HttpAccessLogger
+from pystub_backend.backend.frontends.http.timeouts import ReadTimeouts, TimedAppRunner
 from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
 from pystub_backend.backend.models.repository import RepositoryError
 from pystub_backend.backend.options import GrpcOptions, ServerOptions
@@ -37,12 +38,13 @@ class Listeners:
         self._stoppers: list[Callable[[], Awaitable[Any]]] = []
 
     async def start_http(self, app: web.Application, address: str, port: int, label: str,
-                         grace: float = 60.0, reuse_port: bool = False) -> int:
+                         grace: float = 60.0, reuse_port: bool = False,
+                         read_timeouts: ReadTimeouts | None = None) -> int:
         # `grace` bounds how long stopping waits for running handlers (aiohttp's default is 60 s,
         # whatever --exit-timeout-secs says).
         # The access logger checks --log-verbose per request (frontends.http.access_log).
-        runner = web.AppRunner(app, access_log=log, access_log_class=HttpAccessLogger,
-                               handle_signals=False, shutdown_timeout=grace)
+        runner = TimedAppRunner(app, read_timeouts=read_timeouts or ReadTimeouts(), access_log=log,
+                                access_log_class=HttpAccessLogger, handle_signals=False, shutdown_timeout=grace)
         await runner.setup()
         # reuse_port (SO_REUSEPORT) lets several servers share the port: --reuse-http-port.
         site = web.TCPSite(runner, address, port, reuse_address=True, reuse_port=reuse_port or None)
@@ -74,6 +76,7 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
     from pystub_backend.backend.frontends.admin import admin_routes
     from pystub_backend.backend.frontends.http.server import create_http_app
     from pystub_backend.backend.frontends.metrics import create_metrics_app
+    read_timeouts = ReadTimeouts(options.http_header_timeout_secs, options.http_body_timeout_secs)
     if options.allow_grpc:
         await listeners.start_grpc(core, options.grpc_address, options.grpc_port, options.settings.exit_timeout_seconds,
                                    options.grpc)
@@ -84,11 +87,11 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
                               remote_control=options.remote_control, tracer=core.tracer)
         app.add_routes(admin_routes(core))
         await listeners.start_http(app, options.http_address, options.http_port, "HTTPService",
-                                   options.settings.exit_timeout_seconds, options.reuse_http_port)
+                                   options.settings.exit_timeout_seconds, options.reuse_http_port, read_timeouts)
     if options.allow_metrics:
         metrics_app = create_metrics_app(core, options.metrics_interval_ms, options.allow_cpu_metrics)
         await listeners.start_http(metrics_app, options.metrics_address, options.metrics_port, "Metrics Service",
-                                   options.settings.exit_timeout_seconds)
+                                   options.settings.exit_timeout_seconds, read_timeouts=read_timeouts)
 
 
 def _core(options: ServerOptions) -> Core:

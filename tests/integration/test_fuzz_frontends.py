@@ -234,6 +234,37 @@ def test_generate_and_model_routes_answer_or_refuse(connection: httplib.HTTPConn
         assert json.loads(payload)["error"], payload
 
 
+_JSON_ROUTES = ["/v2/models/identity_fp32/infer", "/v2/models/identity_fp32/generate",
+                "/v2/models/identity_fp32/generate_stream", "/v2/repository/index", "/v2/logging",
+                "/v2/systemsharedmemory/region/nest/register"]
+DEEP_ERROR = "failed to parse the request JSON buffer: nesting deeper than 128 levels"
+
+
+@st.composite
+def nested_json(draw: st.DrawFn) -> bytes:
+    """JSON nested 1..100,000 deep (issue 18): arrays, objects or a cycle of both, closed or cut
+    anywhere, bare or inside a request document."""
+    depth = draw(st.one_of(st.integers(1, 140), st.integers(141, 3000), st.just(100_000)))
+    pattern = draw(st.lists(st.sampled_from([b"[", b'{"a":']), min_size=1, max_size=4))
+    openers = [pattern[i % len(pattern)] for i in range(depth)]
+    closers = [b"]" if opener == b"[" else b"}" for opener in reversed(openers)]
+    body = b"".join(openers) + draw(st.sampled_from([b"1", b'"x"', b"[]", b""])) + b"".join(closers)
+    cut = draw(st.one_of(st.none(), st.integers(0, len(body))))
+    body = body if cut is None else body[:cut]
+    return b'{"inputs":' + body + b"}" if draw(st.booleans()) else body
+
+
+@settings(max_examples=scaled(200), **SETTINGS)
+@given(route=st.sampled_from(_JSON_ROUTES), body=nested_json())
+def test_json_of_any_depth_is_refused_cleanly(connection: httplib.HTTPConnection, route: str, body: bytes) -> None:
+    status, payload, _ = post(connection, route, body, {"Content-Type": "application/json"})
+    assert status < 500, (status, payload[:300])  # shallow valid JSON may well be answered
+    if body.count(b"[") + body.count(b"{") > 128:  # every opener precedes every closer: that is the depth
+        assert (status, json.loads(payload)["error"]) == (400, DEEP_ERROR), payload[:300]
+    elif status != 200:
+        assert json.loads(payload)["error"], payload[:300]
+
+
 def _grpc_allowed(error: grpc.RpcError, raw: bool) -> bool:
     code = error.code()
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):

@@ -101,7 +101,7 @@ def test_access_lines_in_json_with_client_text_escaped(tmp_path: Path) -> None:
     with Backend(repository, "--log-format=json", "--log-verbose=1") as backend:
         status, text = _infer_http(backend, "slow_init", "req-1")
         assert status == 200 and json.loads(text)["outputs"][0]["data"] == [1.0], text
-        assert _infer_http(backend, HOSTILE, HOSTILE)[0] == 400  # a name with control characters is refused: the path is logged
+        assert _infer_http(backend, HOSTILE, HOSTILE)[0] == 400  # name refused (control characters); the path is logged
         client = grpcclient.InferenceServerClient(backend.grpc_url)
         try:
             tensor = grpcclient.InferInput("INPUT0", [1], "FP32")

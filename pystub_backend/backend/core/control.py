@@ -263,7 +263,7 @@ class ModelControl:
             check_stub_name(name)
             config = config_from_json(request.config) if request is not None and request.config else None
             if request is not None and request.files:
-                override = OverrideDir.create(name, request.files)
+                override = await OverrideDir.create_off_loop(name, request.files)
                 model_dir = override.model_dir
             if model_dir is None:
                 raise PollError(f"model '{name}' is not found in any model repository")

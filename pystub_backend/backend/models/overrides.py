@@ -13,10 +13,19 @@ model directory (one leading `/` is allowed and means the same, as in Triton: `f
 is `1/model.py`), no `..`, no empty or `.` components, and the resolved file must stay inside the
 directory. Files are
 created with O_EXCL | O_NOFOLLOW in a directory nobody else can write to.
+
+Caps, checked before anything is written (a load is refused with 400 / INVALID_ARGUMENT above them):
+at most MAX_OVERRIDE_FILES files holding MAX_OVERRIDE_BYTES in total, and paths of at most
+MAX_OVERRIDE_PATH_LENGTH characters and MAX_OVERRIDE_PATH_DEPTH components. Why: the files are
+written in a worker thread (`OverrideDir.create_off_loop`), but the request that carries them is
+parsed and base64-decoded while holding the interpreter lock, so its size bounds how long health
+probes can wait; a model directory of a Python model holds a handful of files. The path caps keep
+a 3,000-level path from reaching `os.makedirs` (which recurses per level) and the kernel's PATH_MAX.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -27,11 +36,16 @@ from typing import Any
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.ipc.names import pid_alive
 
-__all__ = ["FILE_PREFIX", "LoadRequest", "OverrideDir", "parse_load_parameters", "override_file_path",
+__all__ = ["FILE_PREFIX", "MAX_OVERRIDE_BYTES", "MAX_OVERRIDE_FILES", "LoadRequest",
+           "OverrideDir", "check_override_count", "parse_load_parameters", "override_file_path",
            "sweep_stale_override_dirs"]
 
 FILE_PREFIX = "file:"
 _DIR_PREFIX = "pystub_override_"
+MAX_OVERRIDE_FILES = 1024
+MAX_OVERRIDE_BYTES = 16 * 2**20
+MAX_OVERRIDE_PATH_LENGTH = 1024
+MAX_OVERRIDE_PATH_DEPTH = 32
 
 
 @dataclass
@@ -50,6 +64,7 @@ def parse_load_parameters(parameters: Mapping[str, Any]) -> LoadRequest:
     """Check a load request's parameters (values already decoded by the frontend: `config` a str,
     file contents bytes). Raises ServerError (INVALID_ARG)."""
     request = LoadRequest()
+    check_override_count(parameters)
     for key, value in parameters.items():
         if key == "config":
             if not isinstance(value, str):
@@ -62,9 +77,23 @@ def parse_load_parameters(parameters: Mapping[str, Any]) -> LoadRequest:
             request.files[key] = bytes(value)
         else:
             raise _invalid(f"Unrecognized load parameter '{key}'")
+    _check_total_size(request.files)
     if request.files and request.config is None:
         raise _invalid("Load parameter 'config' must be specified for model file override")
     return request
+
+
+def check_override_count(parameters: Mapping[str, object]) -> None:
+    """Refuse more than MAX_OVERRIDE_FILES `file:` keys, before any per-file work. Raises ServerError."""
+    count = sum(1 for key in parameters if key.startswith(FILE_PREFIX))
+    if count > MAX_OVERRIDE_FILES:
+        raise _invalid(f"a load may carry at most {MAX_OVERRIDE_FILES} override files, got {count}")
+
+
+def _check_total_size(files: Mapping[str, bytes]) -> None:
+    total = sum(len(content) for content in files.values())
+    if total > MAX_OVERRIDE_BYTES:
+        raise _invalid(f"the override files of a load may hold at most {MAX_OVERRIDE_BYTES} bytes, got {total}")
 
 
 def override_file_path(key: str) -> str:
@@ -75,7 +104,11 @@ def override_file_path(key: str) -> str:
     if path.startswith("/"):
         path = path[1:]
     why = ""
-    if not path or "\0" in path:
+    if len(path) > MAX_OVERRIDE_PATH_LENGTH or path.count("/") >= MAX_OVERRIDE_PATH_DEPTH:
+        why = (f"the path is longer than {MAX_OVERRIDE_PATH_LENGTH} characters or "
+               f"{MAX_OVERRIDE_PATH_DEPTH} components")
+        key = key[:64] + "..."  # the message need not carry the whole of it
+    elif not path or "\0" in path:
         why = "the path is empty or holds a NUL character"
     elif os.path.isabs(path):
         why = "the path is absolute"
@@ -109,6 +142,18 @@ class OverrideDir:
             raise
         return directory
 
+    @classmethod
+    async def create_off_loop(cls, model_name: str, files: Mapping[str, bytes]) -> OverrideDir:
+        """`create` in a worker thread, so that writing many files does not stall the event loop
+        (health probes answer meanwhile). A caller cancelled meanwhile leaves nothing behind: the
+        directory is removed once the thread is done. Raises ServerError."""
+        future = asyncio.get_running_loop().run_in_executor(None, cls.create, model_name, files)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(_remove_created)
+            raise
+
     def _write(self, relative: str, content: bytes, key: str) -> None:
         target = os.path.join(self.model_dir, relative)
         base = os.path.realpath(self.model_dir)
@@ -124,6 +169,11 @@ class OverrideDir:
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _remove_created(future: asyncio.Future[OverrideDir]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().remove()
 
 
 def sweep_stale_override_dirs() -> list[str]:

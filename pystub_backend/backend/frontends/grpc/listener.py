@@ -37,6 +37,10 @@ _BASE_CHANNEL_ARGS: dict[str, int] = {
     # gRPC sets SO_REUSEPORT by default, which lets a second server bind a busy port and
     # silently take half the connections; a busy port must be an error unless asked for.
     "grpc.so_reuseport": 0,
+    # A connection that never completes its handshake, or stays without calls, must not hold a
+    # descriptor forever (grpc core's defaults: 120 s, and no idle limit). Flags override both.
+    "grpc.server_handshake_timeout_ms": 30_000,
+    "grpc.max_connection_idle_ms": 300_000,
 }
 
 

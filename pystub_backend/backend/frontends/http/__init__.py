@@ -5,6 +5,8 @@
     encode.py       responses;  compression.py  gzip/deflate both ways
     generate.py     /generate and /generate_stream;  control.py  model control and logging
     shm.py          shared memory extension;  restrict.py  --http-restricted-api groups
+    json_body.py    the one JSON body parser (depth-bounded, 400 on failure)
+    timeouts.py     header and body read timeouts (--http-header/body-timeout-secs)
 """
 
 from pystub_backend.backend.frontends.http.restrict import path_group

@@ -18,12 +18,12 @@ Binary inputs stay memoryviews of the request body. The HTTP-only parameters (`b
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.http.json_body import parse_json_body
 from pystub_backend.backend.frontends.http.json_tensors import json_to_tensor_bytes
 from pystub_backend.backend.inference import InferRequest, ParameterValue, RequestedOutput, Tensor
 from pystub_backend.ipc.dtypes import WIRE_TO_CODE
@@ -102,7 +102,7 @@ def decode_infer_request(
     """
     view = memoryview(body).cast("B")
     header_end = len(view) if header_length is None else header_length
-    document = _load_json(_json_text(body, view, header_end))
+    document = parse_json_body(_json_text(body, view, header_end))
     if not isinstance(document, dict):
         raise _invalid("the inference request must be a JSON object")
     request_id = document.get("id", "")
@@ -125,13 +125,6 @@ def _json_text(body: Body, view: memoryview, header_end: int) -> bytes | bytearr
     if isinstance(body, (bytes, bytearray)) and header_end == len(view):
         return body
     return view[:header_end].tobytes()
-
-
-def _load_json(text: bytes | bytearray) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise _invalid(f"failed to parse the request JSON buffer: {exc}") from None
 
 
 def _object_list(document: dict[str, Any], key: str) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.http.json_body import parse_json_body
 from pystub_backend.backend.frontends.http.json_tensors import json_to_tensor_bytes, tensor_to_json
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore, Tensor
 
@@ -47,10 +48,7 @@ def _input_tensor(spec: dict[str, Any], value: Any, batching: bool) -> Tensor:
 def generate_request(body: bytes, metadata: dict[str, Any], batching: bool, model_name: str,
                      model_version: str) -> InferRequest:
     """The InferRequest for a generate body. Raises ServerError(INVALID_ARG)."""
-    try:
-        document = json.loads(body or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _invalid(f"failed to parse the request JSON buffer: {exc}") from None
+    document = parse_json_body(body or b"{}")
     if not isinstance(document, dict):
         raise _invalid("the generate request must be a JSON object")
     inputs = {spec["name"]: spec for spec in metadata["inputs"]}

@@ -39,6 +39,7 @@ from pystub_backend.backend.frontends.http.compression import (
 from pystub_backend.backend.frontends.http.control import control_routes
 from pystub_backend.backend.frontends.http.encode import EncodedResponse, encode_infer_response
 from pystub_backend.backend.frontends.http.generate import generate, generate_stream
+from pystub_backend.backend.frontends.http.json_body import parse_json_body
 from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_input_spec
 from pystub_backend.backend.frontends.http.restrict import restriction_middleware
 from pystub_backend.backend.frontends.http.shm import shm_routes
@@ -131,6 +132,9 @@ async def _error_middleware(request: web.Request, handler: _Handler) -> web.Stre
         if exc.status < 400:
             raise
         return _http_exception_error(exc)
+    except ConnectionResetError:  # the client left, or was closed for reading too slowly: nobody to answer
+        _log.debug("HTTP %s %s: the connection closed before the request was read", request.method, request.path)
+        return _error(400, "the connection closed before the request was read")
     except Exception as exc:  # noqa: BLE001 - any failure must still answer in JSON
         _log.exception("HTTP %s %s failed", request.method, request.path)
         forget_traceback(exc)
@@ -314,11 +318,7 @@ def _ready_only(body: bytes) -> bool:
     """The `ready` flag of a repository index request body (empty means False)."""
     if not body.strip():
         return False
-    try:
-        document = json.loads(body)
-    except ValueError as exc:
-        message = f"failed to parse the request JSON buffer: {exc}"
-        raise ServerError(message, Status.INVALID_ARG) from None
+    document = parse_json_body(body)
     ready = document.get("ready", False) if isinstance(document, dict) else None
     if not isinstance(ready, bool):
         raise ServerError("'ready' must be a boolean", Status.INVALID_ARG)

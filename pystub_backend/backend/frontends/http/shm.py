@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.http.json_body import parse_json_body
 
 __all__ = ["shm_routes"]
 
@@ -31,10 +32,7 @@ def _json(value: Any) -> web.Response:
 
 
 def _register_body(body: bytes) -> dict[str, Any]:
-    try:
-        document = json.loads(body) if body.strip() else None
-    except ValueError as exc:
-        raise ServerError(f"failed to parse the request JSON buffer: {exc}", Status.INVALID_ARG) from None
+    document = parse_json_body(body) if body.strip() else None
     if not isinstance(document, dict):
         raise ServerError("the register request must be a JSON object", Status.INVALID_ARG)
     return document
