@@ -163,7 +163,7 @@ def test_model_exception_fails_only_that_request(backend: Backend, http, grpc):
     with pytest.raises(InferenceServerException) as info:
         http.infer("raiser", [fp32_input(httpclient, "INPUT0", np.array([-3], np.int32), "INT32")])
     assert info.value.status() == "500"
-    assert info.value.message() == ("Failed to process the request(s) for model 'raiser_0_0', message: "
+    assert info.value.message() == ("Failed to process the request(s) for model 'raiser_0', message: "
                                     "ValueError: boom: negative input -3")
     ok = grpc.infer("raiser", [fp32_input(grpcclient, "INPUT0", np.array([5], np.int32), "INT32")])
     assert ok.as_numpy("OUTPUT0").tolist() == [5]
@@ -189,7 +189,7 @@ def test_model_error_response_keeps_its_code(http, grpc):
 def test_execute_return_rules(http, mode, text):
     with pytest.raises(InferenceServerException) as info:
         http.infer("bad_return", [fp32_input(httpclient, "MODE", np.array([mode], np.int32), "INT32")])
-    assert info.value.message().startswith("Failed to process the request(s) for model 'bad_return_0_0', message: ")
+    assert info.value.message().startswith("Failed to process the request(s) for model 'bad_return_0', message: ")
     assert text in info.value.message()
 
 

@@ -194,12 +194,12 @@ def test_without_a_timeout_the_stub_timeout_bounds_the_wait(backend: Backend):
 
 def test_target_stub_death_is_an_error_not_a_hang(backend: Backend):
     _, info = drive(backend, {"mode": "fault", "fault": 2})  # os._exit in the target's execute
-    assert info["error"] == "Stub process 'faulty_0_0' is not healthy." and info["code"] == 4
+    assert info["error"] == "Stub process 'faulty_0' is not healthy." and info["code"] == 4
     assert info["seconds"] < 5
-    settled(backend, lambda: stub_rows(backend)["faulty_0_0"]["healthy"])
+    settled(backend, lambda: stub_rows(backend)["faulty_0"]["healthy"])
     _, info = drive(backend, {"mode": "fault", "fault": 1})  # segfault
-    assert info["error"] == "Stub process 'faulty_0_0' is not healthy."
-    settled(backend, lambda: stub_rows(backend)["faulty_0_0"]["healthy"])
+    assert info["error"] == "Stub process 'faulty_0' is not healthy."
+    settled(backend, lambda: stub_rows(backend)["faulty_0"]["healthy"])
     _, info = drive(backend, {"mode": "fault", "fault": 0})
     assert "error" not in info
 
@@ -283,7 +283,7 @@ def test_ten_thousand_mixed_calls_leave_nothing_behind(backend: Backend):
     def targets_clean() -> bool:
         rows = stub_rows(backend)
         return all(rows[name]["arena_used_bytes"] == 0 and rows[name]["in_flight"] == 0
-                   for name in ("bls_leaf_0_0", "repeat_0_0"))
+                   for name in ("bls_leaf_0", "repeat_0"))
 
     assert settled(backend, targets_clean), stub_rows(backend)
     print(f"\n10,000 mixed BLS calls in {elapsed:.1f} s ({elapsed / 10_000 * 1e3:.2f} ms per call)")
@@ -293,7 +293,7 @@ def test_a_target_that_is_not_ready(backend: Backend):
     _, info = drive(backend, {"mode": "fault", "fault": 2, "then": 0})  # its stub is restarting
     assert info["then"] == {"error": "Failed for execute the inference request. Model 'faulty' is not ready.",
                             "code": 4}
-    settled(backend, lambda: stub_rows(backend)["faulty_0_0"]["healthy"])
+    settled(backend, lambda: stub_rows(backend)["faulty_0"]["healthy"])
 
 
 # -- model control from a model, finalize, back-pressure (a backend of their own) -------------------------

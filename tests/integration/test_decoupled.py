@@ -160,7 +160,7 @@ def test_decoupled_execute_must_return_none(backend: Backend):
     finally:
         stream.close()
     assert error is not None
-    assert ("Python model 'repeat_0_0' is using the decoupled mode and the execute function must return None."
+    assert ("Python model 'repeat_0' is using the decoupled mode and the execute function must return None."
             in error.message())
 
 
@@ -257,9 +257,9 @@ def _cancel_time(backend: Backend, after: float) -> float:
 
 def _wait_arena_free(backend: Backend) -> None:
     deadline = time.monotonic() + 10
-    while stubs(backend)["repeat_0_0"]["arena_used_bytes"] and time.monotonic() < deadline:
+    while stubs(backend)["repeat_0"]["arena_used_bytes"] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert stubs(backend)["repeat_0_0"]["arena_used_bytes"] == 0
+    assert stubs(backend)["repeat_0"]["arena_used_bytes"] == 0
 
 
 def test_grpc_stream_cancel_reaches_the_model_quickly(backend: Backend):

@@ -294,7 +294,7 @@ def test_execute_batch_failures_stay_in_their_batch(backend: Backend) -> None:
     failed, missing = together(lambda: author(backend, [[666, 0]]),
                                lambda: author(backend, None, SCALE=np.ones((1, 1), np.float32)))
     assert failed.error is not None and failed.error.message() == (
-        "Failed to process the request(s) for model 'batch_author_0_0', message: RuntimeError: execute_batch "
+        "Failed to process the request(s) for model 'batch_author_0', message: RuntimeError: execute_batch "
         "failed on purpose")
     # validation refuses it before it is queued, alone, with Triton's text
     assert missing.error is not None and missing.error.status() == "StatusCode.INVALID_ARGUMENT"

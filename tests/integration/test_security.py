@@ -122,7 +122,7 @@ def test_override_directories_are_private(backend: Backend) -> None:
     assert status == 200, reply
     try:
         process = psutil.Process(backend.pid)
-        stub = next(p for p in backend.stub_processes() if "private_copy_0_0" in " ".join(p.cmdline()))
+        stub = next(p for p in backend.stub_processes() if "private_copy_0" in " ".join(p.cmdline()))
         roots = {Path(f.path).parents[2] for f in process.open_files() + stub.open_files()
                  if "pystub_override_" in f.path} or set(Path("/tmp").glob(f"pystub_override_{backend.pid}_*"))
         assert roots, "the override directory was not found"

@@ -198,8 +198,10 @@ class StubProcess:
         except StubStartError as exc:  # config-sections hook: a death fails the load with Triton's text
             raise StubStartError(await died_during_initialize(self, exc), exc.boot_failure) from exc
         if reply.error is not None:
-            raise StubStartError(reply.error + (f"\n{reply.traceback}" if reply.traceback else ""),
-                                 boot_failure=True)
+            # Triton's text goes to the client; the full Python traceback only to pystub's log.
+            if reply.traceback:
+                log.error("initialize of stub '%s' failed:\n%s", self.instance_name, reply.traceback.rstrip())
+            raise StubStartError(reply.error, boot_failure=True)
         self.has_is_ready = bool(reply.has_is_ready)
 
     async def auto_complete(self, model_path: str, config_json: str) -> str:
