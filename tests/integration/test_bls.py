@@ -121,8 +121,8 @@ def test_bls_is_refused_outside_execute(backend: Backend):
 
 def test_target_checks_use_tritons_texts(backend: Backend):
     _, info = drive(backend, {"mode": "error", "target": "nope"})
-    assert info == {"error": "Model nope - Error when running inference: Request for unknown model: 'nope' is not "
-                             "found", "code": 2}
+    assert info == {"error": "Model nope - Error when running inference: Failed for execute the inference request. "
+                             "Model 'nope' is not ready.", "code": 2}
     _, info = drive(backend, {"mode": "error", "target": "bls_leaf", "version": 7})
     assert info["error"] == ("Model bls_leaf - Error when running inference: Request for unknown model: 'bls_leaf' "
                              "version 7 is not found")
@@ -305,7 +305,8 @@ def test_model_control_from_a_model_and_bls_refused_in_finalize(tmp_path: Path):
         assert info == {"steps": [False, "loaded", True, "unloaded", False]}
         _, info = drive(backend, {"mode": "control", "target": "nope", "steps": "load"})
         assert info["steps"][0].startswith(  # Triton 2.51's answer for a model the repository does not have
-            "error: Failed to load model: failed to load 'nope', failed to poll from model repository")
+            "error: Failed to load model: Failed to process the request for model 'bls_driver_0_0', message: "
+            "failed to load 'nope', failed to poll from model repository")
         _, info = drive(backend, {"mode": "control", "target": "add_sub", "steps": "load_config",
                                   "config": "{not json"})
         assert info["steps"][0].startswith("error: Failed to load model: ")
@@ -325,5 +326,6 @@ def test_model_control_from_a_model_and_bls_refused_in_finalize(tmp_path: Path):
 
 def test_model_control_needs_explicit_mode(backend: Backend):
     _, info = drive(backend, {"mode": "control", "target": "bls_leaf", "steps": "load,ready"})
-    assert info == {"steps": ["error: Failed to load model: explicit model load / unload is not allowed if "
+    assert info == {"steps": ["error: Failed to load model: Failed to process the request for model "
+                              "'bls_driver_0_0', message: explicit model load / unload is not allowed if "
                               "polling is enabled", True]}

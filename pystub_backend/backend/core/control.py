@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from pystub_backend.backend.core.options import CoreOptions
 from pystub_backend.backend.core.table import ModelTable
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.models.config import ConfigError, config_from_json
+from pystub_backend.backend.models.config import ConfigError, ModelConfig, config_from_json
 from pystub_backend.backend.models.ensemble_config import (
     composes,
     ensemble_dependencies,
@@ -67,6 +67,17 @@ def _raise_unexpected(results: list[object]) -> None:
     for result in results:
         if isinstance(result, BaseException) and not isinstance(result, ServerError):
             raise result
+
+
+def _override_config(request: LoadRequest | None) -> ModelConfig | None:
+    """The load request's `config` override. Raises PollError: Triton reports a config it cannot
+    read as a failed poll."""
+    if request is None or not request.config:
+        return None
+    try:
+        return config_from_json(request.config)
+    except ConfigError as exc:
+        raise PollError(str(exc)) from None
 
 
 class ModelControl:
@@ -226,7 +237,7 @@ class ModelControl:
         name, override = entry.name, None
         try:
             check_stub_name(name)
-            config = config_from_json(request.config) if request is not None and request.config else None
+            config = _override_config(request)
             if request is not None and request.files:
                 override = OverrideDir.create(name, request.files)
                 model_dir = override.model_dir
@@ -244,6 +255,8 @@ class ModelControl:
             if not entry.versions:
                 entry.state, entry.reason, entry.failed, entry.unloaded = ModelState.UNAVAILABLE, text, {}, []
             if isinstance(exc, PollError):  # Triton's answer to a failed poll (the reason is logged)
+                if not entry.versions:  # as on Triton, a model that was never polled has no entry
+                    self._table.entries.pop(name, None)
                 raise ServerError(POLL_FAILED.format(name=name), Status.INTERNAL) from None
             raise _load_error(name, text) from None
         return source, override
@@ -337,4 +350,6 @@ class ModelControl:
             found = {}
         rows.extend({"name": name} for name in found if name not in entries)
         rows.sort(key=lambda row: (row["name"], int(row.get("version") or 0)))
-        return [row for row in rows if not ready_only or row.get("state") == ModelState.READY.value]
+        # Triton omits an empty reason (a loaded model's row is {name, version, state}).
+        return [{key: value for key, value in row.items() if key != "reason" or value}
+                for row in rows if not ready_only or row.get("state") == ModelState.READY.value]

@@ -117,9 +117,15 @@ class Serving:
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         if not name:
             return [v.stats.as_dict() for v in self._table.versions()]
-        entry = self._entry(name)
+        # Triton's texts and status (400 / INVALID_ARGUMENT), not the inference lookup's 404
+        entry = self._table.entries.get(name)
+        if entry is None or not entry.versions:
+            raise ServerError(f"requested model '{name}' is not available", Status.INVALID_ARG)
         if version:
-            return [self._lookup(name, version, require_ready=False).stats.as_dict()]
+            found = entry.versions.get(int(version)) if version.isdigit() else None
+            if found is None:
+                raise ServerError(f"requested model version is not available for model '{name}'", Status.INVALID_ARG)
+            return [found.stats.as_dict()]
         return [v.stats.as_dict() for _, v in sorted(entry.versions.items())]
 
     def model_versions(self) -> list[ModelVersion]:
