@@ -86,11 +86,12 @@ def test_unexpected_input(backend: Backend):
 
 
 def test_too_many_inputs(backend: Backend):
-    # Triton checks the count first, and prints its list with the upstream quirk "input(s) ]".
+    # Triton checks the count first, and prints its list with the upstream quirk "input(s) ]" (and in the
+    # order of its unordered_map: the reverse of the request's for these three).
     status, reply = post(backend, "/v2/models/add_sub/infer", _json_inputs("INPUT0", "INPUT1", "EXTRA"))
     assert status == 400
     assert reply["error"] == ("[request id: <id_unknown>] expected 2 inputs but got 3 inputs for model 'add_sub'. "
-                              "Got input(s) ['INPUT0','INPUT1','EXTRA'], but missing required input(s) ]. "
+                              "Got input(s) ['EXTRA','INPUT1','INPUT0'], but missing required input(s) ]. "
                               "Please provide all required input(s).")
 
 
