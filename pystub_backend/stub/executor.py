@@ -64,9 +64,8 @@ def failure_text(instance_name: str, exc: BaseException) -> str:
     the model's frames (`model_frames`)."""
     exc = unwrap(exc)
     if isinstance(exc, ExecuteRuleError):
-        detail = str(exc)
-    else:
-        detail = f"{type(exc).__name__}: {exc}{model_frames(exc)}"
+        return f"Failed to process the request(s) for model '{instance_name}', message: {exc}"
+    detail = f"{type(exc).__name__}: {exc}{model_frames(exc)}"
     return f"Failed to process the request(s) for model '{instance_name}', message: {detail}"
 
 

@@ -12,6 +12,7 @@ import struct
 import numpy as np
 import pytest
 from calls import agree, both, grpc_infer, http_infer, raw
+from deviations import agree_or_deviate
 from oracle import Endpoint, Pair
 
 F4 = np.arange(4, dtype=np.float32)
@@ -74,10 +75,10 @@ JSON_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(JSON_CASES))
-def test_http_json(pair: Pair, case: str) -> None:
+def test_http_json(pair: Pair, case: str, request: pytest.FixtureRequest) -> None:
     model, body = JSON_CASES[case]
     triton, pystub = both(pair, _post, f"/v2/models/{model}/infer", body)
-    agree(triton, pystub)
+    agree_or_deviate(request.node.name, triton, pystub)
 
 
 @pytest.mark.parametrize("path", ["/v2/models/add_sub/versions/1/infer", "/v2/models/add_sub/versions/3/infer",
@@ -116,7 +117,7 @@ BINARY_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(BINARY_CASES))
-def test_http_binary_raw(pair: Pair, case: str) -> None:
+def test_http_binary_raw(pair: Pair, case: str, request: pytest.FixtureRequest) -> None:
     header, blobs, declared = BINARY_CASES[case]
     body, headers = _binary_body(header, blobs, declared)
 
@@ -127,7 +128,7 @@ def test_http_binary_raw(pair: Pair, case: str) -> None:
         json_length = int(reply.headers.get("inference-header-content-length", len(reply.body)))
         return [reply.status, json.loads(reply.body[:json_length]), len(reply.body) - json_length]
     triton, pystub = both(pair, send)
-    agree(triton, pystub)
+    agree_or_deviate(request.node.name, triton, pystub)
 
 
 def test_http_binary_bytes_raw(pair: Pair) -> None:

@@ -69,7 +69,7 @@ def test_round_trip_over_http_and_grpc(http: httpclient.InferenceServerClient,
     ({"log_info": "yes"}, "'log_info' must be a boolean"),
     ({"log_verbose_level": -1}, "'log_verbose_level' must be an integer >= 0"),
     ({"log_verbose_level": True}, "'log_verbose_level' must be an integer >= 0"),
-    ({"log_format": "xml"}, "'log_format' must be 'default' or 'ISO8601'"),
+    ({"log_format": "xml"}, "invalid argument for --log_format, got: xml"),
     ({"log_error": False, "log_warning": 1}, "'log_warning' must be a boolean"),
 ])
 def test_invalid_values_are_refused_and_change_nothing(update: dict, text: str, backend: Backend,
