@@ -10,5 +10,5 @@ KNOWN: dict[str, str] = {
     "test_endpoints.py::test_grpc_admin[trace_settings]":
         "Triton answers {\"settings\": {\"log_frequency\": {\"value\": [\"0\"]}, \"trace_count\": {\"value\": [\"-1\"]}, \"trace_file\": {\"value\": [\"\"]}, \"trace_level\": {\"value\": [\"OFF\"]}, \"trace_mode\": {\"value\": [\"triton\"]}, \"trace_rate\": {\"value\": [\"1000\"]}}}; pystub answers {\"error\": \"Method not implemented!\", \"status\": \"StatusCode.UNIMPLEMENTED\"}",
     "test_endpoints.py::test_server_extensions":
-        "extensions: Triton also lists trace and classification; pystub implements neither yet (trace settings: being done by another helper; cuda_shared_memory is a deliberate deviation the test leaves out)",
+        "extensions: Triton also lists trace; pystub does not implement trace settings yet (another helper is adding them; cuda_shared_memory is a deliberate deviation the test leaves out)",
 }

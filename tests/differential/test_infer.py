@@ -209,3 +209,51 @@ def test_request_id_echo(pair: Pair, protocol: str) -> None:
             client.close()
     triton, pystub = both(pair, send)
     agree(triton, pystub)
+
+
+# -- classification extension -----------------------------------------------------------------------
+
+def _classify(output: str, count: object) -> dict:
+    return {"name": output, "parameters": {"classification": count}}
+
+
+CLASSIFY_CASES = {
+    "batched_labels": ("batched", {"inputs": [_tensor("INPUT0", [2, 4], "FP32", [0.1, 0.7, 0.2, 0, 3, 1, 2, 5])],
+                                   "outputs": [_classify("OUTPUT0", 2)]}),
+    "batched_more_than_values": ("batched", {"inputs": [_tensor("INPUT0", [1, 3], "FP32", [1, 3, 2])],
+                                             "outputs": [_classify("OUTPUT0", 9)]}),
+    "unbatched": ("add_sub", {"inputs": GOOD_ADD, "outputs": [_classify("OUTPUT0", 3), {"name": "OUTPUT1"}]}),
+    "int64_output": ("bytes_echo", {"inputs": [_tensor("INPUT0", [3], "BYTES", ["a", "abc", "ab"])],
+                                    "outputs": [_classify("LENGTH", 2)]}),
+    "bytes_output": ("bytes_echo", {"inputs": [_tensor("INPUT0", [1], "BYTES", ["a"])],
+                                    "outputs": [_classify("OUTPUT0", 1)]}),
+    "zero": ("add_sub", {"inputs": GOOD_ADD, "outputs": [_classify("OUTPUT0", 0)]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLASSIFY_CASES))
+def test_classification_http_json(pair: Pair, case: str) -> None:
+    model, body = CLASSIFY_CASES[case]
+    triton, pystub = both(pair, _post, f"/v2/models/{model}/infer", body)
+    agree(triton, pystub)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_classification_client(pair: Pair, protocol: str) -> None:
+    """tritonclient's `class_count` (HTTP binary outputs, gRPC `parameters["classification"]`)."""
+    def send(endpoint: Endpoint) -> list:
+        import tritonclient.grpc as grpcclient
+        import tritonclient.http as httpclient
+        module = httpclient if protocol == "http" else grpcclient
+        client = module.InferenceServerClient(endpoint.http_url if protocol == "http" else endpoint.grpc_url)
+        try:
+            data = np.array([[0.5, 0.25, 0.75], [3, 2, 1]], np.float32)
+            tensor = module.InferInput("INPUT0", list(data.shape), "FP32")
+            tensor.set_data_from_numpy(data)
+            result = client.infer("batched", [tensor], outputs=[module.InferRequestedOutput("OUTPUT0", class_count=2)])
+            classes = result.as_numpy("OUTPUT0")
+            return [str(classes.dtype), list(classes.shape), [c.decode() for c in classes.reshape(-1)]]
+        finally:
+            client.close()
+    triton, pystub = both(pair, send)
+    agree(triton, pystub)
