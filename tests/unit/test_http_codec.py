@@ -97,7 +97,8 @@ def test_json_empty_tensor() -> None:
 
 @pytest.mark.parametrize("datatype", ["FP16", "BF16"])
 def test_json_half_precision_is_refused(datatype: str) -> None:
-    _invalid({"inputs": [_input("H", datatype, [1], [1.0])]}, match=f"receiving {datatype} data via JSON is not supported.*binary data format for input H")
+    _invalid({"inputs": [_input("H", datatype, [1], [1.0])]},
+             match=f"receiving {datatype} data via JSON is not supported.*binary data format for input H")
 
 
 @pytest.mark.parametrize(
