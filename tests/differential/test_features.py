@@ -38,7 +38,8 @@ def _post(endpoint: Endpoint, path: str, body: object) -> list:
 
 RAISER_MODES = {0: "ok", 1: "raises_value_error", 2: "error_response", 3: "invalid_arg", 4: "unknown_output",
                 5: "no_responses", 6: "wrong_output_dtype", 7: "model_exception", 8: "unavailable",
-                9: "not_found", 10: "unsupported", 11: "returns_none", 12: "returns_string", 13: "already_exists"}
+                9: "not_found", 10: "unsupported", 11: "returns_none", 12: "returns_string", 13: "already_exists",
+                14: "raises_in_helper"}
 HANG = 5.0   # seconds: how long a request Triton never answers is waited for
 _TRACEBACK = re.compile(r"\n\nAt:\n.*", re.S)
 
