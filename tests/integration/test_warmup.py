@@ -119,7 +119,7 @@ FAILURES = {
     # model name -> (config, model mode, files under warmup/, the load error Triton 2.51 gives)
     "raises": (IO + "model_warmup [ " + zero("boom", 1) + " ]", "raise", {},
                "failed to run warmup sample 'boom': Failed to process the request(s) for model 'raises_0', "
-               "message: ValueError: boom in execute; "),
+               "message: ValueError: boom in execute\n\nAt:\n  {dir}/1/model.py(29): execute\n; "),
     "error_response": (IO + "model_warmup [ " + zero("bad", 1) + " ]", "error", {},
                        "failed to run warmup sample 'bad': bad sample; "),
     "too_big": ("max_batch_size: 2\n" + IO + "model_warmup [ " + zero("big", 3) + " ]", "ok", {},

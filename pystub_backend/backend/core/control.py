@@ -14,6 +14,7 @@ and shutdown waits for it. Entries and versions move through `ModelState`.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -70,14 +71,15 @@ def _raise_unexpected(results: list[object]) -> None:
 
 
 def _override_config(request: LoadRequest | None) -> ModelConfig | None:
-    """The load request's `config` override. Raises PollError: Triton reports a config it cannot
-    read as a failed poll."""
+    """The load request's `config` override. Raises PollError for text that is not JSON (Triton
+    reports a config it cannot read as a failed poll), ConfigError for JSON that is no config."""
     if request is None or not request.config:
         return None
     try:
-        return config_from_json(request.config)
-    except ConfigError as exc:
-        raise PollError(str(exc)) from None
+        json.loads(request.config)
+    except ValueError as exc:
+        raise PollError(f"failed to parse model configuration JSON: {exc}") from None
+    return config_from_json(request.config)
 
 
 class ModelControl:
@@ -255,8 +257,8 @@ class ModelControl:
             if not entry.versions:
                 entry.state, entry.reason, entry.failed, entry.unloaded = ModelState.UNAVAILABLE, text, {}, []
             if isinstance(exc, PollError):  # Triton's answer to a failed poll (the reason is logged)
-                if not entry.versions:  # as on Triton, a model that was never polled has no entry
-                    self._table.entries.pop(name, None)
+                if model_dir is None and not entry.versions:  # as on Triton: a name the repository
+                    self._table.entries.pop(name, None)           # does not have leaves no entry
                 raise ServerError(POLL_FAILED.format(name=name), Status.INTERNAL) from None
             raise _load_error(name, text) from None
         return source, override

@@ -13,6 +13,7 @@
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+
 def _inner(mode):
     raise KeyError(f"mode {mode}")
 
