@@ -5,13 +5,15 @@
     tools/fuzz.py --examples 1000000      a million
     tools/fuzz.py --only codecs           one part: codecs (in process), frontends (a real
                                           server over HTTP and gRPC), ipc (corrupt frames between
-                                          a real backend and stub)
+                                          a real backend and stub), access (state-changing calls
+                                          from a non-loopback peer, model names of any content)
     tools/fuzz.py --seed 1234             hypothesis' seed, to reproduce a run
 
-It runs tests/unit/test_fuzz_codecs.py, tests/integration/test_fuzz_frontends.py and
-tests/integration/test_fuzz_ipc.py under pytest with PYSTUB_FUZZ_SCALE set so that their cases
-add up to --examples (each test keeps its share), with pytest's per-test timeouts off. A failing
-case is printed by hypothesis as the smallest example it could find. Exit status: pytest's.
+It runs tests/unit/test_fuzz_codecs.py, tests/integration/test_fuzz_frontends.py,
+tests/integration/test_fuzz_ipc.py and tests/integration/test_fuzz_access.py under pytest with
+PYSTUB_FUZZ_SCALE set so that their cases add up to --examples (each test keeps its share), with
+pytest's per-test timeouts off. A failing case is printed by hypothesis as the smallest example it
+could find. Exit status: pytest's.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ PARTS = {
     "codecs": "tests/unit/test_fuzz_codecs.py",
     "frontends": "tests/integration/test_fuzz_frontends.py",
     "ipc": "tests/integration/test_fuzz_ipc.py",
+    "access": "tests/integration/test_fuzz_access.py",
 }
-CI_CASES = {"codecs": 3400, "frontends": 2350, "ipc": 1000}  # the CI counts (scale 1), per part
+CI_CASES = {"codecs": 3400, "frontends": 2350, "ipc": 1000, "access": 700}  # the CI counts (scale 1), per part
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,9 @@ import logging
 import sys
 
 from pystub_backend.backend import flag_values as values
+from pystub_backend.backend.completion import SHELLS, PrintCompletion
 from pystub_backend.backend.flags import FLAGS, Effect, flag_named
-from pystub_backend.backend.log import LogSettings, configure_logging
+from pystub_backend.backend.log import CLI_LOG_FORMATS, LogSettings, configure_logging
 from pystub_backend.backend.options import GrpcOptions, ServerOptions, TlsFiles
 from pystub_backend.backend.scheduling.rate_limiter import RATE_LIMIT_MODES
 from pystub_backend.backend.supervision.settings import BackendConfigError, StubSettings, parse_backend_config
@@ -71,7 +72,7 @@ def _add_server_flags(add: _Adder) -> None:
     for level in ("info", "warning", "error"):
         add(f"--log-{level}", type=values.parse_bool, default=True, metavar="BOOL")
     add("--log-file", default="")
-    add("--log-format", choices=("default", "ISO8601"), default="default")
+    add("--log-format", choices=CLI_LOG_FORMATS, default="default")
 
 
 def _add_listener_flags(add: _Adder) -> None:
@@ -90,6 +91,8 @@ def _add_listener_flags(add: _Adder) -> None:
     add("--http-header-forward-pattern", type=values.regex, default=None, metavar="REGEX")
     add("--grpc-header-forward-pattern", type=values.regex, default=None, metavar="REGEX")
     add("--grpc-restricted-protocol", action="append", default=[], metavar="API[,API...],KEY=VALUE")
+    add("--allow-remote-control", action="append", default=[], metavar="API[,API...]|all",
+        help="state-changing API groups any peer may call (default: loopback peers only)")
     add("--grpc-use-ssl", type=values.parse_bool, default=False, metavar="BOOL")
     add("--grpc-use-ssl-mutual", type=values.parse_bool, default=False, metavar="BOOL")
     for name in ("server-cert", "server-key", "root-cert"):
@@ -113,10 +116,44 @@ class _Adder:
         self.defined.update(names)
 
 
+def _shown_default(action: argparse.Action) -> str:
+    default = action.default
+    if action.required:
+        return "required"
+    if default is None or default == []:
+        return "unset"  # the flag's own default applies (Triton's, or grpc's for channel arguments)
+    if default == "":
+        return "none"
+    if isinstance(default, bool):
+        return ("on" if default else "off") if action.nargs == 0 else str(default).lower()
+    if isinstance(default, float) and default.is_integer():
+        return str(int(default))
+    return str(default)
+
+
+def _document(parser: argparse.ArgumentParser) -> None:
+    """Give every flag a line of help (what pystub does with it: the flag table's note, unless the
+    definition says more) and its default, so `--help` lists all of them."""
+    for action in parser._actions:
+        names = [name for name in action.option_strings if name.startswith("--") and name != "--help"]
+        if not names or isinstance(action, PrintCompletion):
+            continue
+        text = action.help or flag_named(names[0]).note
+        if action.dest in ("repositories", "load_models") or isinstance(action.default, list):
+            text += " (repeatable)" if "repeatable" not in text else ""
+        # argparse formats help with %: a literal one must be doubled.
+        action.help = f"{text} (default: {_shown_default(action)})".replace("%", "%%")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser: typed definitions for the flags with an effect, a generic one for the rest."""
     parser = argparse.ArgumentParser(prog="pystub-backend", allow_abbrev=False,
-                                     description="Serve Triton Python-backend models over KServe v2.")
+                                     usage="%(prog)s --model-repository DIR [flags]",
+                                     description="Serve Triton Python-backend models over KServe v2. Every "
+                                                 "tritonserver 2.51 flag is accepted; those without effect here "
+                                                 "say so.")
+    parser.add_argument("--print-completion", action=PrintCompletion, choices=SHELLS, metavar="{bash,zsh}",
+                        help="print a shell completion script for pystub-backend and exit")
     add = _Adder(parser)
     _add_server_flags(add)
     _add_listener_flags(add)
@@ -129,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
             add(flag.name, action="append", default=None, metavar="VALUE", help=f"no effect: {flag.note}")
         else:
             add(flag.name, action="store_true", default=None, help=f"no effect: {flag.note}")
+    _document(parser)
     return parser
 
 
@@ -177,6 +215,8 @@ def _base_options(args: argparse.Namespace, settings: StubSettings) -> ServerOpt
 def _composite_options(options: ServerOptions, args: argparse.Namespace) -> None:
     """The key=value flags; raises argparse.ArgumentTypeError on a malformed entry."""
     options.http_restrictions = values.restrictions(args.http_restricted_api, "--http-restricted-api")
+    options.remote_control = values.remote_control(args.allow_remote_control)
+    options.grpc.remote_control = options.remote_control
     options.metrics_config = values.setting(args.metrics_config, "--metrics-config")
     try:
         latency.parse_config(options.metrics_config)

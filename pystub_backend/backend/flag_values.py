@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import re
 
-from pystub_backend.backend.options import API_GROUPS, Restriction, Restrictions
+from pystub_backend.backend.options import API_GROUPS, OPEN_FLAG, STATE_GROUPS, Restriction, Restrictions
 from pystub_backend.backend.scheduling.rate_limiter import ResourceLimit, parse_resource_limit
 
 __all__ = ["parse_bool", "positive_seconds", "positive_int", "non_negative_int", "compression_level", "regex",
-           "restrictions", "setting", "cache_setting", "rate_limit_resource"]
+           "restrictions", "remote_control", "setting", "cache_setting", "rate_limit_resource"]
 
 _COMPRESSION_LEVELS = ("none", "low", "medium", "high")  # grpc_compression_level 0..3
 
@@ -93,6 +93,22 @@ def restrictions(entries: list[str], flag: str) -> Restrictions:
                 raise argparse.ArgumentTypeError(f"{flag}: API group '{group}' is given more than once")
             result[group] = Restriction(key.strip().lower(), value)
     return result
+
+
+def remote_control(entries: list[str]) -> frozenset[str]:
+    """`--allow-remote-control` entries (`<group>[,<group>...]` or `all`) as the opened groups."""
+    opened: set[str] = set()
+    for entry in entries:
+        for group in (g.strip() for g in entry.split(",")):
+            if group == "all":
+                opened.update(STATE_GROUPS)
+            elif group in STATE_GROUPS:
+                opened.add(group)
+            else:
+                raise argparse.ArgumentTypeError(
+                    f"{OPEN_FLAG}: '{group}' is not a group of state-changing calls (known: "
+                    f"{', '.join(STATE_GROUPS)}, all)")
+    return frozenset(opened)
 
 
 def setting(entries: list[str], flag: str) -> dict[str, str]:

@@ -50,7 +50,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--log-info", "true", _I, "info lines on/off"),
     Flag("--log-warning", "true", _I, "warning lines on/off"),
     Flag("--log-error", "true", _I, "error lines on/off"),
-    Flag("--log-format", "ISO8601", _I, "'default' (glog style) or 'ISO8601' timestamps"),
+    Flag("--log-format", "ISO8601", _I, "'default' (glog style), 'ISO8601' timestamps or 'json' (pystub)"),
     Flag("--log-file", "/tmp/pystub.log", _I, "log to this file instead of stderr"),
     Flag("--model-store", "/models", _I, "same as --model-repository"),
     Flag("--model-repository", "/models", _I, "model repository (repeatable)"),
@@ -112,8 +112,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--metrics-port", "8002", _I, "metrics port"),
     Flag("--metrics-interval-ms", "2000", _I, "sampling period of the polled gauges"),
     Flag("--metrics-config", "summary_latencies=true", _I,
-         "counter_latencies, summary_latencies, summary_quantiles as in Triton 2.51 (which has no "
-         "histogram_latencies: accepted, no effect)"),
+         "counter_latencies, summary_latencies, summary_quantiles as in Triton 2.51; histogram_latencies "
+         "adds pystub's nv_inference_*_histogram_us"),
     Flag("--trace-config", "level=TIMESTAMPS", _N, _TRACE),
     Flag("--backend-directory", "/opt/backends", _I,
          "Python-based backends: a model with backend: \"<name>\" runs <dir>/<name>/model.py"),
@@ -149,6 +149,9 @@ PYSTUB_FLAGS: tuple[Flag, ...] = (
     Flag("--http-max-input-size", "67108864", _I,
          "largest JSON part of an HTTP request (binary tensor data after it is not counted); later "
          "Triton releases have this flag, 2.51 does not"),
+    Flag("--allow-remote-control", "model-repository,logging", _I,
+         "state-changing API groups (model-repository, shared-memory, logging, trace, or all) that peers other "
+         "than loopback may call without a --http-restricted-api / --grpc-restricted-protocol key"),
 )
 
 _BY_NAME = {flag.name: flag for flag in FLAGS + PYSTUB_FLAGS}

@@ -1,15 +1,31 @@
 """The backend's log: Triton's glog-style lines, with settings changeable at run time.
 
-    I1121 17:45:00.123456 4242 core.py:77] successfully loaded 'add_sub' version 1
+    default  I1121 17:45:00.123456 4242 core.py:77] successfully loaded 'add_sub' version 1
+    ISO8601  2026-11-21T17:45:00Z I 4242 core.py:77] successfully loaded 'add_sub' version 1
+    json     {"time": "2026-11-21T17:45:00.123456Z", "level": "INFO", "pid": 4242,
+              "file": "core.py:77", "message": "successfully loaded 'add_sub' version 1", "model": "add_sub"}
+
+`json` is a pystub extension (`--log-format json`): one object per line, with the record's
+context fields (`model`, `version`, `instance`, `request_id`, ... passed as `extra=`) as keys;
+the text formats leave them out (the message names what matters, as Triton's lines do).
+
+Nothing a client sends reaches a line unescaped: every formatter escapes control characters (CR,
+LF, ESC, the C1 range, DEL, U+2028/2029) in the message and in context fields, so a model name or
+request id cannot forge a line or drive the terminal. Text formats write `\n`, `\r`, `\t`,
+`\x1b` ...; a traceback keeps its own line breaks, each continuation line under the record's head,
+so every physical line starts with a true head. JSON escapes them as JSON does.
 
 `LogSettings` mirrors the logging extension (PROTOCOL.md section 9); the filter consults it on
-every record, so a change through `/v2/logging` takes effect at once.
+every record, so a change through `/v2/logging` takes effect at once. The extension accepts only
+Triton's two formats (as Triton does); `json` is chosen on the command line.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -18,9 +34,14 @@ from typing import Any
 
 from pystub_backend.backend.errors import ServerError, Status
 
-__all__ = ["LogSettings", "configure_logging", "settings", "update_settings", "LOG_FORMATS"]
+__all__ = ["LogSettings", "configure_logging", "settings", "update_settings", "LOG_FORMATS", "CLI_LOG_FORMATS",
+           "CONTEXT_FIELDS", "escape_text", "verbose"]
 
-LOG_FORMATS = ("default", "ISO8601")
+LOG_FORMATS = ("default", "ISO8601")  # what the logging extension accepts (Triton's)
+CLI_LOG_FORMATS = (*LOG_FORMATS, "json")  # what --log-format accepts
+# Context a record may carry (`log.info(..., extra={"model": name})`): keys of the JSON format.
+CONTEXT_FIELDS = ("model", "version", "instance", "request_id", "peer", "method", "path", "status",
+                  "duration_ms")
 
 
 @dataclass
@@ -46,6 +67,11 @@ class LogSettings:
 
 
 settings = LogSettings()
+
+
+def verbose(level: int = 1) -> bool:
+    """Whether verbose lines of `level` are printed now (a cheap check before building one)."""
+    return settings.log_verbose_level >= level
 
 _BOOLEAN_KEYS = ("log_info", "log_warning", "log_error")
 
@@ -79,23 +105,87 @@ def update_settings(updates: Mapping[str, Any]) -> dict[str, object]:
     return settings.as_dict()
 
 _LETTER = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E", logging.CRITICAL: "E"}
+_LEVEL_NAME = {logging.DEBUG: "VERBOSE", logging.INFO: "INFO", logging.WARNING: "WARNING", logging.ERROR: "ERROR",
+               logging.CRITICAL: "ERROR"}
+# C0 controls, DEL, C1 controls and the Unicode line/paragraph separators a terminal or a log
+# viewer may treat as a line break.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# What json.dumps(ensure_ascii=False) leaves raw: only inside strings, so \u escapes stay valid JSON.
+_JSON_RAW = {code: f"\\u{code:04x}" for code in (0x7F, *range(0x80, 0xA0), 0x2028, 0x2029)}
 
 
-class _GlogFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
+def _escape_one(match: re.Match[str]) -> str:
+    char = match.group()
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_text(text: str) -> str:
+    """`text` with every control character written as an escape (`\\n`, `\\x1b`, ...)."""
+    return _CONTROL.sub(_escape_one, text) if _CONTROL.search(text) else text
+
+
+def _context(record: logging.LogRecord) -> dict[str, object]:
+    return {key: record.__dict__[key] for key in CONTEXT_FIELDS if key in record.__dict__}
+
+
+class _TextFormatter(logging.Formatter):
+    """Triton's glog-style lines (`default`) or its ISO8601 variant, escaped."""
+
+    def __init__(self, iso8601: bool) -> None:
+        super().__init__()
+        self.iso8601 = iso8601
+
+    def _head(self, record: logging.LogRecord) -> str:
         letter = _LETTER.get(record.levelno, "I")
         seconds = int(record.created)
         micros = int((record.created - seconds) * 1_000_000)
-        if settings.log_format == "ISO8601":
+        if self.iso8601:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-            head = f"{stamp} {letter} {record.process} {record.filename}:{record.lineno}]"
-        else:
-            stamp = time.strftime("%m%d %H:%M:%S", time.localtime(seconds))
-            head = f"{letter}{stamp}.{micros:06d} {record.process} {record.filename}:{record.lineno}]"
-        text = record.getMessage()
+            return f"{stamp} {letter} {record.process} {record.filename}:{record.lineno}]"
+        stamp = time.strftime("%m%d %H:%M:%S", time.localtime(seconds))
+        return f"{letter}{stamp}.{micros:06d} {record.process} {record.filename}:{record.lineno}]"
+
+    def format(self, record: logging.LogRecord) -> str:
+        head = self._head(record)
+        text = escape_text(record.getMessage())
         if record.exc_info:
-            text += "\n" + self.formatException(record.exc_info)
+            # The traceback's own line breaks stay, each continuation under this record's head.
+            lines = self.formatException(record.exc_info).split("\n")
+            text += "".join(f"\n{head} {escape_text(line)}" for line in lines)
         return f"{head} {text}"
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line (pystub's `--log-format json`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        seconds = int(record.created)
+        micros = int((record.created - seconds) * 1_000_000)
+        entry: dict[str, object] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z",
+            "level": _LEVEL_NAME.get(record.levelno, "INFO"), "pid": record.process,
+            "file": f"{record.filename}:{record.lineno}", "message": record.getMessage()}
+        for key, value in _context(record).items():
+            entry[key] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False).translate(_JSON_RAW)
+
+
+_FORMATTERS: dict[str, logging.Formatter] = {"default": _TextFormatter(False), "ISO8601": _TextFormatter(True),
+                                             "json": _JsonFormatter()}
+
+
+class _SettingsFormatter(logging.Formatter):
+    """The formatter `settings.log_format` names now (it changes through the logging extension)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return _FORMATTERS.get(settings.log_format, _FORMATTERS["default"]).format(record)
 
 
 class _SettingsFilter(logging.Filter):
@@ -112,7 +202,7 @@ def configure_logging(log_settings: LogSettings) -> None:
         handler = logging.FileHandler(os.path.abspath(log_settings.log_file))
     else:
         handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_GlogFormatter())
+    handler.setFormatter(_SettingsFormatter())
     handler.addFilter(_SettingsFilter())
     logger = logging.getLogger("pystub")
     for old in list(logger.handlers):

@@ -14,12 +14,17 @@ from pystub_backend.backend.log import LogSettings
 from pystub_backend.backend.scheduling.rate_limiter import ResourceLimit
 from pystub_backend.backend.supervision.settings import StubSettings
 
-__all__ = ["ServerOptions", "GrpcOptions", "TlsFiles", "Restriction", "Restrictions", "API_GROUPS"]
+__all__ = ["ServerOptions", "GrpcOptions", "TlsFiles", "Restriction", "Restrictions", "API_GROUPS", "STATE_GROUPS",
+           "OPEN_FLAG"]
 
 # Triton's API groups of --http-restricted-api / --grpc-restricted-protocol. pystub's admin
 # endpoint (/v2/pystub/stubs) belongs to "model-repository": it restarts models.
 API_GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
               "statistics", "trace", "logging")
+
+# The groups holding state-changing calls (frontends/access.py), which --allow-remote-control opens.
+STATE_GROUPS = ("model-repository", "shared-memory", "logging", "trace")
+OPEN_FLAG = "--allow-remote-control"
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class GrpcOptions:
     tls: TlsFiles | None = None
     restrictions: Restrictions = field(default_factory=dict)
     header_forward_pattern: re.Pattern[str] | None = None  # metadata forwarded as request parameters
+    remote_control: frozenset[str] = frozenset()  # --allow-remote-control: groups any peer may change
 
 
 @dataclass
@@ -83,6 +89,7 @@ class ServerOptions:
     reuse_http_port: bool = False
     http_header_forward_pattern: re.Pattern[str] | None = None  # headers forwarded as request parameters
     http_restrictions: Restrictions = field(default_factory=dict)
+    remote_control: frozenset[str] = frozenset()  # --allow-remote-control (frontends/access.py)
     grpc: GrpcOptions = field(default_factory=GrpcOptions)
     model_load_thread_count: int = 4
     model_load_retry_count: int = 0

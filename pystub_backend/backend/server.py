@@ -1,4 +1,5 @@
-"""Running the server: load the repository, open the listeners, wait for a signal, shut down.
+"""Running the server: check the ports are free, load the repository, open the listeners, wait for
+a signal, shut down.
 
 Shutdown (SIGINT/SIGTERM): stop accepting, let in-flight requests finish (bounded by
 `--exit-timeout-secs`), finalize and stop every stub, unlink every shm object, exit 0.
@@ -16,9 +17,11 @@ from aiohttp import web
 
 from pystub_backend.backend.core import Core, CoreOptions
 from pystub_backend.backend.features.response_cache import CacheConfigError
+from pystub_backend.backend.frontends.http.access import HttpAccessLogger
 from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
 from pystub_backend.backend.models.repository import RepositoryError
 from pystub_backend.backend.options import GrpcOptions, ServerOptions
+from pystub_backend.backend.port_check import busy_listeners
 from pystub_backend.ipc.names import sweep_stale
 
 __all__ = ["serve", "Listeners"]
@@ -36,7 +39,9 @@ class Listeners:
                          grace: float = 60.0, reuse_port: bool = False) -> int:
         # `grace` bounds how long stopping waits for running handlers (aiohttp's default is 60 s,
         # whatever --exit-timeout-secs says).
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=grace)
+        # The access logger checks --log-verbose per request (frontends.http.access).
+        runner = web.AppRunner(app, access_log=log, access_log_class=HttpAccessLogger,
+                               handle_signals=False, shutdown_timeout=grace)
         await runner.setup()
         # reuse_port (SO_REUSEPORT) lets several servers share the port: --reuse-http-port.
         site = web.TCPSite(runner, address, port, reuse_address=True, reuse_port=reuse_port or None)
@@ -74,7 +79,8 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
     if options.allow_http:
         app = create_http_app(core, max_input_size=options.http_max_input_size,
                               restrictions=options.http_restrictions,
-                              header_forward_pattern=options.http_header_forward_pattern)
+                              header_forward_pattern=options.http_header_forward_pattern,
+                              remote_control=options.remote_control)
         app.add_routes(admin_routes(core))
         await listeners.start_http(app, options.http_address, options.http_port, "HTTPService",
                                    options.settings.exit_timeout_seconds, options.reuse_http_port)
@@ -107,6 +113,11 @@ def _install_signal_handlers(stop: asyncio.Event) -> None:
 
 async def serve(options: ServerOptions) -> int:
     """Run until SIGINT/SIGTERM. Returns the process exit status."""
+    busy = busy_listeners(options)
+    if busy:  # before any model loads: an operator should not wait for every initialize to learn it
+        for problem in busy:
+            log.error("failed to start a listener: %s", problem)
+        return 1
     stop = asyncio.Event()
     _install_signal_handlers(stop)
     removed = sweep_stale(options.settings.shm_prefix)

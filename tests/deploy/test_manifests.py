@@ -128,6 +128,12 @@ def _metric_names() -> set[str]:
     return {name for query in queries for name in re.findall(r"\b([a-z_]+)\{", query)}
 
 
+def test_autoscaling_reads_the_in_flight_metric_itself() -> None:
+    """The chart's KEDA query, the KServe example and the adapter rule read pystub's own gauge,
+    not a sum of two others that they would each have to keep in step."""
+    assert _metric_names() == {"pystub_inflight_requests"}
+
+
 def _containers_to_run() -> dict[str, dict[str, Any]]:
     runtime = load_documents((CHART.parents[1] / "kserve" / "servingruntime.yaml").read_text())[0]
     return {"chart": by_kind(render())["Deployment"]["spec"]["template"]["spec"]["containers"][0],

@@ -279,7 +279,7 @@ def test_metric_families_of_triton_in_pystub(pair: Pair) -> None:
 
 # pystub's own families (documented in docs/triton-differences.md): per-stub supervision gauges,
 # and the model-load duration that later Triton releases export too.
-_PYSTUB_EXTRA = re.compile(r"^(pystub_stub_[a-z_]+|nv_model_load_duration_secs)$")
+_PYSTUB_EXTRA = re.compile(r"^(pystub_stub_[a-z_]+|pystub_inflight_requests|nv_model_load_duration_secs)$")
 
 
 def test_metric_families_pystub_adds(pair: Pair) -> None:

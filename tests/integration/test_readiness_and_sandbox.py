@@ -175,10 +175,10 @@ def test_stubctl_restart_runs_initialize_again(tmp_path: Path):
 def test_admin_changes_are_loopback_only(peer: str, allowed: bool):
     from aiohttp.test_utils import make_mocked_request
 
-    from pystub_backend.backend.frontends.admin import _is_loopback
+    from pystub_backend.backend.frontends.access import is_loopback
     class _Transport:
         def get_extra_info(self, name, default=None):
             return (peer, 1234) if name == "peername" else default
 
     request = make_mocked_request("POST", "/v2/pystub/stubs/m/restart", transport=_Transport())
-    assert _is_loopback(request) is allowed
+    assert is_loopback(request.remote or "") is allowed

@@ -30,7 +30,9 @@ def test_every_flag_parses(flag):
 
 def test_table_and_parser_agree():
     parser = build_parser()
-    parser_flags = {option for action in parser._actions for option in action.option_strings} - {"-h", "--help"}
+    # --help and --print-completion print and exit: they are not server flags.
+    parser_flags = {option for action in parser._actions for option in action.option_strings} - {
+        "-h", "--help", "--print-completion"}
     assert parser_flags == {flag.name for flag in FLAGS + PYSTUB_FLAGS}
 
 

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from pystub_backend.backend.core.options import CoreOptions
-from pystub_backend.backend.core.table import ModelTable
+from pystub_backend.backend.core.table import ModelTable, check_model_name
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.models.config import ConfigError, ModelConfig, config_from_json
 from pystub_backend.backend.models.ensemble_config import (
@@ -46,6 +46,15 @@ from pystub_backend.backend.models.version import ModelVersion
 from pystub_backend.ipc.status import Status
 
 __all__ = ["ModelControl"]
+
+
+class _NameLock:
+    """One load/unload of a name at a time; `users` counts the operations holding or awaiting it."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
 
 log = logging.getLogger("pystub.core")
 _T = TypeVar("_T")
@@ -91,7 +100,7 @@ class ModelControl:
         self._table = table
         self._in_flight = in_flight
         self._context = context
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, _NameLock] = {}  # only while an operation on the name runs or waits
         self._operations: set[asyncio.Task[Any]] = set()
         self._load_slots = asyncio.Semaphore(options.load_thread_count)  # --model-load-thread-count
         self._poller: asyncio.Task[None] | None = None
@@ -137,8 +146,7 @@ class ModelControl:
         """Load (or reload) a model; explicit mode only. `parameters`: `config` (str) and
         `file:<path>` (bytes). Raises ServerError."""
         self._require_explicit()
-        if not name or name in (".", "..") or "/" in name or "\0" in name:
-            raise _load_error(name, "invalid model name")
+        check_model_name(name)  # before anything is kept or logged under it
         try:
             check_stub_name(name)
         except RepositoryError as exc:
@@ -175,6 +183,7 @@ class ModelControl:
         """Drain and unload a model; explicit mode only. With `unload_dependents`, the loaded
         ensembles that compose it are unloaded too. Unloading what is not loaded succeeds."""
         self._require_explicit()
+        check_model_name(name)
         dependents = (parameters or {}).get("unload_dependents", False)
         if not isinstance(dependents, bool):
             raise ServerError("Unload parameter 'unload_dependents' must be a boolean", Status.INVALID_ARG)
@@ -192,11 +201,17 @@ class ModelControl:
         """Run one load/unload of `name` after the previous one ended, in a task of its own."""
         if self._closing:
             raise ServerError("the server is shutting down", Status.UNAVAILABLE)
-        lock = self._locks.setdefault(name, asyncio.Lock())
+        lock = self._locks.setdefault(name, _NameLock())
+        lock.users += 1
 
         async def run() -> _T:
-            async with lock:
-                return await operation()
+            try:
+                async with lock.lock:
+                    return await operation()
+            finally:
+                lock.users -= 1
+                if lock.users == 0 and self._locks.get(name) is lock:
+                    del self._locks[name]  # a name's lock lives while someone uses it, not forever
 
         task = asyncio.ensure_future(run())
         self._operations.add(task)
@@ -212,8 +227,28 @@ class ModelControl:
     async def _load(self, name: str, model_dir: str | None, request: LoadRequest | None,
                     fingerprint: Fingerprint | None) -> None:
         """Load `name` from `model_dir` (or the request's override files); reload it if loaded.
-        A failed reload leaves the loaded versions serving. Raises ServerError (logged)."""
+        A failed reload leaves the loaded versions serving. Raises ServerError (logged). A failed
+        load of a name the repository does not hold leaves no entry (issue 18 item 4)."""
+        created = name not in self._table.entries
         entry = self._table.entries.setdefault(name, ModelEntry(name))
+        try:
+            await self._load_entry(entry, model_dir, request, fingerprint)
+        except ServerError:
+            if created and model_dir is None:
+                self._table.forget_if_unheld(entry, await asyncio.to_thread(self._held, name))
+            raise
+
+    def _held(self, name: str) -> bool:
+        """Whether a repository has a directory of this name (an unreadable repository counts as yes:
+        the entry then stays, as it always did)."""
+        try:
+            return name in find_models(self.options.repositories)
+        except RepositoryError:
+            return True
+
+    async def _load_entry(self, entry: ModelEntry, model_dir: str | None, request: LoadRequest | None,
+                          fingerprint: Fingerprint | None) -> None:
+        name = entry.name
         if fingerprint is not None:
             entry.fingerprint = fingerprint
         source, override = await self._prepare(entry, model_dir, request)

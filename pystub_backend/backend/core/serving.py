@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar, cast
 
-from pystub_backend.backend.core.table import ModelTable
+from pystub_backend.backend.core.table import ModelTable, check_model_name
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.classification import class_counts, classify
 from pystub_backend.backend.features.client_shm import REGION, ClientShmRegistry
@@ -58,6 +58,7 @@ class Serving:
         """The model's entry. Raises ServerError (NOT_FOUND) when the server never knew it."""
         entry = self._table.entries.get(name)
         if entry is None:
+            check_model_name(name)  # a name no model can have: INVALID_ARG, and never echoed raw
             raise ServerError(f"Request for unknown model: '{name}' is not found", Status.NOT_FOUND)
         return entry
 

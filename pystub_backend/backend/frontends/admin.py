@@ -4,40 +4,38 @@
     POST /v2/pystub/stubs/{model}/restart          restart every instance of the model
     POST /v2/pystub/stubs/{model}/{instance}/restart
 
-Calls that change state are accepted from loopback peers only: anyone who can reach the port can
-look, only someone on the machine can act.
+Restarts change state: the HTTP frontend's access policy (frontends/access.py, group
+"model-repository") decides who may call them, as for model load/unload. Anyone who can reach the
+port can look.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import time
 from typing import Any
 
-import psutil
 from aiohttp import web
 
 from pystub_backend.backend.core import Core
+from pystub_backend.backend.core.table import check_model_name
+from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.models.version import ModelVersion
 from pystub_backend.backend.scheduling.multiplex import held_ids
 from pystub_backend.backend.supervision.instance import ModelInstance
+from pystub_backend.backend.telemetry.process_cpu import ProcessSampler
 
 __all__ = ["stub_rows", "admin_routes"]
 
 
-def _process_facts(pid: int | None) -> dict[str, Any]:
-    if pid is None:
+def _process_facts(pid: int | None, sampler: ProcessSampler) -> dict[str, Any]:
+    found = sampler.sample(pid) if pid is not None else None
+    if found is None:
         return {"rss_bytes": 0, "cpu_percent": 0.0}
-    try:
-        process = psutil.Process(pid)
-        with process.oneshot():
-            return {"rss_bytes": process.memory_info().rss, "cpu_percent": process.cpu_percent(interval=None)}
-    except psutil.Error:
-        return {"rss_bytes": 0, "cpu_percent": 0.0}
+    return {"rss_bytes": found.rss_bytes, "cpu_percent": found.cpu_percent}
 
 
-def _stub_row(model_version: ModelVersion, instance: ModelInstance) -> dict[str, Any]:
+def _stub_row(model_version: ModelVersion, instance: ModelInstance, sampler: ProcessSampler) -> dict[str, Any]:
     stub = instance.stub
     healthy = instance.healthy
     control = stub.control if stub is not None else None
@@ -64,24 +62,18 @@ def _stub_row(model_version: ModelVersion, instance: ModelInstance) -> dict[str,
         "last_error": instance.last_error,
         "multiplexed_models": held_ids(instance),  # sub-model ids the stub holds, LRU first
     }
-    row.update(_process_facts(row["pid"] if healthy else None))
+    row.update(_process_facts(row["pid"] if healthy else None, sampler))
     return row
 
 
-def stub_rows(core: Core) -> list[dict[str, Any]]:
-    """One row per stub of every loaded model version."""
-    return [_stub_row(version, instance) for version in core.model_versions() for instance in version.instances]
-
-
-def _is_loopback(request: web.Request) -> bool:
-    peer = (request.remote or "").split("%", 1)[0]
-    try:
-        address = ipaddress.ip_address(peer)
-    except ValueError:
-        return False
-    # A dual-stack listener (--http-address=::) sees 127.0.0.1 as ::ffff:127.0.0.1.
-    mapped = getattr(address, "ipv4_mapped", None)
-    return (mapped or address).is_loopback
+def stub_rows(core: Core, sampler: ProcessSampler | None = None) -> list[dict[str, Any]]:
+    """One row per stub of every loaded model version. `sampler` keeps each stub's process across
+    calls, so CPU% is measured since the previous call (without one: since the stub started)."""
+    sampler = sampler or ProcessSampler()
+    rows = [_stub_row(version, instance, sampler) for version in core.model_versions()
+            for instance in version.instances]
+    sampler.forget_others({row["pid"] for row in rows if row["pid"] is not None})
+    return rows
 
 
 def _error(status: int, text: str) -> web.Response:
@@ -89,11 +81,12 @@ def _error(status: int, text: str) -> web.Response:
 
 
 async def _restart(core: Core, request: web.Request) -> web.Response:
-    if not _is_loopback(request):
-        return _error(403, f"admin calls that change state are accepted from loopback only, not from "
-                           f"'{request.remote}'")
     model = request.match_info["model"]
     wanted = request.match_info.get("instance")
+    try:
+        check_model_name(model)
+    except ServerError as exc:
+        return _error(400, exc.message)
     targets = [i for v in core.model_versions() if v.name == model for i in v.instances
                if wanted is None or i.name == wanted]
     if not targets:
@@ -107,8 +100,10 @@ async def _restart(core: Core, request: web.Request) -> web.Response:
 
 
 def admin_routes(core: Core) -> list[web.RouteDef]:
+    sampler = ProcessSampler()  # lives as long as the routes: CPU% between two `stubctl` calls
+
     async def stubs(_: web.Request) -> web.Response:
-        return web.json_response({"stubs": stub_rows(core)})
+        return web.json_response({"stubs": stub_rows(core, sampler)})
 
     async def restart(request: web.Request) -> web.Response:
         return await _restart(core, request)

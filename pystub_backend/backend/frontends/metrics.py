@@ -3,8 +3,10 @@ format 0.0.4 (`pystub_backend.backend.telemetry.prometheus_text`), `text/plain; 
 
     nv_inference_* {model, version}          each loaded version's statistics (telemetry.statistics)
     nv_inference_*_summary_us                latency summaries with --metrics-config (telemetry.latency)
+    nv_inference_*_histogram_us              latency histograms with histogram_latencies=true (same)
     nv_inference_request_failure {.., reason} REJECTED, CANCELED, BACKEND, OTHER
     nv_inference_pending_request_count       requests waiting in the version's scheduler queue
+    pystub_inflight_requests                 queued + executing per version: the autoscaling signal
     nv_model_load_duration_secs              how long the version took to load
     nv_cpu_utilization, nv_cpu_memory_*      the machine, polled every --metrics-interval-ms
     nv_pinned_memory_pool_*                  always 0: pystub has no pinned-memory pool
@@ -37,7 +39,7 @@ from pystub_backend.backend.telemetry import latency
 from pystub_backend.backend.telemetry.prometheus_text import TextWriter
 from pystub_backend.backend.telemetry.statistics import FAILURE_REASONS, ModelStatistics
 
-__all__ = ["create_metrics_app", "render_metrics", "SystemPoller", "DEFAULT_INTERVAL_MS"]
+__all__ = ["create_metrics_app", "render_metrics", "SystemPoller", "DEFAULT_INTERVAL_MS", "inflight_requests"]
 
 log = logging.getLogger("pystub.metrics")
 
@@ -145,6 +147,16 @@ def _inference_families(writer: TextWriter, versions: list[ModelVersion]) -> Non
                  lambda v: v.scheduler.queued if v.scheduler is not None else 0)
     _per_version(writer, versions, "nv_model_load_duration_secs", "gauge", "Model load time in seconds",
                  lambda v: v.stats.load_duration_s)
+    _per_version(writer, versions, "pystub_inflight_requests", "gauge",
+                 "Requests of the model version queued in pystub or executing in its stubs (what to scale on)",
+                 inflight_requests)
+
+
+def inflight_requests(version: ModelVersion) -> int:
+    """Queued in the version's scheduler plus sent to its stubs and not yet completed: the load
+    that another replica would share. An ensemble counts its requests in its steps' models."""
+    queued = version.scheduler.queued if version.scheduler is not None else 0
+    return queued + sum(instance.stub.in_flight for instance in version.instances if instance.stub is not None)
 
 
 def _pinned_memory_families(writer: TextWriter) -> None:
@@ -228,8 +240,9 @@ def render_metrics(core: Core, poller: SystemPoller | None = None) -> str:
     _pinned_memory_families(writer)
     _system_families(writer, poller)
     write_cache_gauges(writer, core.response_cache)  # response cache hook: nv_cache_util, ...
-    writer.raw(latency.summary_lines([(v.name, str(v.version), v.stats.latency) for v in versions
-                                      if v.stats.latency is not None]))
+    windows = [(v.name, str(v.version), v.stats.latency) for v in versions if v.stats.latency is not None]
+    writer.raw(latency.summary_lines(windows))
+    writer.raw(latency.histogram_lines(windows))  # --metrics-config histogram_latencies=true
     _stub_families(writer, versions, poller)
     writer.raw(multiplex_metrics(core))  # pystub_multiplexed_* (pystub_backend.backend.features.multiplex_stats)
     _custom_families(writer, registry_for(core))

@@ -139,12 +139,18 @@ async def start_versions(source: ModelSource, settings: StubSettings, context: A
 
     async def start(version: int) -> Any:
         model_version = _make_version(source, version, settings, context)
+        fields = {"model": source.name, "version": version}
+        # Said before the stubs start: a slow initialize must not look like a hung server.
+        log.info("loading '%s' version %d", source.name, version, extra=fields)
+        started = time.monotonic()
         try:
             await model_version.load()
         except ModelLoadError as exc:
-            log.error("failed to load '%s' version %d: Internal: %s", source.name, version, exc)
+            log.error("failed to load '%s' version %d: Internal: %s", source.name, version, exc, extra=fields)
             return str(exc)
-        log.info("successfully loaded '%s' version %d", source.name, version)
+        seconds = time.monotonic() - started
+        log.info("successfully loaded '%s' version %d in %.3f s", source.name, version, seconds,
+                 extra={**fields, "duration_ms": round(seconds * 1000, 3)})
         return model_version
 
     log_unused_fields(source.config)  # config-sections hook: name the fields pystub ignores, once per load

@@ -5,7 +5,8 @@ choosing versions (PROTOCOL.md section 5, API.md sections 1 and 15).
     <repo>/<model>/<version>/model.py      or `default_model_filename`
 
 Model and instance names become stub names, which Triton refuses when they contain shell
-metacharacters (`check_stub_name`). `model_fingerprint` is what repository polling compares.
+metacharacters (`check_stub_name`). Paths a config names stay inside the model directory
+(`check_model_paths`). `model_fingerprint` is what repository polling compares.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pystub_backend.backend.models.config import (
     ConfigError,
     ModelConfig,
     config_from_json,
+    config_parameters,
     config_to_json,
     instance_names,
     load_config_file,
@@ -30,9 +32,11 @@ from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess, StubStartError
 
 __all__ = ["ModelSource", "RepositoryError", "PollError", "POLL_FAILED", "find_models", "prepare_model",
-           "select_versions", "model_file", "check_stub_name", "model_fingerprint", "INVALID_STUB_NAME"]
+           "select_versions", "model_file", "check_stub_name", "check_model_paths", "model_fingerprint",
+           "INVALID_STUB_NAME"]
 
 log = logging.getLogger("pystub.repository")
+_ENV_PLACEHOLDER = "$$TRITON_MODEL_DIRECTORY"
 
 
 class RepositoryError(Exception):
@@ -153,6 +157,34 @@ def backend_model_file(config: ModelConfig, backend_directory: str) -> str:
     return path if os.path.isfile(path) else ""
 
 
+def _inside(model_dir: str, path: str) -> bool:
+    root = os.path.realpath(model_dir)
+    return os.path.commonpath([root, os.path.realpath(path)]) == root
+
+
+def check_model_paths(config: ModelConfig, model_dir: str, versions: list[int], from_request: bool) -> None:
+    """Refuse a config whose paths lead out of the model directory (raises RepositoryError).
+
+    `default_model_filename` names a file of each version directory: not absolute, no `..`, and
+    not a symlink resolving outside the model directory (the file is run as the model's code). A
+    config sent with a load request (`from_request`) must keep `EXECUTION_ENV_PATH` inside the model
+    directory too: a remote caller must not pick an environment (whose activate script runs) from
+    elsewhere on disk; a repository's own config.pbtxt may, as in Triton.
+    """
+    filename = model_file(config)
+    if os.path.isabs(filename) or ".." in filename.replace("\\", "/").split("/") or "\0" in filename:
+        raise RepositoryError(f"default_model_filename '{filename}' must name a file inside the version "
+                              f"directory (no absolute path, no '..')")
+    for version in versions:
+        if not _inside(model_dir, os.path.join(model_dir, str(version), filename)):
+            raise RepositoryError(f"default_model_filename '{filename}' of version {version} leads outside the "
+                                  f"model directory (a symbolic link out of it)")
+    env = config_parameters(config).get("EXECUTION_ENV_PATH", "") if from_request else ""
+    if env and not _inside(model_dir, env.replace(_ENV_PLACEHOLDER, model_dir)):
+        raise RepositoryError(f"EXECUTION_ENV_PATH '{env}' of a config sent with the load request must be "
+                              f"inside the model directory ({_ENV_PLACEHOLDER}/...)")
+
+
 async def prepare_model(name: str, model_dir: str, settings: StubSettings, auto_complete: bool = True,
                         config_override: ModelConfig | None = None, backend_directory: str = "",
                         config_name: str = "") -> ModelSource:
@@ -165,6 +197,8 @@ async def prepare_model(name: str, model_dir: str, settings: StubSettings, auto_
             config.name = name
         backend_model = backend_model_file(config, backend_directory)
         versions = _numeric_subdirs(model_dir)
+        if not backend_model:  # before auto-complete, which runs the file
+            check_model_paths(config, model_dir, versions, config_override is not None)
         if auto_complete and versions and not config.platform:
             latest_path = backend_model or os.path.join(model_dir, str(versions[-1]), model_file(config))
             config = await _auto_complete(config, latest_path, settings)
@@ -174,6 +208,8 @@ async def prepare_model(name: str, model_dir: str, settings: StubSettings, auto_
         raise RepositoryError(str(exc)) from exc
     for _, instance_name, _ in instance_names(config):
         check_stub_name(instance_name)
+    if not backend_model:  # again: auto-complete may have set default_model_filename
+        check_model_paths(config, model_dir, versions, config_override is not None)
     return ModelSource(name, model_dir, config, select_versions(config, model_dir), backend_model)
 
 

@@ -5,6 +5,12 @@ The parameter names an unpacked environment (a directory with `bin/activate`) or
 archive is unpacked once into a private cache keyed by its path and mtime; entries with absolute
 paths, `..`, or links that point outside the archive are refused before anything is written.
 
+The cache is `$XDG_CACHE_HOME/pystub-envs`, else `<tmp>/pystub-envs-<uid>`. The second is a
+predictable name in a directory everyone can write, so another user could plant it (with an
+environment inside) before the server first runs: at every use the cache directory must be a real
+directory (not a symlink) owned by the server's user with no group or other permissions, and a
+cached environment a directory of ours; anything else is refused with a message saying what to do.
+
 The stub then starts as `bash -c 'source <env>/bin/activate && exec python -m pystub...'`, so the
 environment's interpreter runs with pystub on PYTHONPATH (that interpreter needs numpy, msgpack
 and posix_ipc).
@@ -16,10 +22,12 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
 
-__all__ = ["ExecutionEnvError", "resolve_execution_env", "interpreter_command", "check_archive_members"]
+__all__ = ["ExecutionEnvError", "resolve_execution_env", "interpreter_command", "check_archive_members",
+           "check_private_directory"]
 
 log = logging.getLogger("pystub.env")
 _PLACEHOLDER = "$$TRITON_MODEL_DIRECTORY"
@@ -29,10 +37,41 @@ class ExecutionEnvError(Exception):
     """The environment is missing or unsafe; the message says which and why."""
 
 
+def check_private_directory(path: str, what: str, check_mode: bool = True) -> None:
+    """Refuse `path` unless it is a directory (not a symlink) owned by this process's user with no
+    group or other permissions (`check_mode`; an environment inside the private cache keeps the
+    modes its archive gave it). Raises ExecutionEnvError."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise ExecutionEnvError(f"{what} '{path}' cannot be used: {exc.strerror or exc}") from exc
+    why = ""
+    if stat.S_ISLNK(info.st_mode):
+        why = "it is a symbolic link"
+    elif not stat.S_ISDIR(info.st_mode):
+        why = "it is not a directory"
+    elif info.st_uid != os.geteuid():
+        why = f"it is owned by uid {info.st_uid}, not by the server's user (uid {os.geteuid()})"
+    elif check_mode and stat.S_IMODE(info.st_mode) & 0o077:
+        why = f"its mode is {stat.S_IMODE(info.st_mode):04o}, not 0700"
+    if why:
+        raise ExecutionEnvError(f"{what} '{path}' is refused: {why}; remove it, or set XDG_CACHE_HOME to a "
+                                f"directory of the server's user")
+
+
 def _cache_root() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(tempfile.gettempdir(), f"pystub-envs-{os.getuid()}")
-    root = os.path.join(base, "pystub-envs") if os.environ.get("XDG_CACHE_HOME") else base
-    os.makedirs(root, mode=0o700, exist_ok=True)
+    """The private cache directory, created 0700 if missing and checked at every use."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        os.makedirs(xdg, mode=0o700, exist_ok=True)
+        root = os.path.join(xdg, "pystub-envs")
+    else:
+        root = os.path.join(tempfile.gettempdir(), f"pystub-envs-{os.geteuid()}")
+    try:
+        os.mkdir(root, 0o700)  # the leaf only: never makedirs through a path someone else prepared
+    except FileExistsError:
+        pass
+    check_private_directory(root, "execution environment cache")
     return root
 
 
@@ -85,11 +124,13 @@ def _extract_members(bundle: tarfile.TarFile, destination: str, members: list[ta
 def _extract(archive: str) -> str:
     stat = os.stat(archive)
     key = hashlib.sha256(f"{os.path.abspath(archive)}:{stat.st_mtime_ns}".encode()).hexdigest()[:24]
-    destination = os.path.join(_cache_root(), key)
-    if os.path.isdir(destination):
+    root = _cache_root()
+    destination = os.path.join(root, key)
+    if os.path.lexists(destination):
+        check_private_directory(destination, "cached execution environment", check_mode=False)
         return destination
     log.info("Extracting Python execution env %s", archive)
-    staging = tempfile.mkdtemp(prefix=key + ".", dir=_cache_root())
+    staging = tempfile.mkdtemp(prefix=key + ".", dir=root)
     try:
         with tarfile.open(archive, "r:*") as bundle:
             members = bundle.getmembers()

@@ -6,7 +6,9 @@
     .exchange          ──▶ the requests in flight (supervision.exchange.RequestExchange)
     .link              ──▶ frames both ways; `send` is the one "send to the stub with a deadline"
     .stop()            ──▶ the shutdown ladder: FINALIZE (deadline) → wait → SIGTERM → SIGKILL →
-                          reap → close channel → unlink every shm object of this incarnation
+                          reap → close channel → unlink every shm object of this incarnation;
+                          a stub not told to exit (no FINALIZE answered, no failed INIT reported)
+                          is SIGKILLed at once: it ignores SIGTERM and would not exit by itself
 
 The stub's death is seen at once, as EOF on the channel: every request in flight then fails with
 `Stub process '<instance>' is not healthy.`, nothing it held leaks (its s2p arena is dropped whole,
@@ -54,6 +56,7 @@ log = logging.getLogger("pystub.stub")
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pystub_backend.__file__)))
 # The shutdown ladder after FINALIZE: (signal, seconds to wait for the exit after it).
 _LADDER = ((None, 2.0), (signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0))
+_KILL_NOW = ((signal.SIGKILL, 5.0),)  # for a stub that was not told to exit (it ignores SIGTERM)
 
 
 class StubProcess:
@@ -72,6 +75,9 @@ class StubProcess:
         self.link = FrameLink(self, settings.stub_timeout_seconds)
         self.exchange = RequestExchange(self)
         self._dead = False
+        # The stub was told to exit, or said it will (a FINALIZE answered, a failed INIT, the one
+        # auto-complete call): worth waiting for. A stub never told ignores SIGTERM: killed at once.
+        self._exiting = False
         self._output: OutputForwarder | None = None
         self._ready_probe = ReadyProbe(self.link, instance_name, settings.stub_timeout_seconds)  # config-sections hook
         self.has_is_ready = False
@@ -198,6 +204,7 @@ class StubProcess:
         except StubStartError as exc:  # config-sections hook: a death fails the load with Triton's text
             raise StubStartError(await died_during_initialize(self, exc), exc.boot_failure) from exc
         if reply.error is not None:
+            self._exiting = True  # a stub whose initialize failed exits with its boot-failure code
             # Triton's text goes to the client; the full Python traceback only to pystub's log.
             if reply.traceback:
                 log.error("initialize of stub '%s' failed:\n%s", self.instance_name, reply.traceback.rstrip())
@@ -208,6 +215,7 @@ class StubProcess:
         """Run `auto_complete_config`; returns the completed config JSON. Raises StubStartError."""
         reply = await self.link.request_reply(msg.AutoComplete(model_path, config_json), msg.AutoCompleteDone,
                                               self.settings.stub_init_timeout_seconds, "auto_complete_config")
+        self._exiting = True  # the auto-complete stub exits after its one answer
         if reply.error is not None:
             raise StubStartError(reply.error, boot_failure=True)
         return str(reply.config_json)
@@ -277,6 +285,7 @@ class StubProcess:
             try:
                 reply = await self.link.request_reply(msg.Finalize(), msg.FinalizeDone, finalize_timeout,
                                                       "finalize")
+                self._exiting = True
                 if reply.error:
                     log.warning("finalize of '%s' raised: %s", self.instance_name, reply.error)
             except StubStartError as exc:
@@ -291,9 +300,13 @@ class StubProcess:
         process = self.process
         if process is None:
             return
-        for sig, grace in _LADDER:
+        # Waiting for an exit nothing asked for, then sending a SIGTERM the stub ignores, only
+        # delays a failed load (an initialize past its deadline) by 3 s: kill it now instead.
+        ladder = _LADDER if self._exiting or self.link.closed else _KILL_NOW
+        for sig, grace in ladder:
             if sig is not None and process.poll() is None:
-                log.info("sending %s to stub '%s' (pid %d)", sig.name, self.instance_name, process.pid)
+                log.info("sending %s to stub '%s' (pid %d)", sig.name, self.instance_name, process.pid,
+                         extra={"model": self.model_name, "instance": self.instance_name})
                 try:
                     os.killpg(process.pid, sig)
                 except ProcessLookupError:

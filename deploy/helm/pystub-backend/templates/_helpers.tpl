@@ -19,9 +19,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
-{{/* PromQL: in-flight requests of this release (queued in pystub plus executing in stubs). */}}
+{{/* PromQL: in-flight requests of this release: pystub_inflight_requests is queued plus executing, per model version. */}}
 {{- define "pystub.inflightQuery" -}}
-sum(nv_inference_pending_request_count{namespace="{{ .Release.Namespace }}",pod=~"{{ include "pystub.fullname" . }}-.*"}) + sum(pystub_stub_in_flight{namespace="{{ .Release.Namespace }}",pod=~"{{ include "pystub.fullname" . }}-.*"})
+sum(pystub_inflight_requests{namespace="{{ .Release.Namespace }}",pod=~"{{ include "pystub.fullname" . }}-.*"})
 {{- end -}}
 
 {{- define "pystub.isLocalRepository" -}}

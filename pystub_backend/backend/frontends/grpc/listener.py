@@ -15,6 +15,8 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tritonclient.grpc import service_pb2_grpc
 
+from pystub_backend.backend.frontends.access import AccessPolicy
+from pystub_backend.backend.frontends.grpc.access import GrpcAccessInterceptor
 from pystub_backend.backend.frontends.grpc.codec import parse_infer_request
 from pystub_backend.backend.frontends.grpc.health import SERVICE_NAME as HEALTH_SERVICE
 from pystub_backend.backend.frontends.grpc.health import HealthService
@@ -106,7 +108,12 @@ def create_grpc_listener(core: ServerCore, address: str, port: int,
     """
     options = options or GrpcOptions()
     channel_args = {**_BASE_CHANNEL_ARGS, "grpc.so_reuseport": int(options.reuse_port), **options.channel_args}
-    interceptors = [RestrictionInterceptor(options.restrictions)] if options.restrictions else []
+    # The access line first, so a refused call is logged too; the access policy is always installed:
+    # state-changing methods follow it even with no restriction configured.
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        GrpcAccessInterceptor(),  # access lines at --log-verbose 1
+        RestrictionInterceptor(AccessPolicy.of(options.restrictions, options.remote_control)),
+    ]
     server = grpc.aio.server(options=list(channel_args.items()), interceptors=interceptors)
     register(InferenceServicer(core, options.header_forward_pattern), server)
     health = HealthService(core)

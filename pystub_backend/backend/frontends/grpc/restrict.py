@@ -3,17 +3,23 @@
 The groups are Triton's. As in Triton 2.51, the metadata key is the configured key prefixed with
 `triton-grpc-protocol-`, and a call without it fails with UNAVAILABLE and Triton's text.
 Reflection is never restricted (it describes, it does not act).
+
+State-changing methods also follow the access policy (frontends/access.py): from a peer that is
+not loopback, in a group neither restricted nor opened, they fail with PERMISSION_DENIED. Load,
+unload, register and unregister always change state; LogSettings and TraceSetting only when the
+request carries settings (an empty one reads them).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 
-from pystub_backend.backend.options import Restrictions
+from pystub_backend.backend.frontends.access import AccessPolicy
 
-__all__ = ["RestrictionInterceptor", "method_group", "HEADER_PREFIX"]
+__all__ = ["RestrictionInterceptor", "method_group", "HEADER_PREFIX", "STATE_CHANGING", "UPDATING"]
 
 _GROUPS = {
     "health": ("ServerLive", "ServerReady", "ModelReady", "grpc.health.v1.Health/"),
@@ -30,6 +36,11 @@ _GROUPS = {
 _INFERENCE_SERVICE = "/inference.GRPCInferenceService/"
 HEADER_PREFIX = "triton-grpc-protocol-"
 _BY_METHOD = {f"{_INFERENCE_SERVICE}{name}": group for group, names in _GROUPS.items() for name in names}
+# Methods that always change state, and those that do when their request carries `settings`.
+STATE_CHANGING = frozenset(_INFERENCE_SERVICE + name for name in (
+    "RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+    "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister"))
+UPDATING = frozenset(_INFERENCE_SERVICE + name for name in ("LogSettings", "TraceSetting"))
 
 
 def method_group(method: str) -> str | None:
@@ -43,21 +54,49 @@ _Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHand
 
 
 class RestrictionInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, restrictions: Restrictions) -> None:
-        self._restrictions = restrictions
+    """Restricted groups (key check) and the access policy of state-changing methods."""
+
+    def __init__(self, policy: AccessPolicy) -> None:
+        self._policy = policy
 
     async def intercept_service(self, continuation: _Continuation,
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         group = method_group(details.method)
-        restriction = self._restrictions.get(group) if group else None
+        restriction = self._policy.restrictions.get(group) if group else None
         handler = await continuation(details)
-        if restriction is None or handler is None:
+        if handler is None or group is None:
             return handler
-        expected = HEADER_PREFIX + restriction.key
-        metadata = details.invocation_metadata or ()
-        if any(key == expected and value == restriction.value for key, value in metadata):
-            return handler
-        return _refusal(handler, f"This protocol is restricted, expecting header '{expected}'")
+        if restriction is not None:
+            expected = HEADER_PREFIX + restriction.key
+            metadata = details.invocation_metadata or ()
+            if not any(key == expected and value == restriction.value for key, value in metadata):
+                return _refusal(handler, f"This protocol is restricted, expecting header '{expected}'")
+        if details.method in STATE_CHANGING or details.method in UPDATING:
+            return _guarded(handler, self._policy, group, details.method in UPDATING)
+        return handler
+
+
+def _guarded(handler: grpc.RpcMethodHandler, policy: AccessPolicy, group: str, updating: bool
+             ) -> grpc.RpcMethodHandler:
+    """`handler` (unary-unary) that first asks the access policy about the caller's peer.
+
+    The refusal sets the status and returns nothing rather than aborting (as the servicer's `_rpc`
+    does, for the same reason: an abort's exception keeps the call's state alive in a cycle)."""
+    behaviour = handler.unary_unary
+    if behaviour is None:  # every state-changing method is unary-unary; anything else passes as is
+        return handler
+
+    async def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not updating or len(getattr(request, "settings", ())) > 0:
+            refusal = policy.refusal(group, context.peer() or "")
+            if refusal is not None:
+                context.set_code(grpc.StatusCode.PERMISSION_DENIED)
+                context.set_details(refusal)
+                return None
+        return await behaviour(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(checked, request_deserializer=handler.request_deserializer,
+                                               response_serializer=handler.response_serializer)
 
 
 def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:

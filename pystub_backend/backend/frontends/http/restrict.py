@@ -1,7 +1,11 @@
-"""`--http-restricted-api`: endpoints of a restricted group need a header key=value (403 otherwise).
+"""`--http-restricted-api`: endpoints of a restricted group need a header key=value (403 otherwise);
+and state-changing calls follow the access policy (frontends/access.py: loopback peers only,
+unless their group is restricted or opened), 403 otherwise.
 
 The groups are Triton's. pystub's admin endpoint (`/v2/pystub/...`) is in "model-repository",
 since it restarts models. Paths of no group (unknown routes) are left to the router's 404.
+A call changes state when it is not a GET/HEAD/OPTIONS of a state group, except the repository
+index (a POST that only reads).
 """
 
 from __future__ import annotations
@@ -11,9 +15,9 @@ import re
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from pystub_backend.backend.options import Restrictions
+from pystub_backend.backend.frontends.access import STATE_GROUPS, AccessPolicy
 
-__all__ = ["path_group", "restriction_middleware"]
+__all__ = ["path_group", "changes_state", "restriction_middleware"]
 
 _MODEL = r"/v2/models/[^/]+(?:/versions/[^/]+)?"
 _PATTERNS = [(re.compile(pattern), group) for pattern, group in (
@@ -43,16 +47,38 @@ def path_group(path: str) -> str | None:
     return None
 
 
-def restriction_middleware(restrictions: Restrictions) -> Middleware:
-    """An aiohttp middleware refusing requests of a restricted group without the expected header."""
+_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_INDEX = re.compile(r"/v2/repository(?:/[^/]+)?/index/?")
+
+
+def _may_change_state(method: str, path: str) -> bool:
+    """A cheap superset of `changes_state`: under /v2/models/ only trace settings change state."""
+    return method not in _READ_METHODS and (not path.startswith("/v2/models/") or "/trace/setting" in path)
+
+
+def changes_state(method: str, path: str, group: str | None) -> bool:
+    """Whether a request of `group` changes the server's state (see the module docstring)."""
+    return group in STATE_GROUPS and method not in _READ_METHODS and not _INDEX.fullmatch(path)
+
+
+def restriction_middleware(policy: AccessPolicy) -> Middleware:
+    """An aiohttp middleware refusing requests of a restricted group without the expected header,
+    and state-changing requests the access policy refuses."""
+    restrictions = policy.restrictions
 
     @web.middleware
     async def restrict(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not restrictions and not _may_change_state(request.method, request.path):
+            return await handler(request)  # inference and reads: no pattern matching on the hot path
         group = path_group(request.path)
         restriction = restrictions.get(group) if group else None
         if restriction is not None and request.headers.get(restriction.key) != restriction.value:
             text = f"This API is restricted, expecting header '{restriction.key}'"
             return web.json_response({"error": text}, status=403)
+        if group is not None and changes_state(request.method, request.path, group):
+            refusal = policy.refusal(group, request.remote or "")
+            if refusal is not None:
+                return web.json_response({"error": refusal}, status=403)
         return await handler(request)
 
     return restrict

@@ -20,7 +20,9 @@ from aiohttp.typedefs import Middleware
 
 from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, http_status
+from pystub_backend.backend.frontends.access import AccessPolicy
 from pystub_backend.backend.frontends.forwarding import forward_headers
+from pystub_backend.backend.frontends.http.access import REQUEST_ID_KEY
 from pystub_backend.backend.frontends.http.codec import (
     INFERENCE_HEADER,
     Body,
@@ -61,13 +63,14 @@ _MODEL_VERSION = "/v2/models/{model}/versions/{version:[0-9]+}"
 
 def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
                     restrictions: Restrictions | None = None,
-                    header_forward_pattern: re.Pattern[str] | None = None) -> web.Application:
+                    header_forward_pattern: re.Pattern[str] | None = None,
+                    remote_control: frozenset[str] = frozenset()) -> web.Application:
     """The aiohttp application serving `core`; a JSON part above `max_input_size` gets 400, a
-    request of a restricted API group without its header gets 403, and headers matching
-    `header_forward_pattern` become inference request parameters."""
-    middlewares: list[Middleware] = [_error_middleware]
-    if restrictions:
-        middlewares.append(restriction_middleware(restrictions))
+    request of a restricted API group without its header gets 403, a state-changing one the
+    access policy refuses (frontends/access.py; `remote_control` opens groups) gets 403, and
+    headers matching `header_forward_pattern` become inference request parameters."""
+    policy = AccessPolicy.of(restrictions, remote_control)
+    middlewares: list[Middleware] = [_error_middleware, restriction_middleware(policy)]
     app = web.Application(
         client_max_size=max_input_size,
         middlewares=middlewares,
@@ -205,6 +208,7 @@ class _Routes:
                               Status.UNSUPPORTED)
         body = await self._read_body(request)
         decoded = self._decode(body, request, model, version)
+        request[REQUEST_ID_KEY] = decoded.request.id  # for the access line (frontends.access_log)
         _copy_multiplexed_model_id(request, decoded.request)
         forward_headers(request.headers.items(), decoded.request.parameters, self._header_pattern)
         with http_request_link(request):  # pystub sequences: a client gone mid-request evicts its sequence

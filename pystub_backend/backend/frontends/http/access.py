@@ -1,0 +1,27 @@
+"""aiohttp's access-log hook: one line per HTTP request at `--log-verbose 1` (frontends.access_log)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web import BaseRequest, StreamResponse
+
+from pystub_backend.backend.frontends.access_log import access_line
+from pystub_backend.backend.log import verbose
+
+__all__ = ["HttpAccessLogger", "REQUEST_ID_KEY"]
+
+REQUEST_ID_KEY = web.RequestKey("pystub_request_id", str)  # where the infer handler leaves the request's id
+
+
+class HttpAccessLogger(AbstractAccessLogger):
+    """`AppRunner(access_log_class=HttpAccessLogger)`: always enabled for aiohttp (which reads
+    `enabled` once per connection), so the level is checked here, per request."""
+
+    def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
+        if not verbose(1):
+            return
+        match_info = getattr(request, "match_info", None)
+        model = match_info.get("model", "") if match_info is not None else ""
+        access_line("HTTP", f"{request.method} {request.path}", str(response.status), time, request.remote or "",
+                    model, request.get(REQUEST_ID_KEY, ""))
