@@ -86,8 +86,7 @@ def _checked(key: str, value: Any) -> Any:
             raise ServerError(f"log setting 'log_verbose_level' must be an integer >= 0, got {value!r}",
                               Status.INVALID_ARG)
     elif key == "log_format" and value not in LOG_FORMATS:
-        raise ServerError(f"log setting 'log_format' must be 'default' or 'ISO8601', got {value!r}",
-                          Status.INVALID_ARG)
+        raise ServerError(f"invalid argument for --log_format, got: {value}", Status.INVALID_ARG)  # Triton's text
     return value
 
 

@@ -10,6 +10,8 @@ request of the batch that is not already closed, with Triton's texts. A model th
 from __future__ import annotations
 
 import inspect
+import os
+import sysconfig
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +20,7 @@ from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.event_loop import EscapedExit, InstanceLoop, unwrap
 
-__all__ = ["ExecuteRuleError", "run_execute", "check_return", "failure_text"]
+__all__ = ["ExecuteRuleError", "run_execute", "check_return", "failure_text", "model_frames"]
 
 RELEASE_RESCHEDULE = 2
 
@@ -58,10 +60,37 @@ def check_return(result: Any, requests: list[Any], decoupled: bool, instance_nam
 
 
 def failure_text(instance_name: str, exc: BaseException) -> str:
-    """Triton's batch-failure text: rule errors carry their own text, exceptions `Type: text`."""
+    """Triton's batch-failure text: rule errors carry their own text, exceptions `Type: text` and
+    the model's frames (`model_frames`)."""
     exc = unwrap(exc)
-    detail = str(exc) if isinstance(exc, ExecuteRuleError) else f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ExecuteRuleError):
+        return f"Failed to process the request(s) for model '{instance_name}', message: {exc}"
+    detail = f"{type(exc).__name__}: {exc}{model_frames(exc)}"
     return f"Failed to process the request(s) for model '{instance_name}', message: {detail}"
+
+
+_PYSTUB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STDLIB_DIR = sysconfig.get_paths()["stdlib"]
+
+
+def model_frames(exc: BaseException) -> str:
+    """The `\n\nAt:\n  <file>(<line>): <function>\n...` tail Triton's Python backend appends.
+
+    Triton's stub calls `execute` from C++, and pybind11 lists the Python frames from the deepest
+    one outwards until `execute`. Here `execute` is called from pystub's Python code, so the frames
+    before the model's first one (pystub's and the standard library's wrappers) are dropped, and
+    so are pystub's own frames inside (pb_utils is C++ on Triton). Empty without model frames.
+    """
+    frames: list[str] = []
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        ours = filename.startswith((_PYSTUB_DIR, "<frozen "))
+        wrapper = ours or (not frames and filename.startswith(_STDLIB_DIR))
+        if not wrapper:
+            frames.append(f"  {filename}({tb.tb_lineno}): {tb.tb_frame.f_code.co_name}\n")
+        tb = tb.tb_next
+    return "\n\nAt:\n" + "".join(reversed(frames)) if frames else ""
 
 
 def run_execute(model: Any, requests: list[Any], decoupled: bool, loop: InstanceLoop,

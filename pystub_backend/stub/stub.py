@@ -33,7 +33,7 @@ from pystub_backend.ipc.status import Status
 from pystub_backend.stub import output_buffers, pb_utils
 from pystub_backend.stub.batched import BatchedExecute, has_execute_batch
 from pystub_backend.stub.event_loop import InstanceLoop, unwrap
-from pystub_backend.stub.executor import check_return, failure_text, format_traceback, run_execute
+from pystub_backend.stub.executor import check_return, failure_text, format_traceback, model_frames, run_execute
 from pystub_backend.stub.features.install import install_features
 from pystub_backend.stub.features.sequences import RescheduledRequests, report_rescheduled
 from pystub_backend.stub.handlers import StubHandlers
@@ -242,7 +242,8 @@ class Stub:
             if initialize is not None:
                 initialize(args)
         except Exception as exc:
-            self.send(msg.InitDone(self._describe(exc).split("\n\n", 1)[0], format_traceback(exc), False))
+            text = str(exc) if isinstance(exc, LoadError) else f"{type(exc).__name__}: {exc}{model_frames(exc)}"
+            self.send(msg.InitDone(text, format_traceback(exc), False))
             return  # run() exits with self.boot_failure
         self.boot_failure = None
         self.control.set_state(StubState.READY)

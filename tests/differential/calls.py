@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import queue
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, Union
@@ -153,8 +154,25 @@ def both(pair: Pair, call: Callable[..., T], *args: object, **kwargs: object) ->
     return call(pair.triton, *args, **kwargs), call(pair.pystub, *args, **kwargs)
 
 
+# Each server has its own copy of the repository (oracle.running_pair): paths into it are
+# compared from the copy's root on ("At:" traceback tails of model errors name model.py).
+_REPOSITORY_COPY = re.compile(r"/[^\s'\"]*/differential-[^/\s]+/(?:triton|pystub)/models/")
+
+
+def _unrooted(value: object) -> object:
+    if isinstance(value, str):
+        return _REPOSITORY_COPY.sub("<repository>/", value)
+    if isinstance(value, dict):
+        return {key: _unrooted(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_unrooted(item) for item in value]
+    return value
+
+
 def agree(triton: object, pystub: object) -> None:
-    """Assert that the two answers are equal; the message shows both in full."""
+    """Assert that the two answers are equal (paths into each server's repository copy compared
+    from the copy's root); the message shows both in full."""
+    triton, pystub = _unrooted(triton), _unrooted(pystub)
     if triton != pystub:
         raise AssertionError(f"DIFF\n  triton: {json.dumps(triton, sort_keys=True, default=str)}\n"
                              f"  pystub: {json.dumps(pystub, sort_keys=True, default=str)}")

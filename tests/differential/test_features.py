@@ -16,6 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from calls import agree, both, grpc_infer, grpc_stream, http_infer, raw
+from deviations import agree_or_deviate
 from oracle import Endpoint, Pair
 
 ADD_SUB = [("INPUT0", np.arange(4, dtype=np.float32), "FP32"), ("INPUT1", np.ones(4, np.float32), "FP32")]
@@ -37,7 +38,8 @@ def _post(endpoint: Endpoint, path: str, body: object) -> list:
 
 RAISER_MODES = {0: "ok", 1: "raises_value_error", 2: "error_response", 3: "invalid_arg", 4: "unknown_output",
                 5: "no_responses", 6: "wrong_output_dtype", 7: "model_exception", 8: "unavailable",
-                9: "not_found", 10: "unsupported", 11: "returns_none", 12: "returns_string", 13: "already_exists"}
+                9: "not_found", 10: "unsupported", 11: "returns_none", 12: "returns_string", 13: "already_exists",
+                14: "raises_in_helper"}
 HANG = 5.0   # seconds: how long a request Triton never answers is waited for
 _TRACEBACK = re.compile(r"\n\nAt:\n.*", re.S)
 
@@ -110,13 +112,13 @@ GENERATE_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(GENERATE_CASES))
-def test_generate(pair: Pair, case: str) -> None:
+def test_generate(pair: Pair, case: str, request: pytest.FixtureRequest) -> None:
     model, endpoint_name, body = GENERATE_CASES[case]
     triton, pystub = both(pair, _post, f"/v2/models/{model}/{endpoint_name}", body)
     if isinstance(triton[1], str):   # an event stream: compare the events' JSON
         triton[1], pystub[1] = (re.findall(r"data: (.*)", text) for text in (triton[1], pystub[1]))
         triton[1], pystub[1] = ([__import__("json").loads(e) for e in events] for events in (triton[1], pystub[1]))
-    agree(triton, pystub)
+    agree_or_deviate(request.node.name, triton, pystub)
 
 
 # -- BLS ------------------------------------------------------------------------------------------
@@ -237,10 +239,10 @@ def test_response_parameters(pair: Pair) -> None:
 
 
 @pytest.mark.parametrize("name", ["sequence_id", "priority", "timeout", "binary_data_output"])
-def test_reserved_parameters(pair: Pair, name: str) -> None:
+def test_reserved_parameters(pair: Pair, name: str, request: pytest.FixtureRequest) -> None:
     body = {"parameters": {name: 1}, "inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [0]}]}
     triton, pystub = both(pair, _post, "/v2/models/params_echo/infer", body)
-    agree(triton, pystub)
+    agree_or_deviate(request.node.name, triton, pystub)
 
 
 # -- custom metrics -------------------------------------------------------------------------------
@@ -279,7 +281,7 @@ def test_repository_load_unload_cycle(pair: Pair) -> None:
 
 @pytest.mark.parametrize("case", ["unknown_model", "init_fails", "bad_json", "bad_config_override",
                                   "unknown_model_unload"])
-def test_repository_errors(pair: Pair, case: str) -> None:
+def test_repository_errors(pair: Pair, case: str, request: pytest.FixtureRequest) -> None:
     action, model, body = {
         "unknown_model": ("load", "never_in_repository", None),
         "init_fails": ("load", "init_fails", None),
@@ -292,7 +294,7 @@ def test_repository_errors(pair: Pair, case: str) -> None:
         for answer in (triton, pystub):
             answer[1]["error"] = re.sub(r"\n\nAt:\n.*", "", answer[1]["error"], flags=re.S)
     both(pair, _repo, "unload", "loadable")
-    agree(triton, pystub)
+    agree_or_deviate(request.node.name, triton, pystub)
 
 
 def test_repository_load_grpc(pair: Pair) -> None:
@@ -349,7 +351,7 @@ SHM_CASES = ["status_empty", "register_missing_key", "unregister_unknown", "stat
 
 
 @pytest.mark.parametrize("case", SHM_CASES)
-def test_system_shared_memory_http(pair: Pair, case: str) -> None:
+def test_system_shared_memory_http(pair: Pair, case: str, request: pytest.FixtureRequest) -> None:
     path, method, body = {
         "status_empty": ("/v2/systemsharedmemory/status", "GET", None),
         "register_missing_key": ("/v2/systemsharedmemory/region/r1/register", "POST",
@@ -363,7 +365,7 @@ def test_system_shared_memory_http(pair: Pair, case: str) -> None:
         reply = raw(endpoint, method, path, body)
         return [reply.status, reply.json()]
     triton, pystub = both(pair, send)
-    agree(triton, pystub)
+    agree_or_deviate(request.node.name, triton, pystub)
 
 
 def test_system_shared_memory_infer(pair: Pair) -> None:

@@ -121,8 +121,8 @@ def test_bls_is_refused_outside_execute(backend: Backend):
 
 def test_target_checks_use_tritons_texts(backend: Backend):
     _, info = drive(backend, {"mode": "error", "target": "nope"})
-    assert info == {"error": "Model nope - Error when running inference: Request for unknown model: 'nope' is not "
-                             "found", "code": 2}
+    assert info == {"error": "Model nope - Error when running inference: Failed for execute the inference request. "
+                             "Model 'nope' is not ready.", "code": 2}
     _, info = drive(backend, {"mode": "error", "target": "bls_leaf", "version": 7})
     assert info["error"] == ("Model bls_leaf - Error when running inference: Request for unknown model: 'bls_leaf' "
                              "version 7 is not found")
@@ -194,12 +194,12 @@ def test_without_a_timeout_the_stub_timeout_bounds_the_wait(backend: Backend):
 
 def test_target_stub_death_is_an_error_not_a_hang(backend: Backend):
     _, info = drive(backend, {"mode": "fault", "fault": 2})  # os._exit in the target's execute
-    assert info["error"] == "Stub process 'faulty_0_0' is not healthy." and info["code"] == 4
+    assert info["error"] == "Stub process 'faulty_0' is not healthy." and info["code"] == 4
     assert info["seconds"] < 5
-    settled(backend, lambda: stub_rows(backend)["faulty_0_0"]["healthy"])
+    settled(backend, lambda: stub_rows(backend)["faulty_0"]["healthy"])
     _, info = drive(backend, {"mode": "fault", "fault": 1})  # segfault
-    assert info["error"] == "Stub process 'faulty_0_0' is not healthy."
-    settled(backend, lambda: stub_rows(backend)["faulty_0_0"]["healthy"])
+    assert info["error"] == "Stub process 'faulty_0' is not healthy."
+    settled(backend, lambda: stub_rows(backend)["faulty_0"]["healthy"])
     _, info = drive(backend, {"mode": "fault", "fault": 0})
     assert "error" not in info
 
@@ -283,7 +283,7 @@ def test_ten_thousand_mixed_calls_leave_nothing_behind(backend: Backend):
     def targets_clean() -> bool:
         rows = stub_rows(backend)
         return all(rows[name]["arena_used_bytes"] == 0 and rows[name]["in_flight"] == 0
-                   for name in ("bls_leaf_0_0", "repeat_0_0"))
+                   for name in ("bls_leaf_0", "repeat_0"))
 
     assert settled(backend, targets_clean), stub_rows(backend)
     print(f"\n10,000 mixed BLS calls in {elapsed:.1f} s ({elapsed / 10_000 * 1e3:.2f} ms per call)")
@@ -293,7 +293,7 @@ def test_a_target_that_is_not_ready(backend: Backend):
     _, info = drive(backend, {"mode": "fault", "fault": 2, "then": 0})  # its stub is restarting
     assert info["then"] == {"error": "Failed for execute the inference request. Model 'faulty' is not ready.",
                             "code": 4}
-    settled(backend, lambda: stub_rows(backend)["faulty_0_0"]["healthy"])
+    settled(backend, lambda: stub_rows(backend)["faulty_0"]["healthy"])
 
 
 # -- model control from a model, finalize, back-pressure (a backend of their own) -------------------------
@@ -305,7 +305,8 @@ def test_model_control_from_a_model_and_bls_refused_in_finalize(tmp_path: Path):
         assert info == {"steps": [False, "loaded", True, "unloaded", False]}
         _, info = drive(backend, {"mode": "control", "target": "nope", "steps": "load"})
         assert info["steps"][0].startswith(  # Triton 2.51's answer for a model the repository does not have
-            "error: Failed to load model: failed to load 'nope', failed to poll from model repository")
+            "error: Failed to load model: Failed to process the request for model 'bls_driver_0_0', message: "
+            "failed to load 'nope', failed to poll from model repository")
         _, info = drive(backend, {"mode": "control", "target": "add_sub", "steps": "load_config",
                                   "config": "{not json"})
         assert info["steps"][0].startswith("error: Failed to load model: ")
@@ -325,5 +326,6 @@ def test_model_control_from_a_model_and_bls_refused_in_finalize(tmp_path: Path):
 
 def test_model_control_needs_explicit_mode(backend: Backend):
     _, info = drive(backend, {"mode": "control", "target": "bls_leaf", "steps": "load,ready"})
-    assert info == {"steps": ["error: Failed to load model: explicit model load / unload is not allowed if "
+    assert info == {"steps": ["error: Failed to load model: Failed to process the request for model "
+                              "'bls_driver_0_0', message: explicit model load / unload is not allowed if "
                               "polling is enabled", True]}

@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 def _row(backend: Backend) -> dict:
     with urllib.request.urlopen(f"http://{backend.http_url}/v2/pystub/stubs", timeout=10) as response:
         rows = {row["instance"]: row for row in json.loads(response.read())["stubs"]}
-    return rows["boots_once_0_0"]
+    return rows["boots_once_0"]
 
 
 def _call(backend: Backend, mode: int) -> int:
@@ -46,7 +46,7 @@ def test_a_restart_that_cannot_boot_marks_the_instance_failed_at_once(tmp_path: 
         row = _row(backend)
         assert "refusing to boot twice" in row["last_error"] and "would fail again" in row["last_error"]
         assert row["restarts"] == 0
-        backend.wait_for_log(r"Stub process 'boots_once_0_0' is FAILED and stays down")
+        backend.wait_for_log(r"Stub process 'boots_once_0' is FAILED and stays down")
         time.sleep(1.0)  # a respawn loop would show up as more attempts in the log
         log = backend.log()
         # The traceback is inside one log record, its line breaks escaped (backend.log; Triton does the same).

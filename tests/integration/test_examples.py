@@ -197,5 +197,5 @@ def test_stubctl_lists_every_stub(examples_backend: Backend):
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "stubctl"), "--url", url, "--json"],
                             capture_output=True, text=True, timeout=30)
     rows = json.loads(result.stdout)
-    assert {row["instance"] for row in rows} == {"add_sub_0_0", "identity_fp32_0_0", "string_identity_0_0"}
+    assert {row["instance"] for row in rows} == {"add_sub_0_0", "identity_fp32_0_0", "string_identity_0"}
     assert all(row["healthy"] and row["heartbeat_age_s"] < 5 for row in rows)

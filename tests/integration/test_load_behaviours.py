@@ -62,10 +62,10 @@ def test_unused_fields_are_named_once_and_a_death_in_initialize_fails_the_load(t
     assert lines[0].endswith("model 'lavish': config fields pystub does not act on: optimization, metric_tags, "
                              "model_operations, response_cache, instance_group.host_policy")
     for name, how in (("exits", "exited with code 3"), ("killed", "was killed by signal SIGKILL")):
-        text = f"Stub process '{name}_0_0' is not healthy."
+        text = f"Stub process '{name}_0' is not healthy."
         assert (index[name]["state"], index[name]["reason"]) == ("UNAVAILABLE", text)
         assert f"failed to load '{name}' version 1: Internal: {text}" in log_text
-        assert f"stub '{name}_0_0' {how} during initialize" in log_text
+        assert f"stub '{name}_0' {how} during initialize" in log_text
     assert index["plain"]["state"] == index["lavish"]["state"] == "READY"
 
 

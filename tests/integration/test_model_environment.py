@@ -78,7 +78,7 @@ def test_sys_exit_in_execute_fails_only_that_call(backend: Backend, model: str) 
     params: dict[str, Any] = {"mode": "env"} if model == "env_probe" else {}
     pid, _ = infer(backend, model, params)
     with pytest.raises(InferenceServerException, match=f"Failed to process the request\\(s\\) for model "
-                                                         f"'{model}_0_0', message: SystemExit: "):
+                                                         f"'{model}_0', message: SystemExit: "):
         infer(backend, model, {"mode": "exit"} if model == "env_probe" else {"exit": True})
     for _ in range(3):
         assert infer(backend, model, params)[0] == pid  # the same stub answers: it did not exit

@@ -103,7 +103,7 @@ def test_a_python_based_backend_serves_its_models(layout: tuple[Path, Path]):
     assert y.tolist() == y_too.tolist() == [3.0, 6.0]
     assert y_other.tolist() == [-1.0, -1.0]
     assert facts["file"] == facts_too["file"] == str(backends / "scaler" / "model.py")
-    assert facts["args"] == {"model_instance_kind": "CPU", "model_instance_name": "scaled_0_0",
+    assert facts["args"] == {"model_instance_kind": "CPU", "model_instance_name": "scaled_0",
                              "model_instance_device_id": "0", "model_repository": str(repository / "scaled"),
                              "model_version": "1", "model_name": "scaled"}
     assert (config["backend"], config["runtime"]) == ("scaler", "model.py")

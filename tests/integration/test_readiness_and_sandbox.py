@@ -45,7 +45,7 @@ def ready(backend: Backend, model: str) -> tuple[bool, bool]:
 def test_user_defined_is_ready(tmp_path: Path):
     with Backend(make_repository(tmp_path, "ready_check", "add_sub")) as backend:
         assert ready(backend, "ready_check") == (True, True)
-        for state, text in ((1, "Model 'ready_check_0_0' is not ready (user-defined check failed)."),
+        for state, text in ((1, "Model 'ready_check_0' is not ready (user-defined check failed)."),
                             (2, "is_ready() must return a boolean value"),
                             (3, "readiness probe exploded")):
             set_state(backend, "ready_check", "STATE", state, "OUTPUT0")  # inference goes on while not ready
@@ -147,7 +147,7 @@ def test_shutdown_ladder_ends_a_stub_whose_finalize_hangs(tmp_path: Path):
     assert backend.stop() == 0
     assert time.monotonic() - started < 10
     assert all(not stub.is_running() for stub in stubs)
-    assert "timed out after 1 s waiting for finalize from stub 'slow_finalize_0_0'" in backend.log()
+    assert "timed out after 1 s waiting for finalize from stub 'slow_finalize_0'" in backend.log()
 
 
 def test_stubctl_restart_runs_initialize_again(tmp_path: Path):

@@ -63,7 +63,7 @@ ITERATIVE = {
                     "sequence_batching { iterative_sequence: true }",
     "iter_not_sequence": "",
 }
-EVICTED = re.compile(r"\[(\w+)_0_\d\] EVICTED cid=(\S+) reason=(\w+) at=([\d.]+)")
+EVICTED = re.compile(r"\[(\w+?)_0(?:_\d)?\] EVICTED cid=(\S+) reason=(\w+) at=([\d.]+)")
 
 
 def _write(repository: Path, name: str, source: str, config: str) -> None:
@@ -294,7 +294,7 @@ def test_an_idle_sequence_is_evicted_and_the_async_hook_runs_within_the_timeout_
 def test_a_failing_hook_is_logged_and_the_model_serves_on(backend: Backend) -> None:
     infer(backend, "seq_idle", 1, 666, start=True)
     assert wait_eviction(backend, "seq_idle", "666")[0] == "idle_timeout"
-    backend.wait_for_log(r"sequence_evicted\(666, 'idle_timeout'\) of model 'seq_idle_0_0' raised RuntimeError: "
+    backend.wait_for_log(r"sequence_evicted\(666, 'idle_timeout'\) of model 'seq_idle_0' raised RuntimeError: "
                          r"the hook failed on purpose", timeout=5)
     assert infer(backend, "seq_idle", 4, 667, start=True, end=True)["OUTPUT"] == 4
 
@@ -371,7 +371,7 @@ def test_unloading_the_model_evicts_its_sequences_before_finalize(backend: Backe
         client.unload_model("seq_unload")
     finally:
         client.close()
-    finalize = backend.wait_for_log(r"\[seq_unload_0_0\] FINALIZE", timeout=10)
+    finalize = backend.wait_for_log(r"\[seq_unload_0\] FINALIZE", timeout=10)
     seen = {cid: reason for cid, reason, _ in evictions(backend, "seq_unload")}
     assert seen == {"101": "unloading", "'b'": "unloading"}
     assert all(m.start() < finalize.start() for m in EVICTED.finditer(backend.log()) if m.group(1) == "seq_unload")
@@ -380,7 +380,7 @@ def test_unloading_the_model_evicts_its_sequences_before_finalize(backend: Backe
 def test_a_sequence_whose_stub_restarted_must_start_again(backend: Backend) -> None:
     first = infer(backend, "seq_restart", 1, 141, start=True)
     os.kill(first["PID"], signal.SIGKILL)
-    backend.wait_for_log(r"Stub process 'seq_restart_0_0' restarted", timeout=20)
+    backend.wait_for_log(r"Stub process 'seq_restart_0' restarted", timeout=20)
     text = error_of(lambda: infer(backend, "seq_restart", 1, 141))
     assert text == ("sequence 141 of model 'seq_restart' was lost: the stub process that held its state restarted. "
                     "Start the sequence again.")

@@ -57,7 +57,7 @@ def add_sub_works(backend: Backend) -> bool:
         client.close()
 
 
-def wait_healthy(backend: Backend, instance: str = "faulty_0_0", restarts: int | None = None,
+def wait_healthy(backend: Backend, instance: str = "faulty_0", restarts: int | None = None,
                  timeout: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -76,12 +76,12 @@ def shm_count(backend: Backend) -> int:
 
 @pytest.mark.parametrize("mode, cause", [(1, "SIGSEGV"), (2, "exited with code 3")])
 def test_crash_fails_the_request_and_the_stub_comes_back(backend: Backend, mode: int, cause: str):
-    before = stubs(backend)["faulty_0_0"]
+    before = stubs(backend)["faulty_0"]
     shm_before = shm_count(backend)
     with pytest.raises(InferenceServerException) as info:
         call(backend, mode)
     assert info.value.status() == "StatusCode.UNAVAILABLE"
-    assert info.value.message() == "Stub process 'faulty_0_0' is not healthy."
+    assert info.value.message() == "Stub process 'faulty_0' is not healthy."
     row = wait_healthy(backend, restarts=before["restarts"] + 1)
     assert row["pid"] != before["pid"]
     assert call(backend, 0) == 0
@@ -91,12 +91,12 @@ def test_crash_fails_the_request_and_the_stub_comes_back(backend: Backend, mode:
 
 
 def test_hang_in_execute_hits_the_execute_deadline(backend: Backend):
-    before = stubs(backend)["faulty_0_0"]
+    before = stubs(backend)["faulty_0"]
     started = time.monotonic()
     with pytest.raises(InferenceServerException) as info:
         call(backend, 3)
     detected = time.monotonic() - started
-    assert info.value.message() == "Stub process 'faulty_0_0' is not healthy."
+    assert info.value.message() == "Stub process 'faulty_0' is not healthy."
     assert 1.5 < detected < 5.0, detected  # EXECUTE_TIMEOUT_SECONDS is 2
     wait_healthy(backend, restarts=before["restarts"] + 1)
     assert "EXECUTE_TIMEOUT_SECONDS=2" in backend.log()
@@ -104,12 +104,12 @@ def test_hang_in_execute_hits_the_execute_deadline(backend: Backend):
 
 
 def test_frozen_stub_is_caught_by_its_heartbeat(backend: Backend):
-    before = stubs(backend)["faulty_0_0"]
+    before = stubs(backend)["faulty_0"]
     started = time.monotonic()
     with pytest.raises(InferenceServerException) as info:
         call(backend, 4)  # SIGSTOP: the heartbeat thread stops too
     detected = time.monotonic() - started
-    assert info.value.message() == "Stub process 'faulty_0_0' is not healthy."
+    assert info.value.message() == "Stub process 'faulty_0' is not healthy."
     assert detected < 4.0, detected  # heartbeat timeout is 1 s
     wait_healthy(backend, restarts=before["restarts"] + 1)
     assert not psutil.pid_exists(before["pid"])  # killed and reaped before the new one started
@@ -117,21 +117,21 @@ def test_frozen_stub_is_caught_by_its_heartbeat(backend: Backend):
 
 
 def test_memory_limit_fails_the_request_not_the_stub(backend: Backend):
-    before = stubs(backend)["faulty_0_0"]
+    before = stubs(backend)["faulty_0"]
     with pytest.raises(InferenceServerException) as info:
         call(backend, 5)
     assert "MemoryError" in info.value.message()
-    after = stubs(backend)["faulty_0_0"]
+    after = stubs(backend)["faulty_0"]
     assert after["pid"] == before["pid"] and after["restarts"] == before["restarts"]
     assert call(backend, 0) == 0
 
 
 def test_prints_reach_the_log_once_per_line_with_the_instance(backend: Backend):
     call(backend, 6)
-    backend.wait_for_log(r"\[faulty_0_0\] faulty: line three")
+    backend.wait_for_log(r"\[faulty_0\] faulty: line three")
     log = backend.log()
     for line in ("line one", "line two", "line three"):
-        assert log.count(f"[faulty_0_0] faulty: {line}") == 1
+        assert log.count(f"[faulty_0] faulty: {line}") == 1
 
 
 def test_kill_9_under_load_fails_only_in_flight_requests(tmp_path: Path):
@@ -142,7 +142,7 @@ def test_kill_9_under_load_fails_only_in_flight_requests(tmp_path: Path):
 
 
 def _kill_9_under_load(backend: Backend) -> None:
-    before = stubs(backend)["faulty_0_0"]
+    before = stubs(backend)["faulty_0"]
     shm_before = shm_count(backend)
     outcomes: list[tuple[float, str]] = []
     stop = threading.Event()
@@ -175,7 +175,7 @@ def _kill_9_under_load(backend: Backend) -> None:
         worker.join(30)
     errors = [(t, text) for t, text in outcomes if text != "ok"]
     assert 1 <= len(errors) <= 2, errors  # two clients: at most one request each was in flight
-    assert all(text == "Stub process 'faulty_0_0' is not healthy." for _, text in errors), errors
+    assert all(text == "Stub process 'faulty_0' is not healthy." for _, text in errors), errors
     detection = min(t for t, _ in errors) - killed_at
     assert detection < 0.5, detection
     assert any(t > back_at and text == "ok" for t, text in outcomes), "requests succeed once it is back"
@@ -197,15 +197,15 @@ def test_repeated_crashes_mark_the_instance_failed(tmp_path: Path):
         with pytest.raises(InferenceServerException):
             call(backend, 2)
         deadline = time.monotonic() + 10
-        while stubs(backend)["faulty_0_0"]["state"] != "FAILED" and time.monotonic() < deadline:
+        while stubs(backend)["faulty_0"]["state"] != "FAILED" and time.monotonic() < deadline:
             time.sleep(0.05)
-        row = stubs(backend)["faulty_0_0"]
+        row = stubs(backend)["faulty_0"]
         assert row["state"] == "FAILED" and "failures within" in row["last_error"]
         time.sleep(1.0)
-        assert stubs(backend)["faulty_0_0"]["state"] == "FAILED"  # no respawn loop
+        assert stubs(backend)["faulty_0"]["state"] == "FAILED"  # no respawn loop
         with pytest.raises(InferenceServerException) as info:
             call(backend, 0)
-        assert info.value.message() == "Stub process 'faulty_0_0' is not healthy."
+        assert info.value.message() == "Stub process 'faulty_0' is not healthy."
         client = httpclient.InferenceServerClient(backend.http_url)
         try:
             assert not client.is_model_ready("faulty")

@@ -118,15 +118,15 @@ def HTTP(backend: Backend) -> httpclient.InferenceServerClient:  # noqa: N802 - 
 FAILURES = {
     # model name -> (config, model mode, files under warmup/, the load error Triton 2.51 gives)
     "raises": (IO + "model_warmup [ " + zero("boom", 1) + " ]", "raise", {},
-               "failed to run warmup sample 'boom': Failed to process the request(s) for model 'raises_0_0', "
-               "message: ValueError: boom in execute; "),
+               "failed to run warmup sample 'boom': Failed to process the request(s) for model 'raises_0', "
+               "message: ValueError: boom in execute\n\nAt:\n  {dir}/1/model.py(29): execute\n; "),
     "error_response": (IO + "model_warmup [ " + zero("bad", 1) + " ]", "error", {},
                        "failed to run warmup sample 'bad': bad sample; "),
     "too_big": ("max_batch_size: 2\n" + IO + "model_warmup [ " + zero("big", 3) + " ]", "ok", {},
-                "failed to run warmup sample 'big': " + "batch size 3 for 'too_big_0_0', max allowed is 2; " * 3),
+                "failed to run warmup sample 'big': " + "batch size 3 for 'too_big_0', max allowed is 2; " * 3),
     "not_batching": (IO + "model_warmup [ " + zero("nb", 2) + " ]", "ok", {},
                      "failed to run warmup sample 'nb': " +
-                     "batch size 2 for 'not_batching_0_0', max allowed is 0; " * 2),
+                     "batch size 2 for 'not_batching_0', max allowed is 0; " * 2),
     "no_file": (IO + 'model_warmup [ { name: "nf" batch_size: 1 inputs { key: "X" value { data_type: TYPE_FP32 '
                 'dims: [ 2 ] input_data_file: "missing.bin" } } } ]', "ok", {},
                 "failed to open text file for read {dir}/warmup/missing.bin: No such file or directory"),

@@ -97,7 +97,9 @@ def test_an_exception_fails_only_its_group_with_the_batch_failure_text() -> None
     batched = BatchedExecute(config(), "m_0_0")
     responses, errors = run(batched, Model(), [request(X=X1), request(X=np.full((1, 2), 666, np.float32)),
                                                request(X=X1, E=np.array([[1]], np.int32))])
-    text = "Failed to process the request(s) for model 'm_0_0', message: ValueError: boom"
+    raise_line = Model.execute_batch.__code__.co_firstlineno + 3   # the model's frame, as Triton's "At:" tail
+    text = ("Failed to process the request(s) for model 'm_0_0', message: ValueError: boom"
+            f"\n\nAt:\n  {__file__}({raise_line}): execute_batch\n")
     assert [r.error().message() if r.has_error() else None for r in responses] == [text, text, None]
     assert errors and errors[0].startswith(text) and "Traceback" in errors[0]
 

@@ -97,7 +97,8 @@ def test_json_empty_tensor() -> None:
 
 @pytest.mark.parametrize("datatype", ["FP16", "BF16"])
 def test_json_half_precision_is_refused(datatype: str) -> None:
-    _invalid({"inputs": [_input("H", datatype, [1], [1.0])]}, match=f"'H'.*{datatype}.*binary")
+    _invalid({"inputs": [_input("H", datatype, [1], [1.0])]},
+             match=f"receiving {datatype} data via JSON is not supported.*binary data format for input H")
 
 
 @pytest.mark.parametrize(
@@ -115,7 +116,7 @@ def test_json_half_precision_is_refused(datatype: str) -> None:
         (_input("A", "FP32", "2", [1, 2]), "'shape' of input 'A'"),
         (_input("A", "FP32", [2.0], [1, 2]), "'shape' of input 'A'"),
         (_input("A", "FP32", [-1], [1]), "'shape' of input 'A'"),
-        (_input("A", "FP23", [1], [1]), "input 'A' has unknown datatype 'FP23'"),
+        (_input("A", "FP23", [1], [1]), "invalid datatype for input A"),
         (_input("A", "FP32", [1]), "input 'A' needs 'data'"),
         ({"datatype": "FP32", "shape": [1], "data": [1]}, "needs a string 'name'"),
         (_input("A", "FP32", [1], [1], binary_data_size=4), "'A'.*both 'data' and 'binary_data"),
@@ -181,12 +182,12 @@ def test_binary_fp16_input() -> None:
 
 def test_binary_size_beyond_the_body_is_refused() -> None:
     _invalid({"inputs": [_input("A", "FP32", [2], None, binary_data_size=8)]}, b"1234",
-             match="unexpected size 8 for binary input 'A'.*only 4 bytes")
+             match="unexpected size for input 'A', expecting 8 additional bytes for model 'm'")
 
 
 def test_binary_data_left_over_is_refused() -> None:
     _invalid({"inputs": [_input("A", "FP32", [1], None, binary_data_size=4)]}, b"12345678",
-             match="additional input data: 4 bytes")
+             match="unexpected additional input data for model 'm'")
 
 
 def test_json_header_length_equal_to_the_body_is_plain_json() -> None:
@@ -236,7 +237,7 @@ def test_parse_header_length(value: str | None, ok: int | None) -> None:
     if ok is not None or value is None:
         assert parse_header_length(value, 19) == ok
     else:
-        with pytest.raises(ServerError, match=INFERENCE_HEADER) as info:
+        with pytest.raises(ServerError, match=f"{INFERENCE_HEADER}|inference header size") as info:
             parse_header_length(value, 19)
         assert info.value.status == Status.INVALID_ARG
 

@@ -340,7 +340,7 @@ def test_compressed_request_and_response(encoding: str) -> None:
     "body, headers, expected",
     [
         (b"{nope", {}, (400, "failed to parse the request JSON buffer")),
-        (_infer_json(), {INFERENCE_HEADER: "9999"}, (400, "exceeds the request body")),
+        (_infer_json(), {INFERENCE_HEADER: "9999"}, (400, "inference header size should be in range")),
         (_infer_json(), {INFERENCE_HEADER: "-3"}, (400, "invalid Inference-Header")),
         (b"garbage", {"Content-Encoding": "gzip"}, (400, "failed to decompress")),
         (_infer_json(), {"Content-Encoding": "br"}, (501, "unsupported Content-Encoding")),

@@ -110,7 +110,7 @@ def test_normalize_defaults_for_empty_config() -> None:
     assert config.version_policy.latest.num_versions == 1
     assert len(config.instance_group) == 1
     group = config.instance_group[0]
-    assert (group.name, group.count, group.kind) == ("add_sub_0", 1, group.KIND_CPU)
+    assert (group.name, group.count, group.kind) == ("add_sub", 1, group.KIND_CPU)
     assert config.optimization.input_pinned_memory.enable
     assert config.optimization.output_pinned_memory.enable
 

@@ -11,8 +11,9 @@ from pystub_backend.backend.telemetry.prometheus_text import TextWriter, format_
 
 
 def test_values() -> None:
-    assert [format_value(v) for v in (3, True, 0.5, 1.0, 1e20, math.inf, -math.inf)] == \
-        ["3", "1", "0.5", "1.0", "1e+20", "+Inf", "-Inf"]
+    # a whole float prints as Triton (prometheus-cpp) prints it: `1`, not `1.0`
+    assert [format_value(v) for v in (3, True, 0.5, 1.0, -5.0, 1e20, math.inf, -math.inf)] == \
+        ["3", "1", "0.5", "1", "-5", "1e+20", "+Inf", "-Inf"]
     assert format_value(math.nan) == "NaN"
 
 

@@ -140,7 +140,7 @@ def test_too_many_inputs(add_sub) -> None:
     # Triton's own quirk: an empty missing list renders as "]".
     fails(add_sub_request(fp32("INPUT0"), fp32("INPUT1"), fp32("X")), add_sub,
           "[request id: <id_unknown>] expected 2 inputs but got 3 inputs for model 'add_sub'. "
-          "Got input(s) ['INPUT0','INPUT1','X'], but missing required input(s) ]. "
+          "Got input(s) ['X','INPUT1','INPUT0'], but missing required input(s) ]. "
           "Please provide all required input(s).")
 
 

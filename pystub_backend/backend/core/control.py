@@ -14,6 +14,7 @@ and shutdown waits for it. Entries and versions move through `ModelState`.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 from pystub_backend.backend.core.options import CoreOptions
 from pystub_backend.backend.core.table import ModelTable, check_model_name
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.models.config import ConfigError, config_from_json
+from pystub_backend.backend.models.config import ConfigError, ModelConfig, config_from_json
 from pystub_backend.backend.models.ensemble_config import (
     composes,
     ensemble_dependencies,
@@ -76,6 +77,18 @@ def _raise_unexpected(results: list[object]) -> None:
     for result in results:
         if isinstance(result, BaseException) and not isinstance(result, ServerError):
             raise result
+
+
+def _override_config(request: LoadRequest | None) -> ModelConfig | None:
+    """The load request's `config` override. Raises PollError for text that is not JSON (Triton
+    reports a config it cannot read as a failed poll), ConfigError for JSON that is no config."""
+    if request is None or not request.config:
+        return None
+    try:
+        json.loads(request.config)
+    except ValueError as exc:
+        raise PollError(f"failed to parse model configuration JSON: {exc}") from None
+    return config_from_json(request.config)
 
 
 class ModelControl:
@@ -261,7 +274,7 @@ class ModelControl:
         name, override = entry.name, None
         try:
             check_stub_name(name)
-            config = config_from_json(request.config) if request is not None and request.config else None
+            config = _override_config(request)
             if request is not None and request.files:
                 override = await OverrideDir.create_off_loop(name, request.files)
                 model_dir = override.model_dir
@@ -279,6 +292,8 @@ class ModelControl:
             if not entry.versions:
                 entry.state, entry.reason, entry.failed, entry.unloaded = ModelState.UNAVAILABLE, text, {}, []
             if isinstance(exc, PollError):  # Triton's answer to a failed poll (the reason is logged)
+                if model_dir is None and not entry.versions:  # as on Triton: a name the repository
+                    self._table.entries.pop(name, None)           # does not have leaves no entry
                 raise ServerError(POLL_FAILED.format(name=name), Status.INTERNAL) from None
             raise _load_error(name, text) from None
         return source, override
@@ -372,4 +387,6 @@ class ModelControl:
             found = {}
         rows.extend({"name": name} for name in found if name not in entries)
         rows.sort(key=lambda row: (row["name"], int(row.get("version") or 0)))
-        return [row for row in rows if not ready_only or row.get("state") == ModelState.READY.value]
+        # Triton omits an empty reason (a loaded model's row is {name, version, state}).
+        return [{key: value for key, value in row.items() if key != "reason" or value}
+                for row in rows if not ready_only or row.get("state") == ModelState.READY.value]

@@ -14,7 +14,8 @@ SERVER_NAME = "pystub"
 SERVER_VERSION = "0.1.0"
 # Only what is implemented: perf_analyzer reads this list (PROTOCOL.md section 15).
 EXTENSIONS = ["binary_tensor_data", "parameters", "statistics", "model_configuration", "model_repository",
-              "model_repository(unload_dependents)", "logging", "trace"]
+              "model_repository(unload_dependents)", "logging", "schedule_policy", "sequence",
+              "classification", "trace"]
 SYSTEM_SHARED_MEMORY = "system_shared_memory"  # listed only with --allow-client-shm=true
 MODEL_CONTROL_MODES = ("none", "poll", "explicit")
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar, cast
 
 from pystub_backend.backend.core.table import ModelTable, check_model_name
 from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.features.classification import class_counts, classify
 from pystub_backend.backend.features.client_shm import REGION, ClientShmRegistry
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServingTarget
 from pystub_backend.backend.models.config import ModelConfig, model_metadata
@@ -118,9 +119,15 @@ class Serving:
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         if not name:
             return [v.stats.as_dict() for v in self._table.versions()]
-        entry = self._entry(name)
+        # Triton's texts and status (400 / INVALID_ARGUMENT), not the inference lookup's 404
+        entry = self._table.entries.get(name)
+        if entry is None or not entry.versions:
+            raise ServerError(f"requested model '{name}' is not available", Status.INVALID_ARG)
         if version:
-            return [self._lookup(name, version, require_ready=False).stats.as_dict()]
+            found = entry.versions.get(int(version)) if version.isdigit() else None
+            if found is None:
+                raise ServerError(f"requested model version is not available for model '{name}'", Status.INVALID_ARG)
+            return [found.stats.as_dict()]
         return [v.stats.as_dict() for _, v in sorted(entry.versions.items())]
 
     def model_versions(self) -> list[ModelVersion]:
@@ -139,12 +146,21 @@ class Serving:
         """The request's single response. `target`: the frontend's `target(...)` for the request,
         if it asked. Raises ServerError."""
         model_version = self._serving(request, target)
+        counts = class_counts(request)  # the classification extension
         if not _names_a_region(request):
             batch_size = self._validate(model_version, request)
-            return await self._tracked(model_version, model_version.infer(request, batch_size))
-        with self.client_shm.resolve(request):  # before validation: shm inputs get their data
-            batch_size = self._validate(model_version, request)
-            return await self._tracked(model_version, model_version.infer(request, batch_size))
+            response = await self._tracked(model_version, model_version.infer(request, batch_size))
+        else:
+            with self.client_shm.resolve(request):  # before validation: shm inputs get their data
+                batch_size = self._validate(model_version, request)
+                response = await self._tracked(model_version, model_version.infer(request, batch_size))
+        if counts:  # the outputs' top classes instead of their values (features.classification)
+            try:
+                response = classify(response, counts, model_version.config, model_version.model_dir)
+            except ServerError:
+                response.release()
+                raise
+        return response
 
     async def infer_stream(self, request: InferRequest, target: ServingTarget | None = None) -> ResponseStream:
         """The request's responses, as they come (decoupled models, streaming frontends)."""

@@ -163,7 +163,8 @@ class ClientShmRegistry:
         try:
             fd = os.open(os.path.join(SHM_DIR, base), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
-            raise _invalid(f"Unable to open shared memory region: '{key}': {exc.strerror}") from None
+            log.info("shared memory region '%s': opening '%s' failed: %s", name, key, exc.strerror)
+            raise _invalid(f"Unable to open shared memory region: '{key}'") from None  # Triton's text
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):

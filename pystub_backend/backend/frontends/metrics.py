@@ -9,6 +9,7 @@ format 0.0.4 (`pystub_backend.backend.telemetry.prometheus_text`), `text/plain; 
     pystub_inflight_requests                 queued + executing per version: the autoscaling signal
     nv_model_load_duration_secs              how long the version took to load
     nv_cpu_utilization, nv_cpu_memory_*      the machine, polled every --metrics-interval-ms
+    nv_pinned_memory_pool_*                  always 0: pystub has no pinned-memory pool
     pystub_stub_* {model, version, instance} each stub: up, restarts, heartbeat age, RSS (polled),
                                              p2s arena bytes used/total, requests in flight,
                                              requests served/failed
@@ -158,6 +159,15 @@ def inflight_requests(version: ModelVersion) -> int:
     return queued + sum(instance.stub.in_flight for instance in version.instances if instance.stub is not None)
 
 
+def _pinned_memory_families(writer: TextWriter) -> None:
+    # Triton exports its CUDA pinned-memory pool even without a GPU; pystub has no such pool (tensors
+    # cross through shared-memory arenas), so both gauges are always 0.
+    for name, help_text in (("nv_pinned_memory_pool_total_bytes", "Pinned memory pool total memory size, in bytes"),
+                            ("nv_pinned_memory_pool_used_bytes", "Pinned memory pool used memory size, in bytes")):
+        writer.family(name, "gauge", help_text)
+        writer.sample(name, [], 0)
+
+
 def _system_families(writer: TextWriter, poller: SystemPoller | None) -> None:
     if poller is None or not poller.cpu_metrics:
         return
@@ -227,6 +237,7 @@ def render_metrics(core: Core, poller: SystemPoller | None = None) -> str:
     writer = TextWriter()
     versions = core.model_versions()
     _inference_families(writer, versions)
+    _pinned_memory_families(writer)
     _system_families(writer, poller)
     write_cache_gauges(writer, core.response_cache)  # response cache hook: nv_cache_util, ...
     windows = [(v.name, str(v.version), v.stats.latency) for v in versions if v.stats.latency is not None]

@@ -158,8 +158,10 @@ def _default_scheduling(config: ModelConfig) -> None:
 
 
 def _default_instance_groups(config: ModelConfig) -> None:
+    # As Triton: the group it adds itself is named after the model (instances `<model>_0`...);
+    # an unnamed group the config gives is `<model>_<index>`.
     if not config.instance_group:
-        config.instance_group.add()
+        config.instance_group.add().name = config.name
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{index}"

@@ -153,7 +153,8 @@ def _check_input_count(request: InferRequest, config: ModelConfig) -> None:
     missing = [name for name in required if name not in given]
     if len(required) <= len(given) <= len(config.input) and (not missing or not _all_known(given, config)):
         return  # an unknown name is reported by the per-input check, as Triton does
-    got = _triton_name_list(given) if given else "[]"
+    # Triton lists the inputs from its unordered_map: for a few inputs, the reverse of the request's order
+    got = _triton_name_list(given[::-1]) if given else "[]"
     if len(required) == len(config.input):
         expected = f"expected {len(config.input)} inputs"
     else:

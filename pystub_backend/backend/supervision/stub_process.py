@@ -205,8 +205,10 @@ class StubProcess:
             raise StubStartError(await died_during_initialize(self, exc), exc.boot_failure) from exc
         if reply.error is not None:
             self._exiting = True  # a stub whose initialize failed exits with its boot-failure code
-            raise StubStartError(reply.error + (f"\n{reply.traceback}" if reply.traceback else ""),
-                                 boot_failure=True)
+            # Triton's text goes to the client; the full Python traceback only to pystub's log.
+            if reply.traceback:
+                log.error("initialize of stub '%s' failed:\n%s", self.instance_name, reply.traceback.rstrip())
+            raise StubStartError(reply.error, boot_failure=True)
         self.has_is_ready = bool(reply.has_is_ready)
 
     async def auto_complete(self, model_path: str, config_json: str) -> str:

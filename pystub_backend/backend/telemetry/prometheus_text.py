@@ -38,7 +38,12 @@ def format_value(value: float | int) -> str:
         return str(int(value))
     if isinstance(value, int):
         return str(value)
+    if value.is_integer() and abs(value) < _EXACT_INTEGERS:
+        return str(int(value))  # as Triton (prometheus-cpp) prints a whole number: `5`, not `5.0`
     return floatToGoString(value)
+
+
+_EXACT_INTEGERS = 2.0 ** 53
 
 
 def _labels_text(labels: Labels, le: str | None = None) -> str:

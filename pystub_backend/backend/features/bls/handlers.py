@@ -63,8 +63,10 @@ def target_error(core: ServerCore, call: BlsCall) -> ServerError | None:
     name, version = call.request.model_name, call.request.model_version
     try:
         core.model_config(name, version)
-    except ServerError as exc:
-        return ServerError(f"Model {name} - Error when running inference: {exc.message}", exc.status)
+    except ServerError as exc:  # an unknown or unloaded model: Triton's text says "not ready"
+        known = any(v.name == name for v in core.model_versions())
+        detail = exc.message if known else f"Failed for execute the inference request. Model '{name}' is not ready."
+        return ServerError(f"Model {name} - Error when running inference: {detail}", exc.status)
     versions = [v for v in core.model_versions() if v.name == name and (not version or str(v.version) == version)]
     if not any(v.ready for v in versions):
         return ServerError(f"Failed for execute the inference request. Model '{name}' is not ready.",
@@ -164,8 +166,8 @@ async def _model_control(stub: StubProcess, message: ModelControl) -> None:
             result = bool(await core.model_ready(name, str(arguments.get("version") or "")))
         else:
             error = f"unknown model control operation '{message.operation}'"
-    except ServerError as exc:
-        error = exc.message
+    except ServerError as exc:  # Triton's Python backend wraps the server's answer so
+        error = f"Failed to process the request for model '{stub.instance_name}', message: {exc.message}"
     except Exception as exc:  # the model gets the reason instead of waiting for its deadline
         log.exception("model control '%s' from stub '%s' failed", message.operation, stub.instance_name)
         error = f"{type(exc).__name__}: {exc}"

@@ -87,9 +87,7 @@ def parse_header_length(value: str | None, body_size: int) -> int | None:
         raise _invalid(f"invalid {INFERENCE_HEADER} header value '{value}': expected an int32")
     length = int(text)
     if length > body_size:
-        raise _invalid(
-            f"{INFERENCE_HEADER} {length} exceeds the request body size of {body_size} bytes"
-        )
+        raise _invalid(f"inference header size should be in range (0, {body_size}), got: {length}")
     return length
 
 
@@ -112,7 +110,7 @@ def decode_infer_request(
     binary_default = parameters.pop("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise _invalid("parameter 'binary_data_output' must be a boolean")
-    inputs = _decode_inputs(_object_list(document, "inputs"), view, header_end)
+    inputs = _decode_inputs(_object_list(document, "inputs"), view, header_end, model_name)
     outputs, output_format = _decode_outputs(_object_list(document, "outputs"))
     output_format.binary_default = binary_default
     output_format.request_id = request_id if "id" in document else None
@@ -165,24 +163,21 @@ def _shape(item: dict[str, Any], name: str) -> tuple[int, ...]:
 def _datatype(item: dict[str, Any], name: str) -> str:
     datatype = item.get("datatype")
     if not isinstance(datatype, str) or datatype not in WIRE_TO_CODE:
-        raise _invalid(f"input '{name}' has unknown datatype '{datatype}'")
+        raise _invalid(f"invalid datatype for input {name}")
     return datatype
 
 
-def _decode_inputs(items: list[dict[str, Any]], view: memoryview, offset: int) -> list[Tensor]:
+def _decode_inputs(items: list[dict[str, Any]], view: memoryview, offset: int, model: str) -> list[Tensor]:
     tensors = []
     for item in items:
-        tensor, offset = _decode_input(item, view, offset)
+        tensor, offset = _decode_input(item, view, offset, model)
         tensors.append(tensor)
     if offset != len(view):
-        raise _invalid(
-            f"unexpected additional input data: {len(view) - offset} bytes after the last "
-            "binary input"
-        )
+        raise _invalid(f"unexpected additional input data for model '{model}'")
     return tensors
 
 
-def _decode_input(item: dict[str, Any], view: memoryview, offset: int) -> tuple[Tensor, int]:
+def _decode_input(item: dict[str, Any], view: memoryview, offset: int, model: str) -> tuple[Tensor, int]:
     """One input and the offset of the next binary input's bytes."""
     name = _tensor_name(item, "input")
     datatype = _datatype(item, name)
@@ -202,10 +197,8 @@ def _decode_input(item: dict[str, Any], view: memoryview, offset: int) -> tuple[
         if has_data:
             raise _invalid(f"input '{name}' cannot carry both 'data' and 'binary_data_size'")
         if offset + binary_size > len(view):
-            raise _invalid(
-                f"unexpected size {binary_size} for binary input '{name}': only "
-                f"{len(view) - offset} bytes of binary data remain in the request body"
-            )
+            raise _invalid(f"unexpected size for input '{name}', expecting {binary_size} additional bytes "
+                           f"for model '{model}'")
         data = view[offset : offset + binary_size]
         offset += binary_size
     elif has_data:

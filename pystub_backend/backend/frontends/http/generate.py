@@ -106,10 +106,15 @@ async def generate(core: ServerCore, request: web.Request) -> web.Response:
                 response.release()
     finally:
         stream.cancel()
-    if len(documents) != 1:
-        raise ServerError(f"generate expects exactly one response from the model, got {len(documents)}; "
-                          f"use generate_stream", Status.UNSUPPORTED)
+    if len(documents) > 1:  # Triton 2.51 answers 200 with the error as the body
+        return web.json_response({"error": _NOT_ONE_RESPONSE})
+    if not documents:
+        raise ServerError(_NOT_ONE_RESPONSE, Status.UNSUPPORTED)
     return web.json_response(documents[0])
+
+
+_NOT_ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream for model that "
+                     "generates various number of responses")
 
 
 async def generate_stream(core: ServerCore, request: web.Request) -> web.StreamResponse:

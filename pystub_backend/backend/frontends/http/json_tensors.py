@@ -38,10 +38,8 @@ def json_to_tensor_bytes(name: str, datatype: str, shape: tuple[int, ...], data:
     Raises ServerError(INVALID_ARG) naming the input when the data do not fit datatype and shape.
     """
     if datatype in ("FP16", "BF16"):
-        raise _invalid(
-            f"input '{name}' has datatype {datatype}, which cannot be sent as JSON data; "
-            "send it as binary data"
-        )
+        raise _invalid(f"receiving {datatype} data via JSON is not supported. Please use the binary data "
+                       f"format for input {name}")
     convert = _CONVERTERS.get(datatype)
     if convert is None:
         raise _invalid(f"input '{name}' has unsupported datatype '{datatype}'")

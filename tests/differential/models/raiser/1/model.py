@@ -7,10 +7,20 @@
  8 error code UNAVAILABLE                    9 error code NOT_FOUND
 10 error code UNSUPPORTED                   11 returns None
 12 returns the string "nonsense"            13 error code ALREADY_EXISTS
+14 raises KeyError in a helper two calls deep (the "At:" tail's frame order)
 """
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+
+def _inner(mode):
+    raise KeyError(f"mode {mode}")
+
+
+def _outer(mode):
+    return _inner(mode)
+
 
 CODES = {3: "INVALID_ARG", 8: "UNAVAILABLE", 9: "NOT_FOUND", 10: "UNSUPPORTED", 13: "ALREADY_EXISTS"}
 
@@ -22,6 +32,8 @@ class TritonPythonModel:
             raise ValueError("mode one")
         if mode == 7:
             raise pb_utils.TritonModelException("model exception")
+        if mode == 14:
+            _outer(mode)
         if mode == 5:
             return []
         if mode == 11:
