@@ -19,6 +19,7 @@ from pystub_backend.backend.features.response_cache import CacheConfigError
 from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
 from pystub_backend.backend.models.repository import RepositoryError
 from pystub_backend.backend.options import GrpcOptions, ServerOptions
+from pystub_backend.ipc.isolation import forbid_inspection
 from pystub_backend.ipc.names import sweep_stale
 
 __all__ = ["serve", "Listeners"]
@@ -109,6 +110,7 @@ async def serve(options: ServerOptions) -> int:
     """Run until SIGINT/SIGTERM. Returns the process exit status."""
     stop = asyncio.Event()
     _install_signal_handlers(stop)
+    forbid_inspection()  # models (same uid) cannot read the arenas through /proc/<backend pid>
     removed = sweep_stale(options.settings.shm_prefix)
     if removed:
         log.info("removed %d stale shared memory objects of dead processes", len(removed))
