@@ -7,7 +7,8 @@ process can open it by a name.
 
     Segment.create(label, size)   memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING),
                                   posix_fallocate(size) (pages reserved now: running out of memory
-                                  fails here with ENOSPC/ENOMEM, not with SIGBUS on first touch),
+                                  fails here with ENOMEM, not with SIGBUS on first touch; a size
+                                  beyond the memory available is refused before any page is taken),
                                   seals SHRINK | GROW | SEAL, mapped read-write
     segment.take_fd()             its descriptor (read-only by default) for the peer; this
                                   process keeps none once it is sent
@@ -18,17 +19,24 @@ The seals make the size fixed for everyone: a peer cannot shrink memory this pro
 plain file, an unsealed memfd), so a stub cannot hand the backend such a thing either. The label
 only shows in /proc/<pid>/maps and /proc/<pid>/fd links; it opens nothing.
 
-`close()` unmaps and closes the creator's descriptor; the memory goes when the last mapping and
-descriptor anywhere are gone, so a process killed with SIGKILL leaves nothing behind.
+Mappings are made with libc's mmap, not Python's `mmap.mmap`: the latter keeps a duplicate of the
+descriptor open for as long as the mapping lives, which would leave every segment reachable
+through /proc/<pid>/fd. The mapping is a ctypes array; it is unmapped when the last view of it
+is collected, so a view a model kept stays valid after `close()`.
+
+`close()` drops this object's hold and closes the creator's descriptor; the memory goes when the
+last mapping and descriptor anywhere are gone, so a process killed with SIGKILL leaves nothing.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
+import weakref
 
-__all__ = ["Segment", "SegmentCreateError", "REQUIRED_SEALS"]
+__all__ = ["Segment", "SegmentCreateError", "REQUIRED_SEALS", "available_memory"]
 
 # The seals every segment carries: its size is fixed and no seal can be added or removed later.
 REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
@@ -38,19 +46,89 @@ class SegmentCreateError(OSError):
     """The segment could not be created, reserved, or mapped; the message names it."""
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _map(fd: int, size: int, writable: bool) -> memoryview:
+    """Map `size` bytes of `fd` shared; a byte view (read-only unless `writable`) whose mapping is
+    unmapped when the last view of it is gone. Raises OSError. Keeps no descriptor."""
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    address = _libc.mmap(None, size, prot, mmap.MAP_SHARED, fd, 0)
+    if address is None or address == _MAP_FAILED:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))
+
+    class _Mapping(ctypes.c_ubyte * size):  # type: ignore[misc]  # a subclass can be weakly referenced
+        pass
+
+    array = _Mapping.from_address(address)
+    weakref.finalize(array, _libc.munmap, address, size)
+    view = memoryview(array).cast("B")
+    return view if writable else view.toreadonly()
+
+
+# A memory cgroup's limit and usage (v2, then v1); "max" or a huge v1 number means no limit.
+_CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as handle:
+            text = handle.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still get: MemAvailable, lowered by a memory cgroup's headroom.
+    None when unknown (no /proc)."""
+    available = None
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    for limit_path, usage_path in _CGROUP_FILES:
+        limit, usage = _read_int(limit_path), _read_int(usage_path)
+        if limit is not None and usage is not None and limit < 1 << 60:
+            headroom = max(0, limit - usage)
+            available = headroom if available is None else min(available, headroom)
+            break
+    return available
+
+
+def _check_available(label: str, size: int) -> None:
+    """Refuse a segment that memory cannot hold. A memfd has no size limit of its own (unlike a
+    /dev/shm tmpfs), so without this check posix_fallocate would take pages until the memory
+    cgroup's OOM killer picks a process instead of returning an error."""
+    available = available_memory()
+    if available is not None and size > available:
+        raise SegmentCreateError(f"cannot reserve {size} bytes for shared memory '{label}': only "
+                                 f"{available} bytes of memory are available")
+
+
 class Segment:
-    def __init__(self, label: str, buffer: mmap.mmap, size: int, writable: bool, fd: int = -1) -> None:
+    def __init__(self, label: str, view: memoryview, size: int, writable: bool, fd: int = -1) -> None:
         self.name = label
         self.size = size
         self.writable = writable
         self._fd = fd  # the creator's descriptor until take_fd hands it over; a peer keeps none
-        self._mmap: mmap.mmap | None = buffer
-        self.view = memoryview(buffer)
+        self.view = view
 
     @classmethod
     def create(cls, label: str, size: int) -> Segment:
         """Create, reserve, seal and map an anonymous segment of `size` bytes. Raises
         SegmentCreateError (nothing is left behind: the descriptor is the only handle)."""
+        _check_available(label, size)
         try:
             fd = os.memfd_create(label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         except OSError as exc:
@@ -58,12 +136,12 @@ class Segment:
         try:
             os.posix_fallocate(fd, 0, size)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, REQUIRED_SEALS)
-            buffer = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            view = _map(fd, size, writable=True)
         except OSError as exc:
             os.close(fd)  # crash-safe: the memory goes with its only descriptor
             raise SegmentCreateError(f"cannot reserve {size} bytes for shared memory '{label}': "
                                      f"{os.strerror(exc.errno) if exc.errno else exc}") from exc
-        return cls(label, buffer, size, writable=True, fd=fd)
+        return cls(label, view, size, writable=True, fd=fd)
 
     @classmethod
     def from_fd(cls, fd: int, writable: bool = False, label: str = "") -> Segment:
@@ -79,11 +157,10 @@ class Segment:
                                      f"(seals {seals:#x})")
         try:
             size = os.fstat(fd).st_size
-            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-            buffer = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
-        except (OSError, ValueError) as exc:  # ValueError: an empty object cannot be mapped
+            view = _map(fd, size, writable)  # an empty object fails here (EINVAL)
+        except OSError as exc:
             raise SegmentCreateError(f"cannot map shared memory {what}: {exc}") from exc
-        return cls(label, buffer, size, writable)
+        return cls(label, view, size, writable)
 
     def take_fd(self, writable: bool = False) -> int:
         """The descriptor for the peer, read-only unless asked (a read-only descriptor cannot be
@@ -102,16 +179,13 @@ class Segment:
             os.close(fd)
 
     def close(self) -> None:
-        """Unmap and close. Views still exported (e.g. numpy arrays a model kept) keep the
-        mapping alive until they are collected."""
+        """Close the creator's descriptor and drop this object's view. The mapping goes once no
+        view of it remains (numpy arrays a model kept hold it until they are collected)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        if self._mmap is None:
-            return
         try:
             self.view.release()
-            self._mmap.close()
         except BufferError:
             pass  # an exported view still uses it; the mapping goes when that view is collected
-        self._mmap = None
+        self.view = memoryview(b"")
