@@ -46,7 +46,8 @@ def parse_args(argv: list[str]) -> StubOptions:
         if name not in ("as", "cpu", "nofile") or not value.isdigit():
             parser.error(f"bad --rlimit {entry!r}")
         rlimits[name] = int(value)
-    return StubOptions(instance=args.instance, base=args.base, fd=args.fd, control_fd=args.control_fd, parent_pid=args.parent_pid,
+    return StubOptions(instance=args.instance, base=args.base, fd=args.fd, control_fd=args.control_fd,
+                       parent_pid=args.parent_pid,
                        shm_default=args.shm_default, shm_growth=args.shm_growth,
                        heartbeat_interval=args.heartbeat_interval, send_timeout=args.send_timeout,
                        rlimits=rlimits)

@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from pystub_backend.ipc import names
 from pystub_backend.ipc.allocator import ALIGNMENT
-from pystub_backend.ipc.arena import EMPTY_HANDLE, ArenaFullError, ArenaReader, ArenaWriter, segment_name
+from pystub_backend.ipc.arena import EMPTY_HANDLE, ArenaFullError, ArenaReader, ArenaWriter
 from pystub_backend.ipc.segment import REQUIRED_SEALS, Segment, SegmentCreateError
 
 PAGE = 4096

@@ -59,7 +59,8 @@ def _report():
     others = _stub_pids()
     for pid in [os.getppid(), *others]:
         _probe_process(pid, opened_proc)
-    own_maps = sum("/memfd:" in line for line in open("/proc/self/maps"))
+    with open("/proc/self/maps") as maps:
+        own_maps = sum("/memfd:" in line for line in maps)
     return {"dev_shm": sorted(os.listdir("/dev/shm")), "opened_shm": opened_shm, "opened_proc": opened_proc,
             "other_stubs": len(others), "own_memfd_mappings": own_maps,
             "own_memfd_fds": sum(os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:")
@@ -69,7 +70,7 @@ def _report():
 class TritonPythonModel:
     def execute(self, requests):
         responses = []
-        for request in requests:
+        for _ in requests:
             report = json.dumps(_report())
             responses.append(pb_utils.InferenceResponse(
                 [pb_utils.Tensor("REPORT", np.array([report.encode()], dtype=np.object_))]))
