@@ -1,6 +1,7 @@
 """Chaos under load (issue 11): while tools/soak.py's mixed traffic runs, kill -9 three stubs,
-SIGSTOP one for twice the heartbeat timeout, fill /dev/shm so that arenas cannot grow, unload and
-reload a model, and close clients abruptly all along (tools/soak_chaos.py).
+SIGSTOP one for twice the heartbeat timeout, fill /dev/shm (which, since arenas are anonymous
+memfds, must fail nothing), unload and reload a model, and close clients abruptly all along
+(tools/soak_chaos.py).
 
 Every request is accounted for (sent == ok + errors), every error names a cause a fault explains
 (stub died, BLS target not ready, shm full, model unloaded, sequence evicted, client closed: no
@@ -41,7 +42,8 @@ def test_faults_under_load_lose_nothing_and_the_server_recovers(tmp_path: Path) 
     assert faults == ["kill -9"] * options.kills + ["SIGSTOP", "fill shm", "reload"], report["faults"]
     assert not any(fault["detail"].startswith(("could not", "skipped")) for fault in report["faults"])
     causes = totals["by_cause"]
-    assert causes.get("shm full", 0) > 0, causes  # the fill made large requests fail, with Triton's text
+    # Arenas are anonymous memfds (issue 19): filling /dev/shm no longer makes any request fail.
+    assert causes.get("shm full", 0) == 0, causes
     assert causes.get("model unloaded", 0) > 0, causes  # the reload failed the model's requests meanwhile
     assert causes.get("client closed", 0) > 0, causes
     assert log.count("restarted (restart") >= options.kills + 1, "every killed or frozen stub came back"
