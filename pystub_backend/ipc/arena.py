@@ -134,6 +134,8 @@ class ArenaWriter:
     def take_new_fds(self) -> list[int]:
         """Descriptors (read-only) of the segments created since the last call, in index order,
         for the reader's process. The caller sends them with its next frame and closes them."""
+        if not self._unsent:  # every frame asks: answer without the lock when nothing grew
+            return []
         with self._lock:
             unsent, self._unsent = self._unsent, []
         return [segment.take_fd() for segment in unsent]
