@@ -71,9 +71,25 @@ def _map(fd: int, size: int, writable: bool) -> memoryview:
     return view if writable else view.toreadonly()
 
 
-# A memory cgroup's limit and usage (v2, then v1); "max" or a huge v1 number means no limit.
-_CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+def _cgroup_files() -> list[tuple[str, str]]:
+    """(limit, usage) files of this process's memory cgroup (v2 or v1, found through
+    /proc/self/cgroup), then those of the mount's root (a container's own cgroup)."""
+    found = []
+    try:
+        with open("/proc/self/cgroup") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        path = path.rstrip("/")
+        if hierarchy == "0" and not controllers:
+            found.append((f"/sys/fs/cgroup{path}/memory.max", f"/sys/fs/cgroup{path}/memory.current"))
+        elif "memory" in controllers.split(","):
+            found.append((f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes",
+                          f"/sys/fs/cgroup/memory{path}/memory.usage_in_bytes"))
+    return found + [("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")]
 
 
 def _read_int(path: str) -> int | None:
@@ -97,8 +113,8 @@ def available_memory() -> int | None:
                     break
     except OSError:
         pass
-    for limit_path, usage_path in _CGROUP_FILES:
-        limit, usage = _read_int(limit_path), _read_int(usage_path)
+    for limit_path, usage_path in _cgroup_files():
+        limit, usage = _read_int(limit_path), _read_int(usage_path)  # "max" (no limit) reads as None
         if limit is not None and usage is not None and limit < 1 << 60:
             headroom = max(0, limit - usage)
             available = headroom if available is None else min(available, headroom)
