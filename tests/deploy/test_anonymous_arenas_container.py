@@ -57,6 +57,7 @@ def _dev_shm(backend: ContainerBackend) -> list[str]:
     return sorted(os.listdir(f"/proc/{backend.pid}/root/dev/shm"))
 
 
+@pytest.mark.timeout(400)  # 256 MiB both ways, twice: minutes on a loaded 2-core machine
 def test_256_mib_tensors_over_http_and_grpc_in_a_64_mib_dev_shm(sandbox: tuple[Path, list[str]]) -> None:
     repository, wrapper = sandbox
     with ContainerBackend(repository, wrapper, f"--http-max-input-size={2 * BIG}") as backend:

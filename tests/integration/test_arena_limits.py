@@ -121,6 +121,7 @@ def tmpfs_backend(tmp_path: Path) -> Iterator[Backend]:
         yield backend
 
 
+@pytest.mark.timeout(400)  # 500 MiB requests over HTTP and gRPC: minutes on a loaded 2-core machine
 def test_dev_shm_size_is_no_limit_and_exhaustion_fails_only_that_request(tmpfs_backend: Backend) -> None:
     backend = tmpfs_backend
     assert_identity(backend, 4096)  # creates both arenas' first segments (1 MiB each)
