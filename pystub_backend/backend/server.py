@@ -24,6 +24,7 @@ from pystub_backend.backend.models.repository import RepositoryError
 from pystub_backend.backend.options import GrpcOptions, ServerOptions
 from pystub_backend.backend.port_check import busy_listeners
 from pystub_backend.backend.telemetry.tracing import Tracer
+from pystub_backend.ipc.isolation import forbid_inspection
 from pystub_backend.ipc.names import sweep_stale
 
 __all__ = ["serve", "Listeners"]
@@ -124,6 +125,7 @@ async def serve(options: ServerOptions) -> int:
         return 1
     stop = asyncio.Event()
     _install_signal_handlers(stop)
+    forbid_inspection()  # models (same uid) cannot read the arenas through /proc/<backend pid>
     removed = sweep_stale(options.settings.shm_prefix)
     if removed:
         log.info("removed %d stale shared memory objects of dead processes", len(removed))

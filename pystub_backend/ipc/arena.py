@@ -1,26 +1,30 @@
 """Arenas: growable shared memory with exactly one writer.
 
-An arena is a list of segments named `<base>_<purpose><index>`. The writer allocates, copies data
-in, and hands out `Handle`s; the reader maps the same segments (lazily, read-only) and views the
-bytes a handle names. The reader never frees: it sends the handle back in a release message and
-the writer frees it. One writer per arena means no cross-process lock exists that a crashed peer
-could leave held.
+An arena is a list of anonymous segments (sealed memfds, segment.py) labelled
+`<base>_<purpose><index>`. The writer creates them, allocates, copies data in, and hands out
+`Handle`s; each new segment's descriptor goes to the reader's process with the next frame the
+writer's side sends (`take_new_fds`, carried by channel.py as SCM_RIGHTS), so it arrives no later
+than the first frame that can name it, and the reader maps it (`add_fds`, read-only) before that
+frame is handled. The reader never frees: it sends the handle back in a release message and the
+writer frees it. One writer per arena means no cross-process lock exists that a crashed peer
+could leave held. Neither side keeps a descriptor once a segment is mapped on both sides.
 
     Handle = (segment index, offset, nbytes)          segment -1: an empty tensor, nothing stored
 
 The first segment has `default_size` bytes (or the smallest multiple of it that fits the first
 request); growth adds a segment of `growth_size` bytes, or of the smallest multiple of it that fits
-the request; data never moves. A failure to reserve the new segment's pages (full /dev/shm) raises
-`ArenaFullError` with the text clients match, and leaves the arena as it was.
+the request; data never moves. A failure to reserve the new segment's pages (out of memory, a
+memory cgroup limit) raises `ArenaFullError` with the text clients match, and leaves the arena as
+it was. /dev/shm is not involved: its size does not limit an arena.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
 from pystub_backend.ipc.allocator import ALIGNMENT, Allocator
-from pystub_backend.ipc.names import unlink_entries
 from pystub_backend.ipc.segment import Segment, SegmentCreateError
 
 __all__ = ["Handle", "EMPTY_HANDLE", "ArenaWriter", "ArenaReader", "ArenaFullError", "segment_name"]
@@ -35,6 +39,7 @@ class ArenaFullError(MemoryError):
 
 
 def segment_name(base: str, purpose: str, index: int) -> str:
+    """The label of a segment (shown in /proc/<pid>/maps; it opens nothing)."""
     return f"{base}_{purpose}{index}"
 
 
@@ -66,6 +71,7 @@ class ArenaWriter:
         # views (a cheap first test that rejects foreign buffers without computing addresses).
         self._addresses: list[int] = []
         self._exporters: set[int] = set()
+        self._unsent: list[Segment] = []  # created, descriptor not yet taken for the peer
         self._lock = threading.Lock()
 
     # -- sizes ---------------------------------------------------------------------------------
@@ -112,18 +118,27 @@ class ArenaWriter:
         except SegmentCreateError as exc:
             raise ArenaFullError(
                 f"Failed to increase the shared memory pool size for key '{name}' to {size} bytes. "
-                f"If you are running inside a container, give /dev/shm more space. Error: {exc}") from exc
+                f"Error: {exc}") from exc
         try:
             allocator, address = Allocator(size), _address(segment.view)
         except BaseException:
-            segment.close()  # crash-safe: the writer created it, so nothing half-built may stay
-            unlink_entries([name])
+            segment.close()  # crash-safe: its descriptor was the only handle, nothing stays
             raise
+        self._unsent.append(segment)
         self._segments.append(segment)
         self._allocators.append(allocator)
         self._addresses.append(address)
         self._exporters.add(id(segment.view.obj))
         return len(self._segments) - 1
+
+    def take_new_fds(self) -> list[int]:
+        """Descriptors (read-only) of the segments created since the last call, in index order,
+        for the reader's process. The caller sends them with its next frame and closes them."""
+        if not self._unsent:  # every frame asks: answer without the lock when nothing grew
+            return []
+        with self._lock:
+            unsent, self._unsent = self._unsent, []
+        return [segment.take_fd() for segment in unsent]
 
     def free(self, handle: Handle | list[int]) -> None:
         """Free a handle. Raises KeyError for a handle that is not allocated (double free) and
@@ -196,8 +211,10 @@ class ArenaWriter:
         return None
 
     def close(self) -> None:
-        """Unmap every segment (views still exported keep theirs alive); never unlinks."""
+        """Unmap every segment and close any descriptor not handed over (views still exported
+        keep their mapping alive)."""
         with self._lock:
+            self._unsent.clear()
             for segment in self._segments:
                 segment.close()
             self._segments.clear()
@@ -207,35 +224,59 @@ class ArenaWriter:
 
 
 class ArenaReader:
-    """Maps the segments of another process's arena on first use; never frees."""
+    """Maps the segments of another process's arena as their descriptors arrive; never frees."""
 
     def __init__(self, base: str, purpose: str, writable: bool = False) -> None:
         self.base = base
         self.purpose = purpose
         self.writable = writable
-        self._segments: dict[int, Segment] = {}
+        # By index: the mapped segment, or why the descriptor for that index could not be mapped.
+        self._segments: list[Segment | SegmentCreateError] = []
         self._lock = threading.Lock()
 
+    def add_fds(self, fds: list[int]) -> None:
+        """Map the next segments from their descriptors (in index order) and close the
+        descriptors. A descriptor that is not a sealed segment takes its index but every view of
+        it raises SegmentCreateError (a peer cannot shift later segments' indices)."""
+        for fd in fds:
+            label = segment_name(self.base, self.purpose, len(self._segments))
+            entry: Segment | SegmentCreateError
+            try:
+                entry = Segment.from_fd(fd, self.writable, label)
+            except SegmentCreateError as exc:
+                entry = exc
+            finally:
+                os.close(fd)
+            with self._lock:
+                self._segments.append(entry)
+
     def view(self, handle: Handle | list[int]) -> memoryview:
-        """A view of the handle's bytes. Raises SegmentCreateError for a segment that does not exist
-        and ValueError for a handle outside its segment (a corrupt frame)."""
+        """A view of the handle's bytes. Raises SegmentCreateError for a segment that was never
+        handed over (or was refused) and ValueError for a handle outside its segment (a corrupt
+        frame)."""
         index, offset, nbytes = handle
         if index < 0:
             if tuple(handle) != EMPTY_HANDLE:
                 raise ValueError(f"handle {tuple(handle)} names no segment")
             return memoryview(b"")
-        segment = self._segments.get(index)
-        if segment is None:
-            with self._lock:
-                segment = self._segments.get(index)
-                if segment is None:
-                    segment = Segment.attach(segment_name(self.base, self.purpose, index), self.writable)
-                    self._segments[index] = segment
+        segments = self._segments
+        if index >= len(segments):
+            raise SegmentCreateError(f"segment {index} of arena '{self.base}_{self.purpose}' was never "
+                                     f"handed over ({len(segments)} were)")
+        segment = segments[index]
+        if isinstance(segment, SegmentCreateError):
+            raise SegmentCreateError(str(segment))
         if offset < 0 or nbytes < 0 or offset + nbytes > segment.size:
             raise ValueError(f"handle {tuple(handle)} lies outside segment {index} of {segment.size} bytes")
         return segment.view[offset : offset + nbytes]
 
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
     def close(self) -> None:
-        for segment in self._segments.values():
-            segment.close()
-        self._segments.clear()
+        with self._lock:
+            for segment in self._segments:
+                if isinstance(segment, Segment):
+                    segment.close()
+            self._segments.clear()

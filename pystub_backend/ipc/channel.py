@@ -11,23 +11,48 @@ Unix socket pair does the job of both directions' queues with none of their cost
 - nothing is named, so nothing can leak in /dev/shm, and asyncio can watch the fd directly.
 
 Frames are at most MAX_FRAME bytes; anything large goes in an arena, never in a frame.
+
+The channel also carries the arenas' segments (ipc/arena.py), which have no name: each end is
+bound to the arena it writes (`SegmentSource`) and the arena it reads (`SegmentSink`). Every frame
+sent takes along, as SCM_RIGHTS, the descriptors of the segments its writer created since the
+previous frame; the receiver maps them before it hands the frame on. Taking and sending happen
+under one lock (the stub's threads) or in one synchronous call (the backend's loop), so a
+segment's descriptor arrives no later than the first frame that names it. Received descriptors
+are close-on-exec (MSG_CMSG_CLOEXEC): a process the model starts inherits none.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import errno
+import os
 import select
 import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
-__all__ = ["MAX_FRAME", "ChannelClosedError", "ChannelTimeoutError", "FrameTooLargeError",
-           "make_pair", "BlockingChannel", "AsyncChannel"]
+__all__ = ["MAX_FRAME", "MAX_FDS", "ChannelClosedError", "ChannelTimeoutError", "FrameTooLargeError",
+           "SegmentSource", "SegmentSink", "make_pair", "BlockingChannel", "AsyncChannel"]
 
 MAX_FRAME = 128 * 1024
 _BUFFER_BYTES = 1 << 20  # asked for; the kernel caps it at net.core.{w,r}mem_max
+MAX_FDS = 253  # SCM_MAX_FD: the most descriptors one frame can carry
+_ANCILLARY = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+
+
+class SegmentSource(Protocol):
+    """The arena this end writes: descriptors of its new segments, to send and then close."""
+
+    def take_new_fds(self) -> list[int]: ...
+
+
+class SegmentSink(Protocol):
+    """The arena this end reads: maps (and closes) descriptors that arrived, in order."""
+
+    def add_fds(self, fds: list[int]) -> None: ...
 
 
 class ChannelClosedError(ConnectionError):
@@ -60,6 +85,54 @@ def _check_size(frame: bytes) -> None:
         raise FrameTooLargeError(f"frame of {len(frame)} bytes exceeds the {MAX_FRAME}-byte limit")
 
 
+class _Segments:
+    """One end's share of the segment handover: descriptors waiting to go out with a frame (kept
+    across a send that found the queue full), and where arriving ones go."""
+
+    def __init__(self) -> None:
+        self.source: SegmentSource | None = None
+        self.sink: SegmentSink | None = None
+        self._outgoing: list[int] = []
+
+    def send(self, sock: socket.socket, frame: bytes) -> None:
+        """sendmsg `frame` with the descriptors due (at most MAX_FDS; the rest go with the next
+        frame); closes them once sent. Raises what sendmsg raises, keeping them for a retry."""
+        if self.source is not None:
+            self._outgoing.extend(self.source.take_new_fds())
+        if not self._outgoing:
+            sock.send(frame)
+            return
+        batch = self._outgoing[:MAX_FDS]
+        sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", batch))])
+        del self._outgoing[:len(batch)]
+        for fd in batch:
+            os.close(fd)
+
+    def receive(self, sock: socket.socket) -> bytes:
+        """recvmsg one frame; hands the descriptors that came with it to the sink (or closes
+        them) before returning. Raises what recvmsg raises."""
+        # The buffer holds MAX_FDS descriptors, the most a sender puts on one frame, so none is
+        # truncated away (MSG_CTRUNC) by a well-behaved peer; a frame naming a segment that never
+        # arrived fails in the sink with an error that says so.
+        frame, ancillary, _, _ = sock.recvmsg(MAX_FRAME, _ANCILLARY, socket.MSG_CMSG_CLOEXEC)
+        fds = array.array("i")
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+        if fds:
+            if self.sink is not None:
+                self.sink.add_fds(list(fds))
+            else:
+                for fd in fds:
+                    os.close(fd)
+        return frame
+
+    def close(self) -> None:
+        for fd in self._outgoing:
+            os.close(fd)
+        self._outgoing.clear()
+
+
 class BlockingChannel:
     """The stub's end: blocking calls with deadlines, usable from several threads."""
 
@@ -67,6 +140,11 @@ class BlockingChannel:
         self._sock = sock
         self._sock.setblocking(False)
         self._send_lock = threading.Lock()
+        self._segments = _Segments()
+
+    def carry_segments(self, source: SegmentSource, sink: SegmentSink) -> None:
+        """Send `source`'s new segments with the frames, map arriving ones into `sink`."""
+        self._segments.source, self._segments.sink = source, sink
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -81,7 +159,7 @@ class BlockingChannel:
         with self._send_lock:
             while True:
                 try:
-                    self._sock.send(frame)
+                    self._segments.send(self._sock, frame)
                     return
                 except BlockingIOError:
                     pass
@@ -99,7 +177,7 @@ class BlockingChannel:
         if not readable:
             return None
         try:
-            frame = self._sock.recv(MAX_FRAME)
+            frame = self._segments.receive(self._sock)
         except BlockingIOError:
             return None
         except ConnectionResetError as exc:
@@ -109,6 +187,7 @@ class BlockingChannel:
         return frame
 
     def close(self) -> None:
+        self._segments.close()
         self._sock.close()
 
 
@@ -129,7 +208,12 @@ class AsyncChannel:
         self._on_closed = on_closed
         self._loop = asyncio.get_running_loop()
         self._closed = False
+        self._segments = _Segments()
         self._loop.add_reader(sock.fileno(), self._readable)
+
+    def carry_segments(self, source: SegmentSource, sink: SegmentSink) -> None:
+        """Send `source`'s new segments with the frames, map arriving ones into `sink`."""
+        self._segments.source, self._segments.sink = source, sink
 
     @property
     def closed(self) -> bool:
@@ -138,7 +222,7 @@ class AsyncChannel:
     def _readable(self) -> None:
         while not self._closed:
             try:
-                frame = self._sock.recv(MAX_FRAME)
+                frame = self._segments.receive(self._sock)
             except BlockingIOError:
                 return
             except OSError:
@@ -161,7 +245,7 @@ class AsyncChannel:
         if self._closed:
             raise ChannelClosedError("channel is closed")
         try:
-            self._sock.send(frame)
+            self._segments.send(self._sock, frame)
             return True
         except BlockingIOError:
             return False
@@ -194,4 +278,5 @@ class AsyncChannel:
         if not self._closed:
             self._closed = True
             self._loop.remove_reader(self._sock.fileno())
+        self._segments.close()
         self._sock.close()

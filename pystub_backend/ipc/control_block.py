@@ -1,7 +1,8 @@
-"""The control block: a small shm segment per stub that the supervisor and stubctl read.
+"""The control block: a small anonymous shm segment per stub that the supervisor reads.
 
 The stub writes it (heartbeat from a thread that never runs model code, state, execute start);
-the backend creates it, reads it, and unlinks it.
+the backend creates it (a sealed memfd, segment.py), hands its descriptor to the stub process at
+spawn (`take_fd`, inherited by the child), reads it, and closes it. It has no name.
 
     offset size  field
     0      4     magic b"PSCB"
@@ -48,19 +49,25 @@ class ControlBlock:
         self._view = segment.view
 
     @classmethod
-    def create(cls, name: str) -> ControlBlock:
-        block = cls(Segment.create(name, CONTROL_BLOCK_SIZE))
+    def create(cls, label: str) -> ControlBlock:
+        """A fresh block. Raises SegmentCreateError."""
+        block = cls(Segment.create(label, CONTROL_BLOCK_SIZE))
         _LAYOUT.pack_into(block._view, 0, _MAGIC, _VERSION, 0, StubState.STARTING, 0.0, 0.0, 0, 0, 0)
         return block
 
+    def take_fd(self) -> int:
+        """The block's (writable) descriptor, for the stub process; the caller closes it."""
+        return self.segment.take_fd(writable=True)
+
     @classmethod
-    def attach(cls, name: str) -> ControlBlock:
-        """Map an existing block for writing. Raises ValueError when it is not a control block."""
-        block = cls(Segment.attach(name, writable=True))
+    def attach_fd(cls, fd: int) -> ControlBlock:
+        """Map the block behind `fd` for writing (the caller closes `fd`). Raises
+        SegmentCreateError, and ValueError when it is not a control block."""
+        block = cls(Segment.from_fd(fd, writable=True, label="control block"))
         magic, version = struct.unpack_from("<4sI", block._view, 0)
         if magic != _MAGIC or version != _VERSION:
             block.close()
-            raise ValueError(f"shared memory '{name}' is not a version {_VERSION} control block")
+            raise ValueError(f"descriptor {fd} is not a version {_VERSION} control block")
         return block
 
     # -- stub side -----------------------------------------------------------------------------

@@ -1,8 +1,13 @@
-"""Names of shared-memory objects, and the sweep of stale ones.
+"""Labels of pystub's shared memory, and the sweep of named objects older versions left behind.
 
-Every object is `/dev/shm/<prefix>_<owner pid>_<token>_<purpose>`: the owner pid lets a later
-backend recognise objects whose creator died without unlinking them, and the random token keeps
-two stubs (or two incarnations of one stub) apart. Only the backend unlinks.
+pystub's own segments are anonymous memfds (segment.py); `stub_base_name` gives each stub
+incarnation the label `<prefix>_<owner pid>_<token>` that its segments carry in /proc/<pid>/maps
+(`/memfd:<label>_<purpose><index>`): the owner pid and the random token tell incarnations apart
+when reading those tables, and a label opens nothing.
+
+Versions before anonymous arenas created `/dev/shm/<prefix>_<owner pid>_<token>_<purpose>`
+objects, which a SIGKILLed server left behind; `sweep_stale` still removes such leftovers whose
+owner pid is dead (nothing new needs it). `owned_entries` / `unlink_entries` list and remove them.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import BlockingChannel, ChannelClosedError
 from pystub_backend.ipc.control_block import ControlBlock, StubState
 from pystub_backend.ipc.exit_codes import StubExitCode
+from pystub_backend.ipc.isolation import forbid_inspection
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import output_buffers, pb_utils
@@ -54,6 +55,7 @@ class StubOptions:
     instance: str
     base: str
     fd: int
+    control_fd: int
     parent_pid: int
     shm_default: int
     shm_growth: int
@@ -66,11 +68,16 @@ class Stub:
     def __init__(self, options: StubOptions) -> None:
         self.options = options
         self.instance = options.instance
-        self.control = ControlBlock.attach(options.base + "_ctl")
+        try:
+            self.control = ControlBlock.attach_fd(options.control_fd)
+        finally:
+            os.close(options.control_fd)  # mapped; no descriptor of it stays in this process
         os.set_inheritable(options.fd, False)  # processes the model starts must not hold our channel
         self.channel = BlockingChannel(socket.socket(fileno=options.fd))
         self.p2s = ArenaReader(options.base, "p2s")
         self.s2p = ArenaWriter(options.base, "s2p", options.shm_default, options.shm_growth)
+        # Arenas have no names: p2s segments arrive with the backend's frames, s2p ones leave with ours.
+        self.channel.carry_segments(self.s2p, self.p2s)
         self.work: queue.SimpleQueue[Any] = queue.SimpleQueue()  # C-level: the per-request hand-off
         self.loop = InstanceLoop(self.log_error)
         self.model: Any = None
@@ -375,6 +382,7 @@ def apply_rlimits(limits: dict[str, int]) -> None:
 def main(options: StubOptions) -> int:
     ignore_termination_signals()
     set_parent_death_signal(options.parent_pid)
+    forbid_inspection()  # other stubs (same uid) cannot read this one's memory through /proc
     apply_rlimits(options.rlimits)
     try:
         stub = Stub(options)

@@ -30,8 +30,9 @@ def parse_args(argv: list[str]) -> StubOptions:
     from pystub_backend.stub.stub import StubOptions
     parser = argparse.ArgumentParser(prog="triton_python_backend_stub")
     parser.add_argument("instance")
-    parser.add_argument("--base", required=True, help="shm base name of this stub incarnation")
+    parser.add_argument("--base", required=True, help="label of this stub incarnation's shared memory")
     parser.add_argument("--fd", type=int, required=True, help="the stub's end of the channel")
+    parser.add_argument("--control-fd", type=int, required=True, help="the control block's descriptor")
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--shm-default", type=int, required=True)
     parser.add_argument("--shm-growth", type=int, required=True)
@@ -45,7 +46,8 @@ def parse_args(argv: list[str]) -> StubOptions:
         if name not in ("as", "cpu", "nofile") or not value.isdigit():
             parser.error(f"bad --rlimit {entry!r}")
         rlimits[name] = int(value)
-    return StubOptions(instance=args.instance, base=args.base, fd=args.fd, parent_pid=args.parent_pid,
+    return StubOptions(instance=args.instance, base=args.base, fd=args.fd, control_fd=args.control_fd,
+                       parent_pid=args.parent_pid,
                        shm_default=args.shm_default, shm_growth=args.shm_growth,
                        heartbeat_interval=args.heartbeat_interval, send_timeout=args.send_timeout,
                        rlimits=rlimits)

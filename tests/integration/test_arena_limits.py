@@ -1,9 +1,10 @@
 """The arenas at their limits, through a real backend.
 
-- Exhaustion: the backend runs in a private mount namespace whose /dev/shm is a 48 MiB tmpfs. A
-  request whose tensors cannot get shared memory fails alone, with Triton's text (HTTP 500, gRPC
-  INTERNAL), whether the backend's p2s arena or the stub's s2p arena is the one that cannot grow;
-  smaller requests keep being served and the failed segment is not left behind.
+- Exhaustion: the backend runs in a private mount namespace whose /dev/shm is a 48 MiB tmpfs, which
+  no longer limits anything (arenas are anonymous memfds): 30 and 40 MiB requests are served over
+  HTTP and gRPC and /dev/shm stays empty. The stub's memory is limited (STUB_MEMORY_LIMIT_BYTES):
+  a request whose outputs cannot get shared memory there fails alone, with Triton's text (HTTP
+  500, gRPC INTERNAL); smaller requests keep being served and nothing of it is left.
 - Growth: a request larger than the default segment succeeds; the arena grows by a segment that
   is a multiple of `shm-growth-byte-size`.
 - Fragmentation: a long concurrent mixed-size workload leaves `arena_used_bytes` at its baseline
@@ -35,6 +36,9 @@ MIB = 1 << 20
 POOL_TEXT = "Failed to increase the shared memory pool size"
 TMPFS_SIZE = 48 * MIB
 GROWTH = 2 * MIB
+# The stub's address space: its own ~400 MiB plus room to map a 500 MiB input, not also a 500 MiB output.
+STUB_LIMIT = 'parameters { key: "STUB_MEMORY_LIMIT_BYTES", value: { string_value: "1200000000" } }\n'
+BIG = 500 * MIB
 
 # A private /dev/shm of TMPFS_SIZE bytes; the backend is exec'ed so its pid is the Popen's.
 TMPFS_WRAPPER = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
@@ -110,31 +114,39 @@ def tmpfs_backend(tmp_path: Path) -> Iterator[Backend]:
     if reason:
         pytest.skip(reason)
     repository = make_repository(tmp_path, "identity_fp32")
-    backend = Backend(repository, f"--http-max-input-size={64 * MIB}", wrapper=TMPFS_WRAPPER)
+    config = repository / "identity_fp32" / "config.pbtxt"
+    config.write_text(config.read_text() + STUB_LIMIT)
+    backend = Backend(repository, f"--http-max-input-size={1024 * MIB}", wrapper=TMPFS_WRAPPER)
     with backend:
         yield backend
 
 
-def test_full_dev_shm_fails_only_that_request(tmpfs_backend: Backend) -> None:
+@pytest.mark.timeout(400)  # 500 MiB requests over HTTP and gRPC: minutes on a loaded 2-core machine
+def test_dev_shm_size_is_no_limit_and_exhaustion_fails_only_that_request(tmpfs_backend: Backend) -> None:
     backend = tmpfs_backend
     assert_identity(backend, 4096)  # creates both arenas' first segments (1 MiB each)
 
-    # 30 MiB: the backend's p2s arena grows to 31 MiB, then the stub's s2p arena cannot find
-    # 30 MiB in what is left of 48: the stub answers with the error. Small requests sent at the
-    # same time are served.
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        big = pool.submit(infer, backend, floats(30 * MIB))
-        small = [pool.submit(assert_identity, backend, 4096, seed) for seed in range(20)]
-        status, text = big.result()
-        for future in small:
-            future.result()
-    assert status == 500 and text.startswith(POOL_TEXT), (status, text)
-
-    # 40 MiB over gRPC: now the backend's p2s arena cannot grow (its 30 MiB segment is too small).
+    # 30 and 40 MiB in a 48 MiB /dev/shm: both arenas grow past its size; nothing is in it.
+    assert_identity(backend, 30 * MIB)
     client = grpcclient.InferenceServerClient(backend.grpc_url)
     try:
-        tensor = grpcclient.InferInput("INPUT0", [1, 10 * MIB], "FP32")
-        tensor.set_data_from_numpy(floats(40 * MIB).reshape(1, -1))
+        data = floats(40 * MIB).reshape(1, -1)
+        tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data)
+        np.testing.assert_array_equal(client.infer("identity_fp32", [tensor]).as_numpy("OUTPUT0"), data)
+        assert shm_of(backend) == []
+
+        # 500 MiB: the stub maps the input but cannot map a 500 MiB output segment within its
+        # limit. That request fails alone; small requests sent at the same time are served.
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            big = pool.submit(infer, backend, floats(BIG))
+            small = [pool.submit(assert_identity, backend, 4096, seed) for seed in range(20)]
+            status, text = big.result()
+            for future in small:
+                future.result()
+        assert status == 500 and text.startswith(POOL_TEXT), (status, text)
+        tensor = grpcclient.InferInput("INPUT0", [1, BIG // 4], "FP32")
+        tensor.set_data_from_numpy(floats(BIG).reshape(1, -1))
         with pytest.raises(InferenceServerException) as error:
             client.infer("identity_fp32", [tensor])
         assert error.value.status() == "StatusCode.INTERNAL"
@@ -148,13 +160,7 @@ def test_full_dev_shm_fails_only_that_request(tmpfs_backend: Backend) -> None:
     rows = wait_for_baseline(backend)
     assert [row["healthy"] for row in rows] == [True]
     assert rows[0]["arena_used_bytes"] == 0, f"p2s inputs were not freed: {rows[0]['arena_used_bytes']} bytes"
-    # A segment whose pages could not be reserved was unlinked at once (it would show as an empty
-    # object, and its name could not have been created again); p2s holds its 1 MiB default
-    # segment and the 30 MiB one, which served every later request.
-    sizes = {name: os.stat(f"/proc/{backend.pid}/root/dev/shm/{name}").st_size for name in shm_of(backend)}
-    assert all(sizes.values()), sizes
-    p2s = sorted(size for name, size in sizes.items() if "_p2s" in name)
-    assert p2s == [MIB, 30 * MIB], sizes
+    assert shm_of(backend) == []
 
 
 # -- growth and fragmentation ------------------------------------------------------------------

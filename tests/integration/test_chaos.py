@@ -1,7 +1,8 @@
 """Chaos under load (issue 11): while tools/soak.py's mixed traffic runs, kill -9 three stubs,
-SIGSTOP one for twice the heartbeat timeout, fill /dev/shm so that arenas cannot grow, truncate a
-client's registered shm region under the server (issue 18: its requests fail with INVALID_ARGUMENT,
-the backend lives), unload and reload a model, and close clients abruptly all along
+SIGSTOP one for twice the heartbeat timeout, fill /dev/shm (which, since arenas are anonymous
+memfds, must fail nothing: issue 19), truncate a client's registered shm region under the server
+(issue 18: its requests fail with INVALID_ARGUMENT, the backend lives), unload and reload a model,
+and close clients abruptly all along
 (tools/soak_chaos.py).
 
 Every request is accounted for (sent == ok + errors), every error names a cause a fault explains
@@ -43,7 +44,8 @@ def test_faults_under_load_lose_nothing_and_the_server_recovers(tmp_path: Path) 
     assert faults == ["kill -9"] * options.kills + ["SIGSTOP", "fill shm", "shrink shm", "reload"], report["faults"]
     assert not any(fault["detail"].startswith(("could not", "skipped")) for fault in report["faults"])
     causes = totals["by_cause"]
-    assert causes.get("shm full", 0) > 0, causes  # the fill made large requests fail, with Triton's text
+    # Arenas are anonymous memfds (issue 19): filling /dev/shm no longer makes any request fail.
+    assert causes.get("shm full", 0) == 0, causes
     assert causes.get("model unloaded", 0) > 0, causes  # the reload failed the model's requests meanwhile
     assert causes.get("client closed", 0) > 0, causes
     assert log.count("restarted (restart") >= options.kills + 1, "every killed or frozen stub came back"

@@ -1,14 +1,18 @@
-"""pystub_backend.ipc.arena on real /dev/shm segments: growth, views across processes' mappings, ownership,
-frees, and the reader's checks on handles.
+"""pystub_backend.ipc.arena on real anonymous segments (sealed memfds): growth, views across two
+mappings, ownership, frees, the reader's checks on handles, and the segments' seals.
 
-Every arena is named from `stub_base_name("pystub")` (so the leak check sees what a test leaves)
-and unlinked at the end of each example, as the backend would.
+The reader gets the writer's new descriptors before each view, as the channel delivers them with
+the next frame (tests/unit/test_channel_segments.py covers that part over a real socket pair).
+Every arena is labelled from `stub_base_name("pystub")`; the leak check sees any descriptor left.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import mmap
 import os
+import tempfile
 from collections.abc import Iterator
 
 import numpy as np
@@ -19,34 +23,59 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from pystub_backend.ipc import names
 from pystub_backend.ipc.allocator import ALIGNMENT
-from pystub_backend.ipc.arena import EMPTY_HANDLE, ArenaFullError, ArenaReader, ArenaWriter, segment_name
-from pystub_backend.ipc.segment import Segment, SegmentCreateError
+from pystub_backend.ipc.arena import EMPTY_HANDLE, ArenaFullError, ArenaReader, ArenaWriter
+from pystub_backend.ipc.segment import REQUIRED_SEALS, Segment, SegmentCreateError
 
 PAGE = 4096
 
 
+class HandedReader(ArenaReader):
+    """An ArenaReader that receives the writer's new descriptors before each view, as the channel
+    would hand them over with the next frame."""
+
+    def __init__(self, writer: ArenaWriter) -> None:
+        super().__init__(writer.base, writer.purpose)
+        self.writer = writer
+
+    def view(self, handle: tuple[int, int, int] | list[int]) -> memoryview:
+        self.add_fds(self.writer.take_new_fds())
+        return super().view(handle)
+
+
 @contextlib.contextmanager
 def arena(default: int = PAGE, growth: int = PAGE, max_size: int | None = None,
-          ) -> Iterator[tuple[ArenaWriter, ArenaReader]]:
-    """A writer and a reader of one fresh arena; everything closed and unlinked afterwards."""
+          ) -> Iterator[tuple[ArenaWriter, HandedReader]]:
+    """A writer and a reader of one fresh arena; everything closed afterwards."""
     base = names.stub_base_name("pystub")
     writer = ArenaWriter(base, "p2s", default, growth, max_size)
-    reader = ArenaReader(base, "p2s")
+    reader = HandedReader(writer)
     try:
         yield writer, reader
     finally:
         reader.close()
         writer.close()
-        names.unlink_entries(names.owned_entries(base))
 
 
 def segment_sizes(writer: ArenaWriter) -> list[int]:
-    """The sizes of the arena's segments as /dev/shm shows them, in index order."""
-    sizes = []
-    for index in range(len(writer._segments)):
-        path = os.path.join(names.SHM_DIR, segment_name(writer.base, writer.purpose, index))
-        sizes.append(os.stat(path).st_size)
-    return sizes
+    """The sizes of the arena's segments as the kernel reports them for the descriptors handed
+    over (fstat), in index order."""
+    fds = writer.take_new_fds()
+    try:
+        return [os.fstat(fd).st_size for fd in fds]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def memfd_descriptors() -> int:
+    """How many memfd descriptors this process holds."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:")
+        except OSError:
+            continue
+    return count
 
 
 def pattern(nbytes: int, seed: int) -> bytes:
@@ -59,9 +88,9 @@ def test_first_segment_has_the_default_size_and_growth_adds_steps() -> None:
         first = writer.allocate(PAGE)
         assert first[0] == 0 and segment_sizes(writer) == [2 * PAGE]
         writer.allocate(PAGE)  # fills segment 0 exactly
-        assert segment_sizes(writer) == [2 * PAGE]
+        assert segment_sizes(writer) == []  # no new segment
         third = writer.allocate(1)
-        assert third[0] == 1 and segment_sizes(writer) == [2 * PAGE, 3 * PAGE]
+        assert third[0] == 1 and segment_sizes(writer) == [3 * PAGE]
         assert writer.total == 5 * PAGE
 
 
@@ -97,24 +126,100 @@ def test_max_size_refuses_growth_with_the_triton_text() -> None:
 
 
 def test_a_segment_that_cannot_be_reserved_fails_cleanly() -> None:
-    """posix_fallocate refuses a petabyte: the error carries the client text, nothing is left in
-    /dev/shm, and the arena works as before."""
+    """A petabyte is more memory than there is: refused before a page is taken, with the client
+    text; no descriptor is left and the arena works as before."""
     with arena() as (writer, reader):
         kept = writer.write(b"kept")
+        assert bytes(reader.view(kept)) == b"kept"  # segment 0 handed over
+        held = memfd_descriptors()
         with pytest.raises(ArenaFullError, match="^Failed to increase the shared memory pool size") as error:
             writer.allocate(1 << 50)
-        assert "/dev/shm" in str(error.value)
-        assert len(writer._segments) == 1
-        assert names.owned_entries(writer.base) == [segment_name(writer.base, "p2s", 0)]
+        assert "memory" in str(error.value)
+        assert len(writer._segments) == 1 and writer.take_new_fds() == []
+        assert memfd_descriptors() == held
         assert bytes(reader.view(kept)) == b"kept"
         assert writer.write(b"after")[0] == 0
 
 
-def test_segment_create_refuses_an_existing_name() -> None:
+def test_a_segment_that_cannot_be_mapped_fails_cleanly_in_a_limited_process() -> None:
+    """Out of address space (RLIMIT_AS, as STUB_MEMORY_LIMIT_BYTES sets it): the mapping fails,
+    the arena raises the client text and keeps working, and the pages reserved for the failed
+    segment are given back (its only descriptor is closed)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import resource, sys
+        from pystub_backend.ipc.arena import ArenaWriter, ArenaFullError
+        writer = ArenaWriter("pystub_test", "s2p", 1 << 20, 1 << 20)
+        writer.write(b"kept")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        with open("/proc/self/statm") as statm:
+            used = int(statm.read().split()[0]) * 4096
+        resource.setrlimit(resource.RLIMIT_AS, (used + (64 << 20), hard))
+        try:
+            writer.allocate(256 << 20)
+        except ArenaFullError as exc:
+            print("refused:", str(exc)[:46])
+        print("after:", writer.write(b"after")[0], len(writer._segments))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["refused: Failed to increase the shared memory pool size",
+                                        "after: 0 1"], done.stdout
+
+
+def test_segments_are_anonymous_sealed_and_handed_over_read_only() -> None:
+    """Nothing in /dev/shm; the reader's descriptor cannot be mapped writable; nobody can shrink
+    a segment (the seals); the writer keeps no descriptor once they are taken."""
+    before = set(os.listdir(names.SHM_DIR))
+    held = memfd_descriptors()
     with arena() as (writer, _):
-        writer.allocate(1)
-        with pytest.raises(SegmentCreateError):
-            Segment.create(segment_name(writer.base, "p2s", 0), PAGE)
+        writer.write(b"x" * 100)
+        assert set(os.listdir(names.SHM_DIR)) == before
+        assert memfd_descriptors() == held + 1  # until handed over
+        [fd] = writer.take_new_fds()
+        try:
+            assert memfd_descriptors() == held + 1  # only the one taken for the peer
+            assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & REQUIRED_SEALS == REQUIRED_SEALS
+            with pytest.raises(PermissionError):
+                mmap.mmap(fd, PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            with pytest.raises(OSError):
+                os.ftruncate(fd, 0)
+            assert os.readlink(f"/proc/self/fd/{fd}").startswith(f"/memfd:{writer.base}_p2s0")
+        finally:
+            os.close(fd)
+        assert memfd_descriptors() == held
+
+
+def test_from_fd_refuses_what_is_not_a_sealed_segment() -> None:
+    """A peer cannot hand over a plain file or an unsealed memfd (which it could shrink under our
+    mapping), nor an empty segment."""
+    with tempfile.TemporaryFile() as plain:
+        plain.write(b"x" * PAGE)
+        plain.flush()
+        with pytest.raises(SegmentCreateError, match="not an anonymous segment"):
+            Segment.from_fd(plain.fileno())
+    unsealed = os.memfd_create("pystub_test_unsealed", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(unsealed, PAGE)
+        with pytest.raises(SegmentCreateError, match="not sealed"):
+            Segment.from_fd(unsealed)
+        reader = ArenaReader("pystub_test", "p2s")
+        reader.add_fds([os.dup(unsealed)])  # a refused descriptor takes its index; views say why
+        with pytest.raises(SegmentCreateError, match="not sealed"):
+            reader.view((0, 0, 1))
+        reader.close()
+    finally:
+        os.close(unsealed)
+    empty = os.memfd_create("pystub_test_empty", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        fcntl.fcntl(empty, fcntl.F_ADD_SEALS, REQUIRED_SEALS)
+        with pytest.raises(SegmentCreateError, match="cannot map"):
+            Segment.from_fd(empty)
+    finally:
+        os.close(empty)
 
 
 # -- views and ownership ---------------------------------------------------------------------
@@ -189,7 +294,7 @@ def test_zero_size_tensors_take_no_memory() -> None:
         assert len(reader.view(handle)) == 0 and len(writer.view(handle)) == 0
         writer.free(handle)
         writer.free(list(handle))  # handles come back from the wire as lists
-        assert writer.total == 0 and names.owned_entries(writer.base) == []
+        assert writer.total == 0 and writer.take_new_fds() == []
         with pytest.raises(ValueError):
             writer.allocate(-1)
 
@@ -220,7 +325,7 @@ def test_reader_rejects_a_segment_that_does_not_exist() -> None:
             reader.view((7, 0, 1))
 
 
-def test_reader_maps_new_segments_lazily() -> None:
+def test_reader_maps_segments_handed_over_later() -> None:
     with arena() as (writer, reader):
         first = writer.write(b"1" * PAGE)
         assert bytes(reader.view(first)) == b"1" * PAGE
@@ -290,19 +395,3 @@ class ArenaMachine(RuleBasedStateMachine):
 
 TestArenaMachine = ArenaMachine.TestCase
 TestArenaMachine.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
-
-
-def test_attaching_an_empty_object_is_a_segment_error() -> None:
-    """A half-made object (created, never sized) is refused with SegmentCreateError, not ValueError."""
-    import posix_ipc
-
-    base = names.stub_base_name("pystub")
-    name = segment_name(base, "p2s", 0)
-    posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=0o600, size=0).close_fd()
-    reader = ArenaReader(base, "p2s")
-    try:
-        with pytest.raises(SegmentCreateError, match="cannot map"):
-            reader.view((0, 0, 1))
-    finally:
-        reader.close()
-        names.unlink_entries(names.owned_entries(base))

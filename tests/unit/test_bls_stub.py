@@ -36,6 +36,7 @@ class FakeBackend:
         self.frames: queue.Queue[Any] = queue.Queue()
         self.p2s = ArenaWriter(base, "p2s", 1 << 16, 1 << 16)
         self.s2p_view = ArenaReader(base, "s2p")
+        self.stub_p2s: ArenaReader | None = None  # the stub's reader: gets p2s segments as a frame would bring them
 
     def take(self, kind: type, timeout: float = 5.0) -> Any:
         deadline = time.monotonic() + timeout
@@ -49,7 +50,15 @@ class FakeBackend:
         raise AssertionError(f"no {kind.__name__} frame within {timeout} s")
 
     def output(self, name: str, array: np.ndarray) -> list[Any]:
-        return tensors.place(self.p2s, name, "FP32", list(array.shape), array)
+        placed = tensors.place(self.p2s, name, "FP32", list(array.shape), array)
+        if self.stub_p2s is not None:
+            self.stub_p2s.add_fds(self.p2s.take_new_fds())  # as the channel would, with the response frame
+        return placed
+
+    def receive(self, stub: Any, message: Any) -> None:
+        """A frame from the stub: the s2p segments it created ride along, as on the channel."""
+        self.s2p_view.add_fds(stub.s2p.take_new_fds())
+        self.frames.put(message)
 
 
 @contextlib.contextmanager
@@ -61,8 +70,9 @@ def fake_stub() -> Iterator[tuple[Any, FakeBackend]]:
         options=SimpleNamespace(send_timeout=5.0), decoupled=False,
         control=SimpleNamespace(execute_start=0.0), loop=SimpleNamespace(_thread=None),
         log_error=lambda text: None)
-    stub.send = backend.frames.put
-    # The p2s arena's first segment must exist before the reader maps it.
+    stub.send = lambda message: backend.receive(stub, message)
+    backend.stub_p2s = stub.p2s
+    # The p2s arena's first segment exists from the start, as after a first request.
     backend.p2s.free(backend.p2s.allocate(1))
     try:
         yield stub, backend
@@ -70,7 +80,6 @@ def fake_stub() -> Iterator[tuple[Any, FakeBackend]]:
         _runtime.set_bls_handler(None)
         for resource in (stub.p2s, stub.s2p, backend.p2s, backend.s2p_view):
             resource.close()
-        names.unlink_entries(names.owned_entries(base))
 
 
 def leaf_request(data: np.ndarray, timeout: int = 0) -> Any:

@@ -21,11 +21,10 @@ from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess
 from pystub_backend.ipc import spill
-from pystub_backend.ipc.arena import ArenaReader, ArenaWriter, segment_name
+from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import BlockingChannel, ChannelTimeoutError, make_pair
 from pystub_backend.ipc.exit_codes import StubExitCode
 from pystub_backend.ipc.messages import core as msg
-from pystub_backend.ipc.names import unlink_entries
 from pystub_backend.ipc.status import Status
 
 _SLEEPER = "import sys, time; time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))"
@@ -45,6 +44,12 @@ class Harness:
         stub.process = subprocess.Popen([sys.executable, "-c", _SLEEPER, str(sleep), str(code)],
                                         start_new_session=True)
         stub.link.open(parent, stub._on_channel_closed)
+        # Arena segments ride on the frames both ways, as between a backend and a real stub.
+        assert stub.link.channel is not None
+        stub.link.channel.carry_segments(stub.p2s, stub.s2p)
+        self.peer_p2s = ArenaReader(stub.base, "p2s")
+        self.peer_s2p = ArenaWriter(stub.base, "s2p", 1 << 20, 1 << 20)
+        self.peer.carry_segments(self.peer_s2p, self.peer_p2s)
         self.deaths: list[StubProcess] = []
         stub.on_death = self.deaths.append
 
@@ -55,6 +60,8 @@ class Harness:
 
     async def close(self) -> None:
         self.peer.close()
+        self.peer_p2s.close()
+        self.peer_s2p.close()
         self.stub.kill()
         await self.stub.stop(finalize_timeout=0)
 
@@ -207,11 +214,7 @@ def test_an_oversize_request_travels_spilled_in_p2s_and_is_freed_on_release() ->
         spilled = await h.receive()
         assert isinstance(spilled, msg.Spilled), "the frame travels in the arena"
         assert h.stub.p2s.allocation_count == 3  # two inputs and the frame
-        reader = ArenaReader(h.stub.base, "p2s")
-        try:
-            execute = spill.unspill(spilled, reader, lambda handle: None)  # released below, by frame
-        finally:
-            reader.close()
+        execute = spill.unspill(spilled, h.peer_p2s, lambda handle: None)  # released below, by frame
         assert isinstance(execute, msg.Execute) and [w.id for w in execute.requests] == ["", big.id]
         h.peer.send(msg.encode(msg.Release([spilled.handle], [])), 1.0)  # the stub read it
         await asyncio.sleep(0.05)
@@ -250,18 +253,13 @@ def test_a_request_the_wire_cannot_carry_fails_alone_and_frees_what_it_held() ->
 
 def test_an_oversize_frame_from_the_stub_is_read_from_s2p_and_released(caplog: pytest.LogCaptureFixture) -> None:
     async def test(h: Harness) -> None:
-        s2p = ArenaWriter(h.stub.base, "s2p", 1 << 20, 1 << 20)
-        try:
-            text = "L" * 300_000
-            frame, handle = spill.spill(msg.encode(msg.Log(1, text, "model.py", 7)), s2p)
-            with caplog.at_level(logging.WARNING, logger="pystub.stub"):
-                h.peer.send(frame, 1.0)
-                release = await h.receive()
-            assert isinstance(release, msg.Release) and release.handles == [list(handle)]
-            (record,) = [r for r in caplog.records if r.lineno == 7]
-            assert record.getMessage() == f"[exchange_0] {text}" and record.pathname == "model.py"
-        finally:
-            s2p.close()
-            unlink_entries([segment_name(h.stub.base, "s2p", 0)])
+        text = "L" * 300_000
+        frame, handle = spill.spill(msg.encode(msg.Log(1, text, "model.py", 7)), h.peer_s2p)
+        with caplog.at_level(logging.WARNING, logger="pystub.stub"):
+            h.peer.send(frame, 1.0)  # the new s2p segment rides on this frame
+            release = await h.receive()
+        assert isinstance(release, msg.Release) and release.handles == [list(handle)]
+        (record,) = [r for r in caplog.records if r.lineno == 7]
+        assert record.getMessage() == f"[exchange_0] {text}" and record.pathname == "model.py"
 
     _run(test)

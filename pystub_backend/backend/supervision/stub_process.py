@@ -1,12 +1,14 @@
 """The parent side of one stub incarnation: spawn, handshake, stop. Requests are the exchange's.
 
-    StubProcess.spawn ──▶ control block, channel pair, p2s arena, `python -m
-                          pystub_backend.stub.triton_python_backend_stub` (subprocess, own session, umask 077)
+    StubProcess.spawn ──▶ control block, channel pair, p2s arena (all anonymous: memfds and a
+                          socket pair, nothing in /dev/shm), `python -m
+                          pystub_backend.stub.triton_python_backend_stub` (subprocess, own session,
+                          umask 077; inherits the channel and the control block's descriptor)
     .initialize        ──▶ INIT ... INIT_DONE, bounded by the init deadline or the stub's death
     .exchange          ──▶ the requests in flight (supervision.exchange.RequestExchange)
     .link              ──▶ frames both ways; `send` is the one "send to the stub with a deadline"
     .stop()            ──▶ the shutdown ladder: FINALIZE (deadline) → wait → SIGTERM → SIGKILL →
-                          reap → close channel → unlink every shm object of this incarnation;
+                          reap → close channel → unmap the arenas and the control block;
                           a stub not told to exit (no FINALIZE answered, no failed INIT reported)
                           is SIGKILLed at once: it ignores SIGTERM and would not exit by itself
 
@@ -160,13 +162,16 @@ class StubProcess:
         maps `as`/`cpu`/`nofile` to limits the stub applies to itself before loading the model.
         """
         parent_end, child_end = make_pair()
+        control_fd = -1
         try:
             self.control = ControlBlock.create(self.base + "_ctl")
+            control_fd = self.control.take_fd()  # the stub's; the backend keeps only its mapping
             self.p2s = ArenaWriter(self.base, "p2s", self.settings.shm_default_byte_size,
                                    self.settings.shm_growth_byte_size)
             self.s2p = ArenaReader(self.base, "s2p")
+            fds = (child_end.fileno(), control_fd)
             self.process = subprocess.Popen(
-                self._command(python, child_end.fileno(), rlimits or {}), pass_fds=(child_end.fileno(),),
+                self._command(python, fds, rlimits or {}), pass_fds=fds,
                 close_fds=True, start_new_session=True, umask=0o077, env=self._environment(),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except Exception as exc:
@@ -175,15 +180,21 @@ class StubProcess:
             raise StubStartError(f"failed to start stub process '{self.instance_name}': {exc}") from exc
         finally:
             child_end.close()
+            if control_fd >= 0:
+                os.close(control_fd)
         self.started_at = time.monotonic()
         self._output = OutputForwarder(self.instance_name, self.process.stdout, self.process.stderr)
         self.link.open(parent_end, self._on_channel_closed)
+        assert self.link.channel is not None
+        # p2s segments go to the stub with the frames; s2p segments arrive with the stub's frames.
+        self.link.channel.carry_segments(self.p2s, self.s2p)
 
-    def _command(self, python: list[str] | None, fd: int, rlimits: dict[str, int]) -> list[str]:
+    def _command(self, python: list[str] | None, fds: tuple[int, int], rlimits: dict[str, int]) -> list[str]:
         heartbeat = min(1.0, self.settings.heartbeat_timeout_seconds / 4)
         limits = [f"--rlimit={name}={value}" for name, value in sorted(rlimits.items())]
         return [*(python or [sys.executable]), "-m", "pystub_backend.stub.triton_python_backend_stub",
-                self.instance_name, "--base", self.base, "--fd", str(fd), "--parent-pid", str(os.getpid()),
+                self.instance_name, "--base", self.base, "--fd", str(fds[0]), "--control-fd", str(fds[1]),
+                "--parent-pid", str(os.getpid()),
                 "--shm-default", str(self.settings.shm_default_byte_size),
                 "--shm-growth", str(self.settings.shm_growth_byte_size),
                 "--heartbeat-interval", str(heartbeat),
@@ -323,5 +334,4 @@ class StubProcess:
         self.link.close()
         for resource in (self.p2s, self.s2p, self.control):
             if resource is not None:
-                resource.close()
-        names.unlink_entries(names.owned_entries(self.base))
+                resource.close()  # anonymous: unmapped here and closed in the stub, they are gone
