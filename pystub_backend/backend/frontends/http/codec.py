@@ -18,12 +18,12 @@ Binary inputs stay memoryviews of the request body. The HTTP-only parameters (`b
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.http.json_document import load_document
 from pystub_backend.backend.frontends.http.json_tensors import json_to_tensor_bytes
 from pystub_backend.backend.inference import InferRequest, ParameterValue, RequestedOutput, Tensor
 from pystub_backend.ipc.dtypes import WIRE_TO_CODE
@@ -121,7 +121,7 @@ def decode_infer_request(
 
 
 def _json_text(body: Body, view: memoryview, header_end: int) -> bytes | bytearray:
-    # json.loads takes bytes and bytearray: copy out the header only when binary data follow.
+    # The parser takes bytes and bytearray: copy out the header only when binary data follow.
     if isinstance(body, (bytes, bytearray)) and header_end == len(view):
         return body
     return view[:header_end].tobytes()
@@ -129,7 +129,7 @@ def _json_text(body: Body, view: memoryview, header_end: int) -> bytes | bytearr
 
 def _load_json(text: bytes | bytearray) -> Any:
     try:
-        return json.loads(text)
+        return load_document(text)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise _invalid(f"failed to parse the request JSON buffer: {exc}") from None
 
