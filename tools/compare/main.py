@@ -14,6 +14,7 @@ from compare import environment, report, servers, stopping, targets
 from compare.runner import Plan, run_rounds
 
 SERVERS = ("pystub", "triton", "mlserver")
+CEILINGS = ("bare-http", "bare-grpc-aio", "bare-grpc-sync", "bare-grpc-reuse4")
 LOADGENS = ("asyncio", "perf_analyzer")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20}
 
@@ -47,7 +48,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sizes", type=_list(convert=parse_size), default=[16, 1 << 20, 16 << 20],
                         help="bytes per input tensor (default 16,1M,16M)")
     parser.add_argument("--concurrency", type=_list(convert=int), default=[1, 8, 32], help="default 1,8,32")
-    parser.add_argument("--protocols", type=_list(("grpc", "http")), default=["grpc", "http"])
+    parser.add_argument("--protocols", type=_list(("grpc", "http", "json")), default=["grpc", "http", "json"],
+                        help="http: binary tensors; json: JSON tensors (asyncio only); default all three")
+    parser.add_argument("--ceilings", type=_list(("none", *CEILINGS)), default=list(CEILINGS),
+                        help="bare-frontend ceilings measured beside the servers (compare/bare.py); "
+                             "'none' for none; default all")
     parser.add_argument("--loadgen", type=_list(LOADGENS), default=list(LOADGENS),
                         help="asyncio (all servers) and/or perf_analyzer (pystub, triton); default both")
     parser.add_argument("--models", type=_list(servers.MODELS), default=list(servers.MODELS),
@@ -66,6 +71,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.rounds = rounds if args.rounds is None else max(1, args.rounds)
     args.seconds = seconds if args.seconds is None else args.seconds
     args.warmup = warmup if args.warmup is None else args.warmup
+    args.ceilings = [c for c in args.ceilings if c != "none"]
     return args
 
 
@@ -79,6 +85,8 @@ def _start(args: argparse.Namespace, env: environment.BenchEnv | None, repositor
             started.append(servers.start_triton(env, repositories, workdir))
         else:
             started.append(servers.start_mlserver(env, repositories, workdir))
+    for name in args.ceilings:
+        started.append(servers.start_bare(name, workdir))
     try:
         servers.wait_ready(started)
     except RuntimeError as error:
@@ -107,7 +115,7 @@ def _environment(args: argparse.Namespace, results: report.Results) -> environme
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     stopping.install()
-    results = report.Results(servers=list(args.servers))
+    results = report.Results(servers=[*args.servers, *args.ceilings])
     env = _environment(args, results)
     began = time.monotonic()
     with contextlib.ExitStack() as stack:

@@ -56,8 +56,14 @@ class Plan:
     def applies(self, loadgen_name: str, server: Server, point: Point) -> bool:
         if point.shm and SHM_EXTENSION not in server.extensions:
             return False
+        if server.name.startswith("bare-"):  # identity_fp32 only, over the candidate's own protocol
+            wanted = ("grpc",) if server.name.startswith("bare-grpc") else ("http", "json")
+            if point.model != "identity_fp32" or point.protocol not in wanted:
+                return False
         if loadgen_name == "perf_analyzer":
-            return server.name in ("pystub", "triton")
+            if point.protocol == "json":  # perf_analyzer sends binary tensors only
+                return False
+            return server.name in ("pystub", "triton") or server.name.startswith("bare-")
         return True
 
 
