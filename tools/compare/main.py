@@ -64,6 +64,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-shm", action="store_true", help="skip the client shared-memory rows")
     parser.add_argument("--no-probe", action="store_true", help="skip health/metadata under saturation")
     parser.add_argument("--no-install", action="store_true", help="fail instead of installing the peers")
+    parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                        help="also run pystub from this checkout (e.g. a `git worktree` of the commit before a change)"
+                             " as server 'pystub-base', measured in the same rounds")
+    parser.add_argument("--pystub-cpus", metavar="LIST", help="pin pystub (and pystub-base) to these CPUs "
+                        "(taskset -c LIST, e.g. 0 or 0,1); the peers and the client are not pinned")
     parser.add_argument("--json", type=Path, help="also write every sample here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (server logs)")
     args = parser.parse_args(argv)
@@ -80,11 +85,14 @@ def _start(args: argparse.Namespace, env: environment.BenchEnv | None, repositor
     """Start every requested server into `started` (so a failure still stops the others)."""
     for name in args.servers:
         if name == "pystub":
-            started.append(servers.start_pystub(repositories, workdir, client_shm=True))
+            started.append(servers.start_pystub(repositories, workdir, client_shm=True, cpus=args.pystub_cpus))
         elif name == "triton":
             started.append(servers.start_triton(env, repositories, workdir))
         else:
             started.append(servers.start_mlserver(env, repositories, workdir))
+    if args.baseline:
+        started.append(servers.start_pystub(repositories, workdir, client_shm=True, name="pystub-base",
+                                            root=args.baseline.resolve(), cpus=args.pystub_cpus))
     for name in args.ceilings:
         started.append(servers.start_bare(name, workdir))
     try:
@@ -115,7 +123,8 @@ def _environment(args: argparse.Namespace, results: report.Results) -> environme
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     stopping.install()
-    results = report.Results(servers=[*args.servers, *args.ceilings])
+    base = ["pystub-base"] if args.baseline else []
+    results = report.Results(servers=[*args.servers, *base, *args.ceilings])
     env = _environment(args, results)
     began = time.monotonic()
     with contextlib.ExitStack() as stack:

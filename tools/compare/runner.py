@@ -63,7 +63,7 @@ class Plan:
         if loadgen_name == "perf_analyzer":
             if point.protocol == "json":  # perf_analyzer sends binary tensors only
                 return False
-            return server.name in ("pystub", "triton") or server.name.startswith("bare-")
+            return server.name in ("pystub", "pystub-base", "triton") or server.name.startswith("bare-")
         return True
 
 

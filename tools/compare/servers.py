@@ -116,16 +116,19 @@ def _wait_ready(server: Server) -> None:
     raise RuntimeError(f"{server.name} not ready after {_START_TIMEOUT:.0f} s:\n{server.log_tail()}")
 
 
-def start_pystub(repositories: dict[str, Path], workdir: Path, client_shm: bool = True) -> Server:
-    """pystub-backend from this checkout; with `client_shm` it is asked for the system shared memory extension."""
+def start_pystub(repositories: dict[str, Path], workdir: Path, client_shm: bool = True, *,
+                 name: str = "pystub", root: Path = ROOT, cpus: str | None = None) -> Server:
+    """pystub-backend from checkout `root` (default: this one); with `client_shm` it is asked for the
+    system shared memory extension; with `cpus` it runs pinned to them (`taskset -c`)."""
     http, grpc, metrics = free_ports(3)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    command = [sys.executable, "-m", "pystub_backend.backend", "--model-repository", str(repositories["models"]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p))
+    pin = ["taskset", "-c", cpus] if cpus else []
+    command = [*pin, sys.executable, "-m", "pystub_backend.backend", "--model-repository", str(repositories["models"]),
                "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
     if client_shm:
         command.append("--allow-client-shm=true")
-    process = _spawn("pystub", command, workdir / "pystub.log", env, ROOT)
-    return Server("pystub", process, http, grpc, workdir / "pystub.log", [f"pystub_{process.pid}_"])
+    process = _spawn(name, command, workdir / f"{name}.log", env, root)
+    return Server(name, process, http, grpc, workdir / f"{name}.log", [f"pystub_{process.pid}_"])
 
 
 def start_triton(env: BenchEnv, repositories: dict[str, Path], workdir: Path) -> Server:
