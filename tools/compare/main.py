@@ -69,6 +69,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              " as server 'pystub-base', measured in the same rounds")
     parser.add_argument("--pystub-cpus", metavar="LIST", help="pin pystub (and pystub-base) to these CPUs "
                         "(taskset -c LIST, e.g. 0 or 0,1); the peers and the client are not pinned")
+    parser.add_argument("--baseline-cpus", metavar="LIST", help="pin pystub-base to these CPUs instead "
+                        "(with --baseline set to this checkout: one core against two in the same run)")
     parser.add_argument("--json", type=Path, help="also write every sample here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (server logs)")
     args = parser.parse_args(argv)
@@ -92,7 +94,8 @@ def _start(args: argparse.Namespace, env: environment.BenchEnv | None, repositor
             started.append(servers.start_mlserver(env, repositories, workdir))
     if args.baseline:
         started.append(servers.start_pystub(repositories, workdir, client_shm=True, name="pystub-base",
-                                            root=args.baseline.resolve(), cpus=args.pystub_cpus))
+                                            root=args.baseline.resolve(),
+                                            cpus=args.baseline_cpus or args.pystub_cpus))
     for name in args.ceilings:
         started.append(servers.start_bare(name, workdir))
     try:
