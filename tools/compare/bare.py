@@ -135,6 +135,9 @@ class _SyncServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def ServerLive(self, request, context):  # noqa: ANN001, ANN201, N802
         return service_pb2.ServerLiveResponse(live=True)
 
+    def ServerMetadata(self, request, context):  # noqa: ANN001, ANN201, N802
+        return service_pb2.ServerMetadataResponse(name="bare", version="0")
+
     def ServerReady(self, request, context):  # noqa: ANN001, ANN201, N802
         return service_pb2.ServerReadyResponse(ready=True)
 
@@ -154,6 +157,9 @@ class _AioServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ServerLive(self, request, context):  # noqa: ANN001, ANN201, N802
         return service_pb2.ServerLiveResponse(live=True)
+
+    async def ServerMetadata(self, request, context):  # noqa: ANN001, ANN201, N802
+        return service_pb2.ServerMetadataResponse(name="bare", version="0")
 
     async def ServerReady(self, request, context):  # noqa: ANN001, ANN201, N802
         return service_pb2.ServerReadyResponse(ready=True)
