@@ -15,7 +15,7 @@ from compare.runner import Plan, run_rounds
 
 SERVERS = ("pystub", "triton", "mlserver")
 CEILINGS = ("bare-http", "bare-grpc-aio", "bare-grpc-sync", "bare-grpc-reuse4")
-LOADGENS = ("asyncio", "perf_analyzer")
+LOADGENS = ("asyncio", "perf_analyzer", "prebuilt")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20}
 
 
@@ -54,7 +54,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="bare-frontend ceilings measured beside the servers (compare/bare.py); "
                              "'none' for none; default all")
     parser.add_argument("--loadgen", type=_list(LOADGENS), default=list(LOADGENS),
-                        help="asyncio (all servers) and/or perf_analyzer (pystub, triton); default both")
+                        help="asyncio (all servers), perf_analyzer (pystub, triton; binary tensors), prebuilt (JSON "
+                             "tensors, the body serialised once: compare/prebuilt.py); default all three")
     parser.add_argument("--models", type=_list(servers.MODELS), default=list(servers.MODELS),
                         help="identity_fp32 at every size; add_sub (fixed 4 x FP32) at 16 B only")
     parser.add_argument("--rounds", type=int, help="rounds; medians are reported (default 3, --quick 1)")

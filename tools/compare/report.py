@@ -10,7 +10,8 @@ from typing import Any
 
 from compare.loadgen import Point, Sample
 
-LOADGEN_TITLES = {"asyncio": "tritonclient asyncio clients (Python)", "perf_analyzer": "perf_analyzer 2.50 (C++)"}
+LOADGEN_TITLES = {"asyncio": "tritonclient asyncio clients (Python)", "perf_analyzer": "perf_analyzer 2.50 (C++)",
+                  "prebuilt": "pre-built JSON bodies over aiohttp (JSON tensors; the client does no JSON work)"}
 
 
 def size_text(nbytes: int) -> str:

@@ -131,7 +131,7 @@ def _ceilings(results: Results) -> list[str]:
     lines = []
     for protocol in ("grpc", "http", "json"):
         point = Point("identity_fp32", 16, 8, protocol)
-        ours, loadgen = _pick(results, "pystub", point, _PREFER)
+        ours, loadgen = _pick(results, "pystub", point, ("prebuilt", *_PREFER) if protocol == "json" else _PREFER)
         bare = [(name, results.median(loadgen, name, point)) for name in results.servers
                 if name.startswith("bare-") and loadgen]
         cells = [f"{name} {sample.throughput:.0f}/s (pystub {ours.throughput / sample.throughput:.2f}x)"
@@ -148,9 +148,10 @@ def _issue_20(results: Results) -> list[str]:
     for protocol in ("http", "grpc"):
         lines.append(_against(results, Point("identity_fp32", 16, 8, protocol), "triton", "throughput", 1.0))
     json_mib = Point("identity_fp32", MIB, 1, "json")
-    lines.append(_against(results, json_mib, "triton", "p50", 1.0, ("asyncio",)))
-    lines.append(_against(results, json_mib, "mlserver", "p50", 0.5, ("asyncio",)))
-    lines.append(_against(results, Point("identity_fp32", 16, 8, "json"), "triton", "throughput", 1.0, ("asyncio",)))
+    json_prefer = ("prebuilt", "asyncio")
+    lines.append(_against(results, json_mib, "triton", "p50", 1.0, json_prefer))
+    lines.append(_against(results, json_mib, "mlserver", "p50", 0.5, json_prefer))
+    lines.append(_against(results, Point("identity_fp32", 16, 8, "json"), "triton", "throughput", 1.0, json_prefer))
     for protocol in ("grpc", "http"):
         lines.append(_against(results, Point("identity_fp32", MIB, 1, protocol), "triton", "p50", 1.0))
     return lines + _ceilings(results)
