@@ -128,8 +128,17 @@ def test_numeric_outputs_write_the_same_values(array: np.ndarray) -> None:
     assert [type(value) for value in written] == [type(value) for value in expected]
 
 
-def test_non_finite_outputs_keep_their_spelling() -> None:
-    tensor = Tensor("O", "FP32", (3,), np.array([np.nan, np.inf, 1], dtype=np.float32).tobytes())
+def test_bf16_outputs_write_the_same_values() -> None:
+    halves = (np.array([1.5, -2.0, 3e38], dtype=np.float32).view("<u4") >> 16).astype("<u2")
+    tensor = Tensor("O", "BF16", (3,), halves.tobytes())
+    assert _written(tensor) == tensor_to_json(tensor)
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "BF16"])
+def test_non_finite_outputs_keep_their_spelling(datatype: str) -> None:
+    floats = np.array([np.nan, np.inf, 1], dtype=np.float32)
+    data = floats.tobytes() if datatype == "FP32" else (floats.view("<u4") >> 16).astype("<u2").tobytes()
+    tensor = Tensor("O", datatype, (3,), data)
     body = encode_infer_response(InferResponse("m", "1", outputs=[tensor]), OutputFormat()).body
     assert b"[NaN,Infinity,1.0]" in body
     assert math.isnan(json.loads(body)["outputs"][0]["data"][0])

@@ -171,9 +171,13 @@ def tensor_json_value(tensor: Tensor) -> list[Any] | np.ndarray:
     path's spelling. Floats are widened to float64 because Triton writes each element as a double.
     Raises ValueError when the data do not match the shape and KeyError for an unknown datatype.
     """
-    if tensor.datatype in ("BYTES", "BF16", "BOOL"):
+    if tensor.datatype in ("BYTES", "BOOL"):
         return tensor_to_json(tensor)
-    values = np.frombuffer(tensor.data, dtype=numpy_dtype(tensor.datatype))
+    if tensor.datatype == "BF16":
+        halves = np.frombuffer(tensor.data, dtype="<u2").astype("<u4")
+        values = (halves << 16).view("<f4")  # exact, as in tensor_to_json
+    else:
+        values = np.frombuffer(tensor.data, dtype=numpy_dtype(tensor.datatype))
     if values.dtype.kind == "f":
         values = values.astype(np.float64)
         if not np.isfinite(values).all():
