@@ -173,7 +173,11 @@ def _valid_document(spec: ModelSpec, draw: Any) -> tuple[dict[str, Any], list[by
 
 
 _MUTATIONS = ["shape", "edge_shape", "datatype", "name", "size", "data", "duplicate", "drop", "shm", "parameters",
-              "edge_parameters", "id", "outputs", "type_of_field", "extra_bytes"]
+              "edge_parameters", "id", "outputs", "type_of_field", "extra_bytes", "oversize_metadata"]
+# Metadata over the 128 KiB control frame (issue 18): it must travel to the stub (spilled into
+# the arena) or be refused with a 4xx, never a 500, and never fail another request.
+OVERSIZE_CHARS = [131_000, 140_000, 300_000]
+MANY_OUTPUTS = 20_000
 # Parameters at and beyond what the wire to the stub carries (uint64), and lone surrogates.
 _EDGE_PARAMETERS = [("timeout", 2**64 - 1), ("timeout", 2**64), ("timeout", 2**100), ("priority", 2**64),
                     ("priority", 2**64 - 1), ("timeout", -1), ("priority", 1.5), ("sequence_id", 2**64),
@@ -239,6 +243,15 @@ def _mutate(document: dict[str, Any], buffers: list[bytes], draw: Any, what: str
         document[key] = draw(json_values)
     elif what == "extra_bytes":
         buffers.append(draw(st.binary(max_size=16)))
+    elif what == "oversize_metadata":
+        size = draw(st.sampled_from(OVERSIZE_CHARS))
+        part = draw(st.sampled_from(["id", "outputs", "parameters"]))
+        if part == "id":
+            document["id"] = "i" * size
+        elif part == "outputs":
+            document["outputs"] = [{"name": "OUTPUT0"}] * MANY_OUTPUTS
+        else:
+            document.setdefault("parameters", {})["note"] = "p" * size
 
 
 @st.composite
@@ -338,8 +351,9 @@ class GrpcCase:
 
 
 @st.composite
-def grpc_request(draw: Any, models: tuple[str, ...] = tuple(MODELS)) -> GrpcCase:
-    """A `ModelInferRequest` for one of `models`: valid, mutated or junk."""
+def grpc_request(draw: Any, models: tuple[str, ...] = tuple(MODELS), oversize: bool = True) -> GrpcCase:
+    """A `ModelInferRequest` for one of `models`: valid, mutated or junk (`oversize`: mutations may
+    give it metadata over the 128 KiB control frame)."""
     model = draw(st.sampled_from(models))
     spec = MODELS[model]
     kind = draw(st.sampled_from(["valid", "mutated", "mutated", "junk"]))
@@ -362,13 +376,13 @@ def grpc_request(draw: Any, models: tuple[str, ...] = tuple(MODELS)) -> GrpcCase
             tensor.contents.fp32_contents.extend(array.reshape(-1).tolist())
     if kind != "valid":
         for _ in range(draw(st.integers(1, 3))):
-            _mutate_grpc(request, draw)
+            _mutate_grpc(request, draw, oversize)
     return GrpcCase(kind, request)
 
 
-def _mutate_grpc(request: service_pb2.ModelInferRequest, draw: Any) -> None:
+def _mutate_grpc(request: service_pb2.ModelInferRequest, draw: Any, oversize: bool = True) -> None:
     what = draw(st.sampled_from(["shape", "datatype", "name", "raw", "contents", "duplicate", "parameters",
-                                 "tensor_parameters", "shm", "outputs", "drop"]))
+                                 "tensor_parameters", "shm", "outputs", "drop"] + ["oversize_metadata"] * oversize))
     tensor = request.inputs[draw(st.integers(0, len(request.inputs) - 1))] if request.inputs else None
     if what == "shape" and tensor is not None:
         del tensor.shape[:]
@@ -396,6 +410,16 @@ def _mutate_grpc(request: service_pb2.ModelInferRequest, draw: Any) -> None:
     elif what == "shm" and tensor is not None:
         for key in draw(st.lists(st.sampled_from(SHM_KEYS), min_size=1, max_size=3)):
             _set_parameter(tensor.parameters, key, draw)
+    elif what == "oversize_metadata":  # over the control frame: travels spilled, or 4xx
+        size = draw(st.sampled_from(OVERSIZE_CHARS))
+        part = draw(st.sampled_from(["id", "outputs", "parameters"]))
+        if part == "id":
+            request.id = "i" * size
+        elif part == "outputs":
+            for _ in range(MANY_OUTPUTS):
+                request.outputs.add(name="OUTPUT0")
+        else:
+            request.parameters["note"].string_param = "p" * size
     elif what == "outputs":
         for _ in range(draw(st.integers(1, 2))):
             output = request.outputs.add(name=draw(st.one_of(st.just("OUTPUT0"), st.text(max_size=5))))
@@ -407,7 +431,9 @@ def _mutate_grpc(request: service_pb2.ModelInferRequest, draw: Any) -> None:
 def grpc_bytes(draw: Any) -> bytes:
     """Bytes for the ModelInfer method: a serialized request, cut, flipped or extended, or noise
     (wrong wire types, bad UTF-8 in string fields)."""
-    data = draw(grpc_request()).request.SerializeToString()
+    # Not oversize: cut inside a 140 KB field, grpcio's parser refuses the bytes with texts of its own
+    # before our servicer runs; oversize metadata is test_grpc_infer_answers_or_refuses's part.
+    data = draw(grpc_request(oversize=False)).request.SerializeToString()
     how = draw(st.sampled_from(["noise", "cut", "flip", "append", "bad_utf8"]))
     if how == "noise":
         return draw(st.binary(max_size=64))

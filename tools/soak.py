@@ -127,7 +127,7 @@ def make_repository(directory: Path) -> Path:
 def backend_flags(chaos: bool, heartbeat: float = 2.0) -> list[str]:
     if not chaos:
         return []
-    return ["--model-control-mode=explicit", "--load-model=*",
+    return ["--model-control-mode=explicit", "--load-model=*", "--allow-client-shm=true",
             f"--backend-config=python,stub-heartbeat-timeout-seconds={heartbeat:g}",
             "--backend-config=python,stub-max-restarts=50"]
 

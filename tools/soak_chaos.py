@@ -11,6 +11,9 @@ active), with the load running throughout and abrupt clients closing connections
     fill shm      fill the backend's /dev/shm (a private tmpfs: see tools/soak.py) but for a few
                   MiB, while large requests make arenas grow: those fail with `Failed to increase
                   the shared memory pool size`; then free it
+    shrink shm    a client registers a system shm region, serves requests from it, then truncates
+                  it: requests naming it fail with INVALID_ARGUMENT, the backend lives (before
+                  issue 18: SIGBUS, every model down); grown back, it serves again
     reload        unload a model and load it again (explicit model control): its queued and
                   in-flight requests fail with "is unloading"/"was unloaded", and requests meanwhile
                   with "Request for unknown model ... has no available versions"
@@ -23,6 +26,7 @@ Each fault is recorded with its start and end time in `events`, for the report.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -38,6 +42,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 from soak_traffic import TIMEOUT_S, Ledger
+from tritonclient.utils import InferenceServerException
 
 __all__ = ["Chaos", "ChaosOptions"]
 
@@ -77,7 +82,8 @@ class Chaos:
     def run(self, stop: threading.Event) -> None:
         """The fault schedule; returns when the last fault is over and the stubs are healthy."""
         faults: list[tuple[str, Callable[[], str]]] = [("kill -9", self._kill) for _ in range(self.options.kills)]
-        faults += [("SIGSTOP", self._freeze), ("fill shm", self._fill_shm), ("reload", self._reload)]
+        faults += [("SIGSTOP", self._freeze), ("fill shm", self._fill_shm), ("shrink shm", self._shrink_client_shm),
+                   ("reload", self._reload)]
         for name, fault in faults:
             if stop.wait(self.options.pause):
                 break
@@ -144,6 +150,36 @@ class Chaos:
             os.close(fd)
             os.unlink(filler)
         return f"filled {size // MIB} MiB of {directory} for {self.options.fill_seconds:g} s"
+
+    def _shrink_client_shm(self, rounds: int = 10) -> str:
+        """Raises AssertionError (reported as the fault's detail) for any outcome but the expected."""
+        directory = self.shm_dir or f"/proc/{self.pid}/root/dev/shm"
+        key = f"soak_client_{os.getpid()}"
+        data = np.arange(1024, dtype=np.float32).reshape(1, -1)
+        fd = os.open(os.path.join(directory, key), os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o600)
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        try:
+            os.write(fd, data.tobytes())
+            client.register_system_shared_memory("soak_shrink", "/" + key, data.nbytes)
+            tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+            tensor.set_shared_memory("soak_shrink", data.nbytes)
+            for size, expected in ((data.nbytes, "ok"), (0, "INVALID_ARGUMENT"), (data.nbytes, "ok")):
+                os.ftruncate(fd, size)
+                for _ in range(rounds):
+                    try:
+                        answer = client.infer("identity_fp32", [tensor], client_timeout=TIMEOUT_S).as_numpy("OUTPUT0")
+                        outcome = "ok" if answer is not None and answer.shape == data.shape else "wrong answer"
+                    except InferenceServerException as exc:
+                        outcome = "INVALID_ARGUMENT" if "INVALID_ARGUMENT" in str(exc.status()) else str(exc)
+                    assert outcome == expected, f"region of {size} bytes: expected {expected}, got {outcome}"
+        finally:
+            with contextlib.suppress(Exception):
+                client.unregister_system_shared_memory("soak_shrink")
+            client.close()
+            os.close(fd)
+            os.unlink(os.path.join(directory, key))
+        return (f"{rounds} requests each from a region of {data.nbytes} bytes, truncated to 0 (all "
+                f"INVALID_ARGUMENT), grown back")
 
     def warm_up(self, count: int = 12) -> None:
         """Large requests before the baseline sample, so that the memory the allocator keeps after

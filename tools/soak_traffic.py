@@ -183,6 +183,31 @@ def batched(clients: Clients, rng: random.Random) -> int:
     return grpc_unary(clients, rng, "batch_identity", (16, 256, 4096))
 
 
+def big_metadata(clients: Clients, rng: random.Random) -> int:
+    """Metadata over the 128 KiB control frame (issue 18): a 140 KB id or 200 KB of parameters,
+    through the dynamic batcher among ordinary requests; it travels spilled into the arena and must
+    neither fail nor fail the requests batched with it."""
+    data = _floats(rng, (16, 256))
+    use_http = rng.random() < 0.5
+    module: Any = httpclient if use_http else grpcclient
+    tensor = module.InferInput("INPUT0", list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data)
+    big_id = rng.random() < 0.5
+    request_id = f"{rng.randrange(1 << 30)}-" + "i" * 140_000 if big_id else "big-parameters"
+    parameters = None if big_id else {"note": "p" * 200_000}
+    if use_http:
+        result = clients.http.infer("batch_identity", [tensor], request_id=request_id, parameters=parameters,
+                                    timeout=int(TIMEOUT_S))
+        answered_id = result.get_response()["id"]
+    else:
+        result = clients.grpc.infer("batch_identity", [tensor], request_id=request_id, parameters=parameters,
+                                    client_timeout=TIMEOUT_S)
+        answered_id = result.get_response().id
+    _check(np.array_equal(result.as_numpy("OUTPUT0"), data) and answered_id == request_id,
+           "batch_identity with oversize metadata")
+    return 1
+
+
 def grpc_stream(clients: Clients, rng: random.Random) -> int:
     count = rng.randrange(1, 6)
     answers: queue.Queue[Any] = queue.Queue()
@@ -227,11 +252,11 @@ def bls(clients: Clients, rng: random.Random) -> int:
 # One request per call; "sequence" (several requests) is Worker._sequence.
 REQUESTS: dict[str, Callable[[Clients, random.Random], int]] = {
     "http_json": http_json, "http_binary": http_binary, "http_bytes": http_bytes, "grpc": grpc_unary,
-    "grpc_stream": grpc_stream, "batched": batched, "bls": bls,
+    "grpc_stream": grpc_stream, "batched": batched, "bls": bls, "big_metadata": big_metadata,
 }
 # kind -> weight in the mix
 KINDS: dict[str, int] = {"http_json": 2, "http_binary": 2, "http_bytes": 1, "grpc": 3, "grpc_stream": 2,
-                         "batched": 3, "sequence": 1, "bls": 2}
+                         "batched": 3, "sequence": 1, "bls": 2, "big_metadata": 1}
 
 
 class Worker(threading.Thread):

@@ -10,7 +10,7 @@ import grpc
 
 from pystub_backend.ipc.status import Status
 
-__all__ = ["ServerError", "http_status", "grpc_code", "Status", "forget_traceback"]
+__all__ = ["ServerError", "http_status", "grpc_code", "grpc_details", "Status", "forget_traceback"]
 
 _HTTP_STATUS = {
     Status.UNKNOWN: 400,
@@ -53,6 +53,19 @@ def http_status(status: Status) -> int:
 
 def grpc_code(status: Status) -> grpc.StatusCode:
     return _GRPC_CODE[Status.coerce(status)]
+
+
+# gRPC clients refuse a status whose details (percent-encoded, up to 3 bytes a character) outgrow
+# 16 KiB of trailers, and report RESOURCE_EXHAUSTED instead: an error echoing a 140 KB request id
+# would reach the client as the wrong error. Cut to what always fits.
+_GRPC_DETAILS_CHARS = 4096
+
+
+def grpc_details(message: str) -> str:
+    """`message` cut to what a gRPC status carries to every client."""
+    if len(message) <= _GRPC_DETAILS_CHARS:
+        return message
+    return f"{message[:_GRPC_DETAILS_CHARS]}... [{len(message) - _GRPC_DETAILS_CHARS} characters cut]"
 
 
 def forget_traceback(error: BaseException) -> None:

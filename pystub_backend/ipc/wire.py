@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, TypeVar, Union
 
 import msgpack
 
-__all__ = ["message", "encode", "decode", "MessageDecodeError", "registered_kinds", "kind_of"]
+__all__ = ["message", "encode", "encode_record", "decode", "MessageDecodeError", "registered_kinds", "kind_of"]
 
 _T = TypeVar("_T")
 _KIND_OF: dict[type, int] = {}
@@ -67,7 +67,13 @@ def encode(value: NamedTuple) -> bytes:
     return msgpack.packb((_KIND_OF[type(value)], *value), use_bin_type=True)
 
 
-def decode(frame: bytes) -> Any:
+def encode_record(value: NamedTuple) -> bytes:
+    """The bytes one record takes inside a frame (to tell which part of a frame is too large or
+    cannot be carried). Raises TypeError, ValueError or OverflowError as `encode` does."""
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def decode(frame: bytes | memoryview) -> Any:
     """The message in `frame`, its records built. Raises MessageDecodeError for anything that is
     not a valid frame."""
     try:

@@ -3,6 +3,7 @@
 Threads:
     main       runs the work queue: AutoComplete, Init, Execute, Finalize (model code runs here)
     receiver   reads frames; frees s2p handles on Release at once (even while execute runs),
+               reads SPILLED frames (over the frame limit) out of p2s and releases them,
                queues everything else for main
     heartbeat  liveness.Heartbeat
     async      event_loop.InstanceLoop, on first `async def execute`
@@ -22,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
+from pystub_backend.ipc import spill
+from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import BlockingChannel, ChannelClosedError
 from pystub_backend.ipc.control_block import ControlBlock, StubState
 from pystub_backend.ipc.exit_codes import StubExitCode
@@ -89,7 +91,16 @@ class Stub:
     def send(self, message: Any) -> None:
         for hook in self._send_hooks:  # e.g. buffered metric changes go out before this frame
             hook(self, message)
-        self.channel.send(msg.encode(message), self.options.send_timeout, type(message).__name__)
+        frame = msg.encode(message)
+        if not spill.fits(frame):  # e.g. a response with megabytes of parameters: it goes in s2p
+            frame, handle = spill.spill(frame, self.s2p)
+            try:
+                self.channel.send(frame, self.options.send_timeout, type(message).__name__)
+            except BaseException:
+                self.s2p.free(handle)  # never sent: the backend will not release it
+                raise
+            return
+        self.channel.send(frame, self.options.send_timeout, type(message).__name__)
 
     def log(self, level: int, text: str, filename: str = "stub", lineno: int = 0) -> None:
         try:
@@ -111,6 +122,8 @@ class Stub:
                 continue
             try:
                 message = msg.decode(frame)
+                if type(message) is msg.Spilled:
+                    message = self._unspill(message)
             except msg.MessageDecodeError as exc:
                 self.log_error(f"stub '{self.instance}' dropped a corrupt frame: {exc}")
                 continue
@@ -119,6 +132,16 @@ class Stub:
             except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the receiver
                 self.log_error(f"stub '{self.instance}' dropped a malformed {type(message).__name__} frame: "
                                f"{type(exc).__name__}: {exc}")
+
+    def _unspill(self, message: msg.Spilled) -> Any:
+        """The message a SPILLED frame names in p2s; the backend frees its bytes on our RELEASE."""
+        return spill.unspill(message, self.p2s, self._release_p2s)
+
+    def _release_p2s(self, handle: list[int]) -> None:
+        try:
+            self.send(msg.Release([handle], []))
+        except (ChannelClosedError, OSError):
+            pass  # the backend is gone: its arena goes with it
 
     def _dispatch(self, message: Any) -> None:
         """Act on one frame on the receiver thread, or queue it for the main thread."""
@@ -270,18 +293,12 @@ class Stub:
         error = None
         self.control.execute_started()
         try:
-            for wire in message.requests:
-                kept = self.rescheduled.take(wire.rid)  # pystub sequences: a rescheduled request runs as itself
-                if kept is None:
-                    sender, state = self.requests.make_sender(wire)
-                    states.append(state)  # registered now: closed below even if its request cannot be built
-                    requests.append(build_request(wire, self.p2s, self.model_name, self.model_version, sender))
-                else:
-                    requests.append(kept[0])
-                    states.append(kept[1])
+            wires = self._build_requests(message.requests, requests, states, responses)
+            if not requests:  # every request of the batch was refused alone
+                return
             result = run_execute(self.model, requests, self.decoupled, self.loop, self.log_error, self.batched)
             entries = check_return(result, requests, self.decoupled, self.instance)
-            for wire, state, entry in zip(message.requests, states, entries, strict=False):  # decoupled: no entries
+            for wire, state, entry in zip(wires, states, entries, strict=False):  # decoupled: no entries
                 if entry is not None and not state.final:
                     self.requests.close(state)
                     responses.append(response_to_wire(wire.rid, entry, _FINAL, set(wire.requested_outputs), self.s2p))
@@ -297,7 +314,46 @@ class Stub:
             responses = []
         finally:
             self.control.execute_finished()
-        self.send(msg.ExecuteDone(message.batch_id, error, responses))
+            self._send_done(message.batch_id, error, responses)
+
+    def _send_done(self, batch_id: int, error: Any, responses: list[Any]) -> None:
+        """EXECUTE_DONE; when it is over the frame limit and s2p has no room to spill it, the
+        batch fails with the arena's text instead (that frame always fits): the backend must hear
+        of every batch, or its requests would wait for their deadline."""
+        try:
+            self.send(msg.ExecuteDone(batch_id, error, responses))
+        except ArenaFullError as exc:
+            for response in responses:
+                self._free([t.handle for t in response.outputs])
+            self.send(msg.ExecuteDone(batch_id, error_to_wire(Status.INTERNAL, str(exc)), []))
+
+    def _build_requests(self, wires: list[msg.WireRequest], requests: list[Any], states: list[RequestState],
+                        responses: list[Any]) -> list[msg.WireRequest]:
+        """Fill `requests` and `states` for the wire requests that can be built; return those wires.
+
+        A request whose inputs cannot be read (a client region that shrank or was replaced under
+        it, a corrupt handle) is answered alone with INVALID_ARG in `responses`: it must not fail
+        the other requests of its batch."""
+        built: list[msg.WireRequest] = []
+        for wire in wires:
+            kept = self.rescheduled.take(wire.rid)  # pystub sequences: a rescheduled request runs as itself
+            if kept is not None:
+                requests.append(kept[0])
+                states.append(kept[1])
+                built.append(wire)
+                continue
+            sender, state = self.requests.make_sender(wire)
+            try:
+                request = build_request(wire, self.p2s, self.model_name, self.model_version, sender)
+            except ValueError as exc:
+                self.requests.close(state)
+                responses.append(msg.WireResponse(wire.rid, _FINAL, error_to_wire(Status.INVALID_ARG, str(exc)),
+                                                  [], "{}"))
+                continue
+            requests.append(request)
+            states.append(state)
+            built.append(wire)
+        return built
 
 
 async def _await(awaitable: Any) -> Any:

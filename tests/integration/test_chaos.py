@@ -1,6 +1,8 @@
 """Chaos under load (issue 11): while tools/soak.py's mixed traffic runs, kill -9 three stubs,
-SIGSTOP one for twice the heartbeat timeout, fill /dev/shm so that arenas cannot grow, unload and
-reload a model, and close clients abruptly all along (tools/soak_chaos.py).
+SIGSTOP one for twice the heartbeat timeout, fill /dev/shm so that arenas cannot grow, truncate a
+client's registered shm region under the server (issue 18: its requests fail with INVALID_ARGUMENT,
+the backend lives), unload and reload a model, and close clients abruptly all along
+(tools/soak_chaos.py).
 
 Every request is accounted for (sent == ok + errors), every error names a cause a fault explains
 (stub died, BLS target not ready, shm full, model unloaded, sequence evicted, client closed: no
@@ -38,7 +40,7 @@ def test_faults_under_load_lose_nothing_and_the_server_recovers(tmp_path: Path) 
     totals = report["totals"]
     assert totals["sent"] == totals["ok"] + totals["errors"] and totals["lost"] == 0, totals
     faults = [fault["fault"] for fault in report["faults"]]
-    assert faults == ["kill -9"] * options.kills + ["SIGSTOP", "fill shm", "reload"], report["faults"]
+    assert faults == ["kill -9"] * options.kills + ["SIGSTOP", "fill shm", "shrink shm", "reload"], report["faults"]
     assert not any(fault["detail"].startswith(("could not", "skipped")) for fault in report["faults"])
     causes = totals["by_cause"]
     assert causes.get("shm full", 0) > 0, causes  # the fill made large requests fail, with Triton's text

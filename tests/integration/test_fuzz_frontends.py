@@ -43,6 +43,9 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 SETTINGS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
+# Oversize-metadata cases (a 300 KB id) make hypothesis warn about the size of a failing case's
+# repr; the warning is about the report, not the server.
+pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 TIMEOUT = 15.0  # per request: a hang fails the case instead of the whole run
 REGION_BYTES = 64
 # What the log of a server that handled bad input well never shows.
@@ -159,6 +162,48 @@ def test_shared_memory_registration_answers_or_refuses(connection: httplib.HTTPC
         assert body.get("key") in (region, region.lstrip("/")), body
         status, payload, _ = post(connection, path + "/unregister", b"", {})
         assert status == 200, payload
+
+
+@pytest.fixture(scope="module")
+def shrinking_region(backend: Backend) -> Iterator[str]:
+    """A client shm object registered as region 'shrinking', whose owner truncates it (issue 18)."""
+    key = f"/fuzz_shrinking_{os.getpid()}"
+    fd = os.open(f"/dev/shm{key}", os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o600)
+    os.close(fd)
+    client = httpclient.InferenceServerClient(backend.http_url)
+    try:
+        os.truncate(f"/dev/shm{key}", REGION_BYTES)
+        client.register_system_shared_memory("shrinking", key, REGION_BYTES)
+        yield key
+        client.unregister_system_shared_memory("shrinking")
+    finally:
+        client.close()
+        os.unlink(f"/dev/shm{key}")
+
+
+@settings(max_examples=scaled(150), **SETTINGS)
+@given(size=st.integers(0, REGION_BYTES), offset=st.integers(0, REGION_BYTES), nbytes=st.integers(0, REGION_BYTES),
+       model=st.sampled_from(["identity_fp32", "string_identity"]), output=st.booleans())
+def test_a_region_truncated_by_its_owner_answers_or_refuses(connection: httplib.HTTPConnection,
+                                                            shrinking_region: str, size: int, offset: int,
+                                                            nbytes: int, model: str, output: bool) -> None:
+    """The owner shrinks the object, then a request names bytes of it (as input, or as the output's
+    destination): 200 or 400, never a dead backend or stub (check_still_serving counts restarts)."""
+    os.truncate(f"/dev/shm{shrinking_region}", size)
+    try:
+        datatype = "FP32" if model == "identity_fp32" else "BYTES"
+        shm = {"shared_memory_region": "shrinking", "shared_memory_byte_size": nbytes, "shared_memory_offset": offset}
+        shape = [1, max(nbytes // 4, 1)] if datatype == "FP32" else [1]
+        document: dict[str, Any] = {"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": shape,
+                                                "parameters": shm}]}
+        if output:  # the input travels in the body, the output goes to the shrunk region
+            document["inputs"][0] = {"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}
+            document["outputs"] = [{"name": "OUTPUT0", "parameters": shm}]
+            model = "identity_fp32"
+        status, payload, _ = post(connection, f"/v2/models/{model}/infer", json.dumps(document).encode(), {})
+        assert status in (200, 400), (status, payload[:300], size, document)
+    finally:
+        os.truncate(f"/dev/shm{shrinking_region}", REGION_BYTES)
 
 
 _GENERATE_BODIES = st.one_of(

@@ -58,6 +58,17 @@ def mapped(key: str) -> bool:
         return any(("/dev/shm" + key) in line for line in maps)
 
 
+def held(key: str) -> bool:
+    """An fd of this process is open on the object (the backend holds regions by fd, unmapped)."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == "/dev/shm" + key:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def status_of(error: pytest.ExceptionInfo[ServerError]) -> Status:
     return error.value.status
 
@@ -71,12 +82,12 @@ def test_register_status_unregister() -> None:
         assert registry.status() == [{"name": "a", "key": key, "offset": 10, "byte_size": 90},
                                      {"name": "b", "key": key, "offset": 0, "byte_size": 100}]
         assert registry.status("b") == [{"name": "b", "key": key, "offset": 0, "byte_size": 100}]
-        assert mapped(key)
+        assert held(key) and not mapped(key)  # held by fd, never mapped: a truncation cannot SIGBUS us
         registry.unregister("a")
         registry.unregister("unknown")
         assert [r["name"] for r in registry.status()] == ["b"]
         registry.unregister()
-        assert registry.status() == [] and not mapped(key)
+        assert registry.status() == [] and not held(key)
         assert os.path.exists("/dev/shm" + key)  # unregistering never unlinks
 
 
@@ -226,6 +237,35 @@ def test_validation_checks_the_shm_byte_size() -> None:
         registry.close()
 
 
+def test_a_region_its_owner_truncated_is_an_error_never_a_fault() -> None:
+    """The backend reads regions with preadv, never through a mapping (issue 18): a region that
+    shrank under its registration gives INVALID_ARG for the request that reads it, and a plain
+    input's size is checked without reading it at all."""
+    from pystub_backend.backend.models.config import config_from_json
+    config = config_from_json('{"name": "m", "backend": "python", "max_batch_size": 0, '
+                              '"input": [{"name": "I", "data_type": "TYPE_STRING", "dims": [2]}], '
+                              '"output": [{"name": "O", "data_type": "TYPE_STRING", "dims": [2]}]}')
+    payload = b"\x02\x00\x00\x00ab\x01\x00\x00\x00c"
+    registry = ClientShmRegistry(enabled=True)
+    with shm_object(payload) as key:
+        registry.register("r", key, 0, len(payload))
+        os.truncate("/dev/shm" + key, 3)
+        request = InferRequest("m", inputs=[Tensor("I", "BYTES", (2,), b"", shm_parameters("r", len(payload)))])
+        with registry.resolve(request), pytest.raises(ServerError) as error:
+            validate_request(request, config)
+        assert error.value.status == Status.INVALID_ARG and "it was truncated" in error.value.message
+        plain = InferRequest("m", inputs=[Tensor("I", "FP32", (2,), b"", shm_parameters("r", 8))])
+        with registry.resolve(plain):
+            shm_input = plain.inputs[0]
+            assert shm_input.nbytes == 8  # known without reading the region
+            with pytest.raises(ServerError, match="truncated"):
+                bytes(shm_input.data)
+        os.truncate("/dev/shm" + key, len(payload))  # grown back: readable again (zeros past byte 3)
+        with registry.resolve(request):
+            assert bytes(request.inputs[0].data) == payload[:3] + bytes(len(payload) - 3)
+        registry.close()
+
+
 class _FakeChannel:
     def __init__(self) -> None:
         self.frames: list[bytes] = []
@@ -278,12 +318,12 @@ def test_unregister_waits_for_requests_in_flight_then_tells_the_stubs() -> None:
             assert outputs == {"O": request.outputs[0].handle}  # type: ignore[attr-defined]
             lease.release()  # the core is done with it; the stub round trip still holds it
             registry.unregister()
-            assert registry.status() == [] and mapped(key)
+            assert registry.status() == [] and held(key) and not mapped(key)
             await asyncio.sleep(0)
             assert stub.channel.frames == []
             stream.finish()  # the final response is in
             await asyncio.sleep(0.01)
-            assert not mapped(key)
+            assert not held(key)
             forgets = [msg.decode(frame) for frame in stub.channel.frames]
             assert sorted(g for f in forgets for g in f.generations) == generations
             assert all(isinstance(f, ClientShmForget) for f in forgets)

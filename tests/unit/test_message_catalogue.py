@@ -29,7 +29,7 @@ def test_every_registered_kind_is_in_the_catalogue_exactly_once() -> None:
     assert [k for k, n in numbers.items() if n > 1] == [], "a kind number is reused"
     assert [k for k, n in names.items() if n > 1] == [], "a message name is listed twice"
     assert {entry.kind: entry.name for entry in CATALOGUE} == {k: cls.__name__ for k, cls in registered.items()}
-    assert len(CATALOGUE) == 35
+    assert len(CATALOGUE) == 36
 
 
 def test_each_kind_lies_in_its_features_range_and_module() -> None:
@@ -44,7 +44,8 @@ def test_each_kind_lies_in_its_features_range_and_module() -> None:
 def test_what_the_stub_handles_is_sent_to_the_stub() -> None:
     handlers = StubHandlers()
     install_features(handlers)
-    core_to_stub = {msg.AutoComplete, msg.Init, msg.Execute, msg.Finalize, msg.IsReady, msg.Release, msg.Cancel}
+    core_to_stub = {msg.AutoComplete, msg.Init, msg.Execute, msg.Finalize, msg.IsReady, msg.Release, msg.Cancel,
+                    msg.Spilled}
     for cls in handlers.handled_kinds() | core_to_stub:
         assert messages.entry_of(kind_of(cls)).direction in (Direction.TO_STUB, Direction.BOTH), cls
     to_stub = {e.name for e in CATALOGUE if e.direction is not Direction.TO_BACKEND}

@@ -5,6 +5,7 @@ stub; and real stubs that fail to boot exiting with their named codes."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import time
@@ -19,10 +20,13 @@ from pystub_backend.backend.inference import InferRequest, Tensor
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess
-from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
+from pystub_backend.ipc import spill
+from pystub_backend.ipc.arena import ArenaReader, ArenaWriter, segment_name
 from pystub_backend.ipc.channel import BlockingChannel, ChannelTimeoutError, make_pair
 from pystub_backend.ipc.exit_codes import StubExitCode
 from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.names import unlink_entries
+from pystub_backend.ipc.status import Status
 
 _SLEEPER = "import sys, time; time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))"
 
@@ -191,3 +195,73 @@ def test_a_stub_started_with_bad_arguments_exits_with_bad_arguments() -> None:
                              "--fd", "not-a-number"], capture_output=True, timeout=60)
     assert result.returncode == StubExitCode.BAD_ARGUMENTS, result.stderr
     assert b"--fd" in result.stderr or b"--base" in result.stderr, "argparse says what is wrong"
+
+
+# -- frames over the channel's limit (issue 18, item 1) ----------------------------------------------
+def test_an_oversize_request_travels_spilled_in_p2s_and_is_freed_on_release() -> None:
+    async def test(h: Harness) -> None:
+        assert h.stub.p2s is not None
+        big = _request()
+        big.id = "i" * 200_000  # over MAX_FRAME on its own
+        running = asyncio.ensure_future(h.stub.execute_streams([_request(), big]))
+        spilled = await h.receive()
+        assert isinstance(spilled, msg.Spilled), "the frame travels in the arena"
+        assert h.stub.p2s.allocation_count == 3  # two inputs and the frame
+        reader = ArenaReader(h.stub.base, "p2s")
+        try:
+            execute = spill.unspill(spilled, reader, lambda handle: None)  # released below, by frame
+        finally:
+            reader.close()
+        assert isinstance(execute, msg.Execute) and [w.id for w in execute.requests] == ["", big.id]
+        h.peer.send(msg.encode(msg.Release([spilled.handle], [])), 1.0)  # the stub read it
+        await asyncio.sleep(0.05)
+        assert h.stub.p2s.allocation_count == 2
+        responses = [[wire.rid, msg.RESPONSE_FINAL, None, [], "{}"] for wire in execute.requests]
+        h.peer.send(msg.encode(msg.ExecuteDone(execute.batch_id, None, responses)), 1.0)
+        streams, _ = await asyncio.wait_for(running, 5.0)
+        for stream in streams:
+            assert (await stream.single()).error is None  # type: ignore[union-attr]
+        assert h.stub.in_flight == 0 and h.stub.p2s.allocation_count == 0
+
+    _run(test)
+
+
+def test_a_request_the_wire_cannot_carry_fails_alone_and_frees_what_it_held() -> None:
+    async def test(h: Harness) -> None:
+        assert h.stub.p2s is not None
+        bad = _request()
+        bad.correlation_id = 1 << 70  # msgpack carries at most 64 bits
+        running = asyncio.ensure_future(h.stub.execute_streams([_request(), bad, _request(8)]))
+        execute = await h.receive()
+        assert isinstance(execute, msg.Execute) and len(execute.requests) == 2, "the others are sent"
+        assert h.stub.p2s.allocation_count == 2, "the refused request's input is freed at once"
+        responses = [[wire.rid, msg.RESPONSE_FINAL, None, [], "{}"] for wire in execute.requests]
+        h.peer.send(msg.encode(msg.ExecuteDone(execute.batch_id, None, responses)), 1.0)
+        streams, _ = await asyncio.wait_for(running, 5.0)
+        assert (await streams[0].single()).error is None  # type: ignore[union-attr]
+        with pytest.raises(ServerError, match="could not be sent") as error:
+            await streams[1].single()  # type: ignore[union-attr]
+        assert error.value.status == Status.INVALID_ARG
+        assert (await streams[2].single()).error is None  # type: ignore[union-attr]
+        assert h.stub.in_flight == 0 and h.stub.p2s.allocation_count == 0
+
+    _run(test)
+
+
+def test_an_oversize_frame_from_the_stub_is_read_from_s2p_and_released(caplog: pytest.LogCaptureFixture) -> None:
+    async def test(h: Harness) -> None:
+        s2p = ArenaWriter(h.stub.base, "s2p", 1 << 20, 1 << 20)
+        try:
+            text = "L" * 300_000
+            frame, handle = spill.spill(msg.encode(msg.Log(1, text, "model.py", 7)), s2p)
+            with caplog.at_level(logging.WARNING, logger="pystub.stub"):
+                h.peer.send(frame, 1.0)
+                release = await h.receive()
+            assert isinstance(release, msg.Release) and release.handles == [list(handle)]
+            (record,) = [r for r in caplog.records if r.lineno == 7]
+            assert record.getMessage() == f"[exchange_0] {text}" and record.pathname == "model.py"
+        finally:
+            s2p.close()
+            unlink_entries([segment_name(h.stub.base, "s2p", 0)])
+
+    _run(test)

@@ -2,10 +2,11 @@
 and the requests whose tensors live in them.
 
     register(name, key, offset, byte_size)   open /dev/shm/<key> (O_RDWR), check offset+byte_size
-                                               against the object's size, map it read-only
+                                               against the object's size, keep the fd (no mapping)
     resolve(request)        (Core, before      per input/output that names a region: check offset
-                             validation)       and size; an input's data := a view of our mapping
-                                               (validation reads byte sizes and BYTES from it);
+                             validation)       and size; an input's data are read from the fd when
+                                               first used (validation reads BYTES; a plain input
+                                               is never read here: the stub maps it);
                                                the regions are held until the request ends
     attach_regions(...)     (StubProcess)      inputs travel as region handles, not copied into the
                                                arena; outputs' region handles ride on the request;
@@ -13,6 +14,11 @@ and the requests whose tensors live in them.
     unregister(name | "")                      the name is gone at once (status, new requests);
                                                the mappings, ours and the stubs' (ClientShmForget),
                                                go when the last request holding the region ends
+
+The backend never maps a client's object (its owner may truncate it under us: SIGBUS): a
+`Region` holds an fd and reads with preadv, see pystub_backend.backend.features.client_regions. A
+stub does map regions, for zero-copy inputs and outputs; a stub that dies of a region shrinking
+under it is restarted as any dead stub.
 
 The server never creates, resizes or unlinks a client's object, and never uses
 `multiprocessing.shared_memory` (its resource tracker unlinks segments it did not create).
@@ -25,17 +31,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import mmap
 import os
 import stat
-import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.features.client_regions import Region, ShmTensor
 from pystub_backend.backend.inference import InferRequest, RequestedOutput, Tensor
-from pystub_backend.ipc import tensors
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages.client_shm import ClientShmForget
 from pystub_backend.ipc.names import SHM_DIR
@@ -65,66 +68,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class Region:
-    """One registration: the object mapped read-only into this process, and who still uses it.
-
-    `holds` counts the requests (and their stub round trips) using the region; after `unregister`
-    the mapping lives until it drops to 0. `stubs` are the stub incarnations that were sent its
-    handles, so they can be told to drop their own mappings.
-    """
-
-    def __init__(self, name: str, key: str, offset: int, byte_size: int, generation: int, inode: int,
-                 mapping: mmap.mmap, retire: Callable[[Region], None]) -> None:
-        self.name = name
-        self.key = key
-        self.offset = offset
-        self.byte_size = byte_size
-        self.generation = generation
-        self.inode = inode
-        self.registered = True
-        self.holds = 0
-        self.stubs: weakref.WeakSet[StubProcess] = weakref.WeakSet()
-        self._mapping: mmap.mmap | None = mapping
-        self._retire = retire
-
-    def status(self) -> dict[str, Any]:
-        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
-
-    def handle(self, offset: int, nbytes: int) -> list[Any]:
-        return tensors.region_handle(self.generation, self.offset + offset, nbytes, self.key, self.inode)
-
-    def view(self, offset: int, nbytes: int) -> memoryview:
-        """Read-only bytes at `offset` of the region (the caller checked the bounds)."""
-        assert self._mapping is not None, "a region in use is mapped"
-        start = self.offset + offset
-        return memoryview(self._mapping)[start : start + nbytes].toreadonly()
-
-    def hold(self) -> None:
-        self.holds += 1
-
-    def release(self) -> None:
-        self.holds -= 1
-        if self.holds == 0 and not self.registered:
-            self._retire(self)
-
-    def unmap(self) -> None:
-        mapping, self._mapping = self._mapping, None
-        if mapping is not None:
-            try:
-                mapping.close()
-            except BufferError:
-                pass  # a request object still holds a view: unmapped when that view is collected
-
-
-@dataclass(eq=False)
-class ShmTensor(Tensor):
-    """An input that lives in a client region: `data` views the backend's mapping (for validation
-    and any consumer that copies); the stub maps `handle` itself."""
-
-    region: Region | None = None
-    handle: list[Any] | None = None
-
-
 @dataclass(eq=False)
 class ShmOutput(RequestedOutput):
     """An output the client wants written into a region (`handle`, `byte_size` bytes)."""
@@ -134,27 +77,24 @@ class ShmOutput(RequestedOutput):
 
 
 class Lease:
-    """The regions one request holds, and the views of them its inputs carry; `release()`
-    (idempotent) or use as a context manager.
+    """The regions one request holds, and its inputs that live in them; `release()` (idempotent)
+    or use as a context manager.
 
-    Releasing also releases the views: the request object may outlive the request (a reference
-    kept somewhere, a cycle not yet collected), and a live view would keep the region mapped after
-    it was unregistered. Touching a released input's data raises ValueError, never a crash.
+    Releasing also releases the inputs: the request object may outlive the request (a reference
+    kept somewhere, a cycle not yet collected), and must not read a region it no longer holds.
+    Touching a released input's data raises ValueError, never a crash.
     """
 
-    __slots__ = ("_regions", "_views")
+    __slots__ = ("_regions", "_inputs")
 
-    def __init__(self, regions: list[Region], views: list[memoryview] | None = None) -> None:
+    def __init__(self, regions: list[Region], inputs: list[ShmTensor] | None = None) -> None:
         self._regions = regions
-        self._views = views or []
+        self._inputs = inputs or []
 
     def release(self) -> None:
-        views, self._views = self._views, []
-        for view in views:
-            try:
-                view.release()
-            except BufferError:
-                pass  # something still reads it: the mapping goes once that is collected
+        inputs, self._inputs = self._inputs, []
+        for tensor in inputs:
+            tensor.release()
         regions, self._regions = self._regions, []
         for region in regions:
             region.release()
@@ -169,12 +109,12 @@ class Lease:
 _NO_LEASE = Lease([])  # what requests without client shm get: releasing it does nothing
 
 
-def _hold_all(regions: list[Region], views: list[memoryview] | None = None) -> Lease:
+def _hold_all(regions: list[Region], inputs: list[ShmTensor] | None = None) -> Lease:
     if not regions:
         return _NO_LEASE
     for region in regions:
         region.hold()
-    return Lease(regions, views)
+    return Lease(regions, inputs)
 
 
 class ClientShmRegistry:
@@ -207,13 +147,14 @@ class ClientShmRegistry:
         if offset < 0 or byte_size < 0:
             raise _invalid(f"failed to register shared memory region '{name}': invalid args (offset {offset}, "
                            f"byte_size {byte_size} must not be negative)")
-        inode, size, mapping = self._map(name, key, offset, byte_size)
-        self._regions[name] = Region(name, key, offset, byte_size, next(self._generations), inode, mapping,
+        inode, size, fd = self._open(name, key, offset, byte_size)
+        self._regions[name] = Region(name, key, offset, byte_size, next(self._generations), inode, fd,
                                      self._retire)
         log.info("registered system shared memory region '%s' (key '%s', offset %d, %d bytes of %d)",
                  name, key, offset, byte_size, size)
 
-    def _map(self, name: str, key: str, offset: int, byte_size: int) -> tuple[int, int, mmap.mmap]:
+    def _open(self, name: str, key: str, offset: int, byte_size: int) -> tuple[int, int, int]:
+        """(inode, size, fd) of the client's object, checked. Raises ServerError(INVALID_ARG)."""
         base = key.lstrip("/")
         if not base or "/" in base or base in (".", "..") or "\0" in base:
             raise _invalid(f"Unable to open shared memory region: '{key}': not a POSIX shared memory name")
@@ -230,13 +171,11 @@ class ClientShmRegistry:
             if offset + byte_size > info.st_size or info.st_size == 0:
                 raise _invalid(f"failed to register shared memory region '{name}': invalid args (offset {offset} "
                                f"+ byte_size {byte_size} exceeds the {info.st_size} bytes of '{key}')")
-            # Read-only: the backend only validates inputs; stubs write outputs through their own maps.
-            mapping = mmap.mmap(fd, info.st_size, mmap.MAP_SHARED, mmap.PROT_READ)
-        except OSError as exc:
-            raise _invalid(f"Unable to map shared memory region: '{key}': {exc}") from None
-        finally:
+        except BaseException:
             os.close(fd)
-        return info.st_ino, info.st_size, mapping
+            raise
+        # Kept open, never mapped (see the module docstring): reads are preadv on this fd.
+        return info.st_ino, info.st_size, fd
 
     def unregister(self, name: str = "") -> None:
         """Forget one region, or all with `name == ""`; an unknown name is not an error (as in
@@ -287,31 +226,25 @@ class ClientShmRegistry:
     def resolve(self, request: InferRequest) -> Lease:
         """Swap the request's shm inputs and outputs for ShmTensor/ShmOutput and hold their regions.
 
-        Call before validation: an input's data become a view of its bytes in the region, so byte
+        Call before validation: an input's data are read from the region on first use, its byte
         sizes are checked against `shared_memory_byte_size`. Release the lease when the request
         ends. Raises ServerError(INVALID_ARG) for unknown regions and bad offsets or sizes.
         """
         used: list[Region] = []
-        views: list[memoryview] = []
-        try:
-            for index, tensor in enumerate(request.inputs):
-                if REGION in tensor.parameters:
-                    region, offset, size = self._reference(tensor.parameters, "input", tensor.name)
-                    views.append(region.view(offset, size))
-                    request.inputs[index] = ShmTensor(tensor.name, tensor.datatype, tensor.shape, views[-1],
-                                                      tensor.parameters, region=region,
-                                                      handle=region.handle(offset, size))
-                    used.append(region)
-            for index, output in enumerate(request.outputs):
-                if REGION in output.parameters:
-                    region, offset, size = self._reference(output.parameters, "output", output.name)
-                    request.outputs[index] = ShmOutput(output.name, output.parameters, region=region,
-                                                       handle=region.handle(offset, size))
-                    used.append(region)
-        except ServerError:
-            Lease([], views).release()
-            raise
-        return _hold_all(used, views)
+        inputs: list[ShmTensor] = []
+        for index, tensor in enumerate(request.inputs):
+            if REGION in tensor.parameters:
+                region, offset, size = self._reference(tensor.parameters, "input", tensor.name)
+                request.inputs[index] = shm_input = ShmTensor(tensor, region, offset, size)
+                inputs.append(shm_input)
+                used.append(region)
+        for index, output in enumerate(request.outputs):
+            if REGION in output.parameters:
+                region, offset, size = self._reference(output.parameters, "output", output.name)
+                request.outputs[index] = ShmOutput(output.name, output.parameters, region=region,
+                                                   handle=region.handle(offset, size))
+                used.append(region)
+        return _hold_all(used, inputs)
 
     def _reference(self, parameters: dict[str, Any], kind: str, tensor: str) -> tuple[Region, int, int]:
         name = parameters[REGION]

@@ -270,7 +270,7 @@ def _check_byte_size(request: InferRequest, model: str, tensor: Tensor) -> None:
             )
     else:
         expected = elements * element_size(tensor.datatype)
-        got = len(tensor.data) if isinstance(tensor.data, (bytes, bytearray)) else buffer_view(tensor.data).nbytes
+        got = tensor.nbytes  # a client-shm input knows its size without reading the client's region
         if got != expected:
             raise _invalid(
                 f"{prefix}input byte size mismatch for input '{tensor.name}' for model '{model}'. "

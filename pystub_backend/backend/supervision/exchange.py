@@ -114,26 +114,57 @@ class RequestExchange:
         return results, timing
 
     async def _send_batch(self, rids: list[int]) -> asyncio.Future[None] | None:
-        """EXECUTE for the records `rids`; the future resolves at EXECUTE_DONE (or death)."""
+        """EXECUTE for the records `rids`; the future resolves at EXECUTE_DONE (or death), None
+        when no request of the batch could be sent.
+
+        A request the wire cannot carry (a value validation let through) or whose oversize frame
+        finds no room in p2s fails alone, with everything it held freed; the others are sent."""
         batch_id = self.next_id()
         releases = self.outbox.take_releases()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._batches[batch_id] = (done, rids)
-        try:
-            wires = [wire for rid in rids if (wire := self._records[rid].wire) is not None]  # all are placed
-            await self._stub.link.send(msg.Execute(batch_id, wires, releases))
-        except (TypeError, ValueError, OverflowError) as exc:
-            # A value the wire cannot carry (validation should have refused it): nothing was sent;
-            # fail this batch alone, the caller (a scheduler worker) must go on serving.
-            del self._batches[batch_id]
-            self.outbox.release(releases)
-            self._fail(rids, ServerError(f"the request could not be sent to stub '{self._stub.instance_name}'"
-                                         f": {exc}", Status.INVALID_ARG))
-            return None
-        except (ChannelClosedError, ChannelTimeoutError) as exc:
-            log.error("stub '%s': %s", self._stub.instance_name, exc)
-            self.fail_all(self._stub.unhealthy_error())
-        return done
+        while rids:
+            self._batches[batch_id] = (done, rids)
+            try:
+                wires = [wire for rid in rids if (wire := self._records[rid].wire) is not None]  # all placed
+                await self._stub.link.send(msg.Execute(batch_id, wires, releases))
+                return done
+            except (TypeError, ValueError, OverflowError, ArenaFullError) as exc:
+                del self._batches[batch_id]
+                rids = self._drop_unsendable(rids, exc)
+            except (ChannelClosedError, ChannelTimeoutError) as exc:
+                log.error("stub '%s': %s", self._stub.instance_name, exc)
+                self.fail_all(self._stub.unhealthy_error())
+                return done
+        self.outbox.release(releases)  # nothing carried them: they go out in a RELEASE frame
+        return None
+
+    def _drop_unsendable(self, rids: list[int], exc: Exception) -> list[int]:
+        """Fail the requests of `rids` that made the batch unsendable; the rest, to send again.
+
+        Each request's wire form is encoded alone (only on this rare path): those the wire refuses
+        fail with INVALID_ARG; when p2s could not hold the spilled frame, the largest request fails
+        with the arena's text, as a request whose inputs do not fit does."""
+        sizes: dict[int, int] = {}
+        refused: dict[int, str] = {}
+        for rid in rids:
+            wire = self._records[rid].wire
+            try:
+                sizes[rid] = len(msg.encode_record(wire)) if wire is not None else 0
+            except (TypeError, ValueError, OverflowError) as error:
+                refused[rid] = str(error)
+        for rid, text in refused.items():
+            self._fail([rid], ServerError(f"the request could not be sent to stub '{self._stub.instance_name}'"
+                                          f": {text}", Status.INVALID_ARG))
+        if refused:
+            return [rid for rid in rids if rid not in refused]
+        if isinstance(exc, ArenaFullError) and sizes:
+            largest = max(sizes, key=sizes.__getitem__)
+            self._fail([largest], ServerError(str(exc), Status.INTERNAL))
+            return [rid for rid in rids if rid != largest]
+        # the batch frame itself failed although each request encodes: nothing can be singled out
+        self._fail(rids, ServerError(f"the batch could not be sent to stub '{self._stub.instance_name}'"
+                                     f": {exc}", Status.INTERNAL))
+        return []
 
     def _take_rescheduled(self, request: InferRequest) -> _InFlight | None:
         for record in self._records.values():

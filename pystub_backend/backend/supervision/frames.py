@@ -9,6 +9,11 @@ dispatcher of the frames the stub sends back.
                              failures are logged (for replies and notices nobody awaits)
     flush()                  wait until every `send_soon` frame went out (or was given up)
     request_reply(...)       send and wait for the reply of a given class (INIT, IS_READY, ...)
+    await_reply(...)         wait for such a reply without sending (one wait, shared with the above)
+
+A frame over the channel's limit (a request with megabytes of metadata) is written into the p2s
+arena and sent as SPILLED (pystub_backend.ipc.spill); the stub RELEASEs it once read. A SPILLED
+frame from the stub is read from s2p, released at once, and dispatched like any other frame.
 
 Incoming frames: the request frames (RESPONSE, EXECUTE_DONE, RELEASE) go to the request exchange,
 LOG to the backend log, feature frames to the server's BackendHandlers, replies to their waiter.
@@ -23,6 +28,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from pystub_backend.backend.supervision.errors import StubStartError
+from pystub_backend.ipc import spill
+from pystub_backend.ipc.arena import ArenaFullError
 from pystub_backend.ipc.channel import AsyncChannel, ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg
 
@@ -57,42 +64,71 @@ class FrameLink:
     def _what(self, message: NamedTuple) -> str:
         return f"{type(message).__name__} to stub '{self._stub.instance_name}'"
 
+    def _frame(self, message: NamedTuple) -> tuple[bytes, list[int] | None]:
+        """The frame for `message`, and the p2s handle it was spilled into when it is over the
+        limit (else None). Raises ArenaFullError when p2s cannot hold it, and what `encode` raises
+        for a value the wire cannot carry."""
+        frame = msg.encode(message)
+        if spill.fits(frame):
+            return frame, None
+        p2s = self._stub.p2s
+        if p2s is None:
+            raise ChannelClosedError(f"stub '{self._stub.instance_name}' has no arena")
+        return spill.spill(frame, p2s)
+
     async def send(self, message: NamedTuple, timeout: float | None = None) -> None:
         """Send `message`, waiting at most `timeout` s (default: the stub timeout) for room.
 
-        Raises ChannelTimeoutError (naming the message and the stub) or ChannelClosedError."""
+        Raises ChannelTimeoutError (naming the message and the stub), ChannelClosedError,
+        ArenaFullError (a frame over the limit that p2s cannot hold), and TypeError, ValueError or
+        OverflowError for a value the wire cannot carry."""
         if self.channel is None:
             raise ChannelClosedError(f"stub '{self._stub.instance_name}' has no channel")
-        await self.channel.send(msg.encode(message), self._timeout if timeout is None else timeout,
-                                self._what(message))
+        frame, spilled = self._frame(message)
+        try:
+            await self.channel.send(frame, self._timeout if timeout is None else timeout, self._what(message))
+        except (ChannelClosedError, ChannelTimeoutError):
+            self._unsent(spilled)
+            raise
 
     def send_soon(self, message: NamedTuple) -> None:
         """Send `message` in order with earlier `send_soon` frames; never blocks, never raises."""
         channel = self.channel
         if channel is None or channel.closed:
             return
-        frame = msg.encode(message)
+        try:
+            frame, spilled = self._frame(message)
+        except (ArenaFullError, ChannelClosedError, TypeError, ValueError, OverflowError) as exc:
+            log.warning("could not send %s: %s", self._what(message), exc)
+            return
         previous = self._last_soon
         if previous is None or previous.done():
             try:
                 if channel.try_send(frame):
                     return
             except ChannelClosedError:
+                self._unsent(spilled)
                 return
             previous = None
-        task = asyncio.ensure_future(self._send_later(channel, frame, self._what(message), previous))
+        task = asyncio.ensure_future(self._send_later(channel, frame, spilled, self._what(message), previous))
         self._last_soon = task
         self._soon_tasks.add(task)
         task.add_done_callback(self._soon_tasks.discard)
 
-    async def _send_later(self, channel: AsyncChannel, frame: bytes, what: str,
+    async def _send_later(self, channel: AsyncChannel, frame: bytes, spilled: list[int] | None, what: str,
                           previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await asyncio.wait({previous})  # keep the frames in the order they were sent
         try:
             await channel.send(frame, self._timeout, what)
         except (ChannelClosedError, ChannelTimeoutError) as exc:
+            self._unsent(spilled)
             log.warning("could not send %s: %s", what, exc)
+
+    def _unsent(self, spilled: list[int] | None) -> None:
+        """A spilled frame that was never sent: free its p2s bytes (the stub cannot release them)."""
+        if spilled is not None:
+            self._stub.exchange.free_p2s([spilled])
 
     async def flush(self) -> None:
         """Wait until every frame `send_soon` queued has been sent (or given up); returns at once
@@ -105,37 +141,33 @@ class FrameLink:
     async def request_reply(self, message: NamedTuple, reply: type[_Reply], timeout: float, what: str) -> _Reply:
         """Send `message` and return the stub's `reply`-class answer. Raises StubStartError when
         the stub dies or `timeout` s pass (the text names `what`)."""
-        if self.closed:
-            raise StubStartError(self._stub.death_text(what))
-        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self._waiters[reply] = future  # registered before the reply can arrive
-        try:
-            try:
-                await self.send(message)
-            except (ChannelClosedError, ChannelTimeoutError) as exc:
-                raise StubStartError(f"{self._stub.death_text(what)} ({exc})") from exc
-            try:
-                return cast(_Reply, await asyncio.wait_for(future, timeout))
-            except asyncio.TimeoutError:
-                raise StubStartError(f"timed out after {timeout:.0f} s waiting for {what} from stub "
-                                     f"'{self._stub.instance_name}'") from None
-        finally:
-            if self._waiters.get(reply) is future:
-                del self._waiters[reply]
+        return await self._wait_reply(reply, timeout, what, message)
 
     async def await_reply(self, reply: type[_Reply], timeout: float, what: str) -> _Reply:
         """Wait for the next `reply`-class answer without sending anything (config-sections hook:
         the ready probe drops a late answer of an earlier call and waits on). Raises as
         `request_reply`."""
+        return await self._wait_reply(reply, timeout, what, None)
+
+    async def _wait_reply(self, reply: type[_Reply], timeout: float, what: str,
+                          message: NamedTuple | None) -> _Reply:
+        """The one wait for a reply: the waiter is registered before `message` (if any) is sent,
+        so the answer cannot arrive unseen; it is removed however the wait ends."""
         if self.closed:
             raise StubStartError(self._stub.death_text(what))
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._waiters[reply] = future
         try:
-            return cast(_Reply, await asyncio.wait_for(future, timeout))
-        except asyncio.TimeoutError:
-            raise StubStartError(f"timed out after {timeout:.0f} s waiting for {what} from stub "
-                                 f"'{self._stub.instance_name}'") from None
+            if message is not None:
+                try:
+                    await self.send(message)
+                except (ChannelClosedError, ChannelTimeoutError, ArenaFullError) as exc:
+                    raise StubStartError(f"{self._stub.death_text(what)} ({exc})") from exc
+            try:
+                return cast(_Reply, await asyncio.wait_for(future, timeout))
+            except asyncio.TimeoutError:
+                raise StubStartError(f"timed out after {timeout:.0f} s waiting for {what} from stub "
+                                     f"'{self._stub.instance_name}'") from None
         finally:
             if self._waiters.get(reply) is future:
                 del self._waiters[reply]
@@ -150,6 +182,8 @@ class FrameLink:
     def _on_frame(self, frame: bytes) -> None:
         try:
             message = msg.decode(frame)
+            if type(message) is msg.Spilled:
+                message = self._unspill(message)
         except msg.MessageDecodeError as exc:
             log.error("dropped a corrupt frame from stub '%s': %s", self._stub.instance_name, exc)
             return
@@ -158,6 +192,13 @@ class FrameLink:
         except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the channel's reader
             log.error("dropped a malformed %s frame from stub '%s': %s: %s", type(message).__name__,
                       self._stub.instance_name, type(exc).__name__, exc)
+
+    def _unspill(self, message: msg.Spilled) -> Any:
+        """The message a SPILLED frame names in s2p; its bytes are released at once (copied out)."""
+        s2p = self._stub.s2p
+        if s2p is None:
+            raise msg.MessageDecodeError("a spilled frame arrived before the s2p arena exists")
+        return spill.unspill(message, s2p, lambda handle: self._stub.exchange.outbox.release([handle]))
 
     def _dispatch(self, message: Any) -> None:  # a decoded message: any registered class
         kind = type(message)

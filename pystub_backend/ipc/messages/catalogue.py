@@ -47,6 +47,7 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry(12, "IsReady", _S, "core"),
     Entry(13, "IsReadyDone", _B, "core"),
     Entry(14, "Cancel", _S, "core"),
+    Entry(15, "Spilled", _2, "core"),  # a frame over the frame limit, in the sender's arena
     Entry(20, "BlsRequest", _B, "bls"),
     Entry(21, "BlsResponse", _S, "bls"),
     Entry(22, "BlsCancel", _B, "bls"),

@@ -11,6 +11,7 @@ Features keep their messages in modules of their own (kinds by range); the packa
     Execute (requests, releases)          ExecuteDone (responses returned by execute)
     Release (s2p handles, credits)        Response (sent through a response sender)
     Cancel (request ids)
+    Spilled (arena handle)                Spilled (arena handle): a frame over the frame limit
     Finalize                              FinalizeDone
     IsReady                               IsReadyDone
                                           Log
@@ -25,13 +26,13 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from pystub_backend.ipc.records import WireError, WireRequest, WireResponse, WireTensor
-from pystub_backend.ipc.wire import MessageDecodeError, decode, encode, message
+from pystub_backend.ipc.wire import MessageDecodeError, decode, encode, encode_record, message
 
 __all__ = [
-    "MessageDecodeError", "encode", "decode",
+    "MessageDecodeError", "encode", "encode_record", "decode",
     "AutoComplete", "AutoCompleteDone", "Init", "InitDone", "Execute", "ExecuteDone",
     "Response", "Release", "Log", "Finalize", "FinalizeDone", "IsReady", "IsReadyDone", "Cancel",
-    "RESPONSE_FINAL", "WireError", "WireRequest", "WireResponse", "WireTensor",
+    "Spilled", "RESPONSE_FINAL", "WireError", "WireRequest", "WireResponse", "WireTensor",
 ]
 
 RESPONSE_FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -91,6 +92,13 @@ class Release(NamedTuple):
 @message(14)
 class Cancel(NamedTuple):
     rids: list[int]
+
+
+@message(15)
+class Spilled(NamedTuple):
+    """A frame too large for the channel, written into the sender's arena (pystub_backend.ipc.spill)."""
+
+    handle: list[int]
 
 
 @message(9)

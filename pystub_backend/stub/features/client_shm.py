@@ -85,6 +85,14 @@ class ClientRegions:
         if offset < 0 or nbytes < 0 or offset + nbytes > len(mapping):
             raise RegionError(f"bytes [{offset}, {offset + nbytes}) lie outside shared memory region '{key}' "
                               f"of {len(mapping)} bytes")
+        # The owner may have truncated the object since we mapped it: touching a page past its end
+        # is SIGBUS. mmap.size() is an fstat of the mapping's own fd; this catches a region that
+        # shrank before the request (INVALID_ARG). One that shrinks while the model reads it can
+        # still kill this stub, which the backend then restarts; the backend itself never maps it.
+        size = mapping.size()
+        if offset + nbytes > size:
+            raise RegionError(f"shared memory region '{key}' is {size} bytes now, shorter than the "
+                              f"{offset + nbytes} bytes the request uses: it was truncated")
         return memoryview(mapping)[offset : offset + nbytes]
 
     def forget(self, generations: list[int]) -> None:

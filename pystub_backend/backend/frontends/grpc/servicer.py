@@ -19,7 +19,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pystub_backend.backend import log as backend_log
-from pystub_backend.backend.errors import ServerError, Status, forget_traceback, grpc_code
+from pystub_backend.backend.errors import ServerError, Status, forget_traceback, grpc_code, grpc_details
 from pystub_backend.backend.frontends.forwarding import forward_headers
 from pystub_backend.backend.frontends.grpc import shm as grpc_shm
 from pystub_backend.backend.frontends.grpc.codec import (
@@ -63,7 +63,7 @@ def _rpc(handler: _Handler[_Response]) -> _Handler[_Response | None]:
             code, details = grpc.StatusCode.INTERNAL, str(exc) or type(exc).__name__
             forget_traceback(exc)
         context.set_code(code)
-        context.set_details(details)
+        context.set_details(grpc_details(details))
         return None
 
     return wrapper

@@ -23,7 +23,7 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from pystub_backend.backend import client_link
-from pystub_backend.backend.errors import ServerError, forget_traceback, grpc_code
+from pystub_backend.backend.errors import ServerError, forget_traceback, grpc_code, grpc_details
 from pystub_backend.backend.frontends.forwarding import forward_headers
 from pystub_backend.backend.frontends.grpc.codec import decode_infer_request, encode_infer_response
 from pystub_backend.backend.inference import InferResponse, ServerCore
@@ -154,7 +154,7 @@ async def stream_infer(core: ServerCore, request_iterator: AsyncIterator[Any], c
             if item[0] == "error":
                 _, request_id, error = item
                 if session.grpc_errors:
-                    await context.abort(grpc_code(error.status), error.message)
+                    await context.abort(grpc_code(error.status), grpc_details(error.message))
                 yield _error_message(request_id, error)
             else:
                 yield item[1]
