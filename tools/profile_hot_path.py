@@ -47,19 +47,19 @@ from compare.environment import BENCH  # noqa: E402
 # (step, pattern on "function (path:line)"), first match from the innermost frame outwards wins
 _BACKEND_STEPS = [
     ("grpc encode", r"^(encode_infer_response|serialize_infer_response|_response_head|_output_view) "
-                    r"\(pystub_backend/backend/frontends/grpc_codec\.py|^append_length_delimited "),
-    ("grpc decode", r"pystub_backend/backend/frontends/(grpc_codec|protobuf_wire)\.py"),
-    ("http decode", r"frontends/(http_codec|json_tensors|http_raw)\.py"),
-    ("http encode", r"frontends/http_encode\.py"),
-    ("validate", r"backend/validation\.py"),
-    ("client shm", r"backend/client_shm\.py"),
+                    r"\(pystub_backend/backend/frontends/grpc/codec\.py|^append_length_delimited "),
+    ("grpc decode", r"pystub_backend/backend/frontends/grpc/(codec|protobuf_wire)\.py"),
+    ("http decode", r"frontends/http/(codec|json_tensors|json_document|raw)\.py"),
+    ("http encode", r"frontends/http/encode\.py"),
+    ("validate", r"backend/models/validation\.py"),
+    ("client shm", r"backend/features/client_shm\.py"),
     ("arena write", r"ipc/(tensors|arena|allocator|segment)\.py"),
-    ("queue (frames)", r"ipc/(channel|wire|messages\w*)\.py|msgpack"),
-    ("response", r"backend/(stub_process|response_stream|stub_output|stub_outbox|stub_features)\.py"),
-    ("core + schedule", r"backend/(core|model_version|scheduler|scheduling|model_instance|statistics|inference|"
-                        r"request_queue|dynamic_batcher|model_lifecycle)\.py"),
-    ("grpc frontend", r"frontends/grpc\.py"),
-    ("http frontend", r"frontends/http\w*\.py"),
+    ("queue (frames)", r"ipc/(channel|wire|records|messages/\w+)\.py|supervision/(frames|outbox)\.py|msgpack"),
+    ("response", r"backend/supervision/(exchange|stub_process|response_stream|output)\.py"),
+    ("core + schedule", r"backend/(core/\w+|models/version|scheduling/\w+|supervision/instance|"
+                        r"telemetry/\w+|inference)\.py"),
+    ("grpc frontend", r"frontends/grpc/\w+\.py"),
+    ("http frontend", r"frontends/http/\w+\.py"),
     ("metrics/logging", r"prometheus|backend/log\.py|logging/"),
     ("grpc runtime", r"grpc/|_cython|cygrpc"),
     ("aiohttp", r"aiohttp|multidict|yarl"),
@@ -67,17 +67,20 @@ _BACKEND_STEPS = [
 ]
 _STUB_STEPS = [
     ("stub: model execute", r"model\.py"),
-    ("stub: translate", r"pystub/(translate|pb_utils/\w+)\.py|pb_utils"),
+    ("stub: translate", r"stub/(translate|output_buffers)\.py|pb_utils"),
     ("stub: arena", r"ipc/(tensors|arena|allocator|segment)\.py"),
-    ("stub: frames", r"ipc/(channel|wire|messages\w*)\.py|msgpack|socket"),
-    ("stub: executor", r"pystub/(executor|senders|batched)\.py"),
-    ("stub: main loop", r"pystub/\w+\.py"),
+    ("stub: frames", r"ipc/(channel|wire|records|messages/\w+)\.py|msgpack|socket"),
+    ("stub: executor", r"stub/(executor|senders|batched)\.py"),
+    ("stub: main loop", r"stub/\w+\.py"),
 ]
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<path>[^:()]*)(?::\d+)?\)$")
 
 
 def _py_spy() -> Path:
-    """py-spy from .bench/venv, installed there on first use."""
+    """py-spy beside this interpreter (pip install py-spy), else from .bench/venv, installed there on first use."""
+    here = Path(sys.executable).parent / "py-spy"
+    if here.exists():
+        return here
     binary = BENCH / "venv" / "bin" / "py-spy"
     if not binary.exists():
         if not (BENCH / "venv" / "bin" / "python").exists():

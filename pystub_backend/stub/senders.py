@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pystub_backend.ipc.arena import ArenaWriter
@@ -36,7 +36,9 @@ class RequestState:
     requested: set[str]
     final: bool = False
     cancelled: bool = False
-    credits: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(CREDIT_WINDOW))
+    # Made on first use (RequestRegistry.credits_of): only a model that sends through the sender
+    # (decoupled, or answering early) uses credits; a semaphore per request cost the rest ~2-3 us.
+    credits: threading.Semaphore | None = None
 
 
 class RequestRegistry:
@@ -53,10 +55,9 @@ class RequestRegistry:
     # -- frames from the backend (receiver thread) ------------------------------------------------
     def on_credits(self, rids: list[int]) -> None:
         with self._lock:
-            states = [self._states.get(rid) for rid in rids]
-        for state in states:
-            if state is not None:
-                state.credits.release()
+            semaphores = [self._credits_locked(state) for rid in rids if (state := self._states.get(rid))]
+        for credits in semaphores:
+            credits.release()
 
     def on_cancel(self, rids: list[int]) -> None:
         with self._lock:
@@ -64,7 +65,18 @@ class RequestRegistry:
                 state = self._states.get(rid)
                 if state is not None:
                     state.cancelled = True
-                    state.credits.release()  # a sender waiting for credit must not wait any more
+                    self._credits_locked(state).release()  # a sender waiting for credit must not wait any more
+
+    def credits_of(self, state: RequestState) -> threading.Semaphore:
+        """The request's credit semaphore, made on first use."""
+        with self._lock:
+            return self._credits_locked(state)
+
+    @staticmethod
+    def _credits_locked(state: RequestState) -> threading.Semaphore:
+        if state.credits is None:
+            state.credits = threading.Semaphore(CREDIT_WINDOW)
+        return state.credits
 
     # -- requests ------------------------------------------------------------------------------------
     def make_sender(self, wire: WireRequest) -> tuple[Any, RequestState]:
@@ -85,7 +97,7 @@ class RequestRegistry:
         if state.final:  # failed on the model's behalf (stalled client), or already answered
             raise pb_utils.TritonModelException("Unable to send response. Response sender has been closed.")
         carries_data = response is not None and not response.has_error() and not state.cancelled
-        if carries_data and not state.credits.acquire(timeout=self._send_timeout):
+        if carries_data and not self.credits_of(state).acquire(timeout=self._send_timeout):
             text = (f"Unable to send response: the client has not read the last {CREDIT_WINDOW} responses of "
                     f"this request for {self._send_timeout:g} s.")
             self._fail(state, text)  # the client learns why, whatever the model does next

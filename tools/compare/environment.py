@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / ".bench"
+# PYSTUB_BENCH_DIR: another place for the peers, e.g. when .bench is shared with runs that must
+# not see packages change under them while the benchmark installs its extras.
+BENCH = Path(os.environ.get("PYSTUB_BENCH_DIR") or ROOT / ".bench")
 PYTRITON = "nvidia-pytriton==0.5.13"       # bundles tritonserver 2.51.0
 PERF_ANALYZER_CLIENT = "tritonclient==2.50.0"
 PEER_PACKAGES = ("mlserver==1.7.1", "uvloop<0.22", "numpy<2", "nvidia-cuda-runtime-cu12")

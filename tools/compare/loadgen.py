@@ -27,6 +27,8 @@ import tritonclient.http.aio as httpaio
 
 from compare import stopping
 
+JSON_PROTOCOLS = ("json", "http-json")
+
 
 @dataclass(frozen=True)
 class Point:
@@ -35,7 +37,8 @@ class Point:
     model: str            # "identity_fp32" or "add_sub"
     nbytes: int           # bytes of each input tensor
     concurrency: int
-    protocol: str         # "grpc", "http" (binary tensors) or "http-json"
+    protocol: str         # "grpc", "http" (binary tensors), "json" (JSON tensors) or "http-json"
+                          # (MLServer's JSON tensors in the "http" row)
     shm: bool = False     # client system shared memory for inputs and outputs
 
 
@@ -144,7 +147,7 @@ class _Requests:
             # aiohttp offers `gzip, deflate` by default, and pystub and Triton then compress every
             # response (tritonclient inflates it): the table would measure zlib, not the servers
             headers = {"Accept-Encoding": "identity"}
-            if point.protocol == "http-json":
+            if point.protocol in JSON_PROTOCOLS:
                 # aiohttp labels a bytes body application/octet-stream, which MLServer's JSON route refuses
                 headers["Content-Type"] = "application/json"
             self.extra = {"headers": headers}
@@ -159,7 +162,7 @@ class _Requests:
         return self._build(shm, worker)
 
     def _build(self, shm: _Shm | None, worker: int) -> tuple[list[Any], list[Any] | None]:
-        binary = self.point.protocol != "http-json"
+        binary = self.point.protocol not in JSON_PROTOCOLS
         infer_inputs, offset = [], 0
         for name, array in self.inputs.items():
             tensor = self.module.InferInput(name, list(array.shape), "FP32")

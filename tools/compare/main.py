@@ -14,7 +14,8 @@ from compare import environment, report, servers, stopping, targets
 from compare.runner import Plan, run_rounds
 
 SERVERS = ("pystub", "triton", "mlserver")
-LOADGENS = ("asyncio", "perf_analyzer")
+CEILINGS = ("bare-http", "bare-grpc-aio", "bare-grpc-sync", "bare-grpc-reuse4")
+LOADGENS = ("asyncio", "perf_analyzer", "prebuilt")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20}
 
 
@@ -47,9 +48,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sizes", type=_list(convert=parse_size), default=[16, 1 << 20, 16 << 20],
                         help="bytes per input tensor (default 16,1M,16M)")
     parser.add_argument("--concurrency", type=_list(convert=int), default=[1, 8, 32], help="default 1,8,32")
-    parser.add_argument("--protocols", type=_list(("grpc", "http")), default=["grpc", "http"])
+    parser.add_argument("--protocols", type=_list(("grpc", "http", "json")), default=["grpc", "http", "json"],
+                        help="http: binary tensors; json: JSON tensors (asyncio only); default all three")
+    parser.add_argument("--ceilings", type=_list(("none", *CEILINGS)), default=list(CEILINGS),
+                        help="bare-frontend ceilings measured beside the servers (compare/bare.py); "
+                             "'none' for none; default all")
     parser.add_argument("--loadgen", type=_list(LOADGENS), default=list(LOADGENS),
-                        help="asyncio (all servers) and/or perf_analyzer (pystub, triton); default both")
+                        help="asyncio (all servers), perf_analyzer (pystub, triton; binary tensors), prebuilt (JSON "
+                             "tensors, the body serialised once: compare/prebuilt.py); default all three")
     parser.add_argument("--models", type=_list(servers.MODELS), default=list(servers.MODELS),
                         help="identity_fp32 at every size; add_sub (fixed 4 x FP32) at 16 B only")
     parser.add_argument("--rounds", type=int, help="rounds; medians are reported (default 3, --quick 1)")
@@ -59,6 +65,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-shm", action="store_true", help="skip the client shared-memory rows")
     parser.add_argument("--no-probe", action="store_true", help="skip health/metadata under saturation")
     parser.add_argument("--no-install", action="store_true", help="fail instead of installing the peers")
+    parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                        help="also run pystub from this checkout (e.g. a `git worktree` of the commit before a change)"
+                             " as server 'pystub-base', measured in the same rounds")
+    parser.add_argument("--pystub-cpus", metavar="LIST", help="pin pystub (and pystub-base) to these CPUs "
+                        "(taskset -c LIST, e.g. 0 or 0,1); the peers and the client are not pinned")
+    parser.add_argument("--baseline-cpus", metavar="LIST", help="pin pystub-base to these CPUs instead "
+                        "(with --baseline set to this checkout: one core against two in the same run)")
     parser.add_argument("--json", type=Path, help="also write every sample here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (server logs)")
     args = parser.parse_args(argv)
@@ -66,6 +79,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.rounds = rounds if args.rounds is None else max(1, args.rounds)
     args.seconds = seconds if args.seconds is None else args.seconds
     args.warmup = warmup if args.warmup is None else args.warmup
+    args.ceilings = [c for c in args.ceilings if c != "none"]
     return args
 
 
@@ -74,11 +88,17 @@ def _start(args: argparse.Namespace, env: environment.BenchEnv | None, repositor
     """Start every requested server into `started` (so a failure still stops the others)."""
     for name in args.servers:
         if name == "pystub":
-            started.append(servers.start_pystub(repositories, workdir, client_shm=True))
+            started.append(servers.start_pystub(repositories, workdir, client_shm=True, cpus=args.pystub_cpus))
         elif name == "triton":
             started.append(servers.start_triton(env, repositories, workdir))
         else:
             started.append(servers.start_mlserver(env, repositories, workdir))
+    if args.baseline:
+        started.append(servers.start_pystub(repositories, workdir, client_shm=True, name="pystub-base",
+                                            root=args.baseline.resolve(),
+                                            cpus=args.baseline_cpus or args.pystub_cpus))
+    for name in args.ceilings:
+        started.append(servers.start_bare(name, workdir))
     try:
         servers.wait_ready(started)
     except RuntimeError as error:
@@ -107,7 +127,8 @@ def _environment(args: argparse.Namespace, results: report.Results) -> environme
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     stopping.install()
-    results = report.Results(servers=list(args.servers))
+    base = ["pystub-base"] if args.baseline else []
+    results = report.Results(servers=[*args.servers, *base, *args.ceilings])
     env = _environment(args, results)
     began = time.monotonic()
     with contextlib.ExitStack() as stack:

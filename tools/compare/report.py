@@ -10,7 +10,8 @@ from typing import Any
 
 from compare.loadgen import Point, Sample
 
-LOADGEN_TITLES = {"asyncio": "tritonclient asyncio clients (Python)", "perf_analyzer": "perf_analyzer 2.50 (C++)"}
+LOADGEN_TITLES = {"asyncio": "tritonclient asyncio clients (Python)", "perf_analyzer": "perf_analyzer 2.50 (C++)",
+                  "prebuilt": "pre-built JSON bodies over aiohttp (JSON tensors; the client does no JSON work)"}
 
 
 def size_text(nbytes: int) -> str:
@@ -97,7 +98,7 @@ def table(results: Results, loadgen: str) -> list[str]:
     lines = [f"== load generator: {LOADGEN_TITLES[loadgen]}; median of {results.rounds} round(s); "
              "inf/s, p50 and p99 in ms ==", head, "-" * len(head)]
     for point in results.points(loadgen):
-        proto = "http" if point.protocol.startswith("http") else "grpc"
+        proto = "http" if point.protocol.startswith("http") else point.protocol
         row = f"{point.model:13} {size_text(point.nbytes):>6} {'yes' if point.shm else '':3} " \
               f"{point.concurrency:>4} {proto:5} |"
         medians = {}
@@ -111,7 +112,9 @@ def table(results: Results, loadgen: str) -> list[str]:
             row += "".join(f" {_ratio(medians['pystub'], medians[p])} |" for p in peers)
         lines.append(row)
     lines.append("ratios: thr = pystub throughput / peer's (higher is better); p50, p99 = pystub latency / "
-                 "peer's (lower is better). MLServer's HTTP rows are JSON (it has no binary tensor extension).")
+                 "peer's (lower is better). MLServer's HTTP rows are JSON (it has no binary tensor extension); "
+                 "json rows are JSON tensors on every server. bare-* columns are frontends with nothing behind them "
+                 "(compare/bare.py): pystub/bare-* is the share of its frontend's ceiling pystub reaches.")
     failed = sorted({(k[1], v) for k, v in results.failures.items() if k[0] == loadgen})
     lines += [f"  failed on {server}: {reason}" for server, reason in failed[:12]]
     return lines

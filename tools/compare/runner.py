@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from compare import loadgen, perf_analyzer, stopping
+from compare import loadgen, perf_analyzer, prebuilt, stopping
 from compare.environment import BenchEnv
 from compare.loadgen import Point
 from compare.report import Results, size_text
@@ -56,8 +56,16 @@ class Plan:
     def applies(self, loadgen_name: str, server: Server, point: Point) -> bool:
         if point.shm and SHM_EXTENSION not in server.extensions:
             return False
+        if server.name.startswith("bare-"):  # identity_fp32 only, over the candidate's own protocol
+            wanted = ("grpc",) if server.name.startswith("bare-grpc") else ("http", "json")
+            if point.model != "identity_fp32" or point.protocol not in wanted:
+                return False
+        if loadgen_name == "prebuilt":
+            return point.protocol == "json" and not point.shm
         if loadgen_name == "perf_analyzer":
-            return server.name in ("pystub", "triton")
+            if point.protocol == "json":  # perf_analyzer sends binary tensors only
+                return False
+            return server.name in ("pystub", "pystub-base", "triton") or server.name.startswith("bare-")
         return True
 
 
@@ -75,6 +83,8 @@ def _measure(plan: Plan, loadgen_name: str, server: Server, point: Point) -> Non
         if loadgen_name == "perf_analyzer":
             window_ms = max(500, int(1000 * plan.seconds / 2))
             sample = perf_analyzer.measure(plan.env, server.url(point.protocol), point, window_ms)
+        elif loadgen_name == "prebuilt":
+            sample = asyncio.run(prebuilt.measure(server.url(point.protocol), point, plan.warmup, plan.seconds))
         else:
             sample = asyncio.run(loadgen.measure(server.url(point.protocol), point, plan.warmup, plan.seconds))
     except stopping.StopRequested:

@@ -116,16 +116,19 @@ def _wait_ready(server: Server) -> None:
     raise RuntimeError(f"{server.name} not ready after {_START_TIMEOUT:.0f} s:\n{server.log_tail()}")
 
 
-def start_pystub(repositories: dict[str, Path], workdir: Path, client_shm: bool = True) -> Server:
-    """pystub-backend from this checkout; with `client_shm` it is asked for the system shared memory extension."""
+def start_pystub(repositories: dict[str, Path], workdir: Path, client_shm: bool = True, *,
+                 name: str = "pystub", root: Path = ROOT, cpus: str | None = None) -> Server:
+    """pystub-backend from checkout `root` (default: this one); with `client_shm` it is asked for the
+    system shared memory extension; with `cpus` it runs pinned to them (`taskset -c`)."""
     http, grpc, metrics = free_ports(3)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    command = [sys.executable, "-m", "pystub_backend.backend", "--model-repository", str(repositories["models"]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p))
+    pin = ["taskset", "-c", cpus] if cpus else []
+    command = [*pin, sys.executable, "-m", "pystub_backend.backend", "--model-repository", str(repositories["models"]),
                "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
     if client_shm:
         command.append("--allow-client-shm=true")
-    process = _spawn("pystub", command, workdir / "pystub.log", env, ROOT)
-    return Server("pystub", process, http, grpc, workdir / "pystub.log", [f"pystub_{process.pid}_"])
+    process = _spawn(name, command, workdir / f"{name}.log", env, root)
+    return Server(name, process, http, grpc, workdir / f"{name}.log", [f"pystub_{process.pid}_"])
 
 
 def start_triton(env: BenchEnv, repositories: dict[str, Path], workdir: Path) -> Server:
@@ -155,6 +158,14 @@ def start_mlserver(env: BenchEnv, repositories: dict[str, Path], workdir: Path) 
     run_env.pop("PYTHONPATH", None)
     process = _spawn("mlserver", [str(env.mlserver), "start", str(root)], workdir / "mlserver.log", run_env, root)
     return Server("mlserver", process, http, grpc, workdir / "mlserver.log")
+
+
+def start_bare(name: str, workdir: Path) -> Server:
+    """A bare-frontend ceiling (compare/bare.py) under this interpreter (the project's .venv)."""
+    http, grpc = free_ports(2)
+    command = [sys.executable, str(Path(__file__).with_name("bare.py")), name, str(http), str(grpc)]
+    process = _spawn(name, command, workdir / f"{name}.log", dict(os.environ), workdir)
+    return Server(name, process, http, grpc, workdir / f"{name}.log")
 
 
 def wait_ready(servers: list[Server]) -> None:

@@ -107,9 +107,59 @@ def _probes(results: Results) -> list[str]:
     return lines or ["  health/metadata p99 < 20 ms under saturation: n/a (not measured)"]
 
 
+_PREFER = ("perf_analyzer", "asyncio")
+
+
+def _against(results: Results, point: Point, peer: str, what: str, goal: float,
+             prefer: tuple[str, ...] = _PREFER) -> str:
+    """One 'pystub vs peer' target: throughput >= goal x peer's, or p50 <= goal x peer's."""
+    label = f"{'add_sub' if point.model == 'add_sub' else size_text(point.nbytes)} c={point.concurrency} " \
+            f"{point.protocol} {what} {'>=' if what == 'throughput' else '<='} {goal:g}x {peer}"
+    ours, loadgen = _pick(results, "pystub", point, prefer)
+    theirs = results.median(loadgen, peer, point) if loadgen else None
+    if ours is None or theirs is None:
+        return f"  {label}: n/a (not measured)"
+    if what == "throughput":
+        ratio, text = ours.throughput / theirs.throughput, f"{ours.throughput:.0f} vs {theirs.throughput:.0f} infer/s"
+        return f"  {label} ({loadgen}): {text} = {ratio:.2f}x: {_verdict(ratio >= goal)}"
+    ratio, text = ours.p50_ms / theirs.p50_ms, f"{ours.p50_ms:.2f} vs {theirs.p50_ms:.2f} ms"
+    return f"  {label} ({loadgen}): {text} = {ratio:.2f}x: {_verdict(ratio <= goal)}"
+
+
+def _ceilings(results: Results) -> list[str]:
+    """How far pystub gets of what each bare frontend serves (16 B, c=8)."""
+    lines = []
+    for protocol in ("grpc", "http", "json"):
+        point = Point("identity_fp32", 16, 8, protocol)
+        ours, loadgen = _pick(results, "pystub", point, ("prebuilt", *_PREFER) if protocol == "json" else _PREFER)
+        bare = [(name, results.median(loadgen, name, point)) for name in results.servers
+                if name.startswith("bare-") and loadgen]
+        cells = [f"{name} {sample.throughput:.0f}/s (pystub {ours.throughput / sample.throughput:.2f}x)"
+                 for name, sample in bare if sample is not None and ours is not None]
+        if cells:
+            head = f"  ceilings 16 B c=8 {protocol} ({loadgen}): pystub {ours.throughput:.0f}/s; "
+            lines.append(head + "; ".join(cells))
+    return lines
+
+
+def _issue_20(results: Results) -> list[str]:
+    """Performance II: the per-request cost."""
+    lines = ["Targets of issue 20 (per-request cost):"]
+    for protocol in ("http", "grpc"):
+        lines.append(_against(results, Point("identity_fp32", 16, 8, protocol), "triton", "throughput", 1.0))
+    json_mib = Point("identity_fp32", MIB, 1, "json")
+    json_prefer = ("prebuilt", "asyncio")
+    lines.append(_against(results, json_mib, "triton", "p50", 1.0, json_prefer))
+    lines.append(_against(results, json_mib, "mlserver", "p50", 0.5, json_prefer))
+    lines.append(_against(results, Point("identity_fp32", 16, 8, "json"), "triton", "throughput", 1.0, json_prefer))
+    for protocol in ("grpc", "http"):
+        lines.append(_against(results, Point("identity_fp32", MIB, 1, protocol), "triton", "p50", 1.0))
+    return lines + _ceilings(results)
+
+
 def summary(results: Results) -> list[str]:
-    """The targets of the issue, each with its measurement and verdict."""
+    """The targets of the issues, each with its measurement and verdict."""
     lines = ["Targets (medians of this run):"]
-    for part in (_throughput_16b, _p50_large, _shm, _p99_c32, _probes):
+    for part in (_throughput_16b, _p50_large, _shm, _p99_c32, _probes, _issue_20):
         lines += part(results)
     return lines

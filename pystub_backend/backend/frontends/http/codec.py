@@ -24,6 +24,7 @@ from typing import Any
 
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.json_body import parse_json_body
+from pystub_backend.backend.frontends.http.json_document import load_document
 from pystub_backend.backend.frontends.http.json_tensors import json_to_tensor_bytes
 from pystub_backend.backend.inference import InferRequest, ParameterValue, RequestedOutput, Tensor
 from pystub_backend.ipc.dtypes import WIRE_TO_CODE
@@ -100,7 +101,7 @@ def decode_infer_request(
     """
     view = memoryview(body).cast("B")
     header_end = len(view) if header_length is None else header_length
-    document = parse_json_body(_json_text(body, view, header_end))
+    document = parse_json_body(_json_text(body, view, header_end), load_document)
     if not isinstance(document, dict):
         raise _invalid("the inference request must be a JSON object")
     request_id = document.get("id", "")
@@ -119,7 +120,7 @@ def decode_infer_request(
 
 
 def _json_text(body: Body, view: memoryview, header_end: int) -> bytes | bytearray:
-    # json.loads takes bytes and bytearray: copy out the header only when binary data follow.
+    # The parser takes bytes and bytearray: copy out the header only when binary data follow.
     if isinstance(body, (bytes, bytearray)) and header_end == len(view):
         return body
     return view[:header_end].tobytes()

@@ -8,12 +8,12 @@ one output is binary (even an empty one). Outputs written to client shared memor
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from pystub_backend.backend.frontends.http.codec import INFERENCE_HEADER, SHM_REGION, OutputFormat
-from pystub_backend.backend.frontends.http.json_tensors import tensor_to_json
+from pystub_backend.backend.frontends.http.json_document import dump_header
+from pystub_backend.backend.frontends.http.json_tensors import tensor_json_value
 from pystub_backend.backend.inference import InferResponse, Tensor
 
 __all__ = ["EncodedResponse", "encode_infer_response"]
@@ -42,7 +42,7 @@ def encode_infer_response(response: InferResponse, output_format: OutputFormat) 
     if response.parameters:
         document["parameters"] = response.parameters
     document["outputs"] = entries
-    header = _dump_json(document)
+    header = dump_header(document)
     if not buffers:
         return EncodedResponse(header, {"Content-Type": "application/json"})
     headers = {"Content-Type": "application/octet-stream", INFERENCE_HEADER: str(len(header))}
@@ -65,7 +65,7 @@ def _output_entry(
         parameters["binary_data_size"] = len(buffer)
         buffers.append(buffer)
     else:
-        entry["data"] = tensor_to_json(tensor)
+        entry["data"] = tensor_json_value(tensor)
     if parameters:
         entry["parameters"] = parameters
     return entry
@@ -76,9 +76,3 @@ def _byte_view(data: Any) -> memoryview:
     if not view.c_contiguous:
         view = memoryview(view.tobytes())
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view
-
-
-def _dump_json(document: dict[str, Any]) -> bytes:
-    # surrogateescape restores the raw bytes of non-UTF-8 BYTES elements (see json_tensors).
-    text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
-    return text.encode("utf-8", "surrogateescape")

@@ -54,10 +54,13 @@ _DEEP_OPENING = re.compile(rb"[\[{]{%d}" % (MAX_JSON_DEPTH + 1))
 _NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b'"[]{}')
 
 
-def parse_json_body(text: bytes | bytearray) -> object:
+def parse_json_body(text: bytes | bytearray,
+                    loads: Callable[[bytes | bytearray], object] = json.loads) -> object:
     """The JSON value `text` holds (UTF-8). Raises ServerError(INVALID_ARG) for malformed JSON,
-    invalid UTF-8, or nesting deeper than MAX_JSON_DEPTH."""
-    return _parse(text, json.loads)
+    invalid UTF-8, or nesting deeper than MAX_JSON_DEPTH. `loads` is the decoder behind the depth
+    check (the inference codec passes json_document.load_document: typed arrays for tensor data);
+    it raises ValueError for text that is not JSON."""
+    return _parse(text, loads)
 
 
 async def parse_json_body_off_loop(text: bytes | bytearray) -> object:

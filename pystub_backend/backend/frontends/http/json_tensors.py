@@ -8,24 +8,35 @@ Outgoing data are flat lists. BYTES elements become strings: valid UTF-8 as it i
 `surrogateescape`, which the header encoder turns back into the raw bytes. That is what Triton does
 (it writes the bytes verbatim into the JSON string); tritonclient then tells the user to ask for
 binary data. A JSON input string may carry `\\udc80`..`\\udcff` escapes to send such bytes back.
+
+Fast paths (see `json_document`): numeric `data` still in simdjson's tape becomes a typed array
+with one `as_buffer` call, and numeric outputs go to the JSON writer as numpy arrays. Whatever the
+fast path does not accept as it is (a bool among numbers, a float among integers, a value out of
+range, a wrong count) is converted the slow way, which raises the error the request deserves.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.http.json_document import JsonOnlyList, LazyArray
 from pystub_backend.backend.inference import Tensor
 from pystub_backend.ipc.bytes_codec import deserialize_bytes, serialize_bytes
 from pystub_backend.ipc.dtypes import numpy_dtype
 
-__all__ = ["json_to_tensor_bytes", "tensor_to_json"]
+__all__ = ["json_to_tensor_bytes", "tensor_json_value", "tensor_to_json"]
 
 _INTEGER_TYPES = ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
+# simdjson's buffer type per datatype: 'd' double, 'i' int64, 'u' uint64 (it refuses bools, strings,
+# floats in an integer array and numbers out of the type's range with an error).
+_BUFFER_TYPES: dict[str, Literal["d", "i", "u"]] = {"FP32": "d", "FP64": "d", "UINT64": "u",
+                 **{datatype: "i" for datatype in _INTEGER_TYPES if datatype != "UINT64"}}
+_BUFFER_DTYPES = {"d": np.float64, "i": np.int64, "u": np.uint64}
 
 
 def _invalid(message: str) -> ServerError:
@@ -43,14 +54,41 @@ def json_to_tensor_bytes(name: str, datatype: str, shape: tuple[int, ...], data:
     convert = _CONVERTERS.get(datatype)
     if convert is None:
         raise _invalid(f"input '{name}' has unsupported datatype '{datatype}'")
-    flat = _flatten(name, data)
     expected = math.prod(shape)
+    if isinstance(data, LazyArray):
+        typed = _typed_array(datatype, data, expected)
+        if typed is not None:
+            return typed.tobytes()
+        data = data.as_list()
+    flat = _flatten(name, data)
     if len(flat) != expected:
         raise _invalid(
             f"unexpected number of elements in 'data' of input '{name}': shape {list(shape)} "
             f"needs {expected}, got {len(flat)}"
         )
     return convert(name, datatype, flat)
+
+
+def _typed_array(datatype: str, data: LazyArray, expected: int) -> np.ndarray | None:
+    """`data` (flattened) as an array of `datatype`, or None when it must take the slow path."""
+    buffer_type = _BUFFER_TYPES.get(datatype)
+    if buffer_type is None:
+        return None
+    try:
+        buffer = data.as_buffer(of_type=buffer_type)
+    except (ValueError, TypeError, RuntimeError):
+        return None
+    values = np.frombuffer(buffer, dtype=_BUFFER_DTYPES[buffer_type])
+    if values.size != expected:
+        return None
+    dtype = numpy_dtype(datatype)
+    if buffer_type == "i" and values.size and dtype != np.int64:
+        limits = np.iinfo(dtype)
+        if values.min() < limits.min or values.max() > limits.max:
+            return None
+    # A double beyond FP32's range becomes inf, as a C cast does in Triton (and the slow path).
+    with np.errstate(over="ignore"):
+        return values.astype(dtype, copy=False)
 
 
 def _flatten(name: str, data: Any) -> list[Any]:
@@ -122,6 +160,29 @@ _CONVERTERS: dict[str, Callable[[str, str, list[Any]], bytes]] = {
     "BYTES": _strings,
     **{datatype: _integers for datatype in _INTEGER_TYPES},
 }
+
+
+def tensor_json_value(tensor: Tensor) -> list[Any] | np.ndarray:
+    """What `tensor_to_json` returns, or a flat numpy array that JSON-writes to the same values.
+
+    Arrays only for numeric types whose values are all finite: NaN and infinities keep the slow
+    path's spelling. Floats are widened to float64 because Triton writes each element as a double.
+    Raises ValueError when the data do not match the shape and KeyError for an unknown datatype.
+    """
+    if tensor.datatype in ("BYTES", "BOOL"):
+        return tensor_to_json(tensor)
+    if tensor.datatype == "BF16":
+        halves = np.frombuffer(tensor.data, dtype="<u2").astype("<u4")
+        values = (halves << 16).view("<f4")  # exact, as in tensor_to_json
+    else:
+        values = np.frombuffer(tensor.data, dtype=numpy_dtype(tensor.datatype))
+    if values.dtype.kind == "f":
+        values = values.astype(np.float64)
+        if not np.isfinite(values).all():
+            return JsonOnlyList(values.tolist())
+    elif not values.dtype.isnative:
+        values = values.astype(values.dtype.newbyteorder("="))
+    return values
 
 
 def tensor_to_json(tensor: Tensor) -> list[Any]:
