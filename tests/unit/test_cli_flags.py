@@ -141,3 +141,4 @@ def test_docs_list_every_flag_with_its_effect():
         assert f"| {flag.effect.value} |" in row, row
     counts = {effect: sum(1 for flag in FLAGS if flag.effect is effect) for effect in Effect}
     assert f"**{counts[Effect.IMPLEMENTED]} implemented**" in text and f"**{counts[Effect.NO_OP]} no-op**" in text
+    assert f"pystub adds {len(PYSTUB_FLAGS)} of its own" in text

@@ -1,7 +1,7 @@
 """--trace-config parsing, the settings store's update rules, sampling, and traceparent parsing.
 
 The texts and shapes are Triton 2.51's (the settings endpoints are compared with the real server in
-tests/differential/test_tracing.py; spans are checked end to end in tests/integration/test_tracing.py).
+tests/differential/test_trace_settings.py; spans are checked end to end in tests/integration/test_tracing.py).
 """
 
 from __future__ import annotations

@@ -121,6 +121,8 @@ class Serving:
             return [v.stats.as_dict() for v in self._table.versions()]
         # Triton's texts and status (400 / INVALID_ARGUMENT), not the inference lookup's 404
         entry = self._table.entries.get(name)
+        if entry is None:
+            check_model_name(name)  # a name no model can have is refused as such, never echoed raw
         if entry is None or not entry.versions:
             raise ServerError(f"requested model '{name}' is not available", Status.INVALID_ARG)
         if version:
