@@ -54,6 +54,8 @@ def test_many_shallow_brackets_parse():
     (b"{", "Expecting property name"),
     (b"[" * 200 + b"}", "nesting deeper"),   # deep before it goes wrong: reported as too deep
     (b"[}" * 300, "Expecting value"),        # shallow and malformed: the decoder says where
+    # cut off after an inner pair closed: 129 levels at the innermost '{', though only 128 stay open
+    (b"[" * 128 + b'{"a":1}', "nesting deeper"),
     (b'"\xc3\x28"', "codec can't decode"),
     (b"1" * 10_000, "Exceeds the limit"),     # CPython's int digit limit
 ])

@@ -11,8 +11,9 @@ So the nesting depth is bounded (`MAX_JSON_DEPTH`) and checked before parsing, i
     1. cheap bound: count('[') + count('{') <= MAX_JSON_DEPTH   -> cannot be too deep, parse
     2. drop escapes (`\\x`), keep only `"[]{}`, drop strings    -> a bracket skeleton
     3. remove innermost `[]` / `{}` pairs, at most MAX_JSON_DEPTH passes: still shrinking after
-       that many passes means deeper than the limit; stuck early means malformed (the decoder
-       then reports where)
+       that many passes means deeper than the limit; stuck early means malformed: then the
+       deepest prefix decides (a cut-off document 129 levels deep is still too deep), else the
+       decoder reports where
 
 Step 1 is all most bodies pay (a flat tensor has one bracket pair per input). The size of a body is
 bounded before it reaches here (`--http-max-input-size`, the read limit); this module only parses.
@@ -36,6 +37,8 @@ import json.scanner
 import re
 from collections.abc import Callable
 
+import numpy as np
+
 from pystub_backend.backend.errors import ServerError, Status
 
 __all__ = ["JSON_PARSE_ERROR", "MAX_JSON_DEPTH", "parse_json_body", "parse_json_body_off_loop"]
@@ -49,7 +52,6 @@ _FEW_STRINGS = 4096
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)
 _STRING = re.compile(rb'"[^"]*"')
 _INNER_PAIR = re.compile(rb"\[\]|\{\}")
-_DEEP_OPENING = re.compile(rb"[\[{]{%d}" % (MAX_JSON_DEPTH + 1))
 # translate() deletes every byte except the structural ones.
 _NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b'"[]{}')
 
@@ -92,11 +94,21 @@ def _too_deep(text: bytes | bytearray) -> bool:
     if b"\\" in skeleton:
         skeleton = _ESCAPE.sub(b"", skeleton)  # so that every remaining '"' opens or closes a string
     skeleton = _STRING.sub(b"", skeleton.translate(None, _NOT_STRUCTURAL))
+    original = skeleton
     for _ in range(MAX_JSON_DEPTH):
         reduced = _INNER_PAIR.sub(b"", skeleton)
         if not reduced:
             return False
         if reduced == skeleton:  # malformed: unclosed, or closed by the wrong kind
-            return _DEEP_OPENING.search(skeleton) is not None  # else the decoder says where
+            return _deepest_prefix(original) > MAX_JSON_DEPTH  # else the decoder says where
         skeleton = reduced
     return True
+
+
+def _deepest_prefix(skeleton: bytes) -> int:
+    """The deepest nesting any prefix of a bracket skeleton reaches (openers minus closers so
+    far): what the decoder would recurse to before it finds the document malformed. Vectorised,
+    since a malformed body may be as large as the body limit."""
+    codes = np.frombuffer(skeleton.replace(b'"', b""), dtype=np.uint8)
+    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1).astype(np.int64)
+    return int(np.cumsum(steps).max(initial=0))
