@@ -28,6 +28,9 @@ class HealthService(health_pb2_grpc.HealthServicer):
     def __init__(self, core: ServerCore) -> None:
         self._core = core
         self._closed = asyncio.Event()
+        self._watchers = 0
+        self._no_watchers = asyncio.Event()
+        self._no_watchers.set()
 
     def _status(self) -> _Status:
         if self._closed.is_set() or not self._core.is_ready():
@@ -40,6 +43,16 @@ class HealthService(health_pb2_grpc.HealthServicer):
 
     async def Watch(self, request: health_pb2.HealthCheckRequest,
                     context: grpc.aio.ServicerContext) -> None:
+        self._watchers += 1
+        self._no_watchers.clear()
+        try:
+            await self._watch(context)
+        finally:
+            self._watchers -= 1
+            if self._watchers == 0:
+                self._no_watchers.set()
+
+    async def _watch(self, context: grpc.aio.ServicerContext) -> None:
         last: _Status | None = None
         while True:
             status = self._status()
@@ -56,3 +69,11 @@ class HealthService(health_pb2_grpc.HealthServicer):
     def close(self) -> None:
         """Shutdown: NOT_SERVING from now on, and open watches end after saying so."""
         self._closed.set()
+
+    async def watchers_told(self, timeout: float) -> None:
+        """After `close()`: wait (at most `timeout` s) until every open watch has written its
+        NOT_SERVING and ended, so stopping the server cannot cut that last message off."""
+        try:
+            await asyncio.wait_for(self._no_watchers.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass  # a watcher that cannot be written to (a stalled client) does not hold the stop

@@ -82,6 +82,7 @@ class GrpcListener:
     async def stop(self, grace: float) -> None:
         """NOT_SERVING to health watchers (their streams end), then stop within `grace` seconds."""
         self.health.close()
+        await self.health.watchers_told(min(grace, 2.0))
         await self.server.stop(grace)
 
 
