@@ -54,19 +54,30 @@ class Serving:
         self._shutting_down = False
 
     # -- lookups ---------------------------------------------------------------------------------
-    def _entry(self, name: str) -> ModelEntry:
-        """The model's entry. Raises ServerError (NOT_FOUND) when the server never knew it."""
+    def _known_entry(self, name: str) -> ModelEntry | None:
+        """The model's entry, None when the server never knew it. Raises ServerError (INVALID_ARG)
+        for a name no model can have, so it is refused as such and never echoed raw."""
         entry = self._table.entries.get(name)
         if entry is None:
-            check_model_name(name)  # a name no model can have: INVALID_ARG, and never echoed raw
+            check_model_name(name)
+        return entry
+
+    def _entry(self, name: str) -> ModelEntry:
+        """The model's entry. Raises ServerError (NOT_FOUND) when the server never knew it."""
+        entry = self._known_entry(name)
+        if entry is None:
             raise ServerError(f"Request for unknown model: '{name}' is not found", Status.NOT_FOUND)
         return entry
+
+    @staticmethod
+    def _version_named(entry: ModelEntry, version: str) -> ModelVersion | None:
+        return entry.versions.get(int(version)) if version.isdigit() else None
 
     def _lookup(self, name: str, version: str = "", require_ready: bool = True) -> ModelVersion:
         """The model version a request names (PROTOCOL.md section 1). Raises ServerError."""
         entry = self._entry(name)
         if version:
-            found = entry.versions.get(int(version)) if version.isdigit() else None
+            found = self._version_named(entry, version)
             if found is None:
                 raise ServerError(f"Request for unknown model: '{name}' version {version} is not found",
                                   Status.NOT_FOUND)
@@ -120,13 +131,11 @@ class Serving:
         if not name:
             return [v.stats.as_dict() for v in self._table.versions()]
         # Triton's texts and status (400 / INVALID_ARGUMENT), not the inference lookup's 404
-        entry = self._table.entries.get(name)
-        if entry is None:
-            check_model_name(name)  # a name no model can have is refused as such, never echoed raw
+        entry = self._known_entry(name)
         if entry is None or not entry.versions:
             raise ServerError(f"requested model '{name}' is not available", Status.INVALID_ARG)
         if version:
-            found = entry.versions.get(int(version)) if version.isdigit() else None
+            found = self._version_named(entry, version)
             if found is None:
                 raise ServerError(f"requested model version is not available for model '{name}'", Status.INVALID_ARG)
             return [found.stats.as_dict()]
