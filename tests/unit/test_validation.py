@@ -8,7 +8,8 @@ import pytest
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, RequestedOutput, Tensor
 from pystub_backend.backend.models.config import normalize, parse_config_text
-from pystub_backend.backend.models.validation import model_parameters, validate_request
+from pystub_backend.backend.models import validation
+from pystub_backend.backend.models.validation import RequestChecks, model_parameters, validate_request
 from pystub_backend.ipc.bytes_codec import serialize_bytes
 from pystub_backend.ipc.status import Status
 
@@ -31,6 +32,16 @@ input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [1] },
        { name: "INPUT1" data_type: TYPE_FP32 dims: [1] },
        { name: "INPUT2" data_type: TYPE_FP32 dims: [1] optional: true }]
 """
+
+
+@pytest.fixture(autouse=True, params=["full", "precomputed"])
+def check_kind(request, monkeypatch) -> str:
+    """Every test runs twice: through `validate_request`, and through a model's `RequestChecks`
+    (the serving path), whose fast accept must agree with the full check on every case here."""
+    if request.param == "precomputed":
+        monkeypatch.setitem(globals(), "validate_request",
+                            lambda request, config: RequestChecks(config).validate(request))
+    return request.param
 
 
 def config(text: str, name: str):
@@ -425,3 +436,37 @@ def test_a_required_input_left_out_for_an_optional_one_is_refused():
         assert "missing required input(s) ['A']" in error.message
     else:
         raise AssertionError("a request without its required input was accepted")
+
+
+def test_precomputed_checks_accept_valid_requests_without_the_full_check(add_sub, batching, monkeypatch):
+    """The fast path really is taken for the common request (the full check is not run)."""
+    def full_check(request, config):
+        raise AssertionError("the full check ran for a request the fast path should accept")
+
+    monkeypatch.setattr(validation, "validate_request", full_check)
+    a = Tensor("A", "INT32", (3, 2, 5), bytes(4 * 30))
+    wildcard = config(BATCHING.replace('"B" data_type: TYPE_STRING', '"B" data_type: TYPE_FP32'), "batcher")
+    b = Tensor("B", "FP32", (3, 1), bytes(12))
+    assert RequestChecks(add_sub).validate(add_sub_request(fp32("INPUT0"), fp32("INPUT1"))) == 1
+    assert RequestChecks(wildcard).validate(InferRequest("batcher", inputs=[a, b])) == 3
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [
+    ((1, 2, 5), (3, 1)),    # batch sizes differ, the first is 1
+    ((3, 2, 5), (1, 1)),    # batch sizes differ, the second is 1
+    ((9, 2, 5), (9, 1)),    # above max_batch_size
+    ((0, 2, 5), (0, 1)),    # batch of 0
+    ((3, 2, -1), (3, 1)),   # -1 in the request where the config has -1
+    ((3, 2), (3, 1)),       # too few dims
+])
+def test_precomputed_checks_leave_bad_shapes_to_the_full_check(a_shape, b_shape):
+    """Each of these is refused, by the same text through both paths."""
+    cfg = config(BATCHING.replace('"B" data_type: TYPE_STRING', '"B" data_type: TYPE_FP32'), "batcher")
+    size = int(np.prod(a_shape)) if min(a_shape) >= 0 else 0
+    request = InferRequest("batcher", inputs=[Tensor("A", "INT32", a_shape, bytes(4 * size)),
+                                              Tensor("B", "FP32", b_shape, bytes(4 * max(0, int(np.prod(b_shape)))))])
+    with pytest.raises(ServerError) as full:
+        validation.validate_request(request, cfg)
+    with pytest.raises(ServerError) as precomputed:
+        RequestChecks(cfg).validate(request)
+    assert precomputed.value.message == full.value.message

@@ -26,7 +26,6 @@ from pystub_backend.backend.inference import InferRequest, InferResponse, Servin
 from pystub_backend.backend.models.config import ModelConfig, model_metadata
 from pystub_backend.backend.models.lifecycle import InFlight, ModelEntry
 from pystub_backend.backend.models.state import ModelState
-from pystub_backend.backend.models.validation import validate_request
 from pystub_backend.backend.models.version import ModelVersion
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import REJECTED
@@ -195,7 +194,7 @@ class Serving:
         failure of the model version."""
         started = time.monotonic_ns()
         try:
-            return validate_request(request, model_version.config)
+            return model_version.checks.validate(request)
         except ServerError:
             model_version.stats.record_failure(time.monotonic_ns() - started, REJECTED)
             raise

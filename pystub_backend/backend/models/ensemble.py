@@ -30,6 +30,7 @@ from pystub_backend.backend.models.config import ConfigError, ModelConfig, confi
 from pystub_backend.backend.models.ensemble_config import EnsembleGraph
 from pystub_backend.backend.models.ensemble_run import EnsembleRun
 from pystub_backend.backend.models.state import ModelState
+from pystub_backend.backend.models.validation import RequestChecks
 from pystub_backend.backend.models.version import ModelLoadError
 from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics, reason_for
@@ -134,6 +135,7 @@ class EnsembleVersion:
         self.version = version
         self.model_dir = model_dir
         self.config_json = config_to_json(config)
+        self.checks = RequestChecks(config)  # what validating a request needs, derived once
         self.stats = ModelStatistics(self.name, str(version))
         self.instances: list[Any] = []
         self.scheduler: EnsembleScheduler | None = None

@@ -11,6 +11,11 @@ Every failure is `ServerError(..., Status.INVALID_ARG)`. Messages Triton builds 
 
 Shapes may be absurdly large; element counts are Python ints and nothing is allocated from them.
 Call this after shared-memory references have been resolved into `Tensor.data`.
+
+`RequestChecks` is the same check for one model, with what the config says derived once (input
+specs by name, wire data types, dims, the outputs): a request that passes costs a few dict lookups
+per input. Only an accepted request leaves by that fast path; anything it does not accept runs the
+full check above, so every error and its text come from one place, in Triton's order.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from pystub_backend.ipc.bytes_codec import BytesDecodeError, count_elements
 from pystub_backend.ipc.dtypes import CODE_TO_WIRE, WIRE_TO_CODE, config_to_wire, element_size
 from pystub_backend.ipc.status import Status
 
-__all__ = ["validate_request", "model_parameters", "RESERVED_PARAMETERS"]
+__all__ = ["RequestChecks", "validate_request", "model_parameters", "RESERVED_PARAMETERS"]
 
 # Request parameters the server consumes; the model never sees them (PROTOCOL.md section 7).
 _ALLOWED_TRITON_KEY = "triton_enable_empty_final_response"
@@ -73,6 +78,75 @@ def validate_request(request: InferRequest, config: ModelConfig) -> int:
     for tensor in request.inputs:
         _check_byte_size(request, config.name, tensor)
     return batch_size
+
+
+class _InputSpec:
+    """What one config input demands of a request's tensor, derived once."""
+
+    __slots__ = ("datatype", "dims", "wild", "batched", "element_size")
+
+    def __init__(self, input_config: Any, batching_model: bool) -> None:
+        self.datatype = CODE_TO_WIRE.get(input_config.data_type) or \
+            config_to_wire(model_config_pb2.DataType.Name(input_config.data_type))
+        self.dims = tuple(int(dim) for dim in input_config.dims)
+        self.wild = -1 in self.dims  # some dim takes any size >= 0: compared one by one
+        self.batched = batching_model and not input_config.is_shape_tensor
+        self.element_size = 0 if self.datatype == "BYTES" else element_size(self.datatype)
+
+    def accepts(self, tensor: Tensor) -> bool:
+        """Data type, shape (after the batch dim) and byte size all as the config says, and the
+        tensor not empty (an empty one goes through the full check's representability test)."""
+        if tensor.datatype != self.datatype:
+            return False
+        shape = tensor.shape
+        tail = tuple(shape[1:]) if self.batched else tuple(shape)
+        if self.wild:
+            if len(tail) != len(self.dims) or not all(
+                    got >= 0 if want == -1 else got == want for got, want in zip(tail, self.dims, strict=True)):
+                return False
+        elif tail != self.dims:
+            return False
+        elements = math.prod(map(int, shape))
+        return elements > 0 and self.element_size > 0 and tensor.nbytes == elements * self.element_size
+
+
+class RequestChecks:
+    """`validate_request` for one model config, derived once (the config must not change after)."""
+
+    __slots__ = ("config", "_specs", "_required", "_outputs", "_max_batch_size")
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.config = config
+        self._max_batch_size = int(config.max_batch_size)
+        self._specs = {tensor.name: _InputSpec(tensor, self._max_batch_size > 0) for tensor in config.input}
+        self._required = frozenset(tensor.name for tensor in config.input if not tensor.optional)
+        self._outputs = frozenset(output.name for output in config.output)
+
+    def validate(self, request: InferRequest) -> int:
+        """As `validate_request(request, config)`: the batch size. Raises ServerError(INVALID_ARG)."""
+        _check_text(request.id, "request id")  # the first checks in Triton's order, as they are
+        _check_parameters(request.parameters)
+        # the full check when the fast one does not accept: it finds and names the problem
+        return self._accepted_batch_size(request) or validate_request(request, self.config)
+
+    def _accepted_batch_size(self, request: InferRequest) -> int:
+        """The batch size of a request every check accepts; 0 when any check might not."""
+        inputs, specs = request.inputs, self._specs
+        names = {tensor.name for tensor in inputs}
+        if len(names) != len(inputs) or not self._required <= names or \
+                any(output.name not in self._outputs for output in request.outputs):
+            return 0
+        batch_size = 0  # stays 0 for a model without batching
+        for tensor in inputs:
+            spec = specs.get(tensor.name)
+            if spec is None or not spec.accepts(tensor):
+                return 0
+            if spec.batched:  # accepts() saw shape[0] exist; it must be >= 1 and the same for all
+                first = tensor.shape[0]
+                if first < 1 or (batch_size and first != batch_size):
+                    return 0
+                batch_size = int(first)
+        return 0 if batch_size > self._max_batch_size else max(batch_size, 1)
 
 
 def _invalid(message: str) -> ServerError:

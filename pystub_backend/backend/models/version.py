@@ -20,6 +20,7 @@ from pystub_backend.backend.models.config import (
     is_decoupled,
 )
 from pystub_backend.backend.models.state import ModelState
+from pystub_backend.backend.models.validation import RequestChecks
 from pystub_backend.backend.models.warmup import WarmupError, run_warmup
 from pystub_backend.backend.scheduling.choice import make_scheduler
 from pystub_backend.backend.scheduling.implicit_state import ImplicitState, StateConfigError
@@ -104,6 +105,7 @@ class ModelVersion:
         self.model_path = model_path
         self.settings = settings
         self.config_json = config_to_json(config)
+        self.checks = RequestChecks(config)  # what validating a request needs, derived once
         self.decoupled = is_decoupled(config)
         self.stats = ModelStatistics(self.name, str(version))
         self.response_cache = version_cache(config, core)  # None: no cache, or not enabled for the model
