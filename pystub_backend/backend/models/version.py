@@ -101,6 +101,7 @@ class ModelVersion:
         self.services = feature_services(core)  # what this version's stubs' feature handlers may use
         self.name = config.name
         self.version = version
+        self._version_text = str(version)  # what each request's responses are stamped with
         self.model_dir = model_dir
         self.model_path = model_path
         self.settings = settings
@@ -205,7 +206,7 @@ class ModelVersion:
         An instance that is restarting is expected back: its requests wait in the queue for it.
         """
         scheduler = self._serving_scheduler()
-        request.model_version = str(self.version)
+        request.model_version = self._version_text
         if self.response_cache is not None:  # response cache hook: a hit never reaches the scheduler
             return await cached_infer(self.response_cache, self.stats, request,
                                       lambda: scheduler.schedule(request, batch_size))
@@ -214,7 +215,7 @@ class ModelVersion:
     async def infer_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         """Schedule the (validated) request; its responses arrive on the stream. Raises ServerError."""
         scheduler = self._serving_scheduler()
-        request.model_version = str(self.version)  # responses name the version that served them
+        request.model_version = self._version_text  # responses name the version that served them
         if self.response_cache is not None:  # response cache hook (default-mode models only: one response)
             return await cached_stream(self.response_cache, self.stats, request,
                                        lambda: scheduler.schedule(request, batch_size))

@@ -326,5 +326,7 @@ class RequestExchange:
 
 
 def _parameters_json(request: InferRequest) -> str:
+    if not request.parameters:  # the common request: nothing to filter or encode
+        return "{}"
     parameters = model_parameters(request)
     return json.dumps(parameters) if parameters else "{}"

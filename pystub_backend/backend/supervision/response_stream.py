@@ -112,7 +112,8 @@ class ResponseStream:
         A final flags-only answer yields an empty response; extra data responses are released.
         """
         first: InferResponse | None = None
-        async for response in self:
+        # `next()` directly, not `async for`: no async generator per request on the common path
+        while (response := await self.next()) is not None:
             if first is None:
                 first = response
             else:
