@@ -181,10 +181,7 @@ class Scheduler(abc.ABC, Generic[_Unit, _Work]):
         never reached the model (stub gone, arena full) is a BACKEND failure; the others are one
         execution, and each is counted when its stream ends (`follow`: whether to count a request
         at all; False for one the model runs again). Never raises but for cancellation."""
-        started = time.monotonic_ns()
-        for work in batch:
-            if work.request.trace is not None:  # tracing hook
-                work.request.trace.computing(self._stats.version, work.enqueued_ns, started)
+        started = self._begin(batch)
         try:
             results, timing = await instance.execute_streams([work.request for work in batch], on_sent)
         except Exception as exc:  # a bug below us must fail these requests, not end the worker
@@ -197,6 +194,19 @@ class Scheduler(abc.ABC, Generic[_Unit, _Work]):
                 if work.request.trace is not None:
                     work.request.trace.computed(time.monotonic_ns(), time.monotonic_ns())
             raise
+        return self._finish(batch, results, started, timing, follow)
+
+    def _begin(self, batch: Sequence[Queued], started: int | None = None) -> int:
+        """A batch starts executing now (or at `started`): the clock, and the tracing hook."""
+        started = time.monotonic_ns() if started is None else started
+        for work in batch:
+            if work.request.trace is not None:  # tracing hook
+                work.request.trace.computing(self._stats.version, work.enqueued_ns, started)
+        return started
+
+    def _finish(self, batch: Sequence[Queued], results: list[Outcome], started: int, timing: BatchTiming,
+                follow: Callable[[Queued], bool] | None = None) -> list[Outcome]:
+        """A batch's `execute` returned (or it never reached the model): count it (see `_execute`)."""
         executed = 0
         for work, result in zip(batch, results, strict=True):
             if work.request.trace is not None:

@@ -310,6 +310,8 @@ class MultiplexedInstance:
 class MultiplexScheduler(DefaultScheduler):
     """The default scheduler with routing: a free worker takes the work its instance suits best."""
 
+    _sends_directly = False  # every request goes through the router
+
     def __init__(self, state: MultiplexState, stats: ModelStatistics) -> None:
         super().__init__(state.instances, stats)
         self._state = state

@@ -1,6 +1,7 @@
 """The requests in flight on one stub incarnation: one record per request, keyed by its request id.
 
     execute_streams(batch) ──▶ inputs into p2s, one _InFlight per request, EXECUTE (FrameLink.send)
+    start_streams(batch)   ──▶ the same without waiting: sent now, or nothing kept (queue full)
     on_response(wire)      ◀── RESPONSE / responses inside EXECUTE_DONE: to the request's stream
     on_execute_done(done)  ◀── EXECUTE_DONE: the batch's `execute` returned (or raised)
     fail_all(error)            the stub died or stopped: every request in flight fails at once
@@ -19,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features import client_shm
@@ -89,6 +90,42 @@ class RequestExchange:
         stub = self._stub
         if not stub.alive:
             return [stub.unhealthy_error()] * len(requests), timing
+        results, rids = self._place_batch(requests, timing)
+        staged = time.monotonic_ns()
+        if rids:
+            done = await self._send_batch(rids)
+            if done is None:  # the batch could not be encoded: its requests failed already
+                return results, timing
+            if on_sent is not None:
+                on_sent(results)
+            await done
+        timing.compute_infer_ns = time.monotonic_ns() - staged
+        return results, timing
+
+    def start_streams(self, requests: list[InferRequest]
+                      ) -> tuple[list[StreamOrError], BatchTiming, asyncio.Future[None] | None] | None:
+        """`execute_streams` without waiting, for a caller that found the instance idle: the batch
+        is sent now, and the future resolves when `execute` returned (its timing complete by then;
+        None when no request could be sent: the results say why). None when the stub's queue has
+        no room now or the stub is not alive: nothing was kept, the caller queues the batch."""
+        if not self._stub.alive or self._rescheduled:  # rescheduled requests: the general path
+            return None
+        timing = BatchTiming()
+        results, rids = self._place_batch(requests, timing)
+        staged = time.monotonic_ns()
+        if not rids:
+            return results, timing, None
+        done = self._send_batch_now(rids)
+        if done is False:
+            self._fail(rids, ServerError("not sent", Status.UNAVAILABLE))  # never seen: frees what they held
+            return None
+        if done is not None:
+            done.add_done_callback(lambda _: setattr(timing, "compute_infer_ns", time.monotonic_ns() - staged))
+        return results, timing, done
+
+    def _place_batch(self, requests: list[InferRequest], timing: BatchTiming) -> tuple[list[StreamOrError], list[int]]:
+        """Per request its stream (inputs placed in p2s) or why it could not be placed, and the
+        rids placed; sets the batch's compute_input time."""
         started = time.monotonic_ns()
         results: list[StreamOrError] = []
         rids: list[int] = []
@@ -101,17 +138,8 @@ class RequestExchange:
                 continue
             rids.append(record.rid)
             results.append(record.stream)
-        staged = time.monotonic_ns()
-        timing.compute_input_ns = staged - started
-        if rids:
-            done = await self._send_batch(rids)
-            if done is None:  # the batch could not be encoded: its requests failed already
-                return results, timing
-            if on_sent is not None:
-                on_sent(results)
-            await done
-        timing.compute_infer_ns = time.monotonic_ns() - staged
-        return results, timing
+        timing.compute_input_ns = time.monotonic_ns() - started
+        return results, rids
 
     async def _send_batch(self, rids: list[int]) -> asyncio.Future[None] | None:
         """EXECUTE for the records `rids`; the future resolves at EXECUTE_DONE (or death), None
@@ -125,18 +153,47 @@ class RequestExchange:
         while rids:
             self._batches[batch_id] = (done, rids)
             try:
-                wires = [wire for rid in rids if (wire := self._records[rid].wire) is not None]  # all placed
-                await self._stub.link.send(msg.Execute(batch_id, wires, releases))
+                await self._stub.link.send(self._execute_frame(batch_id, rids, releases))
                 return done
             except (TypeError, ValueError, OverflowError, ArenaFullError) as exc:
                 del self._batches[batch_id]
                 rids = self._drop_unsendable(rids, exc)
             except (ChannelClosedError, ChannelTimeoutError) as exc:
-                log.error("stub '%s': %s", self._stub.instance_name, exc)
-                self.fail_all(self._stub.unhealthy_error())
-                return done
+                return self._link_failed(exc, done)
         self.outbox.release(releases)  # nothing carried them: they go out in a RELEASE frame
         return None
+
+    def _send_batch_now(self, rids: list[int]) -> asyncio.Future[None] | Literal[False] | None:
+        """`_send_batch` that never waits: False when the stub's queue is full (nothing sent, the
+        records still placed)."""
+        batch_id = self.next_id()
+        releases = self.outbox.take_releases()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        while rids:
+            self._batches[batch_id] = (done, rids)
+            try:
+                if self._stub.link.try_send(self._execute_frame(batch_id, rids, releases)):
+                    return done
+                del self._batches[batch_id]
+                self.outbox.release(releases)
+                return False
+            except (TypeError, ValueError, OverflowError, ArenaFullError) as exc:
+                del self._batches[batch_id]
+                rids = self._drop_unsendable(rids, exc)
+            except ChannelClosedError as exc:
+                return self._link_failed(exc, done)
+        self.outbox.release(releases)
+        return None
+
+    def _execute_frame(self, batch_id: int, rids: list[int], releases: list[list[int]]) -> msg.Execute:
+        wires = [wire for rid in rids if (wire := self._records[rid].wire) is not None]  # all placed
+        return msg.Execute(batch_id, wires, releases)
+
+    def _link_failed(self, exc: Exception, done: asyncio.Future[None]) -> asyncio.Future[None]:
+        """The stub's channel closed (or stayed full past the deadline): everything in flight fails."""
+        log.error("stub '%s': %s", self._stub.instance_name, exc)
+        self.fail_all(self._stub.unhealthy_error())
+        return done
 
     def _drop_unsendable(self, rids: list[int], exc: Exception) -> list[int]:
         """Fail the requests of `rids` that made the batch unsendable; the rest, to send again.

@@ -4,6 +4,7 @@ dispatcher of the frames the stub sends back.
     send(message, timeout)   await room in the stub's queue, at most `timeout` s (default: the stub
                              timeout); raises ChannelTimeoutError naming the message and the stub,
                              ChannelClosedError when the stub is gone
+    try_send(message)        send now if there is room, else False (nothing sent); never waits
     send_soon(message)       never blocks: sent at once when there is room, else from a task bounded
                              by the stub timeout, in order behind earlier `send_soon` frames;
                              failures are logged (for replies and notices nobody awaits)
@@ -90,6 +91,21 @@ class FrameLink:
         except (ChannelClosedError, ChannelTimeoutError):
             self._unsent(spilled)
             raise
+
+    def try_send(self, message: NamedTuple) -> bool:
+        """Send `message` now if the stub's queue has room; False (nothing sent) if it is full.
+        Raises as `send` does, but never ChannelTimeoutError."""
+        if self.channel is None:
+            raise ChannelClosedError(f"stub '{self._stub.instance_name}' has no channel")
+        frame, spilled = self._frame(message)
+        try:
+            if self.channel.try_send(frame):
+                return True
+        except ChannelClosedError:
+            self._unsent(spilled)
+            raise
+        self._unsent(spilled)
+        return False
 
     def send_soon(self, message: NamedTuple) -> None:
         """Send `message` in order with earlier `send_soon` frames; never blocks, never raises."""

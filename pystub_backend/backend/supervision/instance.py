@@ -309,12 +309,26 @@ class ModelInstance:
         if not self.healthy or stub is None:
             return [self.unhealthy_error()] * len(requests), BatchTiming()
         streams, timing = await stub.execute_streams(requests, on_sent)
+        self.counted(streams)
+        return streams, timing
+
+    def start_streams(self, requests: list[InferRequest]
+                      ) -> tuple[list[StreamOrError], BatchTiming, asyncio.Future[None] | None] | None:
+        """`execute_streams` without waiting, for a scheduler that found this instance idle: the
+        batch is sent now (the future resolves when `execute` returned; the caller then passes
+        the results to `counted`), or None: nothing was sent, the caller queues it."""
+        stub = self.stub
+        if not self.healthy or stub is None:
+            return None
+        return stub.start_streams(requests)
+
+    def counted(self, streams: list[StreamOrError]) -> None:
+        """Count a batch's requests as served or failed once each ends (after its `execute`)."""
         for stream in streams:
             if isinstance(stream, ServerError):
                 self.failed += 1
             else:
                 stream.when_final(self._count)
-        return streams, timing
 
     def _count(self, stream: ResponseStream) -> None:
         if stream.error is None:

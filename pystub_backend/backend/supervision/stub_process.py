@@ -253,6 +253,11 @@ class StubProcess:
         """
         return await self.exchange.execute_streams(requests, on_sent)
 
+    def start_streams(self, requests: list[InferRequest]
+                      ) -> tuple[list[StreamOrError], BatchTiming, asyncio.Future[None] | None] | None:
+        """`execute_streams` without waiting; see RequestExchange.start_streams."""
+        return self.exchange.start_streams(requests)
+
     async def execute_timed(self, requests: list[InferRequest]) -> tuple[list[object], BatchTiming]:
         """Run one batch to completion; per request an InferResponse or a ServerError (never raises)."""
         started = time.monotonic_ns()
