@@ -121,6 +121,56 @@ def test_inputs_are_kept_until_both_the_final_response_and_execute_done() -> Non
     _run(test)
 
 
+def test_start_streams_sends_at_once_and_completes_at_execute_done() -> None:
+    """The direct send: EXECUTE is on its way when start_streams returns; the future resolves
+    at EXECUTE_DONE with the batch's timing complete, and the inputs are freed then."""
+    async def test(h: Harness) -> None:
+        assert h.stub.p2s is not None
+        started = h.stub.start_streams([_request()])
+        assert started is not None
+        (stream,), timing, done = started
+        assert done is not None and not done.done() and timing.compute_input_ns > 0
+        execute = await h.receive()  # sent already: nothing on the loop had to run for it
+        assert isinstance(execute, msg.Execute) and len(execute.requests) == 1
+        rid = execute.requests[0][0]
+        h.peer.send(msg.encode(msg.ExecuteDone(execute.batch_id, None,
+                                               [[rid, msg.RESPONSE_FINAL, None, [], "{}"]])), 1.0)
+        await asyncio.wait_for(done, 5.0)
+        await asyncio.sleep(0)  # the done callbacks run
+        assert timing.compute_infer_ns > 0
+        assert (await stream.single()).error is None  # type: ignore[union-attr]
+        assert h.stub.in_flight == 0 and h.stub.p2s.allocation_count == 0
+
+    _run(test)
+
+
+def test_start_streams_keeps_nothing_when_the_stub_queue_is_full() -> None:
+    """A full queue: nothing is sent and nothing kept (no record, no p2s bytes), so the caller can
+    queue the request instead."""
+    async def test(h: Harness) -> None:
+        assert h.stub.p2s is not None and h.stub.link.channel is not None
+        while h.stub.link.channel.try_send(msg.encode(msg.Cancel(list(range(5000))))):
+            pass  # the peer does not read: fill its queue
+        assert h.stub.start_streams([_request()]) is None
+        assert h.stub.in_flight == 0 and h.stub.p2s.allocation_count == 0
+        assert h.stub.exchange.requests() == []
+
+    _run(test)
+
+
+def test_start_streams_leaves_a_dead_stub_to_the_queue() -> None:
+    async def test(h: Harness) -> None:
+        h.peer.close()
+        for _ in range(100):
+            if not h.stub.alive:
+                break
+            await asyncio.sleep(0.01)
+        assert h.stub.start_streams([_request()]) is None
+        assert h.stub.p2s is not None and h.stub.p2s.allocation_count == 0
+
+    _run(test)
+
+
 def test_send_times_out_naming_the_message_and_the_stub() -> None:
     async def test(h: Harness) -> None:
         started = time.monotonic()

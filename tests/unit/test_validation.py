@@ -7,8 +7,8 @@ import pytest
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, RequestedOutput, Tensor
-from pystub_backend.backend.models.config import normalize, parse_config_text
 from pystub_backend.backend.models import validation
+from pystub_backend.backend.models.config import normalize, parse_config_text
 from pystub_backend.backend.models.validation import RequestChecks, model_parameters, validate_request
 from pystub_backend.ipc.bytes_codec import serialize_bytes
 from pystub_backend.ipc.status import Status
