@@ -113,6 +113,7 @@ def test_pipeline_depth_holds_across_both_paths_and_order_is_kept() -> None:
         await settle()
         assert instance.order() == ids[:PIPELINE_DEPTH], "no more than PIPELINE_DEPTH executes at once"
         assert instance.through_worker == 0
+        assert scheduler.queued == 2, "held by workers that wait for a slot, still queued"
         instance.finish(0)
         # a request that comes now must not overtake the ones a worker already waits with
         late = asyncio.ensure_future(scheduler.schedule(request("late"), 1))
@@ -137,7 +138,7 @@ def test_a_worker_waiting_for_a_slot_fails_its_request_when_the_scheduler_stops(
         running = [asyncio.ensure_future(scheduler.schedule_stream(request(f"r{i}"), 1)) for i in range(PIPELINE_DEPTH)]
         waiting = asyncio.ensure_future(scheduler.schedule(request("waits"), 1))
         await settle()
-        assert scheduler.queued == 0, "a worker took it and waits for a slot"
+        assert scheduler.queued == 1, "a worker took it and waits for a slot: still queued"
         await scheduler.stop("stopped by the test")
         try:
             await asyncio.wait_for(waiting, 5)

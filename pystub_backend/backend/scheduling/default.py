@@ -92,12 +92,13 @@ class DefaultScheduler(Scheduler[Instance, Work]):
         self._queue: asyncio.Queue[Work] = asyncio.Queue()
         self._busy: dict[Instance, int] = {}  # executes running per instance, from either path
         self._slot_waiters: dict[Instance, collections.deque[asyncio.Future[None]]] = {}
+        self._holding = 0  # requests workers took and hold while they wait for a slot
         self._direct = [cast(_SendsNow, instance) for instance in instances if _sends_now(instance)] \
             if self._sends_directly else []
 
     @property
     def queued(self) -> int:
-        return self._queue.qsize()
+        return self._queue.qsize() + self._holding  # taken by a worker that waits for a slot: still queued
 
     async def schedule(self, request: InferRequest, batch_size: int) -> InferResponse:
         """The request's InferResponse. Raises ServerError."""
@@ -178,12 +179,15 @@ class DefaultScheduler(Scheduler[Instance, Work]):
         else:
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._slot_waiters.setdefault(instance, collections.deque()).append(waiter)
+            self._holding += 1
             try:
                 await waiter  # `_release_slot` hands a slot over: the busy count stays
             except asyncio.CancelledError:
                 if waiter.done() and not waiter.cancelled():
                     self._release_slot(instance)  # handed over just as the worker was cancelled
                 raise
+            finally:
+                self._holding -= 1
         if self._can_run(instance):
             return True
         self._release_slot(instance)
