@@ -304,7 +304,9 @@ class RequestExchange:
         record.stream.put(response, final)
 
     def _make_response(self, record: _InFlight, wire: WireResponse) -> InferResponse:
-        rid, _, error, outputs_wire, parameters_json = wire
+        rid, flags, error, outputs_wire, parameters_json = wire
+        # A credit lets the stub send more; after the final response it has forgotten the request.
+        credit = None if flags & msg.RESPONSE_FINAL else rid
         request = record.request
         parameters = json.loads(parameters_json) if parameters_json and parameters_json != "{}" else {}
         if error is not None:
@@ -324,7 +326,7 @@ class RequestExchange:
                 for tensor in outputs:
                     if isinstance(tensor.data, memoryview):
                         tensor.data.release()
-                self.outbox.release(handles, rid)  # frees the bytes and returns a send credit
+                self.outbox.release(handles, credit)  # frees the bytes (and returns a send credit)
 
         return InferResponse(request.model_name, "", request.id, outputs, parameters, release)
 
