@@ -20,7 +20,7 @@ from pystub_backend.backend.inference import InferRequest, Tensor
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess
-from pystub_backend.ipc import spill
+from pystub_backend.ipc import spill, tensors
 from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import BlockingChannel, ChannelTimeoutError, make_pair
 from pystub_backend.ipc.exit_codes import StubExitCode
@@ -311,5 +311,34 @@ def test_an_oversize_frame_from_the_stub_is_read_from_s2p_and_released(caplog: p
         assert isinstance(release, msg.Release) and release.handles == [list(handle)]
         (record,) = [r for r in caplog.records if r.lineno == 7]
         assert record.getMessage() == f"[exchange_0] {text}" and record.pathname == "model.py"
+
+    _run(test)
+
+
+def test_the_release_of_a_final_response_rides_on_the_next_execute() -> None:
+    """No RELEASE frame per response: the s2p bytes of a final response (no credit: the stub has
+    forgotten the request) go with the next EXECUTE; alone, they go out after RIDE_SECONDS."""
+    async def test(h: Harness) -> None:
+        async def answered(rows: int) -> tuple[list[int], object]:
+            started = h.stub.start_streams([_request()])
+            assert started is not None
+            (stream,), _, _ = started
+            execute = await h.receive()
+            assert isinstance(execute, msg.Execute)
+            output = tensors.place(h.peer_s2p, "OUT", "FP32", (rows,), np.ones(rows, np.float32).tobytes())
+            h.peer.send(msg.encode(msg.ExecuteDone(execute.batch_id, None, [
+                [execute.requests[0][0], msg.RESPONSE_FINAL, None, [list(output)], "{}"]])), 1.0)
+            response = await stream.single()  # type: ignore[union-attr]
+            response.release()
+            return list(output.handle), execute
+
+        first, _ = await answered(4)
+        _, second = await answered(8)
+        assert isinstance(second, msg.Execute) and second.releases == [first], "carried by the next EXECUTE"
+        third, _ = await answered(2)
+        waited = time.monotonic()
+        release = await h.receive()  # nothing else is sent: the release goes alone, a moment later
+        assert isinstance(release, msg.Release) and release.handles == [third] and release.credits == []
+        assert time.monotonic() - waited < 1.0
 
     _run(test)
