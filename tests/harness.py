@@ -62,8 +62,10 @@ class Backend:
     # -- life cycle ----------------------------------------------------------------------------
     def command(self) -> list[str]:
         ports = [] if self.expect_exit else ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+        # PYSTUB_TEST_BACKEND_ARGS (e.g. "--frontend-workers=2") runs a test file's backends with more flags.
+        extra = os.environ.get("PYSTUB_TEST_BACKEND_ARGS", "").split() if not self.expect_exit else []
         return [*self.wrapper, sys.executable, "-m", "pystub_backend.backend", "--model-repository", self.repository,
-                *ports, *self.args]
+                *ports, *self.args, *extra]
 
     def start(self, timeout: float = 90.0) -> Backend:
         env = dict(os.environ, **(self.env or {}))

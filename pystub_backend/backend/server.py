@@ -113,7 +113,11 @@ async def _start_frontend_workers(core: Core, options: ServerOptions, listeners:
     app.add_routes(admin_routes(core))
     workers = FrontendWorkers(core, core.tracer, options)
     listeners.add_stopper(workers.stop)  # before start: a failed start still cleans up
-    await workers.start(app)
+    http_port, grpc_port = await workers.start(app)
+    if options.allow_grpc:
+        log.info("Started GRPCInferenceService at %s:%d", options.grpc_address, grpc_port)
+    if options.allow_http:
+        log.info("Started HTTPService at %s:%d", options.http_address, http_port)
 
 
 def _core(options: ServerOptions) -> Core:

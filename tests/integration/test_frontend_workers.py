@@ -138,8 +138,8 @@ def test_inference_over_http_binary_json_and_grpc(backend: Backend) -> None:
 
 def _access_pids(log: str) -> set[int]:
     """Pids of the processes that logged an HTTP inference access line."""
-    return {int(m.group(1)) for m in re.finditer(r"^\S+ \S+ (\d+) access_log\.py:\d+\] HTTP POST /v2/models/add_sub/infer",
-                                                 log, re.MULTILINE)}
+    line = re.compile(r"^\S+ \S+ (\d+) access_log\.py:\d+\] HTTP POST /v2/models/add_sub/infer", re.MULTILINE)
+    return {int(match.group(1)) for match in line.finditer(log)}
 
 
 def test_connections_are_spread_over_the_workers(backend: Backend) -> None:

@@ -10,6 +10,7 @@ in-process HTTP frontend does.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -73,19 +74,17 @@ class LinkServer:
         assert task is not None
         self._connections.add(task)
         links: dict[int, client_link.ClientLink] = {}
-        running: set[asyncio.Task[None]] = set()
+        running: dict[int, asyncio.Task[None]] = {}
         try:
             while True:
                 frame = await read_frame(reader)
                 kind = frame["k"]
                 if kind == INFER:
-                    job = asyncio.ensure_future(self._infer(frame, writer, links))
-                    running.add(job)
-                    job.add_done_callback(running.discard)
+                    request_id = frame["id"]
+                    running[request_id] = job = asyncio.ensure_future(self._infer(frame, writer, links))
+                    job.add_done_callback(functools.partial(_forget, running, request_id))
                 elif kind == CANCEL:
-                    link = links.get(frame["id"])
-                    if link is not None:
-                        link.close()
+                    _cancel(frame, links, running)
                 elif kind == HELLO:
                     self._on_hello(int(frame["index"]), int(frame["pid"]))
         except LinkClosedError:
@@ -93,7 +92,7 @@ class LinkServer:
         finally:
             for link in links.values():
                 link.close()  # its clients are gone with it
-            for job in running:
+            for job in list(running.values()):
                 job.cancel()
             writer.close()
             self._connections.discard(task)
@@ -152,3 +151,20 @@ class LinkServer:
         if trace is not None:
             trace.received(given.received_start_ns, given.received_end_ns)
         return trace
+
+
+def _cancel(frame: Frame, links: dict[int, client_link.ClientLink], running: dict[int, asyncio.Task[None]]) -> None:
+    """A cancel frame: cancel the request's task (gRPC: the call was cancelled), or close its
+    ClientLink (HTTP: the client left; aiohttp would not have cancelled the handler either)."""
+    if frame.get("task"):
+        job = running.get(frame["id"])
+        if job is not None:
+            job.cancel()
+        return
+    link = links.get(frame["id"])
+    if link is not None:
+        link.close()
+
+
+def _forget(running: dict[int, asyncio.Task[None]], request_id: int, _job: asyncio.Task[None]) -> None:
+    running.pop(request_id, None)

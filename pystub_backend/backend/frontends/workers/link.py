@@ -7,7 +7,9 @@ big-endian length followed by one msgpack map whose "k" names its kind:
     hello     worker -> core   index, pid            (sent once the worker listens on the ports)
     infer     worker -> core   id, protocol ("HTTP" | "GRPC"), request (see `request_record`),
                                trace (traceparent or None, received start/end in monotonic ns)
-    cancel    worker -> core   id                    (the HTTP client left mid-request)
+    cancel    worker -> core   id, task: the caller was cancelled (gRPC deadline or cancel): the
+                               core cancels the request's task; else the HTTP client left mid-request:
+                               the core closes the request's ClientLink (backend/client_link.py)
     answer    core -> worker   id, response (see `response_record`)
     error     core -> worker   id, status (Status value), message
 

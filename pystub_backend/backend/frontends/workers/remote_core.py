@@ -114,6 +114,12 @@ class RemoteCore:
             write_frame(writer, {"k": INFER, "id": request_id, "protocol": protocol,
                                  "request": request_record(request), "trace": trace})
             answer = await future
+        except asyncio.CancelledError:
+            # grpc cancelled the call (deadline, client cancel): cancel the core's task too, as the
+            # in-process handler's cancellation would have.
+            if not writer.is_closing():
+                write_frame(writer, {"k": CANCEL, "id": request_id, "task": True})
+            raise
         finally:
             self._pending.pop(request_id, None)
             self._watched.pop(request_id, None)
@@ -150,4 +156,4 @@ class RemoteCore:
             for key in gone:
                 del self._watched[key]
                 if self._writer is not None and not self._writer.is_closing():
-                    write_frame(self._writer, {"k": CANCEL, "id": key})
+                    write_frame(self._writer, {"k": CANCEL, "id": key, "task": False})

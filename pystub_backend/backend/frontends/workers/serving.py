@@ -6,8 +6,8 @@
     public HTTP and gRPC ports    N worker processes (worker.py, supervised by pool.py), SO_REUSEPORT
 
 Port 0 is resolved here first: a socket bound with SO_REUSEPORT (never listening, so it gets no
-connections) holds the port until every worker has bound it. Only then does the core log the
-"Started ..." lines, with the resolved ports. `stop` stops the workers first (they finish their
+connections) holds the port until every worker has bound it; `start` then returns the ports, for
+the server's "Started ..." lines. `stop` stops the workers first (they finish their
 in-flight requests through the core), then the private listeners, then removes the directory.
 """
 
@@ -74,8 +74,9 @@ class FrontendWorkers:
     def pids(self) -> dict[int, int]:
         return self._pool.pids if self._pool is not None else {}
 
-    async def start(self, http_app: web.Application) -> None:
-        """Open the private listeners, start the workers, wait until they all listen.
+    async def start(self, http_app: web.Application) -> tuple[int, int]:
+        """Open the private listeners, start the workers, wait until they all listen; the public
+        (HTTP, gRPC) ports they listen on (0 for a protocol that is off).
 
         Raises OSError (a port or socket cannot be bound) or WorkerStartError."""
         options = self._options
@@ -99,10 +100,7 @@ class FrontendWorkers:
                     holder.close()
         log.info("%d frontend workers serve the public ports: pids %s", options.frontend_workers,
                  sorted(self._pool.pids.values()))
-        if options.allow_grpc:
-            log.info("Started GRPCInferenceService at %s:%d", options.grpc_address, ports[1])
-        if options.allow_http:
-            log.info("Started HTTPService at %s:%d", options.http_address, ports[0])
+        return ports[0], ports[1]
 
     async def _start_http(self, app: web.Application) -> None:
         options = self._options
@@ -121,6 +119,9 @@ class FrontendWorkers:
     async def stop(self) -> None:
         """Workers first (they finish in-flight requests), then the private listeners; idempotent."""
         try:
+            if self._grpc is not None:  # health watchers hear NOT_SERVING through the workers while they still run
+                self._grpc.health.close()
+                await self._grpc.health.watchers_told(min(self._options.settings.exit_timeout_seconds, 2.0))
             if self._pool is not None:
                 await self._pool.stop()
             if self._grpc is not None:
