@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -72,6 +73,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "(taskset -c LIST, e.g. 0 or 0,1); the peers and the client are not pinned")
     parser.add_argument("--baseline-cpus", metavar="LIST", help="pin pystub-base to these CPUs instead "
                         "(with --baseline set to this checkout: one core against two in the same run)")
+    parser.add_argument("--pystub-args", type=shlex.split, default=[], metavar="FLAGS",
+                        help="extra pystub flags for server 'pystub' only, e.g. \"--frontend-workers 2\"")
+    parser.add_argument("--baseline-args", type=shlex.split, default=[], metavar="FLAGS",
+                        help="extra pystub flags for server 'pystub-base'")
     parser.add_argument("--json", type=Path, help="also write every sample here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (server logs)")
     args = parser.parse_args(argv)
@@ -88,7 +93,8 @@ def _start(args: argparse.Namespace, env: environment.BenchEnv | None, repositor
     """Start every requested server into `started` (so a failure still stops the others)."""
     for name in args.servers:
         if name == "pystub":
-            started.append(servers.start_pystub(repositories, workdir, client_shm=True, cpus=args.pystub_cpus))
+            started.append(servers.start_pystub(repositories, workdir, client_shm=True, cpus=args.pystub_cpus,
+                                                extra=args.pystub_args))
         elif name == "triton":
             started.append(servers.start_triton(env, repositories, workdir))
         else:
@@ -96,7 +102,7 @@ def _start(args: argparse.Namespace, env: environment.BenchEnv | None, repositor
     if args.baseline:
         started.append(servers.start_pystub(repositories, workdir, client_shm=True, name="pystub-base",
                                             root=args.baseline.resolve(),
-                                            cpus=args.baseline_cpus or args.pystub_cpus))
+                                            cpus=args.baseline_cpus or args.pystub_cpus, extra=args.baseline_args))
     for name in args.ceilings:
         started.append(servers.start_bare(name, workdir))
     try:
