@@ -25,12 +25,10 @@ from pystub_backend.backend.frontends.workers.link import (
     HELLO,
     INFER,
     Frame,
-    LinkClosedError,
+    FrameProtocol,
     TraceStamp,
-    read_frame,
     request_from_record,
     response_record,
-    write_frame,
 )
 from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
@@ -52,12 +50,13 @@ class LinkServer:
         self._core = core
         self._tracer = tracer
         self._path = path
-        self._on_hello = on_hello
+        self.on_hello = on_hello
         self._server: asyncio.AbstractServer | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: set[_WorkerConnection] = set()
 
     async def start(self) -> None:
-        self._server = await asyncio.start_unix_server(self._serve_connection, self._path)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: _WorkerConnection(self), self._path)
         os.chmod(self._path, 0o600)
 
     async def stop(self) -> None:
@@ -65,53 +64,23 @@ class LinkServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        for connection in list(self._connections):
+            connection.close()
 
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        links: dict[int, client_link.ClientLink] = {}
-        running: dict[int, asyncio.Task[None]] = {}
-        try:
-            while True:
-                frame = await read_frame(reader)
-                kind = frame["k"]
-                if kind == INFER:
-                    request_id = frame["id"]
-                    running[request_id] = job = asyncio.ensure_future(self._infer(frame, writer, links))
-                    job.add_done_callback(functools.partial(_forget, running, request_id))
-                elif kind == CANCEL:
-                    _cancel(frame, links, running)
-                elif kind == HELLO:
-                    self._on_hello(int(frame["index"]), int(frame["pid"]))
-        except LinkClosedError:
-            pass  # a worker stopped or died: the pool notices and restarts it
-        finally:
-            for link in links.values():
-                link.close()  # its clients are gone with it
-            for job in list(running.values()):
-                job.cancel()
-            writer.close()
-            self._connections.discard(task)
+    def attach(self, connection: _WorkerConnection, attached: bool) -> None:
+        (self._connections.add if attached else self._connections.discard)(connection)
 
-    async def _infer(self, frame: Frame, writer: asyncio.StreamWriter,
-                     links: dict[int, client_link.ClientLink]) -> None:
-        request_id = frame["id"]
+    async def _infer(self, frame: Frame, connection: _WorkerConnection) -> None:
         link = client_link.open_link()  # current for this task: the scheduler may watch it
-        links[request_id] = link
+        connection.links[frame["id"]] = link
         trace = self._start_trace(frame)
         try:
             answer = await self._run(frame, trace)
         finally:
-            links.pop(request_id, None)
             link.detach()
             if trace is not None:
                 trace.finish()
-        if not writer.is_closing():
-            write_frame(writer, answer)
+        connection.send(answer)
 
     async def _run(self, frame: Frame, trace: RequestTrace | None) -> Frame:
         request_id = frame["id"]
@@ -153,18 +122,55 @@ class LinkServer:
         return trace
 
 
-def _cancel(frame: Frame, links: dict[int, client_link.ClientLink], running: dict[int, asyncio.Task[None]]) -> None:
-    """A cancel frame: cancel the request's task (gRPC: the call was cancelled), or close its
-    ClientLink (HTTP: the client left; aiohttp would not have cancelled the handler either)."""
-    if frame.get("task"):
-        job = running.get(frame["id"])
-        if job is not None:
+class _WorkerConnection(FrameProtocol):
+    """One worker's link: a task per request, its ClientLink, and the cancel frames."""
+
+    def __init__(self, server: LinkServer) -> None:
+        super().__init__()
+        self._server = server
+        self.links: dict[int, client_link.ClientLink] = {}  # of the requests running
+        self._running: dict[int, asyncio.Task[None]] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._server.attach(self, True)
+
+    def frame_received(self, frame: Frame) -> None:
+        kind = frame["k"]
+        if kind == INFER:
+            request_id = frame["id"]
+            job = asyncio.ensure_future(self._server._infer(frame, self))  # noqa: SLF001 - its own half
+            self._running[request_id] = job
+            job.add_done_callback(functools.partial(self._forget, request_id))
+        elif kind == CANCEL:
+            self._cancel(frame)
+        elif kind == HELLO:
+            self._server.on_hello(int(frame["index"]), int(frame["pid"]))
+
+    def _forget(self, request_id: int, _job: asyncio.Task[None]) -> None:
+        self._running.pop(request_id, None)
+        self.links.pop(request_id, None)
+
+    def _cancel(self, frame: Frame) -> None:
+        """Cancel the request's task (gRPC: the call was cancelled), or close its ClientLink (HTTP:
+        the client left; aiohttp would not have cancelled the handler either)."""
+        if frame.get("task"):
+            job = self._running.get(frame["id"])
+            if job is not None:
+                job.cancel()
+            return
+        link = self.links.get(frame["id"])
+        if link is not None:
+            link.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # A worker stopped or died (the pool restarts it): its clients are gone with it.
+        self._server.attach(self, False)
+        for link in list(self.links.values()):
+            link.close()
+        for job in list(self._running.values()):
             job.cancel()
-        return
-    link = links.get(frame["id"])
-    if link is not None:
-        link.close()
 
-
-def _forget(running: dict[int, asyncio.Task[None]], request_id: int, _job: asyncio.Task[None]) -> None:
-    running.pop(request_id, None)
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()

@@ -1,7 +1,7 @@
 """The core link: the wire between a frontend worker and the core process.
 
-One unix stream socket per worker, in the server's private 0700 directory. Each frame is a 4-byte
-big-endian length followed by one msgpack map whose "k" names its kind:
+One unix stream socket per worker, in the server's private 0700 directory. Each frame is one
+msgpack map (self-delimiting: no length prefix) whose "k" names its kind:
 
     kind      direction        fields
     hello     worker -> core   index, pid            (sent once the worker listens on the ports)
@@ -21,7 +21,7 @@ one copy each way (a shared arena would save that copy for large tensors; docs/f
 from __future__ import annotations
 
 import asyncio
-import struct
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,19 +36,15 @@ from pystub_backend.backend.inference import (
     buffer_view,
 )
 
-__all__ = ["HELLO", "INFER", "CANCEL", "ANSWER", "ERROR", "Frame", "TraceStamp", "LinkClosedError",
-           "read_frame", "write_frame", "request_record", "request_from_record", "response_record",
-           "response_from_record", "MAX_FRAME"]
+_log = logging.getLogger("pystub.workers")
+
+__all__ = ["HELLO", "INFER", "CANCEL", "ANSWER", "ERROR", "Frame", "TraceStamp", "FrameProtocol", "pack",
+           "request_record", "request_from_record", "response_record", "response_from_record", "MAX_FRAME"]
 
 HELLO, INFER, CANCEL, ANSWER, ERROR = "hello", "infer", "cancel", "answer", "error"
-_LENGTH = struct.Struct(">I")
-MAX_FRAME = (1 << 32) - 1  # the length field's limit; tensors bigger than ~4 GiB take the proxy way
+MAX_FRAME = (1 << 31) - 1  # the largest frame a reader buffers; bigger tensors must take the proxy way
 
 Frame = dict[str, Any]
-
-
-class LinkClosedError(ConnectionError):
-    """The peer closed the link (or it broke) while a frame was expected or in flight."""
 
 
 @dataclass(frozen=True)
@@ -60,27 +56,48 @@ class TraceStamp:
     received_end_ns: int
 
 
-def _pack(frame: Frame) -> bytes:
+def pack(frame: Frame) -> bytes:
     return bytes(msgpack.packb(frame, use_bin_type=True))
 
 
-def write_frame(writer: asyncio.StreamWriter, frame: Frame) -> None:
-    """Queue one frame on `writer` (one write call: frames of concurrent tasks never interleave)."""
-    body = _pack(frame)
-    writer.write(_LENGTH.pack(len(body)) + body)
+class FrameProtocol(asyncio.Protocol):
+    """One end of the link: frames in through `frame_received`, out through `send`.
 
+    msgpack objects delimit themselves, so the stream needs no length prefix: a streaming
+    unpacker takes whatever bytes arrive and yields every complete frame (no task or await per
+    frame, which is most of what a request costs the core). A malformed frame closes the link.
+    """
 
-async def read_frame(reader: asyncio.StreamReader) -> Frame:
-    """The next frame. Raises LinkClosedError at end of stream or on a malformed frame."""
-    try:
-        head = await reader.readexactly(_LENGTH.size)
-        body = await reader.readexactly(_LENGTH.unpack(head)[0])
-    except (asyncio.IncompleteReadError, ConnectionError) as exc:
-        raise LinkClosedError("the core link closed") from exc
-    frame = msgpack.unpackb(body, raw=False)
-    if not isinstance(frame, dict) or not isinstance(frame.get("k"), str):
-        raise LinkClosedError("a malformed frame on the core link")
-    return frame
+    def __init__(self) -> None:
+        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_FRAME)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a unix stream: always a Transport
+
+    def data_received(self, data: bytes) -> None:
+        self._unpacker.feed(data)
+        try:
+            for frame in self._unpacker:
+                if not isinstance(frame, dict) or not isinstance(frame.get("k"), str):
+                    raise ValueError("a frame that is not a map with a kind")
+                self.frame_received(frame)
+        except (ValueError, msgpack.UnpackException) as exc:
+            _log.error("closing the core link: %s", exc)
+            if self.transport is not None:
+                self.transport.close()
+
+    def send(self, frame: Frame) -> None:
+        """Queue one frame (dropped when the link is closing: the peer is gone)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(pack(frame))
+
+    @property
+    def open(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def frame_received(self, frame: Frame) -> None:
+        raise NotImplementedError
 
 
 # -- records: requests and responses as msgpack-able lists ------------------------------------------

@@ -31,11 +31,9 @@ from pystub_backend.backend.frontends.workers.link import (
     HELLO,
     INFER,
     Frame,
-    LinkClosedError,
-    read_frame,
+    FrameProtocol,
     request_record,
     response_from_record,
-    write_frame,
 )
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore, ServingTarget
 
@@ -58,35 +56,34 @@ class CallContext:
 CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("pystub_worker_call", default=None)
 
 
-class RemoteCore:
+class RemoteCore(FrameProtocol):
     """The core, seen through one link connection. `connect` first; `close` at the end."""
 
     def __init__(self, path: str) -> None:
+        super().__init__()
         self._path = path
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Frame]] = {}
         self._watched: dict[int, web.Request] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._poller: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()  # set when the link is gone: the worker then stops
 
     async def connect(self, timeout: float) -> None:
         """Raises TimeoutError/OSError when the core's link socket does not answer in time."""
-        self._reader, self._writer = await asyncio.wait_for(asyncio.open_unix_connection(self._path), timeout)
-        self._tasks = [asyncio.ensure_future(self._read_answers()), asyncio.ensure_future(self._poll_clients())]
+        loop = asyncio.get_running_loop()
+        await asyncio.wait_for(loop.create_unix_connection(lambda: self, self._path), timeout)
+        self._poller = asyncio.ensure_future(self._poll_clients())
 
     def hello(self, index: int, pid: int) -> None:
         """Tell the core this worker is serving."""
-        assert self._writer is not None
-        write_frame(self._writer, {"k": HELLO, "index": index, "pid": pid})
+        self.send({"k": HELLO, "index": index, "pid": pid})
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._writer is not None:
-            self._writer.close()
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        if self.transport is not None:
+            self.transport.close()
         self._fail_pending()
 
     def as_server_core(self) -> ServerCore:
@@ -99,10 +96,9 @@ class RemoteCore:
 
     async def infer(self, request: InferRequest, target: ServingTarget | None = None) -> InferResponse:
         """Run `request` in the core. Raises the core's ServerError, or UNAVAILABLE without a link."""
-        call = CALL.get()
-        writer = self._writer
-        if writer is None or writer.is_closing() or self.closed.is_set():
+        if not self.open:
             raise ServerError("the server's core is not reachable from this frontend worker", Status.UNAVAILABLE)
+        call = CALL.get()
         request_id = next(self._ids)
         future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
@@ -111,14 +107,13 @@ class RemoteCore:
         if call is not None and call.http_request is not None:
             self._watched[request_id] = call.http_request
         try:
-            write_frame(writer, {"k": INFER, "id": request_id, "protocol": protocol,
-                                 "request": request_record(request), "trace": trace})
+            self.send({"k": INFER, "id": request_id, "protocol": protocol, "request": request_record(request),
+                       "trace": trace})
             answer = await future
         except asyncio.CancelledError:
             # grpc cancelled the call (deadline, client cancel): cancel the core's task too, as the
             # in-process handler's cancellation would have.
-            if not writer.is_closing():
-                write_frame(writer, {"k": CANCEL, "id": request_id, "task": True})
+            self.send({"k": CANCEL, "id": request_id, "task": True})
             raise
         finally:
             self._pending.pop(request_id, None)
@@ -127,19 +122,15 @@ class RemoteCore:
             return response_from_record(answer["response"])
         raise ServerError(answer["message"], Status.coerce(answer["status"]))
 
-    async def _read_answers(self) -> None:
-        assert self._reader is not None
-        try:
-            while True:
-                frame = await read_frame(self._reader)
-                future = self._pending.get(frame.get("id", -1))
-                if future is not None and not future.done():
-                    future.set_result(frame)
-        except LinkClosedError:
-            _log.warning("the core link closed")
-        finally:
-            self.closed.set()
-            self._fail_pending()
+    def frame_received(self, frame: Frame) -> None:
+        future = self._pending.get(frame.get("id", -1))
+        if future is not None and not future.done():
+            future.set_result(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        _log.warning("the core link closed")
+        self.closed.set()
+        self._fail_pending()
 
     def _fail_pending(self) -> None:
         lost: Frame = {"k": "error", "status": int(Status.UNAVAILABLE),
@@ -155,5 +146,4 @@ class RemoteCore:
             gone = [key for key, request in self._watched.items() if request.transport is None]
             for key in gone:
                 del self._watched[key]
-                if self._writer is not None and not self._writer.is_closing():
-                    write_frame(self._writer, {"k": CANCEL, "id": key, "task": False})
+                self.send({"k": CANCEL, "id": key, "task": False})
