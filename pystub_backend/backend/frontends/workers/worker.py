@@ -31,6 +31,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from pystub_backend.backend.cli import parse_args
 from pystub_backend.backend.frontends.access import AccessPolicy
+from pystub_backend.backend.frontends.grpc.access_log import GrpcAccessInterceptor
 from pystub_backend.backend.frontends.grpc.codec import parse_infer_request
 from pystub_backend.backend.frontends.grpc.listener import INFERENCE_SERVICE, bind_listener, channel_arguments
 from pystub_backend.backend.frontends.grpc.restrict import RestrictionInterceptor
@@ -51,6 +52,7 @@ __all__ = ["main"]
 
 log = logging.getLogger("pystub.workers")
 _CONNECT_SECONDS = 30.0
+_MODEL_INFER = f"/{INFERENCE_SERVICE}/ModelInfer"
 _Stop = Callable[[], Awaitable[object]]
 
 
@@ -93,11 +95,22 @@ async def _serve_http(options: ServerOptions, remote: RemoteCore, directory: Pat
     return stop
 
 
+class _InferenceAccessLog(GrpcAccessInterceptor):
+    """Access lines of the fast path only: the core logs what the proxy brings it."""
+
+    async def intercept_service(
+            self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+            details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        if details.method != _MODEL_INFER:
+            return await continuation(details)
+        return await super().intercept_service(continuation, details)
+
+
 async def _serve_grpc(options: ServerOptions, remote: RemoteCore, directory: Path) -> _Stop:
     grpc_options = options.grpc
     policy = AccessPolicy.of(grpc_options.restrictions, grpc_options.remote_control)
     server = grpc.aio.server(options=list(channel_arguments(grpc_options, reuse_port=True).items()),
-                             interceptors=[RestrictionInterceptor(policy)])
+                             interceptors=[_InferenceAccessLog(), RestrictionInterceptor(policy)])
     # The core starts traces (core_side.py): the worker's own tracer stays off.
     servicer = InferenceServicer(remote.as_server_core(), grpc_options.header_forward_pattern, Tracer())
 
