@@ -289,6 +289,9 @@ def test_state_changes_from_a_non_loopback_peer_are_refused_even_when_it_claims_
             assert f"not from '{REMOTE}'" in error.value.details()
     status, reply = http(port, "POST", "/v2/logging", {"log_verbose_level": 1})  # loopback: passes
     assert status == 200 and reply["log_verbose_level"] == 1
+    # The access lines name the real client, for the proxied gRPC call too (the core logs it).
+    backend.wait_for_log(rf"HTTP POST /v2/repository/models/identity_fp32/unload 403 .* peer={re.escape(REMOTE)}\b")
+    backend.wait_for_log(rf"gRPC RepositoryModelUnload .*PERMISSION_DENIED .* peer=ipv4:{re.escape(REMOTE)}:")
 
 
 def test_a_killed_worker_is_started_again(backend: Backend) -> None:

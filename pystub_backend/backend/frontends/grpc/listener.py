@@ -122,7 +122,7 @@ def create_grpc_listener(core: ServerCore, address: str, port: int,
     # The access line first, so a refused call is logged too; the access policy is always installed:
     # state-changing methods follow it even with no restriction configured.
     interceptors: list[grpc.aio.ServerInterceptor] = [
-        GrpcAccessInterceptor(),  # access lines at --log-verbose 1
+        GrpcAccessInterceptor(options.trust_internal_peer),  # access lines at --log-verbose 1
         RestrictionInterceptor(AccessPolicy.of(options.restrictions, options.remote_control),
                                options.trust_internal_peer),
     ]

@@ -19,7 +19,7 @@ import grpc
 
 from pystub_backend.backend.frontends.access import INTERNAL_PEER, AccessPolicy
 
-__all__ = ["RestrictionInterceptor", "method_group", "HEADER_PREFIX", "STATE_CHANGING", "UPDATING"]
+__all__ = ["RestrictionInterceptor", "method_group", "HEADER_PREFIX", "STATE_CHANGING", "UPDATING", "peer_of"]
 
 _GROUPS = {
     "health": ("ServerLive", "ServerReady", "ModelReady", "grpc.health.v1.Health/"),
@@ -89,7 +89,7 @@ def _guarded(handler: grpc.RpcMethodHandler, policy: AccessPolicy, group: str, u
 
     async def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if not updating or len(getattr(request, "settings", ())) > 0:
-            refusal = policy.refusal(group, _peer(context, trusted))
+            refusal = policy.refusal(group, peer_of(context, trusted))
             if refusal is not None:
                 context.set_code(grpc.StatusCode.PERMISSION_DENIED)
                 context.set_details(refusal)
@@ -118,7 +118,7 @@ def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHand
     return make(unary)
 
 
-def _peer(context: grpc.aio.ServicerContext, trusted: bool) -> str:
+def peer_of(context: grpc.aio.ServicerContext, trusted: bool) -> str:
     """The caller's address: the frontend worker's INTERNAL_PEER metadata when `trusted`."""
     if trusted:
         for key, value in context.invocation_metadata() or ():
