@@ -22,10 +22,7 @@ import json
 import os
 import re
 import signal
-import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +35,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from harness import LONG_LIVED_FDS, LONG_LIVED_PIDS, Backend, make_repository, module_backend
+from net import http_json, non_loopback_ipv4
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 MODELS = ("add_sub", "identity_fp32", "repeat")
@@ -45,15 +43,7 @@ WORKERS = 2
 INTERNAL_PEER = "x-pystub-internal-peer"
 
 
-def _remote_address() -> str | None:
-    for addresses in psutil.net_if_addrs().values():
-        for address in addresses:
-            if address.family == socket.AF_INET and not address.address.startswith("127."):
-                return address.address
-    return None
-
-
-REMOTE = _remote_address()
+REMOTE = non_loopback_ipv4()
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +83,7 @@ def workers(backend: Backend) -> list[psutil.Process]:
 def http(port: int, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
          host: str = "127.0.0.1") -> tuple[int, Any]:
     data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-    call = urllib.request.Request(f"http://{host}:{port}{path}", data=data, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(call, timeout=30) as response:
-            payload = response.read()
-            return response.status, json.loads(payload) if payload else None
-    except urllib.error.HTTPError as error:
-        payload = error.read()
-        return error.code, json.loads(payload) if payload else None
+    return http_json(f"http://{host}:{port}", method, path, data, headers)
 
 
 def _add_sub_inputs(module: Any, binary: bool = True) -> tuple[list[Any], np.ndarray, np.ndarray]:
