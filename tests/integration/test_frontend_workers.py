@@ -312,3 +312,18 @@ def test_shutdown_leaves_no_worker_and_no_socket_directory(repository: Path) -> 
         server.stop()
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
     assert not directory.exists()
+
+
+def test_workers_of_a_killed_core_exit_and_its_directory_is_swept(repository: Path) -> None:
+    server = Backend(repository, *_flags("--frontend-workers=1")).start()
+    try:
+        (worker,) = workers(server)
+        directory = Path(worker.cmdline()[worker.cmdline().index("--directory") + 1])
+        os.kill(server.pid, signal.SIGKILL)  # the core only: its workers lose the core link
+        worker.wait(30)  # raises psutil.TimeoutExpired if the worker outlives its core
+        assert directory.exists()  # nobody cleaned up...
+    finally:
+        server.stop(check=False)  # the rest of its process group (stubs)
+    with Backend(repository, *_flags("--frontend-workers=1")) as successor:
+        assert not directory.exists()  # ...until the next server swept it (its owner is dead)
+        assert f"removed the frontend-worker directory {directory}" in successor.log()

@@ -14,6 +14,7 @@ in-flight requests through the core), then the private listeners, then removes t
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import socket
 import sys
@@ -53,6 +54,31 @@ def _reserve(address: str, port: int) -> socket.socket:
     return holder
 
 
+def sweep_stale_directories() -> list[Path]:
+    """Remove the private directories (ours: same uid) of servers that died without cleaning up."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{DIRECTORY_PREFIX}*-*"):
+        owner = path.name[len(DIRECTORY_PREFIX):].split("-", 1)[0]
+        try:
+            mine = path.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class FrontendWorkers:
     """The private listeners, the core link and the worker pool of one server."""
 
@@ -60,7 +86,9 @@ class FrontendWorkers:
         self._core = core
         self._tracer = tracer
         self._options = options
-        self._directory = Path(tempfile.mkdtemp(prefix=DIRECTORY_PREFIX))  # mode 0700
+        for stale in sweep_stale_directories():
+            log.info("removed the frontend-worker directory %s of a dead server", stale)
+        self._directory = Path(tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-"))  # mode 0700
         self._link = LinkServer(core, tracer, str(self._directory / CORE_SOCKET), self._serving)
         self._runner: web.AppRunner | None = None
         self._grpc: GrpcListener | None = None
