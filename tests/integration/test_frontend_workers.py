@@ -327,3 +327,36 @@ def test_workers_of_a_killed_core_exit_and_its_directory_is_swept(repository: Pa
     with Backend(repository, *_flags("--frontend-workers=1")) as successor:
         assert not directory.exists()  # ...until the next server swept it (its owner is dead)
         assert f"removed the frontend-worker directory {directory}" in successor.log()
+
+
+def _wait_in_flight(server: Backend, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        rows = http(server.ports["http"], "GET", "/v2/pystub/stubs")[1]["stubs"]
+        if sum(row["in_flight"] for row in rows) >= count:
+            return
+        assert time.monotonic() < deadline, f"not {count} requests in flight after 30 s: {rows}"
+        time.sleep(0.02)
+
+
+def test_shutdown_lets_in_flight_requests_finish(tmp_path: Path) -> None:
+    import concurrent.futures
+
+    repository = make_repository(tmp_path, "slow")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        server = Backend(repository, "--frontend-workers=2").start()
+        try:
+            body = {"inputs": [{"name": "DELAY_MS", "datatype": "INT32", "shape": [1], "data": [1500]}]}
+            answer = pool.submit(http, server.ports["http"], "POST", "/v2/models/slow/infer", body)
+            client = grpcclient.InferenceServerClient(server.grpc_url)
+            tensor = grpcclient.InferInput("DELAY_MS", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([1500], dtype=np.int32))
+            grpc_answer = pool.submit(client.infer, "slow", [tensor])
+            _wait_in_flight(server, 2)  # both requests are in the model: SIGTERM must let them finish
+            server.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+            status, reply = answer.result(timeout=60)
+            assert status == 200 and reply["outputs"][0]["data"] == [1500], reply
+            assert grpc_answer.result(timeout=60).as_numpy("OUTPUT0").tolist() == [1500]
+            client.close()
+        finally:
+            assert server.stop() == 0

@@ -156,9 +156,8 @@ async def _run(options: ServerOptions, directory: Path, index: int) -> int:
         lost.cancel()
         stopped.cancel()
         return 0 if stop.is_set() else 1
-    finally:
-        for stopper in reversed(stoppers):
-            await stopper()
+    finally:  # both listeners drain at once: each is bounded by --exit-timeout-secs
+        await asyncio.gather(*(stopper() for stopper in stoppers))
         await remote.close()
 
 
