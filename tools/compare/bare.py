@@ -4,18 +4,18 @@ What pystub's frontends could serve with no model, no stub and no core behind th
 the request as a real frontend must and echoes INPUT0 as OUTPUT0 (compare/bare_messages.py). Run
 by the harness (`servers.start_bare`), one process group per candidate:
 
-    bare-http          aiohttp (pystub's HTTP stack): binary tensors and JSON tensors (orjson)
-    bare-grpc-aio      grpc.aio server, every call through the asyncio layer (pystub's gRPC stack)
-    bare-grpc-sync     grpc's threaded server (ThreadPoolExecutor, 8 workers): no asyncio layer
-    bare-grpc-sync-hop the threaded server whose handler hands each call to an asyncio loop in
-                       another thread and waits for it (what pystub's asyncio core would add)
-    bare-grpc-reuse4   4 grpc.aio processes sharing one port (SO_REUSEPORT); the kernel spreads
-                       connections (not calls) over them
-    bare-native-sync   pygrpc-native's drop-in for grpc.server (HTTP/2 and gRPC in Rust, outside the
-                       GIL; handlers as grpcio's, 8 worker threads)
-    bare-native-aio    pygrpc-native's drop-in for grpc.aio.server (handlers on the event loop)
-    bare-native-front, bare-grpclib, bare-hypercorn, bare-h2corn, bare-ngh2
-                       HTTP/2 servers from PyPI other than grpcio (compare/bare_h2.py)
+    bare-http               aiohttp (pystub's HTTP stack): binary tensors and JSON tensors (orjson)
+    bare-grpc-aio           grpc.aio server, every call through the asyncio layer (pystub's gRPC stack)
+    bare-grpc-sync          grpc's threaded server (ThreadPoolExecutor, 8 workers): no asyncio layer
+    bare-grpc-sync-hop      the threaded server whose handler hands each call to an asyncio loop in
+                            another thread and waits for it (what pystub's asyncio core would add)
+    bare-grpc-reuse4        4 grpc.aio processes sharing one port (SO_REUSEPORT); the kernel spreads
+                            connections (not calls) over them
+    bare-grpc-native-sync   pygrpc-native's drop-in for grpc.server (HTTP/2 and gRPC in Rust, outside the
+                            GIL; handlers as grpcio's, 8 worker threads)
+    bare-grpc-native-aio    pygrpc-native's drop-in for grpc.aio.server (handlers on the event loop)
+    bare-grpc-native-front, bare-grpclib, bare-grpc-hypercorn, bare-grpc-h2corn, bare-grpc-ngh2
+                            HTTP/2 servers from PyPI other than grpcio (compare/bare_h2.py)
 
 The candidates that need packages the project does not depend on (pygrpc-native and those of
 bare_h2.py) run under the candidates' own venv (compare/environment.py), the others under the
@@ -48,7 +48,7 @@ from bare_messages import CONFIG, METADATA, METHODS, MODEL, Handler
 from google.protobuf.message import Message
 
 GRPCIO_MODES = ("bare-grpc-aio", "bare-grpc-sync", "bare-grpc-sync-hop", "bare-grpc-reuse4")
-MODES = ("bare-http", *GRPCIO_MODES, "bare-native-sync", "bare-native-aio", *bare_h2.MODES)
+MODES = ("bare-http", *GRPCIO_MODES, "bare-grpc-native-sync", "bare-grpc-native-aio", *bare_h2.MODES)
 _SERVICE_NAME = "inference.GRPCInferenceService"
 _HOP_TIMEOUT = 30.0  # s; the loop thread only echoes, so a call this late means it is wedged
 _MAX_MESSAGE = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
@@ -70,7 +70,7 @@ async def _http_infer(request: web.Request) -> web.Response:
     out["parameters"] = {"binary_data_size": len(data)}
     head = orjson.dumps(document)
     return web.Response(body=head + data, content_type="application/octet-stream",
-                        headers={"Inference-Header-Content-Length": str(len(head))})
+                             headers={"Inference-Header-Content-Length": str(len(head))})
 
 
 async def _ok(request: web.Request) -> web.Response:
@@ -113,7 +113,7 @@ def _add_service(server: grpc.Server | grpc.aio.Server, wrap: Callable[[Handler]
     """Register every method of bare_messages.METHODS as the generated code would (`wrap` makes
     the handler sync, async or hopping)."""
     handlers = {name: grpc.unary_unary_rpc_method_handler(wrap(handler), request_deserializer=request.FromString,
-                                                           response_serializer=response.SerializeToString)
+                                                                response_serializer=response.SerializeToString)
                 for name, (request, handler, response) in METHODS.items()}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(_SERVICE_NAME, handlers)
@@ -201,10 +201,10 @@ def main(argv: list[str]) -> int:
             run_grpc_sync(grpc_port)
         elif mode == "bare-grpc-sync-hop":
             run_grpc_sync_hop(grpc_port)
-        elif mode == "bare-native-sync":
+        elif mode == "bare-grpc-native-sync":
             run_grpc_sync(grpc_port, native=True)
-        elif mode in ("bare-grpc-aio", "bare-native-aio"):
-            asyncio.run(_serve_aio(grpc_port, native=mode == "bare-native-aio"))
+        elif mode in ("bare-grpc-aio", "bare-grpc-native-aio"):
+            asyncio.run(_serve_aio(grpc_port, native=mode == "bare-grpc-native-aio"))
         else:
             bare_h2.run(mode, grpc_port)
     return 0

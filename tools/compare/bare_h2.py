@@ -4,15 +4,15 @@ A gRPC call is an HTTP/2 POST to /package.Service/Method whose body is length-pr
 (1 byte compressed flag, 4 bytes big-endian length, the message) and whose answer ends in HTTP/2
 *trailers* carrying grpc-status. A server can carry gRPC when it can send those trailers:
 
-    bare-grpclib       grpclib: gRPC on asyncio + the pure-Python h2 library
-    bare-hypercorn     hypercorn (ASGI over h2, pure Python), `http.response.trailers` extension
-    bare-h2corn        h2corn (ASGI, HTTP/2 in Rust), `http.response.trailers` extension; it answers
-                       gRPC requests 415 unless told `grpc=True`
-    bare-ngh2          an asyncio protocol over ngh2 (libnghttp2, sans-I/O) written here
-    bare-native-front  pygrpc-native's low-level API: HTTP/2 and gRPC framing in Rust threads,
-                       calls reach one Python thread in batches and are answered by id
+    bare-grpclib            grpclib: gRPC on asyncio + the pure-Python h2 library
+    bare-grpc-hypercorn     hypercorn (ASGI over h2, pure Python), `http.response.trailers` extension
+    bare-grpc-h2corn        h2corn (ASGI, HTTP/2 in Rust), `http.response.trailers` extension; it answers
+                            gRPC requests 415 unless told `grpc=True`
+    bare-grpc-ngh2          an asyncio protocol over ngh2 (libnghttp2, sans-I/O) written here
+    bare-grpc-native-front  pygrpc-native's low-level API: HTTP/2 and gRPC framing in Rust threads,
+                            calls reach one Python thread in batches and are answered by id
 
-Each runs its event loop on uvloop when installed (what each server recommends). They need
+The asyncio ones run their event loop on uvloop when installed (what each recommends). They need
 packages the project does not depend on: they run under the candidates' own venv
 (compare/environment.py `ensure_candidates`).
 """
@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from bare_messages import METHODS, SERVICE, UNARY, answer
 
-MODES = ("bare-native-front", "bare-grpclib", "bare-hypercorn", "bare-h2corn", "bare-ngh2")
+MODES = ("bare-grpc-native-front", "bare-grpclib", "bare-grpc-hypercorn", "bare-grpc-h2corn", "bare-grpc-ngh2")
 _UNIMPLEMENTED = b"12"
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -75,6 +75,9 @@ async def serve_hypercorn(port: int) -> None:
     config = Config()
     config.bind = [f"127.0.0.1:{port}"]
     config.accesslog = None
+    # hypercorn closes a connection after 1000 requests by default: perf_analyzer's one channel
+    # then fails the run with "Socket closed"
+    config.keep_alive_max_requests = 1 << 62
     await serve(grpc_asgi, config)  # type: ignore[arg-type]  # hypercorn's own ASGI type aliases
 
 
@@ -94,7 +97,7 @@ class _GrpclibService:
         from grpclib.const import Cardinality, Handler
 
         return {SERVICE + name: Handler(_grpclib_handler(handler), Cardinality.UNARY_UNARY, request_type,
-                                        response_type)
+                                             response_type)
                 for name, (request_type, handler, response_type) in METHODS.items()}
 
 
@@ -183,13 +186,13 @@ def serve_native_front(port: int) -> None:
 
 
 SERVERS: dict[str, Callable[[int], Awaitable[None]]] = {
-    "bare-grpclib": serve_grpclib, "bare-hypercorn": serve_hypercorn, "bare-h2corn": serve_h2corn,
-    "bare-ngh2": serve_ngh2}
+    "bare-grpclib": serve_grpclib, "bare-grpc-hypercorn": serve_hypercorn, "bare-grpc-h2corn": serve_h2corn,
+    "bare-grpc-ngh2": serve_ngh2}
 
 
 def run(mode: str, port: int) -> None:
     """Serve `mode` on `port` until killed, on uvloop when it is installed."""
-    if mode == "bare-native-front":
+    if mode == "bare-grpc-native-front":
         serve_native_front(port)
         return
     try:

@@ -14,7 +14,11 @@ from compare import environment, report, servers, stopping, targets
 from compare.runner import Plan, run_rounds
 
 SERVERS = ("pystub", "triton", "mlserver")
-CEILINGS = ("bare-http", "bare-grpc-aio", "bare-grpc-sync", "bare-grpc-reuse4")
+CEILINGS = ("bare-http", "bare-grpc-aio", "bare-grpc-sync", "bare-grpc-sync-hop", "bare-grpc-reuse4")
+# gRPC on HTTP/2 servers other than grpcio's (docs/grpc-candidates.md): measured on request
+# (`--ceilings all` or by name), under their own venv (environment.ensure_candidates)
+PYPI_CEILINGS = ("bare-grpc-native-sync", "bare-grpc-native-aio", "bare-grpc-native-front", "bare-grpclib",
+                 "bare-grpc-hypercorn", "bare-grpc-h2corn", "bare-grpc-ngh2")
 LOADGENS = ("asyncio", "perf_analyzer", "prebuilt")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20}
 
@@ -50,9 +54,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=_list(convert=int), default=[1, 8, 32], help="default 1,8,32")
     parser.add_argument("--protocols", type=_list(("grpc", "http", "json")), default=["grpc", "http", "json"],
                         help="http: binary tensors; json: JSON tensors (asyncio only); default all three")
-    parser.add_argument("--ceilings", type=_list(("none", *CEILINGS)), default=list(CEILINGS),
-                        help="bare-frontend ceilings measured beside the servers (compare/bare.py); "
-                             "'none' for none; default all")
+    parser.add_argument("--ceilings", type=_list(("none", "all", *CEILINGS, *PYPI_CEILINGS)),
+                        default=list(CEILINGS),
+                        help="bare-frontend ceilings measured beside the servers (compare/bare.py); 'none' for "
+                             f"none, 'all' adds the gRPC candidates from PyPI ({', '.join(PYPI_CEILINGS)}); "
+                             f"default {', '.join(CEILINGS)}")
     parser.add_argument("--loadgen", type=_list(LOADGENS), default=list(LOADGENS),
                         help="asyncio (all servers), perf_analyzer (pystub, triton; binary tensors), prebuilt (JSON "
                              "tensors, the body serialised once: compare/prebuilt.py); default all three")
@@ -79,6 +85,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.rounds = rounds if args.rounds is None else max(1, args.rounds)
     args.seconds = seconds if args.seconds is None else args.seconds
     args.warmup = warmup if args.warmup is None else args.warmup
+    if "all" in args.ceilings:
+        args.ceilings = [*CEILINGS, *PYPI_CEILINGS]
     args.ceilings = [c for c in args.ceilings if c != "none"]
     return args
 
@@ -97,8 +105,10 @@ def _start(args: argparse.Namespace, env: environment.BenchEnv | None, repositor
         started.append(servers.start_pystub(repositories, workdir, client_shm=True, name="pystub-base",
                                             root=args.baseline.resolve(),
                                             cpus=args.baseline_cpus or args.pystub_cpus))
+    candidates = [name for name in args.ceilings if name in PYPI_CEILINGS]
+    python = environment.ensure_candidates(install=not args.no_install) if candidates else None
     for name in args.ceilings:
-        started.append(servers.start_bare(name, workdir))
+        started.append(servers.start_bare(name, workdir, python if name in candidates else None))
     try:
         servers.wait_ready(started)
     except RuntimeError as error:
