@@ -9,6 +9,7 @@ A gRPC call is an HTTP/2 POST to /package.Service/Method whose body is length-pr
     bare-grpc-h2corn        h2corn (ASGI, HTTP/2 in Rust), `http.response.trailers` extension; it answers
                             gRPC requests 415 unless told `grpc=True`
     bare-grpc-ngh2          an asyncio protocol over ngh2 (libnghttp2, sans-I/O) written here
+    bare-grpc-ngh2-asyncio  the same on the standard library's event loop (pystub's), not uvloop
     bare-grpc-native-front  pygrpc-native's low-level API: HTTP/2 and gRPC framing in Rust threads,
                             calls reach one Python thread in batches and are answered by id
 
@@ -25,7 +26,8 @@ from typing import Any, cast
 
 from bare_messages import METHODS, SERVICE, UNARY, answer
 
-MODES = ("bare-grpc-native-front", "bare-grpclib", "bare-grpc-hypercorn", "bare-grpc-h2corn", "bare-grpc-ngh2")
+MODES = ("bare-grpc-native-front", "bare-grpclib", "bare-grpc-hypercorn", "bare-grpc-h2corn", "bare-grpc-ngh2",
+         "bare-grpc-ngh2-asyncio")
 _UNIMPLEMENTED = b"12"
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -191,9 +193,12 @@ SERVERS: dict[str, Callable[[int], Awaitable[None]]] = {
 
 
 def run(mode: str, port: int) -> None:
-    """Serve `mode` on `port` until killed, on uvloop when it is installed."""
+    """Serve `mode` on `port` until killed, on uvloop when it is installed (unless `*-asyncio`)."""
     if mode == "bare-grpc-native-front":
         serve_native_front(port)
+        return
+    if mode.endswith("-asyncio"):
+        asyncio.run(SERVERS[mode.removesuffix("-asyncio")](port))
         return
     try:
         import uvloop

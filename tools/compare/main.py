@@ -18,7 +18,7 @@ CEILINGS = ("bare-http", "bare-grpc-aio", "bare-grpc-sync", "bare-grpc-sync-hop"
 # gRPC on HTTP/2 servers other than grpcio's (docs/grpc-candidates.md): measured on request
 # (`--ceilings all` or by name), under their own venv (environment.ensure_candidates)
 PYPI_CEILINGS = ("bare-grpc-native-sync", "bare-grpc-native-aio", "bare-grpc-native-front", "bare-grpclib",
-                 "bare-grpc-hypercorn", "bare-grpc-h2corn", "bare-grpc-ngh2")
+                 "bare-grpc-hypercorn", "bare-grpc-h2corn", "bare-grpc-ngh2", "bare-grpc-ngh2-asyncio")
 LOADGENS = ("asyncio", "perf_analyzer", "prebuilt")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20}
 
