@@ -33,8 +33,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -50,6 +52,7 @@ from google.protobuf.message import Message
 GRPCIO_MODES = ("bare-grpc-aio", "bare-grpc-sync", "bare-grpc-sync-hop", "bare-grpc-reuse4")
 MODES = ("bare-http", *GRPCIO_MODES, "bare-grpc-native-sync", "bare-grpc-native-aio", *bare_h2.MODES)
 _SERVICE_NAME = "inference.GRPCInferenceService"
+_BIND_TIMEOUT = 120.0  # s; for the gRPC port to accept connections before readiness is answered
 _HOP_TIMEOUT = 30.0  # s; the loop thread only echoes, so a call this late means it is wedged
 _MAX_MESSAGE = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
@@ -181,7 +184,7 @@ def run_grpc_reuse(port: int, processes: int, http_port: int) -> None:
             asyncio.run(_serve_aio(port))
             os._exit(0)
         children.append(pid)
-    _serve_readiness(http_port)
+    _serve_readiness(http_port, port)
     signal.signal(signal.SIGTERM, lambda *_: [os.kill(child, signal.SIGKILL) for child in children])
     for child in children:
         os.waitpid(child, 0)
@@ -196,7 +199,7 @@ def main(argv: list[str]) -> int:
     elif mode == "bare-grpc-reuse4":
         run_grpc_reuse(grpc_port, 4, http_port)  # forks before any thread exists
     else:
-        _serve_readiness(http_port)
+        _serve_readiness(http_port, grpc_port)
         if mode == "bare-grpc-sync":
             run_grpc_sync(grpc_port)
         elif mode == "bare-grpc-sync-hop":
@@ -210,9 +213,27 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _serve_readiness(port: int) -> None:
+def _serve_readiness(port: int, grpc_port: int) -> None:
+    """Answer readiness on `port` once `grpc_port` accepts connections (from a side thread): the
+    harness must not measure a candidate that is still binding."""
     readiness = ThreadingHTTPServer(("127.0.0.1", port), _Readiness)
-    threading.Thread(target=readiness.serve_forever, daemon=True).start()
+
+    def serve() -> None:
+        deadline = time.monotonic() + _BIND_TIMEOUT
+        while not _accepts(grpc_port):
+            if time.monotonic() > deadline:  # never ready: the harness times out naming this server
+                return
+            time.sleep(0.05)
+        readiness.serve_forever()
+    threading.Thread(target=serve, daemon=True).start()
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

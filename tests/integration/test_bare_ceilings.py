@@ -1,0 +1,118 @@
+"""The bare gRPC ceilings of tools/compare/bare.py speak gRPC as perf_analyzer needs it.
+
+Each candidate is started as the bench harness starts it (its own session, readiness on its HTTP
+port) and asked, with tritonclient, for what perf_analyzer asks: model metadata and config, then
+an inference whose tensor must come back unchanged. A method it does not serve must fail with
+UNIMPLEMENTED, which only a server that sends grpc-status in HTTP/2 trailers can say. The
+grpcio candidates run under this interpreter; the candidates from PyPI need their own venv
+(tools/compare/environment.py `ensure_candidates`) and are skipped where it is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from harness import ROOT
+from tritonclient.utils import InferenceServerException
+
+BARE = ROOT / "tools" / "compare" / "bare.py"
+GRPCIO_MODES = ("bare-grpc-aio", "bare-grpc-sync", "bare-grpc-sync-hop")
+PYPI_MODES = ("bare-grpc-native-aio", "bare-grpc-native-sync", "bare-grpc-native-front", "bare-grpclib",
+              "bare-grpc-hypercorn", "bare-grpc-h2corn", "bare-grpc-ngh2", "bare-grpc-ngh2-asyncio")
+_START_TIMEOUT = 30.0
+
+
+def _candidates_python() -> Path | None:
+    bench = Path(os.environ.get("PYSTUB_BENCH_DIR") or ROOT / ".bench")
+    python = bench / "candidates" / "bin" / "python"
+    return python if python.exists() else None
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _wait_ready(process: subprocess.Popen, http_port: int, mode: str) -> None:
+    deadline = time.monotonic() + _START_TIMEOUT
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"{mode} exited with {process.returncode}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2):
+                return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    raise AssertionError(f"{mode}: readiness on its HTTP port not answered within {_START_TIMEOUT:.0f} s")
+
+
+def _serve(mode: str, python: Path | str) -> Iterator[int]:
+    """Run `mode` in its own session; yields its gRPC port; kills the whole group after."""
+    http_port, grpc_port = _free_ports(2)
+    process = subprocess.Popen([str(python), str(BARE), mode, str(http_port), str(grpc_port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                               start_new_session=True)
+    try:
+        _wait_ready(process, http_port, mode)
+        yield grpc_port
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+@pytest.fixture(params=GRPCIO_MODES)
+def grpcio_candidate(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
+    for port in _serve(request.param, sys.executable):
+        yield request.param, port
+
+
+@pytest.fixture(params=PYPI_MODES)
+def pypi_candidate(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
+    python = _candidates_python()
+    if python is None:
+        pytest.skip("the candidates' venv (.bench/candidates) is not installed")
+    for port in _serve(request.param, python):
+        yield request.param, port
+
+
+def _check_speaks_grpc(mode: str, port: int) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        assert client.get_model_metadata("identity_fp32", client_timeout=10).name == "identity_fp32", mode
+        assert client.get_model_config("identity_fp32", client_timeout=10).config.max_batch_size == 8, mode
+        data = np.random.default_rng().random((1, 5), dtype=np.float32)
+        tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data)
+        result = client.infer("identity_fp32", [tensor], client_timeout=10)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+        with pytest.raises(InferenceServerException) as refused:
+            client.get_inference_statistics(client_timeout=10)
+        assert refused.value.status() == str(grpc.StatusCode.UNIMPLEMENTED), (mode, refused.value)
+    finally:
+        client.close()
+
+
+def test_grpcio_candidates_speak_grpc(grpcio_candidate: tuple[str, int]) -> None:
+    _check_speaks_grpc(*grpcio_candidate)
+
+
+def test_pypi_candidates_speak_grpc(pypi_candidate: tuple[str, int]) -> None:
+    _check_speaks_grpc(*pypi_candidate)
