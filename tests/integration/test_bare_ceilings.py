@@ -11,6 +11,7 @@ grpcio candidates run under this interpreter; the candidates from PyPI need thei
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from harness import ROOT
@@ -116,3 +118,22 @@ def test_grpcio_candidates_speak_grpc(grpcio_candidate: tuple[str, int]) -> None
 
 def test_pypi_candidates_speak_grpc(pypi_candidate: tuple[str, int]) -> None:
     _check_speaks_grpc(*pypi_candidate)
+
+
+def test_bench_measures_the_hop_and_skips_candidates_it_cannot_install(tmp_path: Path) -> None:
+    """With --no-install and no candidates' venv, the harness drops the PyPI ceilings with a note
+    and still measures the grpcio ones (here the hop) beside pystub; every process is gone after."""
+    env = dict(os.environ, PYSTUB_BENCH_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_compare.py"), "--quick", "--servers", "pystub",
+                          "--loadgen", "asyncio", "--models", "identity_fp32", "--sizes", "16", "--concurrency", "2",
+                          "--seconds", "0.5", "--warmup", "0.2", "--protocols", "grpc", "--no-shm", "--no-probe",
+                          "--no-install", "--ceilings", "bare-grpc-sync-hop,bare-grpc-ngh2-asyncio"],
+                         capture_output=True, text=True, timeout=90, cwd="/", env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "ceilings bare-grpc-ngh2-asyncio skipped" in run.stdout, run.stdout
+    assert not (tmp_path / "candidates").exists()
+    row = next(line.split("|") for line in run.stdout.splitlines() if line.startswith("identity_fp32"))
+    assert float(row[1].split()[0]) > 0 and float(row[2].split()[0]) > 0, row  # pystub, bare-grpc-sync-hop
+    pids = [int(pid) for pid in re.findall(r"started \S+ pid (\d+)", run.stderr)]
+    assert len(pids) == 2, run.stderr[-2000:]
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
