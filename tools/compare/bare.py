@@ -185,7 +185,10 @@ def run_grpc_reuse(port: int, processes: int, http_port: int) -> None:
             os._exit(0)
         children.append(pid)
     _serve_readiness(http_port, port)
-    signal.signal(signal.SIGTERM, lambda *_: [os.kill(child, signal.SIGKILL) for child in children])
+    def stop_children(*_: object) -> None:
+        for child in children:
+            os.kill(child, signal.SIGKILL)
+    signal.signal(signal.SIGTERM, stop_children)
     for child in children:
         os.waitpid(child, 0)
 

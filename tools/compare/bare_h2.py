@@ -21,7 +21,7 @@ packages the project does not depend on: they run under the candidates' own venv
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
 from bare_messages import METHODS, SERVICE, UNARY, answer
@@ -187,7 +187,7 @@ def serve_native_front(port: int) -> None:
                 front.respond(call_id, b"" if reply is None else reply)
 
 
-SERVERS: dict[str, Callable[[int], Awaitable[None]]] = {
+SERVERS: dict[str, Callable[[int], Coroutine[Any, Any, None]]] = {
     "bare-grpclib": serve_grpclib, "bare-grpc-hypercorn": serve_hypercorn, "bare-grpc-h2corn": serve_h2corn,
     "bare-grpc-ngh2": serve_ngh2}
 
