@@ -137,3 +137,18 @@ def test_bench_measures_the_hop_and_skips_candidates_it_cannot_install(tmp_path:
     pids = [int(pid) for pid in re.findall(r"started \S+ pid (\d+)", run.stderr)]
     assert len(pids) == 2, run.stderr[-2000:]
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
+
+
+def test_cpu_cost_reads_each_servers_cpu_per_call() -> None:
+    """tools/grpc_cpu_cost.py: a positive CPU time per call for pystub and a bare ceiling (pystub,
+    with a core and a stub behind its grpc.aio frontend, spends more), and nothing left running."""
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "grpc_cpu_cost.py"), "--servers",
+                          "pystub,bare-grpc-aio", "--calls", "800", "--warmup", "80", "--rounds", "1"],
+                         capture_output=True, text=True, timeout=120, cwd="/")
+    assert run.returncode == 0, run.stderr[-3000:]
+    medians = dict(re.findall(r"^  (\S+) +([\d.]+) µs", run.stdout, re.MULTILINE))
+    assert set(medians) == {"pystub", "bare-grpc-aio"}, run.stdout
+    assert float(medians["pystub"]) > float(medians["bare-grpc-aio"]) > 0, run.stdout
+    leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+                 if p.info["cmdline"] and any("pystub-cpu-cost-" in part for part in p.info["cmdline"])]
+    assert not leftovers, leftovers
