@@ -43,12 +43,14 @@ class RequestState:
 
 class RequestRegistry:
     def __init__(self, instance: str, send: Callable[[Any], None], writer: ArenaWriter,
-                 decoupled: Callable[[], bool], send_timeout: float) -> None:
+                 decoupled: Callable[[], bool], send_timeout: float,
+                 need_reader: Callable[[], None] = lambda: None) -> None:
         self._instance = instance
         self._send = send
         self._writer = writer
         self._decoupled = decoupled
         self._send_timeout = send_timeout
+        self._need_reader = need_reader  # credits arrive in RELEASE frames: someone must read them
         self._states: dict[int, RequestState] = {}
         self._lock = threading.Lock()
 
@@ -97,7 +99,7 @@ class RequestRegistry:
         if state.final:  # failed on the model's behalf (stalled client), or already answered
             raise pb_utils.TritonModelException("Unable to send response. Response sender has been closed.")
         carries_data = response is not None and not response.has_error() and not state.cancelled
-        if carries_data and not self.credits_of(state).acquire(timeout=self._send_timeout):
+        if carries_data and not self._take_credit(state):
             text = (f"Unable to send response: the client has not read the last {CREDIT_WINDOW} responses of "
                     f"this request for {self._send_timeout:g} s.")
             self._fail(state, text)  # the client learns why, whatever the model does next
@@ -105,6 +107,13 @@ class RequestRegistry:
         self._send(msg.Response(response_to_wire(state.rid, response, flags, state.requested, self._writer)))
         if flags & _FINAL:
             self.close(state)
+
+    def _take_credit(self, state: RequestState) -> bool:
+        credits = self.credits_of(state)
+        if credits.acquire(blocking=False):
+            return True
+        self._need_reader()
+        return credits.acquire(timeout=self._send_timeout)
 
     def close(self, state: RequestState) -> None:
         """The request got its final response (sent, returned, or failed by the batch)."""

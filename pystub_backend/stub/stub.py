@@ -1,10 +1,11 @@
 """The stub process: one model instance, driven by the backend over a channel and two arenas.
 
 Threads:
-    main       runs the work queue: AutoComplete, Init, Execute, Finalize (model code runs here)
-    receiver   reads frames; frees s2p handles on Release at once (even while execute runs),
+    main       runs AutoComplete, Init, Execute, Finalize (model code runs here); while idle it
+               reads the channel itself (no thread hand-off per request, stub/reader.py)
+    receiver   reads the channel while main is busy: frees s2p handles on Release at once,
                reads SPILLED frames (over the frame limit) out of p2s and releases them,
-               queues everything else for main
+               queues main's work for it in arrival order
     heartbeat  liveness.Heartbeat
     async      event_loop.InstanceLoop, on first `async def execute`
 """
@@ -41,6 +42,7 @@ from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.liveness import Heartbeat, ignore_termination_signals, set_parent_death_signal
 from pystub_backend.stub.loader import LoadError, load_model_class
 from pystub_backend.stub.pb_utils import _runtime
+from pystub_backend.stub.reader import HANDBACK, PARK_CHECK, POLL, ReadOwnership
 from pystub_backend.stub.senders import RequestRegistry, RequestState
 from pystub_backend.stub.translate import build_request, error_to_wire, response_to_wire
 
@@ -78,7 +80,8 @@ class Stub:
         self.s2p = ArenaWriter(options.base, "s2p", options.shm_default, options.shm_growth)
         # Arenas have no names: p2s segments arrive with the backend's frames, s2p ones leave with ours.
         self.channel.carry_segments(self.s2p, self.p2s)
-        self.work: queue.SimpleQueue[Any] = queue.SimpleQueue()  # C-level: the per-request hand-off
+        self.work: queue.SimpleQueue[Any] = queue.SimpleQueue()  # frames the receiver read for main
+        self.reading = ReadOwnership()  # who reads the channel now: main when idle, else the receiver
         self.loop = InstanceLoop(self.log_error)
         self.model: Any = None
         self.model_name = ""
@@ -89,15 +92,18 @@ class Stub:
         self.handlers = StubHandlers()
         install_features(self.handlers)
         self._send_hooks = self.handlers.send_hooks()
+        self._reply_kinds = self.handlers.reply_kinds()
         self.boot_failure: StubExitCode | None = None  # set when INIT failed: the stub then exits with it
         output_buffers.install(self.s2p)  # pb_utils.new_output_array
         self.requests = RequestRegistry(self.instance, self.send, self.s2p, lambda: self.decoupled,
-                                        options.send_timeout)
+                                        options.send_timeout, self.reading.need_reader)
 
     # -- plumbing ------------------------------------------------------------------------------
     def send(self, message: Any) -> None:
         for hook in self._send_hooks:  # e.g. buffered metric changes go out before this frame
             hook(self, message)
+        if type(message) in self._reply_kinds:  # its answer must be read even while main is busy
+            self.reading.need_reader()
         frame = msg.encode(message)
         if not spill.fits(frame):  # e.g. a response with megabytes of parameters: it goes in s2p
             frame, handle = spill.spill(frame, self.s2p)
@@ -118,27 +124,46 @@ class Stub:
     def log_error(self, text: str) -> None:
         self.log(_LOG_ERROR, text, "pb_stub", 0)
 
+    def _read(self, timeout: float) -> Any:
+        """The next frame as a message, or None when none arrived within `timeout` s or it was
+        corrupt (logged). Raises ChannelClosedError. Only the thread that owns reading calls it."""
+        frame = self.channel.recv(timeout)
+        if frame is None:
+            return None
+        try:
+            message = msg.decode(frame)
+            if type(message) is msg.Spilled:
+                message = self._unspill(message)
+        except msg.MessageDecodeError as exc:
+            self.log_error(f"stub '{self.instance}' dropped a corrupt frame: {exc}")
+            return None
+        return message
+
     def _receive(self) -> None:
+        """The receiver thread: reads while the main thread is busy (pystub_backend.stub.reader)."""
         while True:
-            try:
-                frame = self.channel.recv(1.0)
-            except ChannelClosedError:
-                self.work.put(None)
-                return
-            if frame is None:
-                continue
-            try:
-                message = msg.decode(frame)
-                if type(message) is msg.Spilled:
-                    message = self._unspill(message)
-            except msg.MessageDecodeError as exc:
-                self.log_error(f"stub '{self.instance}' dropped a corrupt frame: {exc}")
-                continue
-            try:
-                self._dispatch(message)
-            except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the receiver
-                self.log_error(f"stub '{self.instance}' dropped a malformed {type(message).__name__} frame: "
-                               f"{type(exc).__name__}: {exc}")
+            self.reading.wait_for_turn()
+            while True:
+                try:
+                    message = self._read(POLL)
+                except ChannelClosedError:
+                    self.work.put(None)
+                    return
+                if message is not None and self._on_frame(message):
+                    self.work.put(message)
+                if self.reading.give_back():
+                    self.work.put(HANDBACK)
+                    break
+
+    def _on_frame(self, message: Any) -> bool:
+        """Act on a frame at once; True when it is the main thread's work (AutoComplete, Init,
+        Execute, Finalize, features' main-thread kinds), to run in arrival order."""
+        try:
+            return self._dispatch(message)
+        except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the reader
+            self.log_error(f"stub '{self.instance}' dropped a malformed {type(message).__name__} frame: "
+                           f"{type(exc).__name__}: {exc}")
+            return False
 
     def _unspill(self, message: msg.Spilled) -> Any:
         """The message a SPILLED frame names in p2s; the backend frees its bytes on our RELEASE."""
@@ -150,21 +175,25 @@ class Stub:
         except (ChannelClosedError, OSError):
             pass  # the backend is gone: its arena goes with it
 
-    def _dispatch(self, message: Any) -> None:
-        """Act on one frame on the receiver thread, or queue it for the main thread."""
-        if isinstance(message, msg.Release):
+    def _dispatch(self, message: Any) -> bool:
+        """Act on one frame on the reading thread (it must not block); True for main-thread work."""
+        kind = type(message)
+        if kind is msg.Execute:  # the common frame first
+            return True
+        if kind is msg.Release:
             self._free(message.handles)
             self.requests.on_credits(message.credits)
-        elif isinstance(message, msg.Cancel):
+        elif kind is msg.Cancel:
             self.requests.on_cancel(message.rids)
-        elif (feature := self.handlers.receiver_handler(type(message))) is not None:
+        elif (feature := self.handlers.receiver_handler(kind)) is not None:
             feature(self, message)
-        elif isinstance(message, msg.IsReady):
+        elif kind is msg.IsReady:
             # Readiness is asked while execute may run: answer from a thread of its own.
             threading.Thread(target=self._is_ready, args=(message.token,), daemon=True,
                              name="pystub-is-ready").start()
         else:
-            self.work.put(message)
+            return True  # the main thread says it has no handler for it
+        return False
 
     def _free(self, handles: list[list[int]]) -> None:
         for handle in handles:
@@ -183,26 +212,55 @@ class Stub:
         handlers: dict[type, Callable[[Any], None]] = {msg.AutoComplete: self._auto_complete, msg.Init: self._init,
                     msg.Execute: self._execute, msg.Finalize: self._finalize}
         while True:
-            message = self.work.get()
+            message = self._next_work()
             if message is None:  # the backend closed the channel: it is gone or gave up on us
                 sys.stderr.write("Non-graceful termination detected.\n")
                 return StubExitCode.CHANNEL_CLOSED
             handler = handlers.get(type(message))
+            self.reading.handler_started()
             try:
                 if handler is not None:
                     handler(message)
                 else:
-                    feature = self.handlers.main_handler(type(message))
-                    if feature is None:
-                        self.log_error(f"stub '{self.instance}' has no handler for {type(message).__name__}")
-                    else:
-                        feature(self, message)
+                    self._run_feature(message)
             except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the stub
                 self.log_error(f"stub '{self.instance}' dropped a malformed {type(message).__name__} frame: "
                                f"{type(exc).__name__}: {exc}")
+            finally:
+                self.reading.handler_finished()
             if isinstance(message, (msg.Finalize, msg.AutoComplete)) or self.boot_failure is not None:
                 heartbeat.stop()
                 return self.boot_failure or StubExitCode.OK
+
+    def _next_work(self) -> Any:
+        """The main thread's next message (None: the channel closed). Frames the receiver queued
+        come first, in order; then, when reading is the main thread's, it reads the channel itself
+        and acts on frames that are not its work at once (pystub_backend.stub.reader)."""
+        while True:
+            if self.reading.main_may_read():
+                try:
+                    message = self.work.get_nowait()
+                except queue.Empty:
+                    try:
+                        message = self._read(PARK_CHECK)
+                    except ChannelClosedError:
+                        return None
+                    if message is None or not self._on_frame(message):
+                        continue
+            else:
+                try:
+                    message = self.work.get(timeout=PARK_CHECK)
+                except queue.Empty:
+                    continue
+            if message is not HANDBACK:
+                return message
+
+    def _run_feature(self, message: Any) -> None:
+        feature = self.handlers.main_handler(type(message))
+        if feature is None:
+            self.log_error(f"stub '{self.instance}' has no handler for {type(message).__name__}")
+        else:
+            feature(self, message)
 
     def _log_from_model(self, level: int, message: str, filename: str, lineno: int) -> None:
         self.log(level, message, filename, lineno)
