@@ -27,12 +27,13 @@ Every wait here has a deadline: the loops re-check the state at least every PARK
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 
 __all__ = ["ReadOwnership", "POLL", "HANDBACK"]
 
-POLL = 0.002  # s between the receiver's checks while the main thread is busy
+POLL = 0.01  # s between the receiver's checks while handlers run (100 wake-ups a second at most)
 IDLE_PARK = 0.1  # s without a handler after which the receiver parks until one starts
 PARK_CHECK = 1.0  # s: the longest any wait here lasts before the state is checked again
 
@@ -56,7 +57,9 @@ class ReadOwnership:
     def __init__(self, poll: float = POLL) -> None:
         self._poll = poll
         self._lock = threading.Lock()
-        self._wake = threading.Event()  # the receiver's doorbell: the state may have changed
+        # The receiver's doorbell (the state may have changed): a C-level queue, because the
+        # receiver waits on it up to 100 times a second and an Event's Python-level wait costs more.
+        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._owner = _MAIN
         self._busy = False  # the main thread runs a handler (and reads nothing)
         self._turn = 0  # handlers the main thread has started: tells a long one from the next one
@@ -80,7 +83,7 @@ class ReadOwnership:
             self._turn += 1
             wake, self._parked = self._parked, False
         if wake:  # the first handler after a quiet spell: the receiver polls again
-            self._wake.set()
+            self._bell.put(None)
 
     def handler_finished(self) -> None:
         with self._lock:
@@ -93,7 +96,7 @@ class ReadOwnership:
             if self._owner != _MAIN or not self._busy:
                 return  # someone reads already, or the main thread will as soon as it is idle
             self._wanted = True
-        self._wake.set()
+        self._bell.put(None)
 
     # -- the receiver thread -------------------------------------------------------------------------
     def wait_for_turn(self) -> None:
@@ -112,8 +115,17 @@ class ReadOwnership:
                 seen = self._turn if self._busy else -1
                 self._parked = not self._busy and now - last_busy > IDLE_PARK
                 timeout = PARK_CHECK if self._parked else self._poll
-            self._wake.wait(timeout)
-            self._wake.clear()  # the state is read again under the lock: a ring after this is not lost
+            self._wait_for_bell(timeout)
+
+    def _wait_for_bell(self, timeout: float) -> None:
+        """Wait up to `timeout` s for a ring; rings that piled up count as one (the state is read
+        again under the lock afterwards, so none is lost)."""
+        try:
+            self._bell.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while not self._bell.empty():
+            self._bell.get_nowait()
 
     def give_back(self) -> bool:
         """After each frame or empty poll: True when the main thread waits idle on the work queue,

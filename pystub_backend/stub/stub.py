@@ -238,9 +238,9 @@ class Stub:
         and acts on frames that are not its work at once (pystub_backend.stub.reader)."""
         while True:
             if self.reading.main_may_read():
-                try:
+                if not self.work.empty():
                     message = self.work.get_nowait()
-                except queue.Empty:
+                else:
                     try:
                         message = self._read(PARK_CHECK)
                     except ChannelClosedError:
