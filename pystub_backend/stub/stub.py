@@ -25,26 +25,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from pystub_backend.ipc import spill
-from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
+from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import BlockingChannel, ChannelClosedError
 from pystub_backend.ipc.control_block import ControlBlock, StubState
 from pystub_backend.ipc.exit_codes import StubExitCode
 from pystub_backend.ipc.isolation import forbid_inspection
 from pystub_backend.ipc.messages import core as msg
-from pystub_backend.ipc.status import Status
 from pystub_backend.stub import output_buffers, pb_utils
 from pystub_backend.stub.batched import BatchedExecute, has_execute_batch
 from pystub_backend.stub.event_loop import InstanceLoop, unwrap
-from pystub_backend.stub.executor import check_return, failure_text, format_traceback, model_frames, run_execute
+from pystub_backend.stub.execute_batch import run_batch
+from pystub_backend.stub.executor import format_traceback, model_frames
 from pystub_backend.stub.features.install import install_features
-from pystub_backend.stub.features.sequences import RescheduledRequests, report_rescheduled
+from pystub_backend.stub.features.sequences import RescheduledRequests
 from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.liveness import Heartbeat, ignore_termination_signals, set_parent_death_signal
 from pystub_backend.stub.loader import LoadError, load_model_class
 from pystub_backend.stub.pb_utils import _runtime
 from pystub_backend.stub.reader import HANDBACK, PARK_CHECK, POLL, ReadOwnership
-from pystub_backend.stub.senders import RequestRegistry, RequestState
-from pystub_backend.stub.translate import build_request, error_to_wire, response_to_wire
+from pystub_backend.stub.senders import RequestRegistry
 
 __all__ = ["StubOptions", "Stub"]
 
@@ -181,7 +180,7 @@ class Stub:
         if kind is msg.Execute:  # the common frame first
             return True
         if kind is msg.Release:
-            self._free(message.handles)
+            self.free(message.handles)
             self.requests.on_credits(message.credits)
         elif kind is msg.Cancel:
             self.requests.on_cancel(message.rids)
@@ -195,7 +194,8 @@ class Stub:
             return True  # the main thread says it has no handler for it
         return False
 
-    def _free(self, handles: list[list[int]]) -> None:
+    def free(self, handles: list[list[int]]) -> None:
+        """Free s2p handles the backend released (or that never left); an unknown one is logged."""
         for handle in handles:
             try:
                 self.s2p.free(handle)
@@ -315,6 +315,9 @@ class Stub:
         self.handlers.notify_phase(self, "ready")
         self.send(msg.InitDone(None, None, callable(getattr(self.model, "is_ready", None))))
 
+    def _execute(self, message: msg.Execute) -> None:
+        run_batch(self, message)
+
     def _finalize(self, message: msg.Finalize) -> None:
         self.control.set_state(StubState.FINALIZING)
         self.handlers.notify_phase(self, "finalizing")
@@ -349,78 +352,6 @@ class Stub:
             self.send(msg.IsReadyDone(token, ready, error))
         except (ChannelClosedError, OSError):
             pass
-
-    # -- execute -------------------------------------------------------------------------------
-    def _execute(self, message: msg.Execute) -> None:
-        self._free(message.releases)
-        requests: list[Any] = []
-        states: list[RequestState] = []
-        responses: list[Any] = []
-        error = None
-        self.control.execute_started()
-        try:
-            wires = self._build_requests(message.requests, requests, states, responses)
-            if not requests:  # every request of the batch was refused alone
-                return
-            result = run_execute(self.model, requests, self.decoupled, self.loop, self.log_error, self.batched)
-            entries = check_return(result, requests, self.decoupled, self.instance)
-            for wire, state, entry in zip(wires, states, entries, strict=False):  # decoupled: no entries
-                if entry is not None and not state.final:
-                    self.requests.close(state)
-                    responses.append(response_to_wire(wire.rid, entry, _FINAL, set(wire.requested_outputs), self.s2p))
-            report_rescheduled(self, requests, states)  # pystub sequences: report them before EXECUTE_DONE
-        except BaseException as exc:  # noqa: BLE001 - sys.exit() in execute fails this batch only, as on Triton
-            text = failure_text(self.instance, exc)
-            self.log_error(f"{text}\n{format_traceback(exc)}")
-            error = error_to_wire(Status.INTERNAL, text)
-            for state in states:
-                self.requests.close(state)  # the backend fails every request that is still open
-            for response in responses:
-                self._free([t.handle for t in response.outputs])
-            responses = []
-        finally:
-            self.control.execute_finished()
-            self._send_done(message.batch_id, error, responses)
-
-    def _send_done(self, batch_id: int, error: Any, responses: list[Any]) -> None:
-        """EXECUTE_DONE; when it is over the frame limit and s2p has no room to spill it, the
-        batch fails with the arena's text instead (that frame always fits): the backend must hear
-        of every batch, or its requests would wait for their deadline."""
-        try:
-            self.send(msg.ExecuteDone(batch_id, error, responses))
-        except ArenaFullError as exc:
-            for response in responses:
-                self._free([t.handle for t in response.outputs])
-            self.send(msg.ExecuteDone(batch_id, error_to_wire(Status.INTERNAL, str(exc)), []))
-
-    def _build_requests(self, wires: list[msg.WireRequest], requests: list[Any], states: list[RequestState],
-                        responses: list[Any]) -> list[msg.WireRequest]:
-        """Fill `requests` and `states` for the wire requests that can be built; return those wires.
-
-        A request whose inputs cannot be read (a client region that shrank or was replaced under
-        it, a corrupt handle) is answered alone with INVALID_ARG in `responses`: it must not fail
-        the other requests of its batch."""
-        built: list[msg.WireRequest] = []
-        for wire in wires:
-            kept = self.rescheduled.take(wire.rid)  # pystub sequences: a rescheduled request runs as itself
-            if kept is not None:
-                requests.append(kept[0])
-                states.append(kept[1])
-                built.append(wire)
-                continue
-            sender, state = self.requests.make_sender(wire)
-            try:
-                request = build_request(wire, self.p2s, self.model_name, self.model_version, sender)
-            except ValueError as exc:
-                self.requests.close(state)
-                responses.append(msg.WireResponse(wire.rid, _FINAL, error_to_wire(Status.INVALID_ARG, str(exc)),
-                                                  [], "{}"))
-                continue
-            requests.append(request)
-            states.append(state)
-            built.append(wire)
-        return built
-
 
 async def _await(awaitable: Any) -> Any:
     return await awaitable
