@@ -54,8 +54,10 @@ HANDBACK = _Handback()
 class ReadOwnership:
     """The state shared by the main and receiver threads; see the module docstring."""
 
-    def __init__(self, poll: float = POLL) -> None:
+    def __init__(self, poll: float = POLL, idle_park: float = IDLE_PARK, park_check: float = PARK_CHECK) -> None:
         self._poll = poll
+        self._idle_park = idle_park
+        self._park_check = park_check
         self._lock = threading.Lock()
         # The receiver's doorbell (the state may have changed): a C-level queue, because the
         # receiver waits on it up to 100 times a second and an Event's Python-level wait costs more.
@@ -113,8 +115,8 @@ class ReadOwnership:
                 if self._busy:
                     last_busy = now
                 seen = self._turn if self._busy else -1
-                self._parked = not self._busy and now - last_busy > IDLE_PARK
-                timeout = PARK_CHECK if self._parked else self._poll
+                self._parked = not self._busy and now - last_busy > self._idle_park
+                timeout = self._park_check if self._parked else self._poll
             self._wait_for_bell(timeout)
 
     def _wait_for_bell(self, timeout: float) -> None:
