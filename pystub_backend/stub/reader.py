@@ -83,8 +83,8 @@ class ReadOwnership:
         with self._lock:
             self._busy, self._waiting = True, False
             self._turn += 1
-            wake, self._parked = self._parked, False
-        if wake:  # the first handler after a quiet spell: the receiver polls again
+            wake, self._parked = self._parked or self._wanted, False
+        if wake:  # the first handler after a quiet spell, or a reply is still awaited
             self._bell.put(None)
 
     def handler_finished(self) -> None:
@@ -93,11 +93,15 @@ class ReadOwnership:
 
     # -- any thread ----------------------------------------------------------------------------------
     def need_reader(self) -> None:
-        """A thread is about to wait for a frame: if nobody reads now, the receiver takes over at once."""
+        """A thread is about to wait for a frame: if nobody reads now, the receiver takes over at
+        once; if the main thread reads now, the receiver takes over as soon as it starts a handler
+        (the reply may come after that, while the handler runs)."""
         with self._lock:
-            if self._owner != _MAIN or not self._busy:
-                return  # someone reads already, or the main thread will as soon as it is idle
+            if self._owner != _MAIN:
+                return  # the receiver reads
             self._wanted = True
+            if not self._busy:
+                return  # the main thread reads; handler_started rings
         self._bell.put(None)
 
     # -- the receiver thread -------------------------------------------------------------------------

@@ -70,6 +70,15 @@ def test_a_thread_awaiting_a_reply_gets_a_reader_at_once() -> None:
     assert receiver.took_over_within(10.0)
 
 
+def test_a_reply_awaited_while_main_reads_gets_the_receiver_with_the_next_handler() -> None:
+    reading = ReadOwnership(poll=_LONG)
+    receiver = Receiver(reading)
+    reading.need_reader()  # a model's own thread sent a BLS request while main reads: main reads the reply...
+    assert not receiver.took_over_within(0.2)
+    reading.handler_started()  # ...unless main starts a long handler first
+    assert receiver.took_over_within(10.0)
+
+
 def test_reading_goes_back_only_to_a_main_thread_that_waits() -> None:
     reading = ReadOwnership(poll=_LONG)
     receiver = Receiver(reading)
