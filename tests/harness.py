@@ -269,6 +269,19 @@ def make_repository(directory: Path, *names: str) -> Path:
     return repository
 
 
+def assert_busy_port_refused(repository: Path, listener: str, port: int) -> None:
+    """A backend asked for `listener`'s (http, grpc) busy `port` without --reuse-*-port exits 1."""
+    others = [f"--{name}-port=0" for name in ("http", "grpc", "metrics") if name != listener]
+    refused = Backend(repository, f"--{listener}-port", str(port), expect_exit=True)
+    refused.args += others
+    refused.start()
+    try:
+        assert refused.wait_exit() == 1  # without the flag a busy port is an error
+        assert "failed to start a listener" in refused.log()
+    finally:
+        refused.stop(check=False)
+
+
 @contextlib.contextmanager
 def module_backend(backend: Backend) -> Iterator[Backend]:
     """Start a backend that outlives single tests (their leak checks ignore it); stop and check it
