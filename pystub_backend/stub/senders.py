@@ -107,10 +107,6 @@ class RequestRegistry:
             self._states[state.rid] = state
         return state
 
-    def make_sender(self, wire: WireRequest) -> tuple[Any, RequestState]:
-        state = self.open(wire)
-        return self.sender_of(state), state
-
     def sender_of(self, state: RequestState) -> Any:
         """The request's one sender, made on the first call (from any thread)."""
         with self._lock:
