@@ -14,7 +14,13 @@ from compare import environment, report, servers, stopping, targets
 from compare.runner import Plan, run_rounds
 
 SERVERS = ("pystub", "triton", "mlserver")
-CEILINGS = ("bare-http", "bare-grpc-aio", "bare-grpc-sync", "bare-grpc-reuse4")
+CEILINGS = ("bare-http", "bare-grpc-aio", "bare-grpc-sync", "bare-grpc-sync-hop", "bare-grpc-reuse4")
+# gRPC on HTTP/2 servers other than grpcio's (docs/grpc-candidates.md), under their own venv
+# (environment.ensure_candidates); the two that went furthest are measured by default, the rest
+# with `--ceilings all` or by name
+PYPI_CEILINGS = ("bare-grpc-native-aio", "bare-grpc-ngh2-asyncio", "bare-grpc-native-sync", "bare-grpc-native-front",
+                 "bare-grpclib", "bare-grpc-hypercorn", "bare-grpc-h2corn", "bare-grpc-ngh2")
+DEFAULT_CEILINGS = (*CEILINGS, *PYPI_CEILINGS[:2])
 LOADGENS = ("asyncio", "perf_analyzer", "prebuilt")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20}
 
@@ -50,9 +56,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=_list(convert=int), default=[1, 8, 32], help="default 1,8,32")
     parser.add_argument("--protocols", type=_list(("grpc", "http", "json")), default=["grpc", "http", "json"],
                         help="http: binary tensors; json: JSON tensors (asyncio only); default all three")
-    parser.add_argument("--ceilings", type=_list(("none", *CEILINGS)), default=list(CEILINGS),
-                        help="bare-frontend ceilings measured beside the servers (compare/bare.py); "
-                             "'none' for none; default all")
+    parser.add_argument("--ceilings", type=_list(("none", "all", *CEILINGS, *PYPI_CEILINGS)),
+                        default=list(DEFAULT_CEILINGS),
+                        help="bare-frontend ceilings measured beside the servers (compare/bare.py); 'none' for "
+                             f"none, 'all' adds the gRPC candidates from PyPI ({', '.join(PYPI_CEILINGS)}); "
+                             f"default {', '.join(DEFAULT_CEILINGS)}")
     parser.add_argument("--loadgen", type=_list(LOADGENS), default=list(LOADGENS),
                         help="asyncio (all servers), perf_analyzer (pystub, triton; binary tensors), prebuilt (JSON "
                              "tensors, the body serialised once: compare/prebuilt.py); default all three")
@@ -79,12 +87,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.rounds = rounds if args.rounds is None else max(1, args.rounds)
     args.seconds = seconds if args.seconds is None else args.seconds
     args.warmup = warmup if args.warmup is None else args.warmup
+    if "all" in args.ceilings:
+        args.ceilings = [*CEILINGS, *PYPI_CEILINGS]
     args.ceilings = [c for c in args.ceilings if c != "none"]
     return args
 
 
+def _candidates_python(args: argparse.Namespace, notes: list[str]) -> Path | None:
+    """The candidates' venv python when a PyPI ceiling is asked for; without it (not installed and
+    --no-install, or the install failed) those ceilings are dropped from `args` with a note."""
+    wanted = [name for name in args.ceilings if name in PYPI_CEILINGS]
+    if not wanted:
+        return None
+    try:
+        return environment.ensure_candidates(install=not args.no_install)
+    except SystemExit as error:
+        notes.append(f"ceilings {', '.join(wanted)} skipped: {error}")
+        args.ceilings = [name for name in args.ceilings if name not in wanted]
+        return None
+
+
 def _start(args: argparse.Namespace, env: environment.BenchEnv | None, repositories: dict[str, Path],
-           workdir: Path, started: list[servers.Server]) -> None:
+           workdir: Path, started: list[servers.Server], candidates: Path | None) -> None:
     """Start every requested server into `started` (so a failure still stops the others)."""
     for name in args.servers:
         if name == "pystub":
@@ -98,7 +122,7 @@ def _start(args: argparse.Namespace, env: environment.BenchEnv | None, repositor
                                             root=args.baseline.resolve(),
                                             cpus=args.baseline_cpus or args.pystub_cpus))
     for name in args.ceilings:
-        started.append(servers.start_bare(name, workdir))
+        started.append(servers.start_bare(name, workdir, candidates if name in PYPI_CEILINGS else None))
     try:
         servers.wait_ready(started)
     except RuntimeError as error:
@@ -128,7 +152,10 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     stopping.install()
     base = ["pystub-base"] if args.baseline else []
+    notes: list[str] = []
+    candidates = _candidates_python(args, notes)
     results = report.Results(servers=[*args.servers, *base, *args.ceilings])
+    results.notes.extend(notes)
     env = _environment(args, results)
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
@@ -137,7 +164,7 @@ def main(argv: list[str]) -> int:
         repositories = servers.write_repositories(workdir)
         started: list[servers.Server] = []
         try:
-            _start(args, env, repositories, workdir, started)
+            _start(args, env, repositories, workdir, started, candidates)
             for server in started:
                 print(f"started {server.name} pid {server.process.pid} (http {server.http_port}, grpc "
                       f"{server.grpc_port}; {', '.join(server.extensions)})", file=sys.stderr, flush=True)

@@ -160,10 +160,10 @@ def start_mlserver(env: BenchEnv, repositories: dict[str, Path], workdir: Path) 
     return Server("mlserver", process, http, grpc, workdir / "mlserver.log")
 
 
-def start_bare(name: str, workdir: Path) -> Server:
-    """A bare-frontend ceiling (compare/bare.py) under this interpreter (the project's .venv)."""
+def start_bare(name: str, workdir: Path, python: Path | None = None) -> Server:
+    """A bare-frontend ceiling (compare/bare.py) under `python` (default: this one, the project's .venv)."""
     http, grpc = free_ports(2)
-    command = [sys.executable, str(Path(__file__).with_name("bare.py")), name, str(http), str(grpc)]
+    command = [str(python or sys.executable), str(Path(__file__).with_name("bare.py")), name, str(http), str(grpc)]
     process = _spawn(name, command, workdir / f"{name}.log", dict(os.environ), workdir)
     return Server(name, process, http, grpc, workdir / f"{name}.log")
 
