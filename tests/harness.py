@@ -62,8 +62,10 @@ class Backend:
     # -- life cycle ----------------------------------------------------------------------------
     def command(self) -> list[str]:
         ports = [] if self.expect_exit else ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+        # PYSTUB_TEST_BACKEND_ARGS (e.g. "--frontend-workers=2") runs a test file's backends with more flags.
+        extra = os.environ.get("PYSTUB_TEST_BACKEND_ARGS", "").split() if not self.expect_exit else []
         return [*self.wrapper, sys.executable, "-m", "pystub_backend.backend", "--model-repository", self.repository,
-                *ports, *self.args]
+                *ports, *self.args, *extra]
 
     def start(self, timeout: float = 90.0) -> Backend:
         env = dict(os.environ, **(self.env or {}))
@@ -267,6 +269,19 @@ def make_repository(directory: Path, *names: str) -> Path:
             raise FileNotFoundError(f"no test or example model named '{name}'")
         shutil.copytree(source, repository / name)
     return repository
+
+
+def assert_busy_port_refused(repository: Path, listener: str, port: int) -> None:
+    """A backend asked for `listener`'s (http, grpc) busy `port` without --reuse-*-port exits 1."""
+    others = [f"--{name}-port=0" for name in ("http", "grpc", "metrics") if name != listener]
+    refused = Backend(repository, f"--{listener}-port", str(port), expect_exit=True)
+    refused.args += others
+    refused.start()
+    try:
+        assert refused.wait_exit() == 1  # without the flag a busy port is an error
+        assert "failed to start a listener" in refused.log()
+    finally:
+        refused.stop(check=False)
 
 
 @contextlib.contextmanager

@@ -99,6 +99,8 @@ def _add_listener_flags(add: _Adder) -> None:
     add("--http-max-input-size", type=int, default=64 * 2**20)
     add("--http-header-timeout-secs", type=values.non_negative_seconds, default=30.0, metavar="SECONDS")
     add("--http-body-timeout-secs", type=values.non_negative_seconds, default=60.0, metavar="SECONDS")
+    add("--frontend-workers", type=values.non_negative_int, default=0, metavar="N",
+        help="worker processes serving the HTTP and gRPC ports (0: this process serves them)")
     add("--reuse-http-port", type=values.parse_bool, default=False, metavar="BOOL")
     add("--http-restricted-api", action="append", default=[], metavar="API[,API...],KEY=VALUE")
     add("--reuse-grpc-port", type=values.parse_bool, default=False, metavar="BOOL")
@@ -268,6 +270,8 @@ def parse_args(argv: list[str]) -> ServerOptions:
         parser.error(str(exc))
     options = _base_options(args, settings)
     options.grpc = _grpc_options(args, parser)
+    options.frontend_workers = args.frontend_workers
+    options.argv = list(argv)
     try:
         _composite_options(options, args)
     except argparse.ArgumentTypeError as exc:

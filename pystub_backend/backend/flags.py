@@ -164,6 +164,9 @@ PYSTUB_FLAGS: tuple[Flag, ...] = (
          "a request head (or an idle new connection) not complete after this many seconds is closed; 0: no limit"),
     Flag("--http-body-timeout-secs", "60", _I,
          "a request body not complete after this many seconds, plus one per 64 KiB received, is closed; 0: no limit"),
+    Flag("--frontend-workers", "2", _I,
+         "worker processes serve the HTTP and gRPC ports (SO_REUSEPORT) and send inference to this process; "
+         "0 (the default): this process serves them (docs/frontend-workers.md)"),
 )
 
 _BY_NAME = {flag.name: flag for flag in FLAGS + PYSTUB_FLAGS}

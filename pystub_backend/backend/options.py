@@ -60,6 +60,7 @@ class GrpcOptions:
     restrictions: Restrictions = field(default_factory=dict)
     header_forward_pattern: re.Pattern[str] | None = None  # metadata forwarded as request parameters
     remote_control: frozenset[str] = frozenset()  # --allow-remote-control: groups any peer may change
+    trust_internal_peer: bool = False  # the core's private socket behind frontend workers (access.INTERNAL_PEER)
 
 
 @dataclass
@@ -108,3 +109,6 @@ class ServerOptions:
     deprecated: list[str] = field(default_factory=list)  # the --trace-<name> flags given, logged at start-up
     # Flags accepted without effect, in the order given: logged once at start-up.
     ignored: list[str] = field(default_factory=list)
+    # --frontend-workers: worker processes serving the public HTTP/gRPC ports (0: this process does)
+    frontend_workers: int = 0
+    argv: list[str] = field(default_factory=list)  # the command line, which frontend workers parse again

@@ -19,6 +19,7 @@ from pystub_backend.backend.core import Core, CoreOptions
 from pystub_backend.backend.features.response_cache import CacheConfigError
 from pystub_backend.backend.frontends.http.access_log import HttpAccessLogger
 from pystub_backend.backend.frontends.http.timeouts import ReadTimeouts, TimedAppRunner
+from pystub_backend.backend.frontends.workers.pool import WorkerStartError
 from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
 from pystub_backend.backend.models.repository import RepositoryError
 from pystub_backend.backend.options import GrpcOptions, ServerOptions
@@ -64,6 +65,10 @@ class Listeners:
         log.info("Started GRPCInferenceService at %s:%d", address, listener.port)
         return listener.port
 
+    def add_stopper(self, stop: Callable[[], Awaitable[Any]]) -> None:
+        """Run `stop` at shutdown (in reverse order of adding)."""
+        self._stoppers.append(stop)
+
     async def stop(self) -> None:
         for stop in reversed(self._stoppers):
             try:
@@ -78,10 +83,12 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
     from pystub_backend.backend.frontends.http.server import create_http_app
     from pystub_backend.backend.frontends.metrics import create_metrics_app
     read_timeouts = ReadTimeouts(options.http_header_timeout_secs, options.http_body_timeout_secs)
-    if options.allow_grpc:
+    if options.frontend_workers:  # workers serve the public ports; the core keeps the metrics port
+        await _start_frontend_workers(core, options, listeners)
+    if options.allow_grpc and not options.frontend_workers:
         await listeners.start_grpc(core, options.grpc_address, options.grpc_port, options.settings.exit_timeout_seconds,
                                    options.grpc)
-    if options.allow_http:
+    if options.allow_http and not options.frontend_workers:
         app = create_http_app(core, max_input_size=options.http_max_input_size,
                               restrictions=options.http_restrictions,
                               header_forward_pattern=options.http_header_forward_pattern,
@@ -93,6 +100,24 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
         metrics_app = create_metrics_app(core, options.metrics_interval_ms, options.allow_cpu_metrics)
         await listeners.start_http(metrics_app, options.metrics_address, options.metrics_port, "Metrics Service",
                                    options.settings.exit_timeout_seconds, read_timeouts=read_timeouts)
+
+
+async def _start_frontend_workers(core: Core, options: ServerOptions, listeners: Listeners) -> None:
+    """The core's full apps on private sockets, and the workers on the public ports (issue 20)."""
+    from pystub_backend.backend.frontends.admin import admin_routes
+    from pystub_backend.backend.frontends.http.server import create_http_app
+    from pystub_backend.backend.frontends.workers import FrontendWorkers
+    app = create_http_app(core, max_input_size=options.http_max_input_size, restrictions=options.http_restrictions,
+                          header_forward_pattern=options.http_header_forward_pattern,
+                          remote_control=options.remote_control, tracer=core.tracer, trust_internal_peer=True)
+    app.add_routes(admin_routes(core))
+    workers = FrontendWorkers(core, core.tracer, options)
+    listeners.add_stopper(workers.stop)  # before start: a failed start still cleans up
+    http_port, grpc_port = await workers.start(app)
+    if options.allow_grpc:
+        log.info("Started GRPCInferenceService at %s:%d", options.grpc_address, grpc_port)
+    if options.allow_http:
+        log.info("Started HTTPService at %s:%d", options.http_address, http_port)
 
 
 def _core(options: ServerOptions) -> Core:
@@ -150,7 +175,7 @@ async def serve(options: ServerOptions) -> int:
             return 1
         try:
             await _open_listeners(core, options, listeners)
-        except OSError as exc:
+        except (OSError, WorkerStartError) as exc:
             log.error("failed to start a listener: %s", exc)
             return 1
         await stop.wait()

@@ -105,6 +105,8 @@ def run_execute(model: Any, requests: list[Any], decoupled: bool, loop: Instance
         return batched.run(model, requests, lambda awaitable: loop.submit(_as_coroutine(awaitable)).result(),
                            log_error)
     result = model.execute(requests)
+    if result is None or type(result) is list:  # the common return: nothing to await
+        return result
     if inspect.isawaitable(result):
         future = loop.submit(_as_coroutine(result))
         if decoupled:

@@ -12,6 +12,9 @@ which calls each feature module's `register(handlers)`. A feature registers:
                                          phase: "initializing" (before the model's `initialize`),
                                          "ready" (after it succeeded), "finalizing" (before
                                          `finalize`); features install and remove pb_utils hooks there
+    handlers.awaits_reply(Kind)          a frame of `Kind` the stub sends is answered by a frame
+                                         that some thread waits for (BLS, metric queries...): when
+                                         it goes out, a thread must read the channel (stub/reader.py)
     handlers.before_send(hook)           `hook(stub, message)` runs on the sending thread just before
                                          each frame the stub sends (it may send frames of its own
                                          first, e.g. buffered metric changes, so that they reach the
@@ -42,6 +45,7 @@ class StubHandlers:
         self._main: dict[type, Handler] = {}
         self._phase_hooks: dict[str, list[PhaseHook]] = {phase: [] for phase in PHASES}
         self._send_hooks: list[Handler] = []
+        self._reply_kinds: set[type] = set()
 
     # -- registration (features' `register(handlers)`) ---------------------------------------------
     def on_receiver(self, kind: type, handler: Handler) -> None:
@@ -57,6 +61,10 @@ class StubHandlers:
         if phase not in self._phase_hooks:
             raise ValueError(f"unknown stub phase {phase!r}; expected one of {PHASES}")
         self._phase_hooks[phase].append(hook)
+
+    def awaits_reply(self, kind: type) -> None:
+        """Frames of `kind` that the stub sends are answered by a frame some thread waits for."""
+        self._reply_kinds.add(kind)
 
     def before_send(self, hook: Handler) -> None:
         """Run `hook(stub, message)` before each frame the stub sends (any thread)."""
@@ -77,6 +85,10 @@ class StubHandlers:
     def handled_kinds(self) -> set[type]:
         """Every message class some feature handles."""
         return set(self._receiver) | set(self._main)
+
+    def reply_kinds(self) -> frozenset[type]:
+        """The kinds registered with `awaits_reply` (the stub reads them once, at start)."""
+        return frozenset(self._reply_kinds)
 
     def send_hooks(self) -> tuple[Handler, ...]:
         """The before-send hooks in registration order (the stub reads them once, at start)."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from pystub_backend.ipc.arena import ArenaWriter
@@ -30,25 +29,47 @@ CREDIT_WINDOW = 64  # the backend's ResponseStream uses the same number
 _FINAL = msg.RESPONSE_FINAL
 
 
-@dataclass
 class RequestState:
-    rid: int
-    requested: set[str]
-    final: bool = False
-    cancelled: bool = False
-    # Made on first use (RequestRegistry.credits_of): only a model that sends through the sender
-    # (decoupled, or answering early) uses credits; a semaphore per request cost the rest ~2-3 us.
-    credits: threading.Semaphore | None = None
+    """One request in flight; also its request's `SenderSource` (pb_utils asks it for the sender
+    when the model first wants one). Slotted, and weakly referable (client_shm ties a request's
+    output regions to it)."""
+
+    __slots__ = ("rid", "requested", "registry", "final", "cancelled", "credits", "response_sender",
+                 "__weakref__")
+
+    def __init__(self, rid: int, requested: set[str], registry: RequestRegistry | None = None,
+                 final: bool = False) -> None:
+        self.rid = rid
+        self.requested = requested
+        self.registry = registry
+        self.final = final
+        self.cancelled = False
+        # Made on first use (RequestRegistry.credits_of): only a model that sends through the sender
+        # (decoupled, or answering early) uses credits; a semaphore per request cost the rest ~2-3 us.
+        self.credits: threading.Semaphore | None = None
+        # Made on first use too (RequestRegistry.sender_of): the closure, the sender and its weakref
+        # finalizer cost ~5 us, and a model that returns its responses never asks for the sender.
+        # Weak: the request holds its sender, whose finalizer must run when the request is dropped.
+        self.response_sender: weakref.ref[Any] | None = None
+
+    def sender(self) -> Any:
+        assert self.registry is not None
+        return self.registry.sender_of(self)
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
 
 
 class RequestRegistry:
     def __init__(self, instance: str, send: Callable[[Any], None], writer: ArenaWriter,
-                 decoupled: Callable[[], bool], send_timeout: float) -> None:
+                 decoupled: Callable[[], bool], send_timeout: float,
+                 need_reader: Callable[[], None] = lambda: None) -> None:
         self._instance = instance
         self._send = send
         self._writer = writer
         self._decoupled = decoupled
         self._send_timeout = send_timeout
+        self._need_reader = need_reader  # credits arrive in RELEASE frames: someone must read them
         self._states: dict[int, RequestState] = {}
         self._lock = threading.Lock()
 
@@ -79,11 +100,23 @@ class RequestRegistry:
         return state.credits
 
     # -- requests ------------------------------------------------------------------------------------
-    def make_sender(self, wire: WireRequest) -> tuple[Any, RequestState]:
-        state = RequestState(rid=wire.rid, requested=set(wire.requested_outputs))
+    def open(self, wire: WireRequest) -> RequestState:
+        """The state of a request that arrived; its sender is made when first asked for (`sender_of`)."""
+        state = RequestState(wire.rid, set(wire.requested_outputs), self)
         with self._lock:
             self._states[state.rid] = state
+        return state
 
+    def sender_of(self, state: RequestState) -> Any:
+        """The request's one sender, made on the first call (from any thread)."""
+        with self._lock:
+            sender = state.response_sender() if state.response_sender is not None else None
+            if sender is None:
+                sender = self._make_sender(state)
+                state.response_sender = weakref.ref(sender)
+            return sender
+
+    def _make_sender(self, state: RequestState) -> Any:
         def send(response: Any, flags: int) -> None:
             self._send_response(state, response, flags)
 
@@ -91,13 +124,13 @@ class RequestRegistry:
         # pystub goes further than Triton (API.md 7): a sender dropped before FINAL fails its
         # request instead of leaving the client waiting forever.
         weakref.finalize(sender, self._sender_dropped, state).atexit = False
-        return sender, state
+        return sender
 
     def _send_response(self, state: RequestState, response: Any, flags: int) -> None:
         if state.final:  # failed on the model's behalf (stalled client), or already answered
             raise pb_utils.TritonModelException("Unable to send response. Response sender has been closed.")
         carries_data = response is not None and not response.has_error() and not state.cancelled
-        if carries_data and not self.credits_of(state).acquire(timeout=self._send_timeout):
+        if carries_data and not self._take_credit(state):
             text = (f"Unable to send response: the client has not read the last {CREDIT_WINDOW} responses of "
                     f"this request for {self._send_timeout:g} s.")
             self._fail(state, text)  # the client learns why, whatever the model does next
@@ -105,6 +138,13 @@ class RequestRegistry:
         self._send(msg.Response(response_to_wire(state.rid, response, flags, state.requested, self._writer)))
         if flags & _FINAL:
             self.close(state)
+
+    def _take_credit(self, state: RequestState) -> bool:
+        credits = self.credits_of(state)
+        if credits.acquire(blocking=False):
+            return True
+        self._need_reader()
+        return credits.acquire(timeout=self._send_timeout)
 
     def close(self, state: RequestState) -> None:
         """The request got its final response (sent, returned, or failed by the batch)."""

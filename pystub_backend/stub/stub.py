@@ -1,10 +1,11 @@
 """The stub process: one model instance, driven by the backend over a channel and two arenas.
 
 Threads:
-    main       runs the work queue: AutoComplete, Init, Execute, Finalize (model code runs here)
-    receiver   reads frames; frees s2p handles on Release at once (even while execute runs),
+    main       runs AutoComplete, Init, Execute, Finalize (model code runs here); while idle it
+               reads the channel itself (no thread hand-off per request, stub/reader.py)
+    receiver   reads the channel while main is busy: frees s2p handles on Release at once,
                reads SPILLED frames (over the frame limit) out of p2s and releases them,
-               queues everything else for main
+               queues main's work for it in arrival order
     heartbeat  liveness.Heartbeat
     async      event_loop.InstanceLoop, on first `async def execute`
 """
@@ -24,25 +25,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from pystub_backend.ipc import spill
-from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
+from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import BlockingChannel, ChannelClosedError
 from pystub_backend.ipc.control_block import ControlBlock, StubState
 from pystub_backend.ipc.exit_codes import StubExitCode
 from pystub_backend.ipc.isolation import forbid_inspection
 from pystub_backend.ipc.messages import core as msg
-from pystub_backend.ipc.status import Status
 from pystub_backend.stub import output_buffers, pb_utils
 from pystub_backend.stub.batched import BatchedExecute, has_execute_batch
 from pystub_backend.stub.event_loop import InstanceLoop, unwrap
-from pystub_backend.stub.executor import check_return, failure_text, format_traceback, model_frames, run_execute
+from pystub_backend.stub.execute_batch import run_batch
+from pystub_backend.stub.executor import format_traceback, model_frames
 from pystub_backend.stub.features.install import install_features
-from pystub_backend.stub.features.sequences import RescheduledRequests, report_rescheduled
+from pystub_backend.stub.features.sequences import RescheduledRequests
 from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.liveness import Heartbeat, ignore_termination_signals, set_parent_death_signal
 from pystub_backend.stub.loader import LoadError, load_model_class
 from pystub_backend.stub.pb_utils import _runtime
-from pystub_backend.stub.senders import RequestRegistry, RequestState
-from pystub_backend.stub.translate import build_request, error_to_wire, response_to_wire
+from pystub_backend.stub.reader import HANDBACK, PARK_CHECK, POLL, ReadOwnership
+from pystub_backend.stub.senders import RequestRegistry
 
 __all__ = ["StubOptions", "Stub"]
 
@@ -78,7 +79,8 @@ class Stub:
         self.s2p = ArenaWriter(options.base, "s2p", options.shm_default, options.shm_growth)
         # Arenas have no names: p2s segments arrive with the backend's frames, s2p ones leave with ours.
         self.channel.carry_segments(self.s2p, self.p2s)
-        self.work: queue.SimpleQueue[Any] = queue.SimpleQueue()  # C-level: the per-request hand-off
+        self.work: queue.SimpleQueue[Any] = queue.SimpleQueue()  # frames the receiver read for main
+        self.reading = ReadOwnership()  # who reads the channel now: main when idle, else the receiver
         self.loop = InstanceLoop(self.log_error)
         self.model: Any = None
         self.model_name = ""
@@ -89,15 +91,18 @@ class Stub:
         self.handlers = StubHandlers()
         install_features(self.handlers)
         self._send_hooks = self.handlers.send_hooks()
+        self._reply_kinds = self.handlers.reply_kinds()
         self.boot_failure: StubExitCode | None = None  # set when INIT failed: the stub then exits with it
         output_buffers.install(self.s2p)  # pb_utils.new_output_array
         self.requests = RequestRegistry(self.instance, self.send, self.s2p, lambda: self.decoupled,
-                                        options.send_timeout)
+                                        options.send_timeout, self.reading.need_reader)
 
     # -- plumbing ------------------------------------------------------------------------------
     def send(self, message: Any) -> None:
         for hook in self._send_hooks:  # e.g. buffered metric changes go out before this frame
             hook(self, message)
+        if type(message) in self._reply_kinds:  # its answer must be read even while main is busy
+            self.reading.need_reader()
         frame = msg.encode(message)
         if not spill.fits(frame):  # e.g. a response with megabytes of parameters: it goes in s2p
             frame, handle = spill.spill(frame, self.s2p)
@@ -118,27 +123,46 @@ class Stub:
     def log_error(self, text: str) -> None:
         self.log(_LOG_ERROR, text, "pb_stub", 0)
 
+    def _read(self, timeout: float) -> Any:
+        """The next frame as a message, or None when none arrived within `timeout` s or it was
+        corrupt (logged). Raises ChannelClosedError. Only the thread that owns reading calls it."""
+        frame = self.channel.recv(timeout)
+        if frame is None:
+            return None
+        try:
+            message = msg.decode(frame)
+            if type(message) is msg.Spilled:
+                message = self._unspill(message)
+        except msg.MessageDecodeError as exc:
+            self.log_error(f"stub '{self.instance}' dropped a corrupt frame: {exc}")
+            return None
+        return message
+
     def _receive(self) -> None:
+        """The receiver thread: reads while the main thread is busy (pystub_backend.stub.reader)."""
         while True:
-            try:
-                frame = self.channel.recv(1.0)
-            except ChannelClosedError:
-                self.work.put(None)
-                return
-            if frame is None:
-                continue
-            try:
-                message = msg.decode(frame)
-                if type(message) is msg.Spilled:
-                    message = self._unspill(message)
-            except msg.MessageDecodeError as exc:
-                self.log_error(f"stub '{self.instance}' dropped a corrupt frame: {exc}")
-                continue
-            try:
-                self._dispatch(message)
-            except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the receiver
-                self.log_error(f"stub '{self.instance}' dropped a malformed {type(message).__name__} frame: "
-                               f"{type(exc).__name__}: {exc}")
+            self.reading.wait_for_turn()
+            while True:
+                try:
+                    message = self._read(POLL)
+                except ChannelClosedError:
+                    self.work.put(None)
+                    return
+                if message is not None and self._on_frame(message):
+                    self.work.put(message)
+                if self.reading.give_back():
+                    self.work.put(HANDBACK)
+                    break
+
+    def _on_frame(self, message: Any) -> bool:
+        """Act on a frame at once; True when it is the main thread's work (AutoComplete, Init,
+        Execute, Finalize, features' main-thread kinds), to run in arrival order."""
+        try:
+            return self._dispatch(message)
+        except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the reader
+            self.log_error(f"stub '{self.instance}' dropped a malformed {type(message).__name__} frame: "
+                           f"{type(exc).__name__}: {exc}")
+            return False
 
     def _unspill(self, message: msg.Spilled) -> Any:
         """The message a SPILLED frame names in p2s; the backend frees its bytes on our RELEASE."""
@@ -150,23 +174,28 @@ class Stub:
         except (ChannelClosedError, OSError):
             pass  # the backend is gone: its arena goes with it
 
-    def _dispatch(self, message: Any) -> None:
-        """Act on one frame on the receiver thread, or queue it for the main thread."""
-        if isinstance(message, msg.Release):
-            self._free(message.handles)
+    def _dispatch(self, message: Any) -> bool:
+        """Act on one frame on the reading thread (it must not block); True for main-thread work."""
+        kind = type(message)
+        if kind is msg.Execute:  # the common frame first
+            return True
+        if kind is msg.Release:
+            self.free(message.handles)
             self.requests.on_credits(message.credits)
-        elif isinstance(message, msg.Cancel):
+        elif kind is msg.Cancel:
             self.requests.on_cancel(message.rids)
-        elif (feature := self.handlers.receiver_handler(type(message))) is not None:
+        elif (feature := self.handlers.receiver_handler(kind)) is not None:
             feature(self, message)
-        elif isinstance(message, msg.IsReady):
+        elif kind is msg.IsReady:
             # Readiness is asked while execute may run: answer from a thread of its own.
             threading.Thread(target=self._is_ready, args=(message.token,), daemon=True,
                              name="pystub-is-ready").start()
         else:
-            self.work.put(message)
+            return True  # the main thread says it has no handler for it
+        return False
 
-    def _free(self, handles: list[list[int]]) -> None:
+    def free(self, handles: list[list[int]]) -> None:
+        """Free s2p handles the backend released (or that never left); an unknown one is logged."""
         for handle in handles:
             try:
                 self.s2p.free(handle)
@@ -183,26 +212,55 @@ class Stub:
         handlers: dict[type, Callable[[Any], None]] = {msg.AutoComplete: self._auto_complete, msg.Init: self._init,
                     msg.Execute: self._execute, msg.Finalize: self._finalize}
         while True:
-            message = self.work.get()
+            message = self._next_work()
             if message is None:  # the backend closed the channel: it is gone or gave up on us
                 sys.stderr.write("Non-graceful termination detected.\n")
                 return StubExitCode.CHANNEL_CLOSED
             handler = handlers.get(type(message))
+            self.reading.handler_started()
             try:
                 if handler is not None:
                     handler(message)
                 else:
-                    feature = self.handlers.main_handler(type(message))
-                    if feature is None:
-                        self.log_error(f"stub '{self.instance}' has no handler for {type(message).__name__}")
-                    else:
-                        feature(self, message)
+                    self._run_feature(message)
             except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the stub
                 self.log_error(f"stub '{self.instance}' dropped a malformed {type(message).__name__} frame: "
                                f"{type(exc).__name__}: {exc}")
+            finally:
+                self.reading.handler_finished()
             if isinstance(message, (msg.Finalize, msg.AutoComplete)) or self.boot_failure is not None:
                 heartbeat.stop()
                 return self.boot_failure or StubExitCode.OK
+
+    def _next_work(self) -> Any:
+        """The main thread's next message (None: the channel closed). Frames the receiver queued
+        come first, in order; then, when reading is the main thread's, it reads the channel itself
+        and acts on frames that are not its work at once (pystub_backend.stub.reader)."""
+        while True:
+            if self.reading.main_may_read():
+                if not self.work.empty():
+                    message = self.work.get_nowait()
+                else:
+                    try:
+                        message = self._read(PARK_CHECK)
+                    except ChannelClosedError:
+                        return None
+                    if message is None or not self._on_frame(message):
+                        continue
+            else:
+                try:
+                    message = self.work.get(timeout=PARK_CHECK)
+                except queue.Empty:
+                    continue
+            if message is not HANDBACK:
+                return message
+
+    def _run_feature(self, message: Any) -> None:
+        feature = self.handlers.main_handler(type(message))
+        if feature is None:
+            self.log_error(f"stub '{self.instance}' has no handler for {type(message).__name__}")
+        else:
+            feature(self, message)
 
     def _log_from_model(self, level: int, message: str, filename: str, lineno: int) -> None:
         self.log(level, message, filename, lineno)
@@ -257,6 +315,9 @@ class Stub:
         self.handlers.notify_phase(self, "ready")
         self.send(msg.InitDone(None, None, callable(getattr(self.model, "is_ready", None))))
 
+    def _execute(self, message: msg.Execute) -> None:
+        run_batch(self, message)
+
     def _finalize(self, message: msg.Finalize) -> None:
         self.control.set_state(StubState.FINALIZING)
         self.handlers.notify_phase(self, "finalizing")
@@ -291,78 +352,6 @@ class Stub:
             self.send(msg.IsReadyDone(token, ready, error))
         except (ChannelClosedError, OSError):
             pass
-
-    # -- execute -------------------------------------------------------------------------------
-    def _execute(self, message: msg.Execute) -> None:
-        self._free(message.releases)
-        requests: list[Any] = []
-        states: list[RequestState] = []
-        responses: list[Any] = []
-        error = None
-        self.control.execute_started()
-        try:
-            wires = self._build_requests(message.requests, requests, states, responses)
-            if not requests:  # every request of the batch was refused alone
-                return
-            result = run_execute(self.model, requests, self.decoupled, self.loop, self.log_error, self.batched)
-            entries = check_return(result, requests, self.decoupled, self.instance)
-            for wire, state, entry in zip(wires, states, entries, strict=False):  # decoupled: no entries
-                if entry is not None and not state.final:
-                    self.requests.close(state)
-                    responses.append(response_to_wire(wire.rid, entry, _FINAL, set(wire.requested_outputs), self.s2p))
-            report_rescheduled(self, requests, states)  # pystub sequences: report them before EXECUTE_DONE
-        except BaseException as exc:  # noqa: BLE001 - sys.exit() in execute fails this batch only, as on Triton
-            text = failure_text(self.instance, exc)
-            self.log_error(f"{text}\n{format_traceback(exc)}")
-            error = error_to_wire(Status.INTERNAL, text)
-            for state in states:
-                self.requests.close(state)  # the backend fails every request that is still open
-            for response in responses:
-                self._free([t.handle for t in response.outputs])
-            responses = []
-        finally:
-            self.control.execute_finished()
-            self._send_done(message.batch_id, error, responses)
-
-    def _send_done(self, batch_id: int, error: Any, responses: list[Any]) -> None:
-        """EXECUTE_DONE; when it is over the frame limit and s2p has no room to spill it, the
-        batch fails with the arena's text instead (that frame always fits): the backend must hear
-        of every batch, or its requests would wait for their deadline."""
-        try:
-            self.send(msg.ExecuteDone(batch_id, error, responses))
-        except ArenaFullError as exc:
-            for response in responses:
-                self._free([t.handle for t in response.outputs])
-            self.send(msg.ExecuteDone(batch_id, error_to_wire(Status.INTERNAL, str(exc)), []))
-
-    def _build_requests(self, wires: list[msg.WireRequest], requests: list[Any], states: list[RequestState],
-                        responses: list[Any]) -> list[msg.WireRequest]:
-        """Fill `requests` and `states` for the wire requests that can be built; return those wires.
-
-        A request whose inputs cannot be read (a client region that shrank or was replaced under
-        it, a corrupt handle) is answered alone with INVALID_ARG in `responses`: it must not fail
-        the other requests of its batch."""
-        built: list[msg.WireRequest] = []
-        for wire in wires:
-            kept = self.rescheduled.take(wire.rid)  # pystub sequences: a rescheduled request runs as itself
-            if kept is not None:
-                requests.append(kept[0])
-                states.append(kept[1])
-                built.append(wire)
-                continue
-            sender, state = self.requests.make_sender(wire)
-            try:
-                request = build_request(wire, self.p2s, self.model_name, self.model_version, sender)
-            except ValueError as exc:
-                self.requests.close(state)
-                responses.append(msg.WireResponse(wire.rid, _FINAL, error_to_wire(Status.INVALID_ARG, str(exc)),
-                                                  [], "{}"))
-                continue
-            requests.append(request)
-            states.append(state)
-            built.append(wire)
-        return built
-
 
 async def _await(awaitable: Any) -> Any:
     return await awaitable

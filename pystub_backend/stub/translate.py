@@ -11,7 +11,7 @@ a request's `output_regions` is set only when some output goes to a client regio
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pystub_backend.ipc import tensors
 from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
@@ -20,6 +20,9 @@ from pystub_backend.ipc.status import Status
 from pystub_backend.ipc.tensors import RegionTooSmallError
 from pystub_backend.stub import output_buffers, pb_utils
 from pystub_backend.stub.features import client_shm
+
+if TYPE_CHECKING:
+    from pystub_backend.stub.senders import RequestState  # senders imports this module
 
 __all__ = ["build_request", "response_to_wire", "error_to_wire"]
 
@@ -33,10 +36,11 @@ def error_to_wire(code: int, message: str) -> WireError:
 
 
 def build_request(wire: WireRequest, reader: ArenaReader, model_name: str, model_version: int,
-                  sender: Any) -> Any:
-    """A `pb_utils.InferenceRequest` for the wire request. Raises ValueError for a corrupt one."""
+                  state: RequestState) -> Any:
+    """A `pb_utils.InferenceRequest` for the wire request; its sender comes from `state` when the
+    model first asks for it. Raises ValueError for a corrupt one."""
     if wire.output_regions:
-        client_shm.expect_outputs(wire.rid, sender, wire.output_regions)
+        client_shm.expect_outputs(wire.rid, state, wire.output_regions)
     # BF16 arrives as its raw uint16 bits; the datatype keeps it BF16 (as_numpy refuses it, DLPack
     # exports bfloat16), as on Triton.
     inputs = [pb_utils.Tensor._from_array(t.name, tensors.to_array(reader, t, client_shm.REGIONS),
@@ -45,8 +49,8 @@ def build_request(wire: WireRequest, reader: ArenaReader, model_name: str, model
     return pb_utils.InferenceRequest._from_server(
         inputs=inputs, request_id=wire.id, correlation_id=wire.correlation_id, flags=wire.flags,
         timeout=wire.timeout_us, parameters_json=wire.parameters_json,
-        requested_output_names=set(wire.requested_outputs),
-        model_name=model_name, model_version=model_version, response_sender=sender,
+        requested_output_names=set(state.requested),
+        model_name=model_name, model_version=model_version, sender_source=state,
         trace_context=wire.trace_context)
 
 

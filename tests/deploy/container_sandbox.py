@@ -11,6 +11,7 @@ namespace by bind-mounting only the entries needed into a world-readable layer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,9 +19,12 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from harness import ROOT, Backend
+import pytest
+from harness import ROOT, Backend, make_repository
 
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 UID = 1000
@@ -79,6 +83,26 @@ def sandbox_wrapper(scratch: Path, repository: Path) -> list[str]:
 
 def probe(wrapper: list[str], *command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*wrapper, *command], capture_output=True, text=True, timeout=60, cwd="/")
+
+
+@contextlib.contextmanager
+def sandboxed_repository(prefix: str, *models: str) -> Iterator[tuple[Path, list[str]]]:
+    """(repository of `models`, command prefix) in a scratch directory uid 1000 can read; skips the
+    test when this machine cannot make the sandbox; removes the scratch directory afterwards."""
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    scratch.chmod(0o755)
+    try:
+        repository = make_repository(scratch, *models)
+        for path in [repository, *repository.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        wrapper = sandbox_wrapper(scratch, repository)
+        check = probe(wrapper, "true")
+        if check.returncode != 0:
+            pytest.skip(f"cannot make the container sandbox here (unshare --mount, tmpfs, setpriv): "
+                        f"{check.stderr[-400:]}")
+        yield repository, wrapper
+    finally:
+        subprocess.run(["rm", "-rf", str(scratch)], timeout=60, check=False)
 
 
 class ContainerBackend(Backend):

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,8 +23,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from container_sandbox import SHM_BYTES, UID, ContainerBackend, probe, sandbox_wrapper, unavailable
-from harness import make_repository
+from container_sandbox import SHM_BYTES, UID, ContainerBackend, sandboxed_repository, unavailable
 
 REASON = unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -37,20 +34,8 @@ BIG = 256 * MIB
 
 @pytest.fixture()
 def sandbox() -> Iterator[tuple[Path, list[str]]]:
-    scratch = Path(tempfile.mkdtemp(prefix="pystub-memfd-"))
-    scratch.chmod(0o755)
-    try:
-        repository = make_repository(scratch, "identity_fp32", "arena_prober")
-        for path in [repository, *repository.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        wrapper = sandbox_wrapper(scratch, repository)
-        check = probe(wrapper, "true")
-        if check.returncode != 0:
-            pytest.skip(f"cannot make the container sandbox here (unshare --mount, tmpfs, setpriv): "
-                        f"{check.stderr[-400:]}")
-        yield repository, wrapper
-    finally:
-        subprocess.run(["rm", "-rf", str(scratch)], timeout=60, check=False)
+    with sandboxed_repository("pystub-memfd-", "identity_fp32", "arena_prober") as sandbox:
+        yield sandbox
 
 
 def _dev_shm(backend: ContainerBackend) -> list[str]:

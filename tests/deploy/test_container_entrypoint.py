@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -21,10 +20,9 @@ from container_sandbox import (
     ContainerBackend,
     dockerfile_instruction,
     probe,
-    sandbox_wrapper,
+    sandboxed_repository,
     unavailable,
 )
-from harness import make_repository
 
 REASON = unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -32,20 +30,8 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 @pytest.fixture()
 def sandbox() -> Iterator[tuple[Path, list[str]]]:
-    scratch = Path(tempfile.mkdtemp(prefix="pystub-container-"))
-    scratch.chmod(0o755)
-    try:
-        repository = make_repository(scratch, "identity_fp32", "add_sub", "slow")
-        for path in [repository, *repository.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        wrapper = sandbox_wrapper(scratch, repository)
-        check = probe(wrapper, "true")
-        if check.returncode != 0:
-            pytest.skip(f"cannot make the container sandbox here (unshare --mount, tmpfs, setpriv): "
-                        f"{check.stderr[-400:]}")
-        yield repository, wrapper
-    finally:
-        subprocess.run(["rm", "-rf", str(scratch)], timeout=60, check=False)
+    with sandboxed_repository("pystub-container-", "identity_fp32", "add_sub", "slow") as sandbox:
+        yield sandbox
 
 
 def _identity(url: str, data: np.ndarray) -> np.ndarray:

@@ -16,31 +16,18 @@ tests/unit/test_access.py).
 from __future__ import annotations
 
 import json
-import socket
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import numpy as np
-import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from harness import Backend, make_repository, module_backend
+from net import http_json, non_loopback_ipv4
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-
-def _remote_address() -> str | None:
-    """A non-loopback IPv4 address of this machine, None when it has none."""
-    for addresses in psutil.net_if_addrs().values():
-        for address in addresses:
-            if address.family == socket.AF_INET and not address.address.startswith("127."):
-                return address.address
-    return None
-
-
-REMOTE = _remote_address()
+REMOTE = non_loopback_ipv4()
 pytestmark = pytest.mark.skipif(REMOTE is None, reason="this machine has no non-loopback IPv4 address to be a "
                                                        "real non-loopback peer from")
 REGISTER = {"key": "pystub_access_probe", "offset": 0, "byte_size": 64}
@@ -49,14 +36,7 @@ REGISTER = {"key": "pystub_access_probe", "offset": 0, "byte_size": 64}
 def http(host: str, port: int, method: str, path: str, body: Any = None,
          headers: dict[str, str] | None = None) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
-    call = urllib.request.Request(f"http://{host}:{port}{path}", data=data, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(call, timeout=30) as response:
-            payload = response.read()
-            return response.status, json.loads(payload) if payload else None
-    except urllib.error.HTTPError as error:
-        payload = error.read()
-        return error.code, json.loads(payload) if payload else None
+    return http_json(f"http://{host}:{port}", method, path, data, headers)
 
 
 def _grpc_code(stub: service_pb2_grpc.GRPCInferenceServiceStub, method: str, request: Any,

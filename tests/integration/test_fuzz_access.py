@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import http.client as httplib
 import json
-import socket
 from collections.abc import Iterator
 from urllib.parse import quote
 
 import grpc
-import psutil
 import pytest
 from fuzz_cases import scaled
 from harness import Backend, make_repository, module_backend
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from net import non_loopback_ipv4
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pystub_backend.backend.core.table import check_model_name
@@ -38,15 +37,7 @@ SETTINGS = dict(deadline=None, database=None, suppress_health_check=list(HealthC
 SPLIT = "FUZZ-SPLIT-LINE"
 
 
-def _remote_address() -> str | None:
-    for addresses in psutil.net_if_addrs().values():
-        for address in addresses:
-            if address.family == socket.AF_INET and not address.address.startswith("127."):
-                return address.address
-    return None
-
-
-REMOTE = _remote_address()
+REMOTE = non_loopback_ipv4()
 
 
 @pytest.fixture(scope="module")

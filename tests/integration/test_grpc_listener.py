@@ -16,7 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from harness import Backend, make_repository
+from harness import Backend, assert_busy_port_refused, make_repository
 from tritonclient.utils import InferenceServerException
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -180,14 +180,7 @@ def test_reuse_grpc_port(tmp_path: Path) -> None:
         second.args += ["--grpc-port", port]
         with second:
             assert second.ports["grpc"] == first.ports["grpc"]
-        refused = Backend(repository, "--grpc-port", port, expect_exit=True)
-        refused.args += ["--http-port=0", "--metrics-port=0"]
-        refused.start()
-        try:
-            assert refused.wait_exit() == 1  # without the flag a busy port is an error
-            assert "failed to start a listener" in refused.log()
-        finally:
-            refused.stop(check=False)
+        assert_busy_port_refused(repository, "grpc", first.ports["grpc"])
 
 
 @pytest.mark.parametrize("empty_final", [False, True])

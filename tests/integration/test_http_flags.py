@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.http as httpclient
-from harness import Backend, make_repository
+from harness import Backend, assert_busy_port_refused, make_repository
 from tritonclient.utils import InferenceServerException
 
 KIB = 1024
@@ -81,14 +81,7 @@ def test_reuse_http_port(tmp_path: Path) -> None:
         with second:
             assert second.ports["http"] == first.ports["http"]
             assert requests.get(f"http://{second.http_url}/v2/health/ready", timeout=30).status_code == 200
-        refused = Backend(repository, "--http-port", str(first.ports["http"]), expect_exit=True)
-        refused.args += ["--grpc-port=0", "--metrics-port=0"]
-        refused.start()
-        try:
-            assert refused.wait_exit() == 1  # without the flag a busy port is an error
-            assert "failed to start a listener" in refused.log()
-        finally:
-            refused.stop(check=False)
+        assert_busy_port_refused(repository, "http", first.ports["http"])
 
 
 def test_log_format_and_id(tmp_path: Path) -> None:

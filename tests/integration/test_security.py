@@ -31,8 +31,6 @@ import subprocess
 import sys
 import tarfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from ipaddress import ip_address
 from pathlib import Path
@@ -45,6 +43,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from fuzz_cases import IDENTITY_2D_CONFIG
 from harness import EXAMPLES, Backend, make_repository, module_backend
+from net import http_json
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -55,14 +54,7 @@ MIB = 1 << 20
 
 def request(backend: Backend, method: str, path: str, body: bytes | None = None,
             headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    call = urllib.request.Request(f"http://{backend.http_url}{path}", data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(call, timeout=30) as response:
-            payload = response.read()
-            return response.status, json.loads(payload) if payload else None
-    except urllib.error.HTTPError as error:
-        payload = error.read()
-        return error.code, json.loads(payload) if payload else None
+    return http_json(f"http://{backend.http_url}", method, path, body, headers)
 
 
 def _loopback(ip: str) -> bool:

@@ -19,6 +19,7 @@ import grpc
 import psutil
 import pytest
 from harness import Backend, make_repository, module_backend
+from net import http_json
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 MIB = 1 << 20
@@ -42,13 +43,9 @@ def stub(backend: Backend) -> Iterator[service_pb2_grpc.GRPCInferenceServiceStub
 
 
 def http(backend: Backend, method: str, path: str, body: Any = None) -> tuple[int, dict[str, Any]]:
-    data = None if body is None else json.dumps(body).encode()
-    call = urllib.request.Request(f"http://{backend.http_url}{path}", data=data, method=method)
-    try:
-        with urllib.request.urlopen(call, timeout=60) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"{}")
+    status, reply = http_json(f"http://{backend.http_url}", method, path,
+                              None if body is None else json.dumps(body).encode())
+    return status, reply if reply is not None else {}
 
 
 def _code(call: Any, request: Any) -> grpc.StatusCode:

@@ -14,6 +14,7 @@ FACES = {
     "pystub_backend.backend.frontends.http": {"create_http_app", "path_group"},
     "pystub_backend.backend.frontends.grpc": {"GrpcListener", "create_grpc_listener", "create_grpc_server",
                                               "method_group"},
+    "pystub_backend.backend.frontends.workers": {"FrontendWorkers", "WorkerStartError"},
 }
 
 

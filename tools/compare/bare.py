@@ -1,14 +1,25 @@
 """Bare-frontend ceilings: servers that speak KServe v2 for identity_fp32 and do nothing else.
 
 What pystub's frontends could serve with no model, no stub and no core behind them: each parses
-the request as a real frontend must and echoes INPUT0 as OUTPUT0. Run by the harness
-(`servers.start_bare`) with the project's Python, one process group per candidate:
+the request as a real frontend must and echoes INPUT0 as OUTPUT0 (compare/bare_messages.py). Run
+by the harness (`servers.start_bare`), one process group per candidate:
 
-    bare-http          aiohttp (pystub's HTTP stack): binary tensors and JSON tensors (orjson)
-    bare-grpc-aio      grpc.aio server, every call through the asyncio layer (pystub's gRPC stack)
-    bare-grpc-sync     grpc's threaded server (ThreadPoolExecutor, 8 workers): no asyncio layer
-    bare-grpc-reuse4   4 grpc.aio processes sharing one port (SO_REUSEPORT); the kernel spreads
-                       connections (not calls) over them
+    bare-http               aiohttp (pystub's HTTP stack): binary tensors and JSON tensors (orjson)
+    bare-grpc-aio           grpc.aio server, every call through the asyncio layer (pystub's gRPC stack)
+    bare-grpc-sync          grpc's threaded server (ThreadPoolExecutor, 8 workers): no asyncio layer
+    bare-grpc-sync-hop      the threaded server whose handler hands each call to an asyncio loop in
+                            another thread and waits for it (what pystub's asyncio core would add)
+    bare-grpc-reuse4        4 grpc.aio processes sharing one port (SO_REUSEPORT); the kernel spreads
+                            connections (not calls) over them
+    bare-grpc-native-sync   pygrpc-native's drop-in for grpc.server (HTTP/2 and gRPC in Rust, outside the
+                            GIL; handlers as grpcio's, 8 worker threads)
+    bare-grpc-native-aio    pygrpc-native's drop-in for grpc.aio.server (handlers on the event loop)
+    bare-grpc-native-front, bare-grpclib, bare-grpc-hypercorn, bare-grpc-h2corn, bare-grpc-ngh2
+                            HTTP/2 servers from PyPI other than grpcio (compare/bare_h2.py)
+
+The candidates that need packages the project does not depend on (pygrpc-native and those of
+bare_h2.py) run under the candidates' own venv (compare/environment.py), the others under the
+project's Python.
 
 Each answers what perf_analyzer asks first (model metadata and config); the gRPC candidates also
 serve readiness over HTTP on their HTTP port from a side thread, so the harness waits for all the
@@ -22,25 +33,27 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 import threading
+import time
+from collections.abc import Awaitable, Callable
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import bare_h2
 import grpc
 import orjson
 from aiohttp import web
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from bare_messages import CONFIG, METADATA, METHODS, MODEL, Handler
+from google.protobuf.message import Message
 
-MODES = ("bare-http", "bare-grpc-aio", "bare-grpc-sync", "bare-grpc-reuse4")
-MODEL = "identity_fp32"
-METADATA = {"name": MODEL, "versions": ["1"], "platform": "python",
-            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, -1]}],
-            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, -1]}]}
-CONFIG = {"name": MODEL, "backend": "python", "max_batch_size": 8,
-          "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-          "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]}
+GRPCIO_MODES = ("bare-grpc-aio", "bare-grpc-sync", "bare-grpc-sync-hop", "bare-grpc-reuse4")
+MODES = ("bare-http", *GRPCIO_MODES, "bare-grpc-native-sync", "bare-grpc-native-aio", *bare_h2.MODES)
+_SERVICE_NAME = "inference.GRPCInferenceService"
+_BIND_TIMEOUT = 120.0  # s; for the gRPC port to accept connections before readiness is answered
+_HOP_TIMEOUT = 30.0  # s; the loop thread only echoes, so a call this late means it is wedged
 _MAX_MESSAGE = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
@@ -60,7 +73,7 @@ async def _http_infer(request: web.Request) -> web.Response:
     out["parameters"] = {"binary_data_size": len(data)}
     head = orjson.dumps(document)
     return web.Response(body=head + data, content_type="application/octet-stream",
-                        headers={"Inference-Header-Content-Length": str(len(head))})
+                             headers={"Inference-Header-Content-Length": str(len(head))})
 
 
 async def _ok(request: web.Request) -> web.Response:
@@ -99,89 +112,67 @@ class _Readiness(BaseHTTPRequestHandler):
 
 # ---- gRPC ----------------------------------------------------------------------------------
 
-def _infer(request: service_pb2.ModelInferRequest) -> service_pb2.ModelInferResponse:
-    tensor = request.inputs[0]
-    response = service_pb2.ModelInferResponse(model_name=MODEL, model_version="1")
-    response.outputs.add(name="OUTPUT0", datatype="FP32", shape=tensor.shape)
-    response.raw_output_contents.append(request.raw_input_contents[0])
-    return response
+def _add_service(server: grpc.Server | grpc.aio.Server, wrap: Callable[[Handler], Callable[..., Any]]) -> None:
+    """Register every method of bare_messages.METHODS as the generated code would (`wrap` makes
+    the handler sync, async or hopping)."""
+    handlers = {name: grpc.unary_unary_rpc_method_handler(wrap(handler), request_deserializer=request.FromString,
+                                                                response_serializer=response.SerializeToString)
+                for name, (request, handler, response) in METHODS.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(_SERVICE_NAME, handlers)
 
 
-def _metadata() -> service_pb2.ModelMetadataResponse:
-    tensors = {k: [service_pb2.ModelMetadataResponse.TensorMetadata(**t) for t in METADATA[k]]
-               for k in ("inputs", "outputs")}
-    return service_pb2.ModelMetadataResponse(name=MODEL, versions=["1"], platform="python", **tensors)
+def _sync(handler: Handler) -> Callable[[Message, grpc.ServicerContext], Message]:
+    return lambda request, context: handler(request)
 
 
-def _config() -> service_pb2.ModelConfigResponse:
-    io = {k: [model_config_pb2.ModelInput(name=t["name"], data_type=model_config_pb2.TYPE_FP32, dims=[-1])
-              if k == "input" else model_config_pb2.ModelOutput(name=t["name"], data_type=model_config_pb2.TYPE_FP32,
-                                                                 dims=[-1]) for t in CONFIG[k]]
-          for k in ("input", "output")}
-    config = model_config_pb2.ModelConfig(name=MODEL, backend="python", max_batch_size=8, **io)
-    return service_pb2.ModelConfigResponse(config=config)
+def _async(handler: Handler) -> Callable[[Message, grpc.aio.ServicerContext], Awaitable[Message]]:
+    async def call(request: Message, context: grpc.aio.ServicerContext) -> Message:
+        return handler(request)
+    return call
 
 
-class _SyncServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def ModelInfer(self, request, context):  # noqa: ANN001, ANN201, N802 - generated API
-        return _infer(request)
+async def _serve_aio(port: int, native: bool = False) -> None:
+    if native:
+        # the candidates' venv only; `from pygrpc_native import aio` recurses in its __getattr__ (0.5.0)
+        import pygrpc_native.aio
 
-    def ModelMetadata(self, request, context):  # noqa: ANN001, ANN201, N802
-        return _metadata()
-
-    def ModelConfig(self, request, context):  # noqa: ANN001, ANN201, N802
-        return _config()
-
-    def ServerLive(self, request, context):  # noqa: ANN001, ANN201, N802
-        return service_pb2.ServerLiveResponse(live=True)
-
-    def ServerMetadata(self, request, context):  # noqa: ANN001, ANN201, N802
-        return service_pb2.ServerMetadataResponse(name="bare", version="0")
-
-    def ServerReady(self, request, context):  # noqa: ANN001, ANN201, N802
-        return service_pb2.ServerReadyResponse(ready=True)
-
-    def ModelReady(self, request, context):  # noqa: ANN001, ANN201, N802
-        return service_pb2.ModelReadyResponse(ready=True)
-
-
-class _AioServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    async def ModelInfer(self, request, context):  # noqa: ANN001, ANN201, N802 - generated API
-        return _infer(request)
-
-    async def ModelMetadata(self, request, context):  # noqa: ANN001, ANN201, N802
-        return _metadata()
-
-    async def ModelConfig(self, request, context):  # noqa: ANN001, ANN201, N802
-        return _config()
-
-    async def ServerLive(self, request, context):  # noqa: ANN001, ANN201, N802
-        return service_pb2.ServerLiveResponse(live=True)
-
-    async def ServerMetadata(self, request, context):  # noqa: ANN001, ANN201, N802
-        return service_pb2.ServerMetadataResponse(name="bare", version="0")
-
-    async def ServerReady(self, request, context):  # noqa: ANN001, ANN201, N802
-        return service_pb2.ServerReadyResponse(ready=True)
-
-    async def ModelReady(self, request, context):  # noqa: ANN001, ANN201, N802
-        return service_pb2.ModelReadyResponse(ready=True)
-
-
-async def _serve_aio(port: int) -> None:
-    server = grpc.aio.server(options=[*_MAX_MESSAGE, ("grpc.so_reuseport", 1)])
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(_AioServicer(), server)
+        server = pygrpc_native.aio.server(options=_MAX_MESSAGE)
+    else:
+        server = grpc.aio.server(options=[*_MAX_MESSAGE, ("grpc.so_reuseport", 1)])
+    _add_service(server, _async)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
 
 
-def run_grpc_sync(port: int) -> None:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=_MAX_MESSAGE)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(_SyncServicer(), server)
+def run_grpc_sync(port: int, wrap: Callable[[Handler], Callable[..., Any]] = _sync, native: bool = False) -> None:
+    if native:
+        import pygrpc_native  # the candidates' venv only
+
+        server = pygrpc_native.server(futures.ThreadPoolExecutor(max_workers=8), options=_MAX_MESSAGE)
+    else:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=_MAX_MESSAGE)
+    _add_service(server, wrap)
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     server.wait_for_termination()
+
+
+def run_grpc_sync_hop(port: int) -> None:
+    """The threaded server whose handlers hand each call to an event loop in another thread and
+    wait for its answer: what pystub's asyncio core would cost behind grpc's threaded server."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="core-loop", daemon=True).start()
+
+    def hop(handler: Handler) -> Callable[[Message, grpc.ServicerContext], Message]:
+        async def on_loop(request: Message) -> Message:
+            return handler(request)
+
+        def call(request: Message, context: grpc.ServicerContext) -> Message:
+            return asyncio.run_coroutine_threadsafe(on_loop(request), loop).result(_HOP_TIMEOUT)
+        return call
+    run_grpc_sync(port, hop)
 
 
 def run_grpc_reuse(port: int, processes: int, http_port: int) -> None:
@@ -193,8 +184,11 @@ def run_grpc_reuse(port: int, processes: int, http_port: int) -> None:
             asyncio.run(_serve_aio(port))
             os._exit(0)
         children.append(pid)
-    _serve_readiness(http_port)
-    signal.signal(signal.SIGTERM, lambda *_: [os.kill(child, signal.SIGKILL) for child in children])
+    _serve_readiness(http_port, port)
+    def stop_children(*_: object) -> None:
+        for child in children:
+            os.kill(child, signal.SIGKILL)
+    signal.signal(signal.SIGTERM, stop_children)
     for child in children:
         os.waitpid(child, 0)
 
@@ -205,21 +199,44 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"mode must be one of {', '.join(MODES)}")
     if mode == "bare-http":
         run_http(http_port)
-        return 0
-    if mode == "bare-grpc-reuse4":
+    elif mode == "bare-grpc-reuse4":
         run_grpc_reuse(grpc_port, 4, http_port)  # forks before any thread exists
-    elif mode == "bare-grpc-sync":
-        _serve_readiness(http_port)
-        run_grpc_sync(grpc_port)
     else:
-        _serve_readiness(http_port)
-        asyncio.run(_serve_aio(grpc_port))
+        _serve_readiness(http_port, grpc_port)
+        if mode == "bare-grpc-sync":
+            run_grpc_sync(grpc_port)
+        elif mode == "bare-grpc-sync-hop":
+            run_grpc_sync_hop(grpc_port)
+        elif mode == "bare-grpc-native-sync":
+            run_grpc_sync(grpc_port, native=True)
+        elif mode in ("bare-grpc-aio", "bare-grpc-native-aio"):
+            asyncio.run(_serve_aio(grpc_port, native=mode == "bare-grpc-native-aio"))
+        else:
+            bare_h2.run(mode, grpc_port)
     return 0
 
 
-def _serve_readiness(port: int) -> None:
+def _serve_readiness(port: int, grpc_port: int) -> None:
+    """Answer readiness on `port` once `grpc_port` accepts connections (from a side thread): the
+    harness must not measure a candidate that is still binding."""
     readiness = ThreadingHTTPServer(("127.0.0.1", port), _Readiness)
-    threading.Thread(target=readiness.serve_forever, daemon=True).start()
+
+    def serve() -> None:
+        deadline = time.monotonic() + _BIND_TIMEOUT
+        while not _accepts(grpc_port):
+            if time.monotonic() > deadline:  # never ready: the harness times out naming this server
+                return
+            time.sleep(0.05)
+        readiness.serve_forever()
+    threading.Thread(target=serve, daemon=True).start()
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

@@ -16,6 +16,16 @@ What goes in, and why each pin:
                                     glibc), installed --no-deps into .bench/tritonclient-2.50.0
     nvidia-cuda-runtime-cu12        libcudart.so.12, which perf_analyzer links even without a GPU
 
+The bare gRPC candidates that are not grpcio (compare/bare.py, bare_h2.py) get a venv of their own,
+`.bench/candidates` (`ensure_candidates`), so trying one never changes what the peers run on:
+
+    pygrpc-native==0.5.0            grpcio-compatible servers with HTTP/2 and gRPC in Rust (tokio)
+    grpclib==0.4.9, h2              gRPC on asyncio and the pure-Python h2
+    hypercorn==0.18.0, h2corn==2.0.0  ASGI servers that send HTTP/2 trailers (pure Python; Rust)
+    ngh2==0.3.0                     libnghttp2 as a sans-I/O Python library
+    uvloop==0.23.0                  the loop each of them recommends
+    grpcio, tritonclient[grpc], orjson, aiohttp   what bare.py itself imports
+
 Triton wants a backend directory laid out as backends/python/{libtriton_python.so,
 triton_python_backend_stub, triton_python_backend_utils.py}; it is assembled from symlinks in
 .bench/triton/backends. perf_analyzer looks for libb64.so.0d: a symlink in .bench/lib names the
@@ -38,6 +48,9 @@ BENCH = Path(os.environ.get("PYSTUB_BENCH_DIR") or ROOT / ".bench")
 PYTRITON = "nvidia-pytriton==0.5.13"       # bundles tritonserver 2.51.0
 PERF_ANALYZER_CLIENT = "tritonclient==2.50.0"
 PEER_PACKAGES = ("mlserver==1.7.1", "uvloop<0.22", "numpy<2", "nvidia-cuda-runtime-cu12")
+CANDIDATE_PACKAGES = ("pygrpc-native==0.5.0", "grpclib==0.4.9", "h2>=4,<5", "hypercorn==0.18.0", "h2corn==2.0.0",
+                      "ngh2==0.3.0", "uvloop==0.23.0", "grpcio==1.85.3", "tritonclient[grpc]==2.73.0", "orjson",
+                      "aiohttp")
 _INSTALL_TIMEOUT = 1800
 
 
@@ -115,6 +128,26 @@ def ensure(install: bool = True) -> BenchEnv:
         _run([*pip, "--no-deps", "--upgrade", "--target", str(BENCH / "tritonclient-2.50.0"), PERF_ANALYZER_CLIENT])
         stamp.touch()
     return _locate(venv, python)
+
+
+def ensure_candidates(install: bool = True) -> Path:
+    """The python of .bench/candidates, created and filled once (wheels only: nothing is built).
+
+    Raises SystemExit when it is missing and `install` is false, or an install step fails.
+    """
+    venv = BENCH / "candidates"
+    python = venv / "bin" / "python"
+    stamp = venv / f".installed-{hashlib.sha256('|'.join(CANDIDATE_PACKAGES).encode()).hexdigest()[:16]}"
+    if not stamp.exists():
+        if not install:
+            raise SystemExit(f"{venv} is not set up; run without --no-install once")
+        _log(f"installing the bare gRPC candidates into {venv} (once)")
+        if not python.exists():
+            _run([sys.executable, "-m", "venv", str(venv)])
+        _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--only-binary",
+              ":all:", *CANDIDATE_PACKAGES])
+        stamp.touch()
+    return python
 
 
 def _locate(venv: Path, python: Path) -> BenchEnv:

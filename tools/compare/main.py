@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -14,7 +15,13 @@ from compare import environment, report, servers, stopping, targets
 from compare.runner import Plan, run_rounds
 
 SERVERS = ("pystub", "triton", "mlserver")
-CEILINGS = ("bare-http", "bare-grpc-aio", "bare-grpc-sync", "bare-grpc-reuse4")
+CEILINGS = ("bare-http", "bare-grpc-aio", "bare-grpc-sync", "bare-grpc-sync-hop", "bare-grpc-reuse4")
+# gRPC on HTTP/2 servers other than grpcio's (docs/grpc-candidates.md), under their own venv
+# (environment.ensure_candidates); the two that went furthest are measured by default, the rest
+# with `--ceilings all` or by name
+PYPI_CEILINGS = ("bare-grpc-native-aio", "bare-grpc-ngh2-asyncio", "bare-grpc-native-sync", "bare-grpc-native-front",
+                 "bare-grpclib", "bare-grpc-hypercorn", "bare-grpc-h2corn", "bare-grpc-ngh2")
+DEFAULT_CEILINGS = (*CEILINGS, *PYPI_CEILINGS[:2])
 LOADGENS = ("asyncio", "perf_analyzer", "prebuilt")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20}
 
@@ -50,9 +57,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=_list(convert=int), default=[1, 8, 32], help="default 1,8,32")
     parser.add_argument("--protocols", type=_list(("grpc", "http", "json")), default=["grpc", "http", "json"],
                         help="http: binary tensors; json: JSON tensors (asyncio only); default all three")
-    parser.add_argument("--ceilings", type=_list(("none", *CEILINGS)), default=list(CEILINGS),
-                        help="bare-frontend ceilings measured beside the servers (compare/bare.py); "
-                             "'none' for none; default all")
+    parser.add_argument("--ceilings", type=_list(("none", "all", *CEILINGS, *PYPI_CEILINGS)),
+                        default=list(DEFAULT_CEILINGS),
+                        help="bare-frontend ceilings measured beside the servers (compare/bare.py); 'none' for "
+                             f"none, 'all' adds the gRPC candidates from PyPI ({', '.join(PYPI_CEILINGS)}); "
+                             f"default {', '.join(DEFAULT_CEILINGS)}")
     parser.add_argument("--loadgen", type=_list(LOADGENS), default=list(LOADGENS),
                         help="asyncio (all servers), perf_analyzer (pystub, triton; binary tensors), prebuilt (JSON "
                              "tensors, the body serialised once: compare/prebuilt.py); default all three")
@@ -72,6 +81,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "(taskset -c LIST, e.g. 0 or 0,1); the peers and the client are not pinned")
     parser.add_argument("--baseline-cpus", metavar="LIST", help="pin pystub-base to these CPUs instead "
                         "(with --baseline set to this checkout: one core against two in the same run)")
+    parser.add_argument("--pystub-args", type=shlex.split, default=[], metavar="FLAGS",
+                        help="extra pystub flags for server 'pystub' only, e.g. \"--frontend-workers 2\"")
+    parser.add_argument("--baseline-args", type=shlex.split, default=[], metavar="FLAGS",
+                        help="extra pystub flags for server 'pystub-base'")
     parser.add_argument("--json", type=Path, help="also write every sample here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (server logs)")
     args = parser.parse_args(argv)
@@ -79,16 +92,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.rounds = rounds if args.rounds is None else max(1, args.rounds)
     args.seconds = seconds if args.seconds is None else args.seconds
     args.warmup = warmup if args.warmup is None else args.warmup
+    if "all" in args.ceilings:
+        args.ceilings = [*CEILINGS, *PYPI_CEILINGS]
     args.ceilings = [c for c in args.ceilings if c != "none"]
     return args
 
 
+def _candidates_python(args: argparse.Namespace, notes: list[str]) -> Path | None:
+    """The candidates' venv python when a PyPI ceiling is asked for; without it (not installed and
+    --no-install, or the install failed) those ceilings are dropped from `args` with a note."""
+    wanted = [name for name in args.ceilings if name in PYPI_CEILINGS]
+    if not wanted:
+        return None
+    try:
+        return environment.ensure_candidates(install=not args.no_install)
+    except SystemExit as error:
+        notes.append(f"ceilings {', '.join(wanted)} skipped: {error}")
+        args.ceilings = [name for name in args.ceilings if name not in wanted]
+        return None
+
+
 def _start(args: argparse.Namespace, env: environment.BenchEnv | None, repositories: dict[str, Path],
-           workdir: Path, started: list[servers.Server]) -> None:
+           workdir: Path, started: list[servers.Server], candidates: Path | None) -> None:
     """Start every requested server into `started` (so a failure still stops the others)."""
     for name in args.servers:
         if name == "pystub":
-            started.append(servers.start_pystub(repositories, workdir, client_shm=True, cpus=args.pystub_cpus))
+            started.append(servers.start_pystub(repositories, workdir, client_shm=True, cpus=args.pystub_cpus,
+                                                extra=args.pystub_args))
         elif name == "triton":
             started.append(servers.start_triton(env, repositories, workdir))
         else:
@@ -96,9 +126,9 @@ def _start(args: argparse.Namespace, env: environment.BenchEnv | None, repositor
     if args.baseline:
         started.append(servers.start_pystub(repositories, workdir, client_shm=True, name="pystub-base",
                                             root=args.baseline.resolve(),
-                                            cpus=args.baseline_cpus or args.pystub_cpus))
+                                            cpus=args.baseline_cpus or args.pystub_cpus, extra=args.baseline_args))
     for name in args.ceilings:
-        started.append(servers.start_bare(name, workdir))
+        started.append(servers.start_bare(name, workdir, candidates if name in PYPI_CEILINGS else None))
     try:
         servers.wait_ready(started)
     except RuntimeError as error:
@@ -128,7 +158,10 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     stopping.install()
     base = ["pystub-base"] if args.baseline else []
+    notes: list[str] = []
+    candidates = _candidates_python(args, notes)
     results = report.Results(servers=[*args.servers, *base, *args.ceilings])
+    results.notes.extend(notes)
     env = _environment(args, results)
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
@@ -137,7 +170,7 @@ def main(argv: list[str]) -> int:
         repositories = servers.write_repositories(workdir)
         started: list[servers.Server] = []
         try:
-            _start(args, env, repositories, workdir, started)
+            _start(args, env, repositories, workdir, started, candidates)
             for server in started:
                 print(f"started {server.name} pid {server.process.pid} (http {server.http_port}, grpc "
                       f"{server.grpc_port}; {', '.join(server.extensions)})", file=sys.stderr, flush=True)

@@ -117,9 +117,11 @@ def _wait_ready(server: Server) -> None:
 
 
 def start_pystub(repositories: dict[str, Path], workdir: Path, client_shm: bool = True, *,
-                 name: str = "pystub", root: Path = ROOT, cpus: str | None = None) -> Server:
+                 name: str = "pystub", root: Path = ROOT, cpus: str | None = None,
+                 extra: list[str] | None = None) -> Server:
     """pystub-backend from checkout `root` (default: this one); with `client_shm` it is asked for the
-    system shared memory extension; with `cpus` it runs pinned to them (`taskset -c`)."""
+    system shared memory extension; with `cpus` it runs pinned to them (`taskset -c`, which its
+    children inherit); `extra` flags are appended (--pystub-args)."""
     http, grpc, metrics = free_ports(3)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p))
     pin = ["taskset", "-c", cpus] if cpus else []
@@ -127,6 +129,7 @@ def start_pystub(repositories: dict[str, Path], workdir: Path, client_shm: bool 
                "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
     if client_shm:
         command.append("--allow-client-shm=true")
+    command += extra or []
     process = _spawn(name, command, workdir / f"{name}.log", env, root)
     return Server(name, process, http, grpc, workdir / f"{name}.log", [f"pystub_{process.pid}_"])
 
@@ -160,10 +163,10 @@ def start_mlserver(env: BenchEnv, repositories: dict[str, Path], workdir: Path) 
     return Server("mlserver", process, http, grpc, workdir / "mlserver.log")
 
 
-def start_bare(name: str, workdir: Path) -> Server:
-    """A bare-frontend ceiling (compare/bare.py) under this interpreter (the project's .venv)."""
+def start_bare(name: str, workdir: Path, python: Path | None = None) -> Server:
+    """A bare-frontend ceiling (compare/bare.py) under `python` (default: this one, the project's .venv)."""
     http, grpc = free_ports(2)
-    command = [sys.executable, str(Path(__file__).with_name("bare.py")), name, str(http), str(grpc)]
+    command = [str(python or sys.executable), str(Path(__file__).with_name("bare.py")), name, str(http), str(grpc)]
     process = _spawn(name, command, workdir / f"{name}.log", dict(os.environ), workdir)
     return Server(name, process, http, grpc, workdir / f"{name}.log")
 

@@ -24,7 +24,12 @@ from dataclasses import dataclass
 
 from pystub_backend.backend.options import OPEN_FLAG, STATE_GROUPS, Restrictions
 
-__all__ = ["STATE_GROUPS", "AccessPolicy", "peer_address", "is_loopback", "OPEN_FLAG"]
+__all__ = ["STATE_GROUPS", "AccessPolicy", "peer_address", "is_loopback", "OPEN_FLAG", "INTERNAL_PEER"]
+
+# With --frontend-workers the workers proxy requests to the core over a private unix socket and
+# name the client's real address in this header (gRPC: metadata). The core believes it ONLY on that
+# socket (a listener built with `trust_internal_peer`); on a public port it means nothing.
+INTERNAL_PEER = "x-pystub-internal-peer"
 
 
 def peer_address(peer: str) -> str:

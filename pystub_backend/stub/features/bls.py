@@ -334,6 +334,8 @@ def inspect(timeout: float = 10.0) -> dict[str, Any]:
 
 def register(handlers: StubHandlers) -> None:
     """Wire BLS into a stub: enable `exec` once the model is ready, route the backend's answers."""
+    handlers.awaits_reply(BlsRequest)
+    handlers.awaits_reply(BlsInspect)
     handlers.on_phase("ready", _enable)
     handlers.on_phase("finalizing", _disable)
     handlers.on_receiver(BlsResponse, _on_response)

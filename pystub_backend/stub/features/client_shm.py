@@ -126,16 +126,17 @@ REGIONS = ClientRegions()
 _OUTPUTS: dict[int, tuple[object, dict[str, list[Any]]]] = {}
 
 
-def expect_outputs(rid: int, sender: Any, targets: dict[str, list[Any]]) -> None:
-    """Remember where request `rid` wants outputs written, until `sender` is collected.
+def expect_outputs(rid: int, owner: Any, targets: dict[str, list[Any]]) -> None:
+    """Remember where request `rid` wants outputs written, until `owner` (the request's state,
+    which its request and its sender hold) is collected.
 
-    A rescheduled request (iterative sequences) runs again under the same rid with a new sender;
-    the token keeps the old sender's collection from dropping the new registration.
+    A request that runs again under the same rid with a new owner must not lose its registration
+    when the old owner is collected: the token keeps the old owner's collection from dropping it.
     """
     token = object()
     _OUTPUTS[rid] = (token, targets)
-    if sender is not None:
-        weakref.finalize(sender, _forget_outputs, rid, token).atexit = False
+    if owner is not None:
+        weakref.finalize(owner, _forget_outputs, rid, token).atexit = False
 
 
 def _forget_outputs(rid: int, token: object) -> None:

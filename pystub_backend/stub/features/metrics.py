@@ -245,6 +245,8 @@ def _on_reply(stub: Any, message: MetricReply) -> None:
 
 def register(handlers: StubHandlers) -> None:
     """Wire custom metrics into a stub: the reporter, its flush before other frames, its replies."""
+    handlers.awaits_reply(MetricFamilyCreate)
+    handlers.awaits_reply(MetricValueQuery)
     handlers.on_phase("initializing", _install)
     handlers.before_send(_flush_before)
     handlers.on_receiver(MetricReply, _on_reply)

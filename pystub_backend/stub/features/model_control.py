@@ -99,6 +99,7 @@ def _on_done(stub: Any, message: ModelControlDone) -> None:
 
 def register(handlers: StubHandlers) -> None:
     """Wire model control into a stub: the pb_utils client while the model lives, its replies."""
+    handlers.awaits_reply(ModelControl)
     handlers.on_phase("initializing", _enable)
     handlers.on_phase("finalizing", _disable)
     handlers.on_receiver(ModelControlDone, _on_done)

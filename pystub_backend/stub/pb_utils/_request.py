@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from . import _runtime
 from ._constants import TRITONSERVER_REQUEST_RELEASE_ALL
@@ -20,6 +20,17 @@ _UINT64_MAX = 2**64 - 1
 # Both are immutable, so sharing one default instance is safe.
 _DEFAULT_MEMORY = PreferredMemory._default()
 _NO_TRACE = InferenceTrace()
+
+
+class SenderSource(Protocol):
+    """Where a server request's sender comes from (the stub's request registry)."""
+
+    def sender(self) -> InferenceResponseSender:
+        """The request's one sender (made on the first call)."""
+        ...
+
+    def is_cancelled(self) -> bool:
+        ...
 
 
 class InferenceRequest:
@@ -65,7 +76,8 @@ class InferenceRequest:
     def _setup(self, *, inputs: list[Tensor], request_id: str, correlation_id: int | str, flags: int,
                timeout: int, parameters_json: str, requested_output_names: set[str], model_name: str,
                model_version: int, trace: InferenceTrace,
-               response_sender: InferenceResponseSender | None = None) -> None:
+               response_sender: InferenceResponseSender | None = None,
+               sender_source: SenderSource | None = None) -> None:
         self._inputs = inputs
         self._request_id = request_id
         self._correlation_id = correlation_id
@@ -77,22 +89,28 @@ class InferenceRequest:
         self._model_version = model_version
         self._trace = trace
         self._response_sender = response_sender
+        self._sender_source = sender_source  # the server's request: its sender is made on first use
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
-        self._preferred_memory = PreferredMemory._default()
+        self._preferred_memory = _DEFAULT_MEMORY
 
     @classmethod
     def _from_server(
         cls, *, inputs: list[Tensor], request_id: str, correlation_id: int | str, flags: int, timeout: int,
         parameters_json: str, requested_output_names: set[str], model_name: str, model_version: int,
-        response_sender: InferenceResponseSender, trace_context: str | None = None,
+        response_sender: InferenceResponseSender | None = None, trace_context: str | None = None,
+        sender_source: SenderSource | None = None,
     ) -> InferenceRequest:
-        """Stub-side constructor for a request received from the server; nothing is validated."""
+        """Stub-side constructor for a request received from the server; nothing is validated.
+
+        `sender_source` (instead of `response_sender`) makes the sender when the model first asks
+        for it: most models answer by returning responses and never need one."""
         request = cls.__new__(cls)
         request._setup(
             inputs=inputs, request_id=request_id, correlation_id=correlation_id, flags=flags,
             timeout=timeout, parameters_json=parameters_json, requested_output_names=requested_output_names,
             model_name=model_name, model_version=model_version,
-            trace=InferenceTrace._with_context(trace_context), response_sender=response_sender,
+            trace=InferenceTrace._with_context(trace_context) if trace_context else _NO_TRACE,
+            response_sender=response_sender, sender_source=sender_source,
         )
         return request
 
@@ -130,12 +148,16 @@ class InferenceRequest:
     def get_response_sender(self) -> InferenceResponseSender:
         """The request's sender; a BLS request has one that refuses every send."""
         if self._response_sender is None:
-            self._response_sender = InferenceResponseSender(_refuse_send, lambda: False, decoupled=True)
+            source = self._sender_source
+            self._response_sender = (source.sender() if source is not None
+                                     else InferenceResponseSender(_refuse_send, lambda: False, decoupled=True))
         return self._response_sender
 
     def is_cancelled(self) -> bool:
         """Whether the client cancelled this request (always False for a BLS request)."""
-        return self._response_sender.is_cancelled() if self._response_sender is not None else False
+        if self._response_sender is not None:
+            return self._response_sender.is_cancelled()
+        return self._sender_source.is_cancelled() if self._sender_source is not None else False
 
     def set_release_flags(self, flags: int, /) -> None:
         """`TRITONSERVER_REQUEST_RELEASE_ALL` or `_RESCHEDULE` (API.md 12). Raises TypeError for

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 
 from pystub_backend.backend.frontends.access_log import access_line
+from pystub_backend.backend.frontends.grpc.restrict import peer_of
 from pystub_backend.backend.log import verbose
 
 __all__ = ["GrpcAccessInterceptor"]
@@ -34,7 +35,11 @@ def _status(context: grpc.aio.ServicerContext, failed: bool) -> str:
 
 
 class GrpcAccessInterceptor(grpc.aio.ServerInterceptor):
-    """Wraps each call's handler, when verbose logging is on, to log it once it ends."""
+    """Wraps each call's handler, when verbose logging is on, to log it once it ends.
+    `trust_internal_peer`: the core's private socket behind frontend workers (restrict.peer_of)."""
+
+    def __init__(self, trust_internal_peer: bool = False) -> None:
+        self._trusted = trust_internal_peer
 
     async def intercept_service(self, continuation: _Continuation,
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -44,16 +49,17 @@ class GrpcAccessInterceptor(grpc.aio.ServerInterceptor):
         method = details.method.rsplit("/", 1)[-1]
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                _unary(handler.unary_unary, method), request_deserializer=handler.request_deserializer,
+                _unary(handler.unary_unary, method, self._trusted), request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer)
         if handler.stream_stream is not None:
             return grpc.stream_stream_rpc_method_handler(
-                _streaming(handler.stream_stream, method), request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+                _streaming(handler.stream_stream, method, self._trusted),
+                request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
         return handler  # server-streaming health watches: long-lived, not requests
 
 
-def _unary(behavior: Callable[..., Awaitable[object]], method: str) -> Callable[..., Awaitable[object]]:
+def _unary(behavior: Callable[..., Awaitable[object]], method: str, trusted: bool
+           ) -> Callable[..., Awaitable[object]]:
     async def logged(request: object, context: grpc.aio.ServicerContext) -> object:
         started, failed = time.perf_counter(), True
         try:
@@ -62,12 +68,12 @@ def _unary(behavior: Callable[..., Awaitable[object]], method: str) -> Callable[
             return result
         finally:
             model, request_id = _infer_fields(request)
-            access_line("gRPC", method, _status(context, failed), time.perf_counter() - started, context.peer(),
-                  model, request_id)
+            access_line("gRPC", method, _status(context, failed), time.perf_counter() - started,
+                        peer_of(context, trusted), model, request_id)
     return logged
 
 
-def _streaming(behavior: Callable[..., AsyncIterator[object]], method: str
+def _streaming(behavior: Callable[..., AsyncIterator[object]], method: str, trusted: bool
                ) -> Callable[..., AsyncIterator[object]]:
     async def logged(requests: AsyncIterator[object], context: grpc.aio.ServicerContext) -> AsyncIterator[object]:
         started, failed = time.perf_counter(), True
@@ -76,5 +82,6 @@ def _streaming(behavior: Callable[..., AsyncIterator[object]], method: str
                 yield response
             failed = False
         finally:
-            access_line("gRPC", method, _status(context, failed), time.perf_counter() - started, context.peer(), "", "")
+            access_line("gRPC", method, _status(context, failed), time.perf_counter() - started,
+                        peer_of(context, trusted), "", "")
     return logged

@@ -26,7 +26,8 @@ from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.options import GrpcOptions, TlsFiles
 from pystub_backend.backend.telemetry.tracing import Tracer
 
-__all__ = ["GrpcListener", "create_grpc_listener", "create_grpc_server", "INFERENCE_SERVICE"]
+__all__ = ["GrpcListener", "create_grpc_listener", "create_grpc_server", "INFERENCE_SERVICE", "bind_listener",
+           "channel_arguments"]
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
@@ -93,9 +94,13 @@ def _credentials(tls: TlsFiles) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([pair], root_certificates=root, require_client_auth=tls.mutual)
 
 
-def _bind(server: grpc.aio.Server, address: str, port: int, tls: TlsFiles | None) -> int:
-    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
-    target = f"{host}:{port}"
+def bind_listener(server: grpc.aio.Server, address: str, port: int, tls: TlsFiles | None) -> int:
+    """Bind `server` to address:port (or a `unix:` address); the bound port. Raises OSError."""
+    if address.startswith("unix:"):  # the core's private socket behind frontend workers
+        target = address
+    else:
+        host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+        target = f"{host}:{port}"
     try:
         bound = server.add_insecure_port(target) if tls is None else server.add_secure_port(target, _credentials(tls))
     except RuntimeError as exc:  # grpcio reports a failed bind as RuntimeError
@@ -113,19 +118,26 @@ def create_grpc_listener(core: ServerCore, address: str, port: int,
     an ephemeral port. Raises OSError when the address cannot be bound or a TLS file read.
     """
     options = options or GrpcOptions()
-    channel_args = {**_BASE_CHANNEL_ARGS, "grpc.so_reuseport": int(options.reuse_port), **options.channel_args}
+    channel_args = channel_arguments(options)
     # The access line first, so a refused call is logged too; the access policy is always installed:
     # state-changing methods follow it even with no restriction configured.
     interceptors: list[grpc.aio.ServerInterceptor] = [
-        GrpcAccessInterceptor(),  # access lines at --log-verbose 1
-        RestrictionInterceptor(AccessPolicy.of(options.restrictions, options.remote_control)),
+        GrpcAccessInterceptor(options.trust_internal_peer),  # access lines at --log-verbose 1
+        RestrictionInterceptor(AccessPolicy.of(options.restrictions, options.remote_control),
+                               options.trust_internal_peer),
     ]
     server = grpc.aio.server(options=list(channel_args.items()), interceptors=interceptors)
     register(InferenceServicer(core, options.header_forward_pattern, tracer), server)
     health = HealthService(core)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((INFERENCE_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server)
-    return GrpcListener(server, _bind(server, address, port, options.tls), health)
+    return GrpcListener(server, bind_listener(server, address, port, options.tls), health)
+
+
+def channel_arguments(options: GrpcOptions, reuse_port: bool = False) -> dict[str, int]:
+    """The server's channel arguments: pystub's base, SO_REUSEPORT, then the flags' values."""
+    reuse = int(options.reuse_port or reuse_port)
+    return {**_BASE_CHANNEL_ARGS, "grpc.so_reuseport": reuse, **options.channel_args}
 
 
 def create_grpc_server(core: ServerCore, address: str, port: int,

@@ -17,9 +17,9 @@ from typing import Any
 
 import grpc
 
-from pystub_backend.backend.frontends.access import AccessPolicy
+from pystub_backend.backend.frontends.access import INTERNAL_PEER, AccessPolicy
 
-__all__ = ["RestrictionInterceptor", "method_group", "HEADER_PREFIX", "STATE_CHANGING", "UPDATING"]
+__all__ = ["RestrictionInterceptor", "method_group", "HEADER_PREFIX", "STATE_CHANGING", "UPDATING", "peer_of"]
 
 _GROUPS = {
     "health": ("ServerLive", "ServerReady", "ModelReady", "grpc.health.v1.Health/"),
@@ -56,8 +56,9 @@ _Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHand
 class RestrictionInterceptor(grpc.aio.ServerInterceptor):
     """Restricted groups (key check) and the access policy of state-changing methods."""
 
-    def __init__(self, policy: AccessPolicy) -> None:
+    def __init__(self, policy: AccessPolicy, trust_internal_peer: bool = False) -> None:
         self._policy = policy
+        self._trusted = trust_internal_peer  # only on the core's private socket behind frontend workers
 
     async def intercept_service(self, continuation: _Continuation,
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -72,12 +73,12 @@ class RestrictionInterceptor(grpc.aio.ServerInterceptor):
             if not any(key == expected and value == restriction.value for key, value in metadata):
                 return _refusal(handler, f"This protocol is restricted, expecting header '{expected}'")
         if details.method in STATE_CHANGING or details.method in UPDATING:
-            return _guarded(handler, self._policy, group, details.method in UPDATING)
+            return _guarded(handler, self._policy, group, details.method in UPDATING, self._trusted)
         return handler
 
 
-def _guarded(handler: grpc.RpcMethodHandler, policy: AccessPolicy, group: str, updating: bool
-             ) -> grpc.RpcMethodHandler:
+def _guarded(handler: grpc.RpcMethodHandler, policy: AccessPolicy, group: str, updating: bool,
+             trusted: bool = False) -> grpc.RpcMethodHandler:
     """`handler` (unary-unary) that first asks the access policy about the caller's peer.
 
     The refusal sets the status and returns nothing rather than aborting (as the servicer's `_rpc`
@@ -88,7 +89,7 @@ def _guarded(handler: grpc.RpcMethodHandler, policy: AccessPolicy, group: str, u
 
     async def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if not updating or len(getattr(request, "settings", ())) > 0:
-            refusal = policy.refusal(group, context.peer() or "")
+            refusal = policy.refusal(group, peer_of(context, trusted))
             if refusal is not None:
                 context.set_code(grpc.StatusCode.PERMISSION_DENIED)
                 context.set_details(refusal)
@@ -115,3 +116,12 @@ def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHand
         return make(streaming)
     make = grpc.stream_unary_rpc_method_handler if handler.request_streaming else grpc.unary_unary_rpc_method_handler
     return make(unary)
+
+
+def peer_of(context: grpc.aio.ServicerContext, trusted: bool) -> str:
+    """The caller's address: the frontend worker's INTERNAL_PEER metadata when `trusted`."""
+    if trusted:
+        for key, value in context.invocation_metadata() or ():
+            if key == INTERNAL_PEER and isinstance(value, str):
+                return value
+    return context.peer() or ""

@@ -21,9 +21,9 @@ from aiohttp.typedefs import Middleware
 
 from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, http_status
-from pystub_backend.backend.frontends.access import AccessPolicy
+from pystub_backend.backend.frontends.access import INTERNAL_PEER, AccessPolicy
 from pystub_backend.backend.frontends.forwarding import forward_headers
-from pystub_backend.backend.frontends.http.access_log import REQUEST_ID_KEY
+from pystub_backend.backend.frontends.http.access_log import PEER_KEY, REQUEST_ID_KEY
 from pystub_backend.backend.frontends.http.codec import (
     INFERENCE_HEADER,
     Body,
@@ -49,7 +49,7 @@ from pystub_backend.backend.options import Restrictions
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 from pystub_backend.ipc.messages.multiplex import MODEL_ID_HEADER, MODEL_ID_PARAMETER
 
-__all__ = ["create_http_app"]
+__all__ = ["create_http_app", "create_inference_app"]
 
 _log = logging.getLogger(__name__)
 
@@ -69,19 +69,15 @@ def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
                     restrictions: Restrictions | None = None,
                     header_forward_pattern: re.Pattern[str] | None = None,
                     remote_control: frozenset[str] = frozenset(),
-                    tracer: Tracer | None = None) -> web.Application:
+                    tracer: Tracer | None = None, trust_internal_peer: bool = False) -> web.Application:
     """The aiohttp application serving `core`; a JSON part above `max_input_size` gets 400, a
     request of a restricted API group without its header gets 403, a state-changing one the
     access policy refuses (frontends/access.py; `remote_control` opens groups) gets 403, and
-    headers matching `header_forward_pattern` become inference request parameters."""
-    policy = AccessPolicy.of(restrictions, remote_control)
-    middlewares: list[Middleware] = [_error_middleware, restriction_middleware(policy)]
-    app = web.Application(
-        client_max_size=max_input_size,
-        middlewares=middlewares,
-        # Request bodies are decompressed here, under the size limit, not by aiohttp's parser.
-        handler_args={"auto_decompress": False},
-    )
+    headers matching `header_forward_pattern` become inference request parameters.
+    `trust_internal_peer` (only for the core's private socket behind frontend workers): the
+    `INTERNAL_PEER` header names the client's address."""
+    front: list[Middleware] = [_internal_peer_middleware] if trust_internal_peer else []
+    app = _application(max_input_size, front, AccessPolicy.of(restrictions, remote_control))
     tracer = tracer or Tracer()
     routes = _Routes(core, max_input_size, header_forward_pattern, tracer)
     router = app.router
@@ -104,6 +100,40 @@ def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
     if hasattr(core, "client_shm"):
         app.add_routes(shm_routes(core))  # system and CUDA shared memory
     return app
+
+
+def create_inference_app(core: ServerCore, fallback: _Handler, front: Middleware, *,
+                         max_input_size: int = 64 * 2**20, restrictions: Restrictions | None = None,
+                         header_forward_pattern: re.Pattern[str] | None = None,
+                         remote_control: frozenset[str] = frozenset()) -> web.Application:
+    """A frontend worker's application: the infer routes of `create_http_app`, and `fallback` for
+    every other request. `front` runs first (it may hand a request to `fallback` itself)."""
+    app = _application(max_input_size, [front], AccessPolicy.of(restrictions, remote_control))
+    routes = _Routes(core, max_input_size, header_forward_pattern, Tracer())  # the core traces
+    for prefix in (_MODEL, _MODEL_VERSION):
+        app.router.add_post(prefix + "/infer", routes.infer)
+    app.router.add_route("*", "/{tail:.*}", fallback)
+    return app
+
+
+def _application(max_input_size: int, front: list[Middleware], policy: AccessPolicy) -> web.Application:
+    middlewares: list[Middleware] = [*front, _error_middleware, restriction_middleware(policy)]
+    return web.Application(
+        client_max_size=max_input_size,
+        middlewares=middlewares,
+        # Request bodies are decompressed here, under the size limit, not by aiohttp's parser.
+        handler_args={"auto_decompress": False},
+    )
+
+
+@web.middleware
+async def _internal_peer_middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """The client's address as the frontend worker saw it (the access policy and log use it)."""
+    peer = request.headers.get(INTERNAL_PEER)
+    if peer is None:
+        return await handler(request)
+    request[PEER_KEY] = peer  # for the access line, which gets the original request
+    return await handler(request.clone(remote=peer))
 
 
 # -- responses and errors --------------------------------------------------------------------------

@@ -1,0 +1,64 @@
+"""The gRPC proxy of a frontend worker: every method the fast path does not serve goes, as bytes,
+to the core's full gRPC server on its private unix socket (`unix:` channel).
+
+One generic stream-stream handler carries every method (gRPC's wire has no arity: a unary call is
+a stream of one message each way). Metadata goes through, with the client's address in
+`access.INTERNAL_PEER` (a copy the client sent is dropped); the core's status, details, initial and
+trailing metadata come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+
+from pystub_backend.backend.frontends.access import INTERNAL_PEER
+
+__all__ = ["GrpcProxy"]
+
+# grpc.aio adds these itself; forwarding them would be refused or duplicated.
+_OWN_METADATA = frozenset({INTERNAL_PEER, "user-agent", "grpc-accept-encoding", "grpc-encoding", "te",
+                           "content-type", "grpc-timeout"})
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+
+
+class GrpcProxy(grpc.GenericRpcHandler):
+    """A generic handler forwarding every method to the core at `unix:<path>`."""
+
+    def __init__(self, path: str) -> None:
+        self._channel = grpc.aio.insecure_channel(f"unix:{path}", options=_CHANNEL_OPTIONS)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = details.method
+        call = self._channel.stream_stream(method, request_serializer=None, response_deserializer=None)
+
+        async def forward(requests: AsyncIterator[bytes],
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+            metadata = [(key, value) for key, value in context.invocation_metadata() or ()
+                        if key not in _OWN_METADATA]
+            metadata.append((INTERNAL_PEER, context.peer() or ""))
+            remaining = context.time_remaining()
+            upstream = call(requests, metadata=metadata, timeout=remaining)
+            try:
+                initial = await upstream.initial_metadata()
+                if initial:
+                    await context.send_initial_metadata(tuple(initial))
+                async for message in upstream:
+                    yield message
+            except asyncio.CancelledError:
+                upstream.cancel()
+                raise
+            except grpc.aio.AioRpcError:
+                pass  # the status is relayed below
+            code = await upstream.code()
+            context.set_trailing_metadata(tuple(await upstream.trailing_metadata() or ()))
+            if code != grpc.StatusCode.OK:
+                context.set_code(code)
+                context.set_details(await upstream.details() or "")
+
+        return grpc.stream_stream_rpc_method_handler(forward)

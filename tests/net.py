@@ -1,0 +1,33 @@
+"""Network helpers the integration tests share: a JSON HTTP call that returns the error body too,
+and this machine's non-loopback address (a real peer from outside loopback, for access checks)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from typing import Any
+
+import psutil
+
+
+def non_loopback_ipv4() -> str | None:
+    """A non-loopback IPv4 address of this machine, None when it has none."""
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return str(address.address)
+    return None
+
+
+def http_json(url: str, method: str, path: str, body: bytes | None = None,
+              headers: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, Any]:
+    """(status, decoded JSON body or None) of `method` `url + path`; an HTTP error is an answer too."""
+    call = urllib.request.Request(f"{url}{path}", data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(call, timeout=timeout) as response:
+            status, payload = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, payload = error.code, error.read()
+    return status, json.loads(payload) if payload else None

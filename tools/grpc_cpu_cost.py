@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""CPU time per gRPC call: what each server's process group spends on one 16 B ModelInfer.
+
+Throughput on a shared machine mixes a server's cost with who got the cores; the CPU time its
+process group spends per call does not (every process and thread counts: grpc's pollers, Rust I/O
+threads, Python stubs). Each server is started as tools/bench_compare.py starts it, warmed up,
+then sent a fixed number of calls from tritonclient in 8 threads; its group's CPU time before and
+after, divided by the calls, is the figure. Servers are measured in turn, rounds rotating the order.
+Resolution: process CPU times tick every 10 ms, so 4000 calls read to about ±2.5 µs per call.
+
+    .venv/bin/python tools/grpc_cpu_cost.py --servers triton,pystub,bare-grpc-aio,bare-grpc-ngh2-asyncio
+
+Servers: pystub, triton (from the peers' venv, as bench_compare installs it) and every bare gRPC
+ceiling of compare/bare.py (the PyPI ones from the candidates' venv). Nothing is installed here:
+run bench_compare once without --no-install first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import psutil
+import tritonclient.grpc as grpcclient
+from compare import environment, servers
+from compare.main import CEILINGS, PYPI_CEILINGS
+
+_THREADS = 8
+_CALL_TIMEOUT = 30.0  # s per call: a server that stops answering fails the run, naming itself
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of every live process in group `pgid` (threads included)."""
+    total = 0.0
+    for process in psutil.process_iter():
+        try:
+            if os.getpgid(process.pid) == pgid:
+                times = process.cpu_times()
+                total += times.user + times.system
+        except (psutil.Error, ProcessLookupError):
+            continue  # gone between listing and reading
+    return total
+
+
+def drive(url: str, calls: int) -> None:
+    """`calls` 16 B identity_fp32 inferences over gRPC from `_THREADS` threads; raises what failed."""
+    errors: list[BaseException] = []
+
+    def worker(count: int) -> None:
+        client = grpcclient.InferenceServerClient(url)
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        try:
+            for _ in range(count):
+                client.infer("identity_fp32", [tensor], client_timeout=_CALL_TIMEOUT)
+        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+            errors.append(error)
+        finally:
+            client.close()
+    threads = [threading.Thread(target=worker, args=(calls // _THREADS,)) for _ in range(_THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise RuntimeError(f"calls to {url} failed: {errors[0]}") from errors[0]
+
+
+def measure(server: servers.Server, calls: int, warmup: int) -> float:
+    """CPU microseconds `server`'s process group spent per call."""
+    drive(server.url("grpc"), warmup)
+    before = group_cpu_seconds(server.process.pid)
+    drive(server.url("grpc"), calls)
+    return (group_cpu_seconds(server.process.pid) - before) / (calls // _THREADS * _THREADS) * 1e6
+
+
+def _start(name: str, workdir: Path, repositories: dict[str, Path]) -> servers.Server:
+    if name == "pystub":
+        return servers.start_pystub(repositories, workdir, client_shm=False)
+    if name == "triton":
+        return servers.start_triton(environment.ensure(install=False), repositories, workdir)
+    python = environment.ensure_candidates(install=False) if name in PYPI_CEILINGS else None
+    return servers.start_bare(name, workdir, python)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    choices = ("pystub", "triton", *(c for c in (*CEILINGS, *PYPI_CEILINGS) if c.startswith("bare-grpc")))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", default="pystub,bare-grpc-aio",
+                        help=f"comma-separated, from: {', '.join(choices)}")
+    parser.add_argument("--calls", type=int, default=4000, help="calls measured per server per round")
+    parser.add_argument("--warmup", type=int, default=400, help="calls before each measurement")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    args.servers = [s for s in args.servers.split(",") if s]
+    bad = [s for s in args.servers if s not in choices]
+    if bad or not args.servers:
+        parser.error(f"unknown server(s) {', '.join(bad)}; choose from {', '.join(choices)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started: list[servers.Server] = []
+    with tempfile.TemporaryDirectory(prefix="pystub-cpu-cost-") as tmp:
+        workdir = Path(tmp)
+        repositories = servers.write_repositories(workdir)
+        try:
+            for name in args.servers:
+                started.append(_start(name, workdir, repositories))
+            servers.wait_ready(started)
+            results: dict[str, list[float]] = {server.name: [] for server in started}
+            for index in range(args.rounds):
+                order = started[index % len(started):] + started[:index % len(started)]
+                for server in order:
+                    results[server.name].append(measure(server, args.calls, args.warmup))
+                    print(f"round {index + 1} {server.name:24} {results[server.name][-1]:7.1f} µs CPU/call",
+                          flush=True)
+        finally:
+            for server in reversed(started):
+                servers.stop(server)
+            servers.sweep_shm(started)
+    print(f"server CPU per 16 B gRPC call, {args.calls} calls x {args.rounds} rounds, median (rounds):")
+    for name, values in results.items():
+        print(f"  {name:24} {statistics.median(values):7.1f} µs  ({', '.join(f'{v:.0f}' for v in values)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
