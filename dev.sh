@@ -30,6 +30,12 @@ case "$cmd" in
             export DIFFERENTIAL_TRITON_ERROR="${triton_error:-tools/triton_env.py failed}"
             echo "$DIFFERENTIAL_TRITON_ERROR" >&2
         fi
+        # The gRPC candidates from PyPI that tests/integration/test_bare_ceilings.py checks: their own
+        # venv, .bench/candidates, wheels only (once, ~15 s). Offline, those cases fail under CI=true
+        # and skip elsewhere.
+        "$VENV/bin/python" -c 'import sys; sys.path.insert(0, "tools")
+from compare.environment import ensure_candidates; ensure_candidates()' >/dev/null \
+            || echo "the bench's gRPC candidates could not be installed into .bench/candidates" >&2
         set +e
         # The checkers first (their configs: ruff.toml, setup.cfg [mypy]); the tests run either way,
         # and a finding fails the run as a failing test would.
