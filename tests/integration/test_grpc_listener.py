@@ -49,8 +49,15 @@ def test_health_check_and_watch_follow_readiness(tmp_path: Path) -> None:
             assert next(watch).status == SERVING
         finally:
             client.close()
+        # Read the watch while the server stops, not after it has exited: a message the client has
+        # not read yet can be lost with the connection once the server process is gone.
+        heard: list[int] = []
+        reader = threading.Thread(target=lambda: heard.extend(response.status for response in watch))
+        reader.start()
         backend.stop()  # shutdown: watchers hear NOT_SERVING and their stream ends
-        assert [response.status for response in watch] == [NOT_SERVING]
+        reader.join(timeout=_DEADLINE)
+        assert not reader.is_alive(), "the health watch did not end at shutdown"
+        assert heard == [NOT_SERVING]
 
 
 def test_reflection_lists_the_services(examples_backend: Backend) -> None:

@@ -155,7 +155,13 @@ def cache_observations(server: Server) -> dict[str, Any]:
 
         a, b = np.arange(4, dtype=np.float32), np.arange(4, dtype=np.float32) + 1
         sequence = [calls(a), calls(a), calls(a, parameters={"tag": "x"}), calls(b), calls(a)]
+        # Triton records a request's statistics after it has sent the response: read until every
+        # call is counted (bounded), so a lagging oracle is not taken for a difference.
+        deadline = time.monotonic() + 5
         row = client.get_inference_statistics("cache_probe")["model_stats"][0]
+        while row["inference_stats"]["success"]["count"] < len(sequence) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            row = client.get_inference_statistics("cache_probe")["model_stats"][0]
     finally:
         client.close()
     stats = row["inference_stats"]
