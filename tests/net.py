@@ -31,3 +31,15 @@ def http_json(url: str, method: str, path: str, body: bytes | None = None,
     except urllib.error.HTTPError as error:
         status, payload = error.code, error.read()
     return status, json.loads(payload) if payload else None
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports free a moment ago (for servers that cannot report theirs)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()

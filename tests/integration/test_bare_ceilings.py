@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from harness import ROOT
+from net import free_ports
 from tritonclient.utils import InferenceServerException
 
 BARE = ROOT / "tools" / "compare" / "bare.py"
@@ -41,17 +41,6 @@ def _candidates_python() -> Path | None:
     bench = Path(os.environ.get("PYSTUB_BENCH_DIR") or ROOT / ".bench")
     python = bench / "candidates" / "bin" / "python"
     return python if python.exists() else None
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _wait_ready(process: subprocess.Popen, http_port: int, mode: str) -> None:
@@ -68,7 +57,7 @@ def _wait_ready(process: subprocess.Popen, http_port: int, mode: str) -> None:
 
 def _serve(mode: str, python: Path | str) -> Iterator[int]:
     """Run `mode` in its own session; yields its gRPC port; kills the whole group after."""
-    http_port, grpc_port = _free_ports(2)
+    http_port, grpc_port = free_ports(2)
     process = subprocess.Popen([str(python), str(BARE), mode, str(http_port), str(grpc_port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                                start_new_session=True)

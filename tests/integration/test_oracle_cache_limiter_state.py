@@ -31,6 +31,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from harness import LONG_LIVED_PIDS, ROOT, Backend, make_repository, module_backend
+from net import free_ports
 
 _DIST = sorted(glob.glob(str(ROOT / ".bench" / "venv" / "lib" / "python3*" / "site-packages" / "pytriton" /
                               "tritonserver")))
@@ -48,18 +49,6 @@ class Server:
     http: int
     grpc: int
     metrics: int
-
-
-def _free_ports(count: int) -> list[int]:
-    import socket
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _triton_dirs(dist: Path, work: Path) -> tuple[Path, Path]:
@@ -93,7 +82,7 @@ def triton(repository: Path, work: Path) -> Iterator[Server]:
     dist = Path(_DIST[0])
     backends, caches = _triton_dirs(dist, work)
     venv = dist.parents[4]
-    http, grpc, metrics = _free_ports(3)
+    http, grpc, metrics = free_ports(3)
     prefix = f"oracle_triton_{os.getpid()}_"
     env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
                LD_LIBRARY_PATH=":".join([sysconfig.get_config_var("LIBDIR") or "",

@@ -33,6 +33,7 @@ from pystub_backend.backend.frontends.workers.pool import WorkerPool
 from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.options import ServerOptions
 from pystub_backend.backend.telemetry.tracing import Tracer
+from pystub_backend.ipc.names import pid_alive
 
 __all__ = ["FrontendWorkers"]
 
@@ -63,20 +64,10 @@ def sweep_stale_directories() -> list[Path]:
             mine = path.stat().st_uid == os.getuid()
         except OSError:
             continue
-        if mine and owner.isdigit() and not _alive(int(owner)):
+        if mine and owner.isdigit() and not pid_alive(int(owner)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class FrontendWorkers:
