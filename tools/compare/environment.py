@@ -38,6 +38,7 @@ import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,19 +115,15 @@ def ensure(install: bool = True) -> BenchEnv:
     Raises SystemExit when an install step fails or the interpreter cannot host Triton's stub.
     """
     venv = BENCH / "venv"
-    python = venv / "bin" / "python"
-    stamp = venv / f".installed-{_stamp()}"
-    if not stamp.exists():
-        if not install:
-            raise SystemExit(f"{venv} is not set up; run without --no-install once")
-        _log(f"installing MLServer, Triton 2.51 ({PYTRITON}) and perf_analyzer into {venv} (once; a few minutes)")
-        if not python.exists():
-            _run([sys.executable, "-m", "venv", str(venv)])
-        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+
+    def fill(pip: list[str]) -> None:
         _run([*pip, *PEER_PACKAGES])
         _run([*pip, "--no-deps", PYTRITON])
         _run([*pip, "--no-deps", "--upgrade", "--target", str(BENCH / "tritonclient-2.50.0"), PERF_ANALYZER_CLIENT])
-        stamp.touch()
+
+    python = _filled_once(venv, venv / f".installed-{_stamp()}", install, fill,
+                          f"installing MLServer, Triton 2.51 ({PYTRITON}) and perf_analyzer into {venv} "
+                          "(once; a few minutes)")
     return _locate(venv, python)
 
 
@@ -136,16 +133,24 @@ def ensure_candidates(install: bool = True) -> Path:
     Raises SystemExit when it is missing and `install` is false, or an install step fails.
     """
     venv = BENCH / "candidates"
-    python = venv / "bin" / "python"
     stamp = venv / f".installed-{hashlib.sha256('|'.join(CANDIDATE_PACKAGES).encode()).hexdigest()[:16]}"
+    return _filled_once(venv, stamp, install, lambda pip: _run([*pip, "--only-binary", ":all:", *CANDIDATE_PACKAGES]),
+                        f"installing the bare gRPC candidates into {venv} (once)")
+
+
+def _filled_once(venv: Path, stamp: Path, install: bool, fill: Callable[[list[str]], None], announce: str) -> Path:
+    """The python of `venv`, created and filled by `fill(pip command)` once (`stamp` records it).
+
+    Raises SystemExit when it is not filled and `install` is false, or an install step fails.
+    """
+    python = venv / "bin" / "python"
     if not stamp.exists():
         if not install:
             raise SystemExit(f"{venv} is not set up; run without --no-install once")
-        _log(f"installing the bare gRPC candidates into {venv} (once)")
+        _log(announce)
         if not python.exists():
             _run([sys.executable, "-m", "venv", str(venv)])
-        _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--only-binary",
-              ":all:", *CANDIDATE_PACKAGES])
+        fill([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
         stamp.touch()
     return python
 
