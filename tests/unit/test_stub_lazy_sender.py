@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from model_stub import model_stub
 
 from pystub_backend.backend.inference import InferRequest, Tensor
-from pystub_backend.backend.supervision.settings import StubSettings
-from pystub_backend.backend.supervision.stub_process import StubProcess
 
 _MODEL = '''
 import threading
@@ -44,22 +43,9 @@ class TritonPythonModel:
             pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.full(1, 9, "int64"))]),
             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 '''
-_CONFIG = '{"name": "lazy", "backend": "python", "max_batch_size": 0}'
-
-
 def _run(tmp_path: Path, mode: int) -> Any:
-    model_path = tmp_path / "lazy" / "1" / "model.py"
-    model_path.parent.mkdir(parents=True)
-    model_path.write_text(_MODEL)
-
     async def main() -> Any:
-        stub = StubProcess("lazy_0", StubSettings(), "lazy")
-        stub.spawn()
-        try:
-            args = {"model_config": _CONFIG, "model_instance_kind": "CPU", "model_instance_name": "lazy_0",
-                    "model_instance_device_id": "0", "model_repository": str(tmp_path / "lazy"),
-                    "model_version": "1", "model_name": "lazy"}
-            await stub.initialize(str(model_path), args, {"decoupled": False})
+        async with model_stub(tmp_path, "lazy", _MODEL) as stub:
             request = InferRequest("lazy", inputs=[Tensor("MODE", "INT64", (1,), np.array([mode], np.int64))])
             (response,) = await asyncio.wait_for(stub.execute([request]), 30.0)
             if not hasattr(response, "outputs"):
@@ -67,8 +53,6 @@ def _run(tmp_path: Path, mode: int) -> Any:
             value = np.frombuffer(response.outputs[0].data, dtype=np.int64).tolist()
             response.release()
             return value
-        finally:
-            await stub.stop(finalize_timeout=10.0)
 
     return asyncio.run(main())
 

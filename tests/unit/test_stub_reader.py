@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from model_stub import model_stub
 
 from pystub_backend.backend.inference import InferRequest, Tensor
-from pystub_backend.backend.supervision.settings import StubSettings
-from pystub_backend.backend.supervision.stub_process import StubProcess
 from pystub_backend.stub.reader import ReadOwnership
 
 _LONG = 30.0  # s: a poll or park this long would fail the test's bound if it were waited out
@@ -117,25 +116,14 @@ class TritonPythonModel:
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data.copy())]))
         return out
 '''
-_CONFIG = '{"name": "handover", "backend": "python", "max_batch_size": 0}'
 _DELAYS_MS = [0, 0, 0, 25, 0, 0, 12, 0, 0, 40, 0, 3]
 
 
 def test_every_frame_arrives_in_order_across_hand_overs(tmp_path: Path) -> None:
     """Short and long executes mixed, 8 in flight: reading passes between the main thread and the
     receiver many times; every request gets its own answer, none is lost or stuck."""
-    model_path = tmp_path / "handover" / "1" / "model.py"
-    model_path.parent.mkdir(parents=True)
-    model_path.write_text(_MODEL)
-
     async def main() -> None:
-        stub = StubProcess("handover_0", StubSettings(), "handover")
-        stub.spawn()
-        try:
-            args = {"model_config": _CONFIG, "model_instance_kind": "CPU", "model_instance_name": "handover_0",
-                    "model_instance_device_id": "0", "model_repository": str(tmp_path / "handover"),
-                    "model_version": "1", "model_name": "handover"}
-            await stub.initialize(str(model_path), args, {"decoupled": False})
+        async with model_stub(tmp_path, "handover", _MODEL) as stub:
             queue = list(range(240))
 
             async def client() -> None:
@@ -149,7 +137,5 @@ def test_every_frame_arrives_in_order_across_hand_overs(tmp_path: Path) -> None:
                     response.release()
 
             await asyncio.gather(*(client() for _ in range(8)))
-        finally:
-            await stub.stop(finalize_timeout=10.0)
 
     asyncio.run(main())

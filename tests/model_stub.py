@@ -1,0 +1,31 @@
+"""A real stub process running a model written inline by the test (no server around it)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from pystub_backend.backend.supervision.settings import StubSettings
+from pystub_backend.backend.supervision.stub_process import StubProcess
+
+
+@contextlib.asynccontextmanager
+async def model_stub(directory: Path, name: str, source: str) -> AsyncIterator[StubProcess]:
+    """Model `name` (version 1, no batching, not decoupled) whose model.py is `source`, written
+    under `directory`, in an initialized stub `name_0`; finalized and stopped afterwards."""
+    model_path = directory / name / "1" / "model.py"
+    model_path.parent.mkdir(parents=True)
+    model_path.write_text(source)
+    stub = StubProcess(f"{name}_0", StubSettings(), name)
+    stub.spawn()
+    try:
+        config = json.dumps({"name": name, "backend": "python", "max_batch_size": 0})
+        args = {"model_config": config, "model_instance_kind": "CPU", "model_instance_name": f"{name}_0",
+                "model_instance_device_id": "0", "model_repository": str(directory / name),
+                "model_version": "1", "model_name": name}
+        await stub.initialize(str(model_path), args, {"decoupled": False})
+        yield stub
+    finally:
+        await stub.stop(finalize_timeout=10.0)
