@@ -36,7 +36,10 @@ from pystub_backend.backend.frontends.trace_settings import grpc_trace_setting
 from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 
-__all__ = ["InferenceServicer"]
+__all__ = ["InferenceServicer", "DECOUPLED_REFUSAL"]
+
+# Triton's answer to ModelInfer for a decoupled model (the frontend workers' core link gives it too).
+DECOUPLED_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 _log = logging.getLogger(__name__)
 
@@ -247,8 +250,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             target = self._core.target(message.model_name, message.model_version)  # the one lookup of this request
             if target is not None and target.decoupled:
-                raise ServerError("ModelInfer RPC doesn't support models with decoupled transaction policy",
-                                  Status.UNSUPPORTED)
+                raise ServerError(DECOUPLED_REFUSAL, Status.UNSUPPORTED)
             decoded = decode_infer_request(message, request.raw_input_contents)
             forward_headers(context.invocation_metadata() or (), decoded.parameters, self._header_pattern)
             if trace is not None:

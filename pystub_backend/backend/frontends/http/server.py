@@ -49,7 +49,10 @@ from pystub_backend.backend.options import Restrictions
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 from pystub_backend.ipc.messages.multiplex import MODEL_ID_HEADER, MODEL_ID_PARAMETER
 
-__all__ = ["create_http_app", "create_inference_app"]
+__all__ = ["create_http_app", "create_inference_app", "DECOUPLED_REFUSAL"]
+
+# Triton's answer to /infer for a decoupled model (the frontend workers' core link gives it too).
+DECOUPLED_REFUSAL = "HTTP end point doesn't support models with decoupled transaction policy"
 
 _log = logging.getLogger(__name__)
 
@@ -258,8 +261,7 @@ class _Routes:
         model, version = _model_ref(request)
         target = self._core.target(model, version)  # the one lookup of this request
         if target is not None and target.decoupled:
-            raise ServerError("HTTP end point doesn't support models with decoupled transaction policy",
-                              Status.UNSUPPORTED)
+            raise ServerError(DECOUPLED_REFUSAL, Status.UNSUPPORTED)
         body = await self._read_body(request)
         decoded = self._decode(body, request, model, version)
         request[REQUEST_ID_KEY] = decoded.request.id  # for the access line (frontends.access_log)

@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 from pystub_backend.backend import client_link
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback
+from pystub_backend.backend.frontends.grpc import servicer as grpc_servicer
+from pystub_backend.backend.frontends.http import server as http_server
 from pystub_backend.backend.frontends.workers.link import (
     ANSWER,
     CANCEL,
@@ -37,9 +39,8 @@ __all__ = ["LinkServer"]
 
 _log = logging.getLogger("pystub.workers")
 
-# The texts Triton's frontends answer a decoupled model with (the in-process frontends' texts).
-_DECOUPLED = {"HTTP": "HTTP end point doesn't support models with decoupled transaction policy",
-              "GRPC": "ModelInfer RPC doesn't support models with decoupled transaction policy"}
+# The texts Triton's frontends answer a decoupled model with: the in-process frontends' own.
+_DECOUPLED = {"HTTP": http_server.DECOUPLED_REFUSAL, "GRPC": grpc_servicer.DECOUPLED_REFUSAL}
 
 
 class LinkServer:
