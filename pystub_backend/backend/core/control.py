@@ -368,8 +368,7 @@ class ModelControl:
             if entry is None or entry.fingerprint != fingerprints[name]:
                 log.info("repository poll: %s '%s'", "reloading" if entry and entry.versions else "loading", name)
                 operations.append(self._exclusive(
-                    # type: ignore[misc]
-                    name, lambda name=name, path=path: self._load(name, path, None, fingerprints[name])))
+                    name, lambda name=name, path=path: self._load(name, path, None, fingerprints[name])))  # type: ignore[misc]
         for name, entry in self._table.entries.items():
             if name not in found and entry.fingerprint is not None:
                 log.info("repository poll: '%s' was removed; unloading it", name)

@@ -156,13 +156,13 @@ class ClientShmRegistry:
     def _open(self, name: str, key: str, offset: int, byte_size: int) -> tuple[int, int, int]:
         """(inode, size, fd) of the client's object, checked. Raises ServerError(INVALID_ARG)."""
         try:
-            name = shm_name(key)
+            posix_name = shm_name(key)
         except ValueError:
             raise _invalid(f"Unable to open shared memory region: '{key}': not a POSIX shared memory name") from None
-        if name[1:].startswith(self._internal_prefix):
+        if posix_name[1:].startswith(self._internal_prefix):
             raise _invalid(f"Unable to open shared memory region: '{key}': it is one of pystub's own objects")
         try:
-            fd = open_client_object(name, writable=True)  # shm_open: O_NOFOLLOW, never creates
+            fd = open_client_object(posix_name, writable=True)  # shm_open: O_NOFOLLOW, never creates
         except OSError as exc:
             log.info("shared memory region '%s': opening '%s' failed: %s", name, key, exc.strerror)
             raise _invalid(f"Unable to open shared memory region: '{key}'") from None  # Triton's text
