@@ -17,8 +17,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-# A citation: the path from the repository root, then an optional anchor.
-CITATION = re.compile(r"docs/((?:[\w-]+/)*[\w-]+\.md)(?:#([\w-]+))?")
+# A citation: the path from the repository root, then optional anchors: `docs/page.md#a`, or more of
+# the same page as `docs/page.md#a, #b and #c` (a line break, and a comment's `#`, may come between).
+CITATION = re.compile(r"docs/((?:[\w-]+/)*[\w-]+\.md)((?:#[\w-]+)(?:,?\s+(?:and\s+)?(?:#\s+)?#[\w-]+)*)?")
+_ANCHOR = re.compile(r"(?<![\w-])#([\w-]+)")
 # What the project keeps outside its repository must not be cited at all.
 OUTSIDE_SPECS = re.compile(r"\b(?:API|PROTOCOL|DESIGN)\.md\b")
 _FENCE = re.compile(r"^\s*(```|~~~)")
@@ -70,15 +72,20 @@ def _tracked_text_files() -> list[Path]:
 
 
 def _citations() -> list[tuple[str, int, str, str | None]]:
+    """(file, line, page, anchor or None) for every citation in the repository's text files."""
     found = []
     for path in _tracked_text_files():
+        if path.resolve() == Path(__file__).resolve():
+            continue  # its examples are not citations
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             continue
-        for number, line in enumerate(text.splitlines(), 1):
-            for match in CITATION.finditer(line):
-                found.append((str(path.relative_to(ROOT)), number, match.group(1), match.group(2)))
+        for match in CITATION.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            anchors_cited = _ANCHOR.findall(match.group(2) or "")
+            for anchor in anchors_cited or [None]:
+                found.append((str(path.relative_to(ROOT)), line, match.group(1), anchor))
     return found
 
 
@@ -111,7 +118,11 @@ def test_the_check_finds_a_missing_page_and_a_missing_section(tmp_path: Path) ->
     page = tmp_path / "page.md"
     page.write_text("# Title\n\n## The `initialize` arguments\n\n```\n# not a heading\n```\n\n## Title\n")
     assert anchors(page) == ["title", "the-initialize-arguments", "title_1"]
-    assert CITATION.findall("see docs/reference/protocol.md#http-routes.") == [("reference/protocol.md", "http-routes")]
+    one = "see docs/reference/protocol.md#http-routes."
+    assert CITATION.findall(one) == [("reference/protocol.md", "#http-routes")]
+    several = CITATION.search("(docs/reference/protocol.md#grpc-service, #request-parameters,\n    # #cancellation).")
+    assert several is not None
+    assert _ANCHOR.findall(several.group(2)) == ["grpc-service", "request-parameters", "cancellation"]
     assert "no-such-section" not in anchors(DOCS / "reference" / "protocol.md")
 
 
