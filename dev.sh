@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # One entry point for newcomers and CI:
 #   ./dev.sh serve [pystub-backend flags...]   set up .venv, start the backend on examples/models
-#   ./dev.sh test  [pytest args...]            set up .venv, run ruff, mypy and the whole test suite
+#   ./dev.sh test  [pytest args...]            set up .venv, run ruff, mypy, the docs build and the
+#                                              whole test suite
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=.venv
+# setup NAME SPEC: install SPEC into .venv unless NAME's stamp is newer than setup.cfg. Serving needs
+# the package alone; the test command adds the test, dev and docs extras (one stamp each, so a
+# `serve` after a `test` installs nothing and a `test` after a `serve` adds what is missing).
 setup() {
-    local stamp=$VENV/.installed
+    local stamp=$VENV/.installed-$1
     if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
         python3 -m venv "$VENV"
         "$VENV/bin/pip" install --quiet --upgrade pip
-        "$VENV/bin/pip" install --quiet -e '.[test,dev]'
+        "$VENV/bin/pip" install --quiet -e "$2"
         touch "$stamp"
     fi
 }
@@ -18,11 +22,11 @@ cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
     serve)
-        setup
+        setup serve .
         exec "$VENV/bin/pystub-backend" --model-repository examples/models "$@"
         ;;
     test)
-        setup
+        setup test '.[test,dev,docs]'
         # Real Triton 2.51 is the oracle of tests/differential: install it into .bench/venv (once).
         # Offline, the tier fails under CI=true and skips with the reason elsewhere.
         # The reason travels to the tier in DIFFERENTIAL_TRITON_ERROR, so test workers do not retry.
@@ -43,6 +47,11 @@ from compare.environment import ensure_candidates; ensure_candidates()' >/dev/nu
         lint=$?
         "$VENV/bin/mypy" pystub_backend
         types=$?
+        # The docs site (mkdocs.yml): --strict turns every broken link or anchor into a failure.
+        site=$(mktemp -d)
+        "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$site"
+        docs=$?
+        rm -rf "$site"
         # Three workers on two cores: most tests wait on real servers rather than compute
         # (22 min serially, under 5 min this way). Whole files per worker keep module-scoped
         # backends shared; pass -n0 to run serially.
@@ -52,6 +61,7 @@ from compare.environment import ensure_candidates; ensure_candidates()' >/dev/nu
         [ $rc -eq 5 ] && { echo "pytest collected no tests"; rc=0; }
         [ $lint -ne 0 ] && { echo "ruff reported findings (above)"; [ $rc -eq 0 ] && rc=1; }
         [ $types -ne 0 ] && { echo "mypy reported errors (above)"; [ $rc -eq 0 ] && rc=1; }
+        [ $docs -ne 0 ] && { echo "mkdocs build --strict failed (above)"; [ $rc -eq 0 ] && rc=1; }
         exit $rc
         ;;
     *)

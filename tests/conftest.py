@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from harness import EXAMPLES, Backend, LeakSnapshot, check_no_leaks, module_backend
+from harness import EXAMPLES, Backend, LeakSnapshot, check_no_leaks, module_backend, remove_backend_logs
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -24,9 +24,17 @@ def _warm_up_client_libraries() -> None:
     channel.close()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _backend_logs_removed() -> Iterator[None]:
+    """Backend logs live until the session ends (module-scoped backends outlive their tests)."""
+    yield
+    remove_backend_logs()
+
+
 @pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
-    """Fail a test that leaves /dev/shm entries, child processes or file descriptors behind."""
+    """Fail a test that leaves /dev/shm entries, child processes, file descriptors or its backends'
+    temporary files behind."""
     before = LeakSnapshot.take()
     yield
     problems = check_no_leaks(before)

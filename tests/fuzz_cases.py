@@ -174,7 +174,7 @@ def _valid_document(spec: ModelSpec, draw: Any) -> tuple[dict[str, Any], list[by
 
 _MUTATIONS = ["shape", "edge_shape", "datatype", "name", "size", "data", "duplicate", "drop", "shm", "parameters",
               "edge_parameters", "id", "outputs", "type_of_field", "extra_bytes", "oversize_metadata"]
-# Metadata over the 128 KiB control frame (issue 18): it must travel to the stub (spilled into
+# Metadata over the 128 KiB control frame: it must travel to the stub (spilled into
 # the arena) or be refused with a 4xx, never a 500, and never fail another request.
 OVERSIZE_CHARS = [131_000, 140_000, 300_000]
 MANY_OUTPUTS = 20_000

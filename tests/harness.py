@@ -3,7 +3,9 @@
 `Backend` starts the server as a subprocess (its own process group) with ports 0, learns the
 bound ports from its log, and on `stop()` sends SIGTERM and checks that it exits 0 and leaves
 nothing of its own in /dev/shm. `LeakSnapshot` records this test process's /dev/shm entries,
-child processes and file descriptors, so a test that leaves any behind fails.
+child processes, file descriptors and the temporary files of the backends it started, so a test
+that leaves any behind fails. Backend logs go to one directory per test process, removed when the
+session ends (`remove_backend_logs`; PYSTUB_KEEP_TEST_LOGS=1 keeps it and says where it is).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import gc
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,7 +59,8 @@ class Backend:
         self.process: subprocess.Popen | None = None
         self.ports: dict[str, int] = {}
         # Kept open for the backend's lifetime (it is the backend's stdout); closed in stop().
-        self._log_file = tempfile.NamedTemporaryFile(prefix="pystub-backend-", suffix=".log", delete=False)  # noqa: SIM115
+        self._log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            prefix="pystub-backend-", suffix=".log", delete=False, dir=backend_log_dir())
         self.log_path = Path(self._log_file.name)
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -184,6 +188,40 @@ class Backend:
         return f"http://127.0.0.1:{self.ports['metrics']}/metrics"
 
 
+_LOG_DIRS: list[Path] = []  # at most one: this process's backend logs
+# Temporary files and directories the server names after its pid (model overrides, the frontend
+# workers' sockets): `pystub_override_<pid>_...`, `pystub-frontend-<pid>-...`.
+_PID_NAMED_TEMP = re.compile(r"^pystub[-_][a-z]+[-_](\d+)[-_]")
+
+
+def backend_log_dir() -> Path:
+    """The directory of this test process's backend logs, made on first use."""
+    if not _LOG_DIRS:
+        _LOG_DIRS.append(Path(tempfile.mkdtemp(prefix="pystub-test-logs-")))
+    return _LOG_DIRS[0]
+
+
+def remove_backend_logs() -> None:
+    """Remove the backend logs of this test process (at the end of the session; a failing test has
+    already shown the log in its error)."""
+    while _LOG_DIRS:
+        directory = _LOG_DIRS.pop()
+        if os.environ.get("PYSTUB_KEEP_TEST_LOGS") == "1":
+            print(f"backend logs kept in {directory}", file=sys.stderr)
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _temp_entries(owners: set[int]) -> set[str]:
+    """Entries of the temporary directory that a process in `owners` named after its pid."""
+    entries = set()
+    for name in os.listdir(tempfile.gettempdir()):
+        match = _PID_NAMED_TEMP.match(name)
+        if match and int(match.group(1)) in owners:
+            entries.add(name)
+    return entries
+
+
 # gRPC-core starts and retires its pollers (an epoll fd and an eventfd) lazily, on its own schedule,
 # whatever the test did; they are not ours. A leaked asyncio loop still shows, by its socket pair.
 _GRPC_POLLER_FDS = ("anon_inode:[eventpoll]", "anon_inode:[eventfd]")
@@ -206,6 +244,7 @@ class LeakSnapshot:
     shm: set[str] = field(default_factory=set)
     children: set[int] = field(default_factory=set)
     fds: dict[int, str] = field(default_factory=dict)
+    temp: set[str] = field(default_factory=set)
 
     @classmethod
     def take(cls) -> LeakSnapshot:
@@ -221,12 +260,14 @@ class LeakSnapshot:
             if child.pid not in LONG_LIVED_PIDS and not ancestors & LONG_LIVED_PIDS:
                 children.add(child.pid)
         fds = {fd: t for fd, t in _fd_targets().items() if fd not in LONG_LIVED_FDS}
-        return cls(shm, children, fds)
+        return cls(shm, children, fds, _temp_entries(owners - {os.getpid()}))
 
     def leaks_since(self, before: LeakSnapshot) -> list[str]:
         problems = []
         if self.shm - before.shm:
             problems.append(f"/dev/shm entries left: {sorted(self.shm - before.shm)}")
+        if self.temp - before.temp:
+            problems.append(f"temporary files left in {tempfile.gettempdir()}: {sorted(self.temp - before.temp)}")
         if self.children - before.children:
             described = []
             for pid in sorted(self.children - before.children):

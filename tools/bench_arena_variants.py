@@ -2,9 +2,8 @@
 """Two versions of pystub's IPC in one run: this tree and a baseline git ref (default `main`),
 by running tools/bench_ipc.py of each tree in alternation, so both see the same machine load.
 
-Made for issue 19 (anonymous memfd arenas against the named /dev/shm ones of `main` before it was
-merged): the baseline is checked out into a temporary detached worktree, measured with this
-tree's interpreter, and removed at the end.
+Made to compare anonymous memfd arenas against the named /dev/shm ones they replaced: the baseline is checked out
+into a temporary detached worktree, measured with this tree's interpreter, and removed at the end.
 
     tools/bench_arena_variants.py                          # 16 B, 16 MiB, 64 MiB; 3 runs each
     tools/bench_arena_variants.py --baseline <ref> --runs 5 --sizes 16,64M

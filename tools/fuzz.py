@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Long fuzzing runs: the CI fuzz tests with many more cases (issue 11).
+"""Long fuzzing runs: the CI fuzz tests with many more cases.
 
     tools/fuzz.py                         about 100 000 cases (15x what CI runs)
     tools/fuzz.py --examples 1000000      a million

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Soak: mixed traffic against a real pystub-backend for a while, with leak checks (issue 11).
+"""Soak: mixed traffic against a real pystub-backend for a while, with leak checks.
 
     tools/soak.py                       2 minutes, 6 clients (what CI runs)
     tools/soak.py --seconds 3600        an hour

@@ -12,8 +12,8 @@ active), with the load running throughout and abrupt clients closing connections
                   MiB, while large requests make arenas grow: those fail with `Failed to increase
                   the shared memory pool size`; then free it
     shrink shm    a client registers a system shm region, serves requests from it, then truncates
-                  it: requests naming it fail with INVALID_ARGUMENT, the backend lives (before
-                  issue 18: SIGBUS, every model down); grown back, it serves again
+                  it: requests naming it fail with INVALID_ARGUMENT, the backend lives (a server
+                  that mapped the region would die of SIGBUS); grown back, it serves again
     reload        unload a model and load it again (explicit model control): its queued and
                   in-flight requests fail with "is unloading"/"was unloaded", and requests meanwhile
                   with "Request for unknown model ... has no available versions"

@@ -187,7 +187,7 @@ def batched(clients: Clients, rng: random.Random) -> int:
 
 
 def big_metadata(clients: Clients, rng: random.Random) -> int:
-    """Metadata over the 128 KiB control frame (issue 18): a 140 KB id or 200 KB of parameters,
+    """Metadata over the 128 KiB control frame: a 140 KB id or 200 KB of parameters,
     through the dynamic batcher among ordinary requests; it travels spilled into the arena and must
     neither fail nor fail the requests batched with it."""
     data = _floats(rng, (16, 256))
@@ -257,7 +257,7 @@ _JSON_PATHS = ("/v2/models/identity_fp32/infer", "/v2/models/identity_fp32/gener
 
 
 def hostile_json(clients: Clients, rng: random.Random) -> int:
-    """Issue 18: JSON nested deeper than the parser allows is a 400 naming the parse failure (it was
+    """JSON nested deeper than the parser allows is a 400 naming the parse failure (it was
     a 500 and a logged traceback), whatever else the server is doing."""
     path, depth = rng.choice(_JSON_PATHS), rng.choice((200, 5_000, 100_000))
     body = b"[" * depth + (b"]" * depth if rng.random() < 0.5 else b"")

@@ -1,4 +1,4 @@
-"""The `pystub-backend` command line, compatible with `tritonserver`'s (PROTOCOL.md section 17).
+"""The `pystub-backend` command line, compatible with `tritonserver`'s (docs/command-line.md).
 
 Every tritonserver 2.51 flag is accepted (the list and what each does here: `flags.FLAGS`); both
 `--flag=value` and `--flag value` work. A flag tritonserver does not have is a usage error naming

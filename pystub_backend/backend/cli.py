@@ -1,4 +1,4 @@
-"""`pystub-backend`: parse the command line (arguments.py), configure logging, serve.
+"""`pystub-backend`: parse the command line (arguments.py; docs/command-line.md), configure logging, serve.
 
 The server is imported only once the flags are parsed, so `--help` and a usage error stay fast.
 """

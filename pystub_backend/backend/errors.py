@@ -1,7 +1,7 @@
 """The one exception type the backend's core raises towards the frontends.
 
 Every error a client can see is a `ServerError` carrying a `Status`; the frontends map the status to
-an HTTP status code or a gRPC code with the tables below (PROTOCOL.md section 1).
+an HTTP status code or a gRPC code with the tables below (docs/reference/protocol.md#listeners-limits-and-errors).
 """
 
 from __future__ import annotations

@@ -152,7 +152,8 @@ class ServerCore(Protocol):
         ...
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        """`{"name", "versions", "platform", "inputs", "outputs"}` (PROTOCOL.md section 5)."""
+        """`{"name", "versions", "platform", "inputs", "outputs"}`
+        (docs/reference/protocol.md#model-configuration-and-metadata)."""
         ...
 
     def model_config(self, name: str, version: str = "") -> Any:
@@ -181,7 +182,7 @@ class ServerCore(Protocol):
         ...
 
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
-        """The `model_stats` list in the HTTP JSON form of PROTOCOL.md section 8."""
+        """The `model_stats` list in the HTTP JSON form of docs/reference/protocol.md#statistics-extension."""
         ...
 
 

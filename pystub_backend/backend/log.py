@@ -15,7 +15,7 @@ request id cannot forge a line or drive the terminal. Text formats write `\n`, `
 `\x1b` ...; a traceback keeps its own line breaks, each continuation line under the record's head,
 so every physical line starts with a true head. JSON escapes them as JSON does.
 
-`LogSettings` mirrors the logging extension (PROTOCOL.md section 9); the filter consults it on
+`LogSettings` mirrors the logging extension (docs/reference/protocol.md#logging-extension); the filter consults it on
 every record, so a change through `/v2/logging` takes effect at once. The extension accepts only
 Triton's two formats (as Triton does); `json` is chosen on the command line.
 """
@@ -91,7 +91,7 @@ def _checked(key: str, value: Any) -> Any:
 
 
 def update_settings(updates: Mapping[str, Any]) -> dict[str, object]:
-    """Apply a logging-extension update (PROTOCOL.md section 9) and return every setting.
+    """Apply a logging-extension update (docs/reference/protocol.md#logging-extension) and return every setting.
 
     All or nothing: every value is checked before any is applied. Omitted keys stay as they are;
     unknown keys are ignored, as Triton does. Raises ServerError: UNSUPPORTED for `log_file`,

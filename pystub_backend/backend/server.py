@@ -103,7 +103,7 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
 
 
 async def _start_frontend_workers(core: Core, options: ServerOptions, listeners: Listeners) -> None:
-    """The core's full apps on private sockets, and the workers on the public ports (issue 20)."""
+    """The core's full apps on private sockets, and the workers on the public ports."""
     from pystub_backend.backend.frontends.admin import admin_routes
     from pystub_backend.backend.frontends.http.server import create_http_app
     from pystub_backend.backend.worker_pool import FrontendWorkers

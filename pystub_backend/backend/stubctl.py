@@ -3,13 +3,17 @@
     stubctl [status] [--url URL] [--json] [--watch [SECONDS]]
     stubctl restart MODEL [INSTANCE] [--url URL]
 
-Exit status 1 when any stub is unhealthy (usable as a probe), 2 when the backend cannot be reached.
+Exit status 1 when any stub is unhealthy (usable as a probe), 2 when the backend cannot be reached,
+141 (128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe) when whoever reads
+the output stopped reading (`stubctl --json | head -1`): that ends stubctl quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 import urllib.error
@@ -26,6 +30,28 @@ _COLUMNS = (
 )
 _MULTIPLEXED = ("SUB-MODELS", "multiplexed_models")  # shown when any stub holds sub-models
 _MAX_IDS_CELL = 40
+_CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE
+
+
+class _OutputClosedError(Exception):
+    """Standard output's reader is gone; nothing more can be shown."""
+
+
+def _show(text: str) -> None:
+    """Print `text` and flush, so a closed pipe shows here (as `_OutputClosedError`), not as a
+    BrokenPipeError of the HTTP connection's or at interpreter exit."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        raise _OutputClosedError from None
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, as CPython's "Note on SIGPIPE" recommends: the interpreter
+    flushes stdout at exit, which would raise BrokenPipeError again on the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def fetch_stubs(url: str, timeout: float = 5.0) -> list[dict[str, Any]]:
@@ -75,7 +101,7 @@ def _restart(url: str, model: str, instance: str | None) -> int:
     request = urllib.request.Request(url.rstrip("/") + path, data=b"", method="POST")
     try:
         with urllib.request.urlopen(request, timeout=600) as response:
-            print("restarted: " + ", ".join(json.loads(response.read())["restarted"]))
+            _show("restarted: " + ", ".join(json.loads(response.read())["restarted"]))
             return 0
     except urllib.error.HTTPError as error:
         print(f"stubctl: {json.loads(error.read() or b'{}').get('error', error.reason)}", file=sys.stderr)
@@ -84,7 +110,7 @@ def _restart(url: str, model: str, instance: str | None) -> int:
 
 def _status(url: str, as_json: bool) -> int:
     rows = fetch_stubs(url)
-    print(json.dumps(rows, indent=2) if as_json else format_table(rows), flush=True)
+    _show(json.dumps(rows, indent=2) if as_json else format_table(rows))
     return 0 if all(row["healthy"] for row in rows) else 1
 
 
@@ -108,7 +134,10 @@ def main(argv: list[str] | None = None) -> None:
             if args.watch is None:
                 sys.exit(code)
             time.sleep(args.watch)
-            print()
+            _show("")
+    except _OutputClosedError:
+        _silence_stdout()
+        sys.exit(_CLOSED_PIPE_STATUS)
     except (OSError, ValueError, KeyError) as exc:
         print(f"stubctl: cannot reach the backend at {url}: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -1,4 +1,4 @@
-"""BYTES tensor serialization (API.md section 5).
+"""BYTES tensor serialization (docs/reference/model-api.md#bytes-tensors).
 
 Layout, elements in C order, nothing else:
 

@@ -1,7 +1,8 @@
 """The message queues between backend and stub: a SOCK_SEQPACKET socket pair.
 
-DESIGN.md offers kernel POSIX message queues or a shm ring buffer with semaphores. A SEQPACKET
-Unix socket pair does the job of both directions' queues with none of their costs:
+The alternatives were kernel POSIX message queues and a shm ring buffer with semaphores
+(docs/design.md#the-channel-a-socket-pair-not-message-queues). A SEQPACKET Unix socket pair does the job of both
+directions' queues with none of their costs:
 - no per-user caps: mqueues allow ~10 queues of 8 KiB x 10 messages under default limits, far
   short of 64 stubs; a socket pair is limited only by the file-descriptor table;
 - frames are atomic: one send is one message, never torn, never merged, even with several

@@ -1,4 +1,4 @@
-"""Data types: wire names, config names, numpy dtypes and element sizes (API.md section 4).
+"""Data types: wire names, config names, numpy dtypes and element sizes (docs/reference/model-api.md#data-types).
 
 The wire name (`FP32`, `BYTES`) is what travels in requests, in IPC frames and in metadata; the
 config name (`TYPE_FP32`, `TYPE_STRING`) is what `config.pbtxt` uses; the code is the

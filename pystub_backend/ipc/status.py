@@ -1,7 +1,7 @@
 """Status codes shared by the backend and the stub.
 
-The numbering is pb_utils' `TritonError` numbering (API.md 6.2), so a code raised by a model in the
-stub crosses the process boundary as a plain int and means the same thing on the other side.
+The numbering is pb_utils' `TritonError` numbering (docs/reference/model-api.md#errors), so a code raised by a model
+in the stub crosses the process boundary as a plain int and means the same thing on the other side.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ viewing one back.
     arena handle  = [segment, offset, nbytes]                       pystub_backend.ipc.arena.Handle
     region handle = [generation, offset, nbytes, key, inode]        bytes in a client's region
 
-A region handle names bytes in a system shared memory region a client registered (PROTOCOL.md
-section 11), so that a tensor the client already put in shared memory crosses to the stub without
-a copy through the backend:
+A region handle names bytes in a system shared memory region a client registered
+(docs/reference/protocol.md#system-shared-memory-extension), so that a tensor the client already put in shared
+memory crosses to the stub without a copy through the backend:
 
     generation  the registration, unique per backend; the stub caches its mapping under it and
                 drops it when the backend says the registration is gone (ClientShmForget)

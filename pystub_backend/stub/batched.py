@@ -1,4 +1,4 @@
-"""`execute_batch`: batched execution for model authors (a pystub extension, see README).
+"""`execute_batch`: batched execution for model authors (a pystub extension, docs/batching.md#execute_batch).
 
 A model may define `execute_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]`
 (sync or `async def`) instead of `execute`. For each batch the stub:

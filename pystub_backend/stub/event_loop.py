@@ -1,4 +1,5 @@
-"""The per-instance asyncio loop on which `async def execute` coroutines run (API.md section 8).
+"""The per-instance asyncio loop on which `async def execute` coroutines run
+(docs/reference/model-api.md#async-execute).
 
 Created on first use on a daemon thread; coroutines are submitted with run_coroutine_threadsafe;
 a failed coroutine's traceback is logged by a done-callback; finalize stops the loop.

@@ -1,10 +1,10 @@
 """One EXECUTE frame on the stub's main thread: the batch's requests built, the model's `execute`
 run (pystub_backend.stub.executor), and one EXECUTE_DONE carrying the responses it returned.
 
-The common request costs only what it uses: its sender (a closure, the sender and its weakref
-finalizer) is made when the model first asks for it, and after `execute` only for a request that
-is still open (the model answers it later, or dropped it: the finalizer then fails it, API.md 7);
-its requested-output set is built once, on its state.
+The common request costs only what it uses: its sender (a closure, the sender and its weakref finalizer) is made
+when the model first asks for it, and after `execute` only for a request that is still open (the model answers it
+later, or dropped it: the finalizer then fails it, docs/reference/model-api.md#decoupled-mode-and-senders); its
+requested-output set is built once, on its state.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Running one batch through the model's `execute` and checking what it returns (API.md 2.2).
+"""Running one batch through the model's `execute` and checking what it returns
+(docs/reference/model-api.md#what-execute-may-return).
 
 Default mode: `execute` returns a list with one entry per request: an `InferenceResponse`, or None
 when the request's sender answered (or will answer) it. Decoupled mode: it returns None and every

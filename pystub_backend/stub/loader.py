@@ -1,4 +1,4 @@
-"""Importing a user's `model.py` the way Triton's stub does (API.md section 1).
+"""Importing a user's `model.py` the way Triton's stub does (docs/reference/model-api.md#files-imports-and-processes).
 
 The version dir, the model dir and the dir holding `triton_python_backend_utils.py` are appended to
 `sys.path`, in that order; the file is imported as `<version>.<stem>` (the version dir acts as a

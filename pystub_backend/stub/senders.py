@@ -121,8 +121,8 @@ class RequestRegistry:
             self._send_response(state, response, flags)
 
         sender = pb_utils.InferenceResponseSender(send, lambda: state.cancelled, decoupled=self._decoupled())
-        # pystub goes further than Triton (API.md 7): a sender dropped before FINAL fails its
-        # request instead of leaving the client waiting forever.
+        # pystub goes further than Triton (docs/reference/model-api.md#decoupled-mode-and-senders): a sender dropped
+        # before FINAL fails its request instead of leaving the client waiting forever.
         weakref.finalize(sender, self._sender_dropped, state).atexit = False
         return sender
 

@@ -333,7 +333,7 @@ class Stub:
         self.send(msg.FinalizeDone(error))
 
     def _is_ready(self, token: int) -> None:
-        """Run the model's `is_ready()` (sync or async) and report it (API.md 2.3)."""
+        """Run the model's `is_ready()` (sync or async) and report it (docs/reference/model-api.md#model-readiness)."""
         ready, error = False, None
         try:
             result = self.model.is_ready()

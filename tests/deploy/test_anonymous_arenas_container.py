@@ -1,4 +1,4 @@
-"""Arenas without names (issue 19) where it matters: a container-sized /dev/shm, and models that
+"""Arenas without names where it matters: a container-sized /dev/shm, and models that
 try to read other instances' memory.
 
 Both run the image's entrypoint in the container sandbox (container_sandbox: a private mount

@@ -20,6 +20,7 @@ from manifests import CHART, EXAMPLE_VALUES, KSERVE_MANIFESTS, by_kind, load_doc
 
 VALUE_SETS = {"default": {}, "keda": {"autoscaling": {"enabled": True, "engine": "keda"}},
               "hpa": {"autoscaling": {"enabled": True, "engine": "hpa"}, "probes": {"grpc": True}},
+              "client-shm": {"shmSizeLimit": "256Mi"},
               **{path.name: values_file(path) for path in EXAMPLE_VALUES}}
 ADAPTER_VALUES = CHART.parent / "examples" / "prometheus-adapter-values.yaml"
 
@@ -110,7 +111,11 @@ def test_the_rendered_objects_are_wired_together(values: dict[str, Any]) -> None
     assert pod["spec"]["terminationGracePeriodSeconds"] > float(_flag(args, "exit-timeout-secs")) + preStop
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    # pystub's arenas are memfds: /dev/shm is only for clients' regions, mounted when sized
+    if values.get("shmSizeLimit"):
+        assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": values["shmSizeLimit"]}
+    else:
+        assert "/dev/shm" not in mounts and "dshm" not in volumes
     for scaler in (objects.get("ScaledObject"), objects.get("HorizontalPodAutoscaler")):
         if scaler is not None:
             assert scaler["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",

@@ -1,4 +1,4 @@
-"""The access policy of state-changing calls (issue 18 item 2; frontends/access.py), against real
+"""The access policy of state-changing calls (frontends/access.py), against real
 backends and real peers.
 
 The backend binds 0.0.0.0 and the client connects to a non-loopback address of this machine, so the

@@ -1,4 +1,4 @@
-"""Arenas without names (issue 19), through real backends and stubs.
+"""Arenas without names, through real backends and stubs.
 
 - While a server serves, neither it nor its stubs has anything in /dev/shm: every shared mapping
   is an anonymous memfd, and no process keeps a descriptor of one (so /proc/<pid>/fd shows none).

@@ -1,5 +1,5 @@
 """pb_utils.new_output_array: outputs filled in shared memory reach the client without a copy, are
-handed over once, and leave the arena as it was (issue 3, zero copy)."""
+handed over once, and leave the arena as it was (zero copy)."""
 
 from __future__ import annotations
 

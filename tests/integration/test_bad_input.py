@@ -1,4 +1,4 @@
-"""Bad input gets a clear error with the right status, and nothing else breaks (issue 2, item 7)."""
+"""Bad input gets a clear error with the right status, and nothing else breaks."""
 
 from __future__ import annotations
 

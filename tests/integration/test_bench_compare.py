@@ -1,7 +1,7 @@
 """tools/bench_compare.py, pystub side only: it starts a server, measures, prints the table, cleans up.
 
 The full comparison (Triton, MLServer, perf_analyzer) installs peers into .bench/ and runs for
-most of an hour: a documented manual command (README "Comparing with Triton and MLServer"), not
+most of an hour: a documented manual command (docs/comparing.md#comparing-with-triton-and-mlserver), not
 a CI test. This one downloads nothing.
 """
 

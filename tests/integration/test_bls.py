@@ -1,4 +1,4 @@
-"""BLS (issue 6): models calling models from `execute`, sync, async and decoupled; target checks,
+"""BLS: models calling models from `execute`, sync, async and decoupled; target checks,
 deadlines, cancellation, stub death on either side, deadlock refusal, and a 10,000-call leak test.
 
 The driver models (tests/models/bls_*) report what they saw in an INFO tensor; the tests check it.

@@ -1,7 +1,7 @@
-"""Chaos under load (issue 11): while tools/soak.py's mixed traffic runs, kill -9 three stubs,
+"""Chaos under load: while tools/soak.py's mixed traffic runs, kill -9 three stubs,
 SIGSTOP one for twice the heartbeat timeout, fill /dev/shm (which, since arenas are anonymous
-memfds, must fail nothing: issue 19), truncate a client's registered shm region under the server
-(issue 18: its requests fail with INVALID_ARGUMENT, the backend lives), unload and reload a model,
+memfds, must fail nothing), truncate a client's registered shm region under the server
+(its requests fail with INVALID_ARGUMENT, the backend lives), unload and reload a model,
 and close clients abruptly all along
 (tools/soak_chaos.py).
 
@@ -44,7 +44,7 @@ def test_faults_under_load_lose_nothing_and_the_server_recovers(tmp_path: Path) 
     assert faults == ["kill -9"] * options.kills + ["SIGSTOP", "fill shm", "shrink shm", "reload"], report["faults"]
     assert not any(fault["detail"].startswith(("could not", "skipped")) for fault in report["faults"])
     causes = totals["by_cause"]
-    # Arenas are anonymous memfds (issue 19): filling /dev/shm no longer makes any request fail.
+    # Arenas are anonymous memfds: filling /dev/shm no longer makes any request fail.
     assert causes.get("shm full", 0) == 0, causes
     assert causes.get("model unloaded", 0) > 0, causes  # the reload failed the model's requests meanwhile
     assert causes.get("client closed", 0) > 0, causes

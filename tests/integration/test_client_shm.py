@@ -239,7 +239,9 @@ def test_mixing_shm_and_regular_tensors(tc: Any, protocol: str) -> None:
         np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [4]), a + b)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
         response = result.get_response()
-        if protocol == "http":  # PROTOCOL.md 16.3: the shm output is {name, datatype, shape} only
+        # docs/reference/protocol.md#compatibility-with-perf_analyzer: the shm output is {name, datatype, shape}
+        # only
+        if protocol == "http":
             assert response["outputs"][0] == {"name": "OUTPUT0", "datatype": "FP32", "shape": [4]}
         else:  # 16.2: one raw_output_contents entry per output, empty for the shm one
             assert [o.name for o in response.outputs] == ["OUTPUT0", "OUTPUT1"]

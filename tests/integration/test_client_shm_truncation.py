@@ -1,4 +1,4 @@
-"""A client's shm region that its owner truncates, removes or replaces (issue 18, item 3).
+"""A client's shm region that its owner truncates, removes or replaces.
 
 The backend never maps a client's object, so it cannot die of SIGBUS (before: a BYTES input in a
 truncated region killed it with exit 135, taking every model down). What it reads, it reads with

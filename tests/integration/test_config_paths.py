@@ -1,4 +1,4 @@
-"""Paths taken from a model config stay inside the model directory (issue 18 item 2), on a real backend.
+"""Paths taken from a model config stay inside the model directory, on a real backend.
 
 A planted `model.py` outside the repository writes a marker file when it is imported: a load that
 would run it (auto-complete imports it in a throw-away stub, an instance imports it) leaves the

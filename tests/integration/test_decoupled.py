@@ -1,4 +1,4 @@
-"""Decoupled models, async execute, streaming frontends, cancellation and back-pressure (issue 5)."""
+"""Decoupled models, async execute, streaming frontends, cancellation and back-pressure."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Dynamic batching (issue 7) through a real backend and real stubs: preferred sizes, the queue
+"""Dynamic batching through a real backend and real stubs: preferred sizes, the queue
 delay, max_batch_size, shapes that cannot batch, priorities and queue policies (timeouts with
 REJECT and DELAY, max_queue_size) over HTTP and gRPC, preserve_ordering, per-request errors,
 statistics, `execute_batch` with config defaults, and unload with queued work.

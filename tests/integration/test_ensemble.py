@@ -1,4 +1,4 @@
-"""Ensembles (issue 6): `platform: "ensemble"` models run as data-flow graphs of other models.
+"""Ensembles: `platform: "ensemble"` models run as data-flow graphs of other models.
 
 ens_diamond: four steps (two in parallel, one join): A1 = X + 1, Y = (X + 2) * (X + 1).
 ens_stream_pipeline: a decoupled step (ens_stream) whose every response goes on through bls_leaf.

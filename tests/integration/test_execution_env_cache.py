@@ -1,4 +1,4 @@
-"""The execution-environment cache is private and checked at every use (issue 18 item 7).
+"""The execution-environment cache is private and checked at every use.
 
 The real extraction code runs in process on the real filesystem (as the archive checks in
 test_security.py do). The planted directories are what another user of the machine could leave at

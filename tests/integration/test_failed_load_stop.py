@@ -1,4 +1,4 @@
-"""A failed load stops its stub without waiting on a signal the stub ignores (issue 21 item 6).
+"""A failed load stops its stub without waiting on a signal the stub ignores.
 
 Stubs ignore SIGTERM by design (they stop on FINALIZE). A stub whose initialize passed its
 deadline was never told to exit: the old ladder waited 2 s for an exit, sent SIGTERM, waited 1 s

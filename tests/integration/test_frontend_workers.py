@@ -1,4 +1,4 @@
-"""`--frontend-workers N` (issue 20 item 4) against a real backend, real workers and real clients.
+"""`--frontend-workers N` against a real backend, real workers and real clients.
 
 The workers serve the public ports (SO_REUSEPORT); inference is decoded in a worker and run in the
 core over the core link; every other call goes through the workers' proxies to the core's full

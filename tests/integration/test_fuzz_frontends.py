@@ -1,4 +1,4 @@
-"""Fuzzing the HTTP and gRPC frontends of a real server (issue 11).
+"""Fuzzing the HTTP and gRPC frontends of a real server.
 
 One module-scoped backend serves the fuzz models (examples plus `identity_2d`) with client shared
 memory on and one registered region, so shared-memory parameters that point anywhere meet a real
@@ -166,7 +166,7 @@ def test_shared_memory_registration_answers_or_refuses(connection: httplib.HTTPC
 
 @pytest.fixture(scope="module")
 def shrinking_region(backend: Backend) -> Iterator[str]:
-    """A client shm object registered as region 'shrinking', whose owner truncates it (issue 18)."""
+    """A client shm object registered as region 'shrinking', whose owner truncates it."""
     key = f"/fuzz_shrinking_{os.getpid()}"
     fd = os.open(f"/dev/shm{key}", os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o600)
     os.close(fd)
@@ -242,7 +242,7 @@ DEEP_ERROR = "failed to parse the request JSON buffer: nesting deeper than 128 l
 
 @st.composite
 def nested_json(draw: st.DrawFn) -> bytes:
-    """JSON nested 1..100,000 deep (issue 18): arrays, objects or a cycle of both, closed or cut
+    """JSON nested 1..100,000 deep: arrays, objects or a cycle of both, closed or cut
     anywhere, bare or inside a request document."""
     depth = draw(st.one_of(st.integers(1, 140), st.integers(141, 3000), st.just(100_000)))
     pattern = draw(st.lists(st.sampled_from([b"[", b'{"a":']), min_size=1, max_size=4))

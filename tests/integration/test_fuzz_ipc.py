@@ -1,4 +1,4 @@
-"""Corrupt frames on the channel between a real backend and a real stub (issue 11).
+"""Corrupt frames on the channel between a real backend and a real stub.
 
 The test takes copies of both ends of a running stub's channel (pidfd_getfd(2), as a debugger
 would) and writes frames into them without reading anything: writing into the backend's end

@@ -1,4 +1,4 @@
-"""Hostile JSON and hostile loads (issue 18 item 5): malformed input of any depth or size gets 400
+"""Hostile JSON and hostile loads: malformed input of any depth or size gets 400
 without a traceback in the log, on every endpoint that reads JSON; override files are capped and
 written off the event loop, so health keeps answering during the largest allowed load."""
 
@@ -147,6 +147,6 @@ def test_health_answers_during_the_largest_allowed_load(backend: Backend):
     files["file:1/model.py"] = OVERRIDE_MODEL
     reference = _health_p99_during_load(backend, {"file:1/model.py": OVERRIDE_MODEL})
     largest = _health_p99_during_load(backend, files)
-    # 50 ms p99 on a quiet machine (issue 18). On a machine so loaded that a one-file load already
+    # 50 ms p99 on a quiet machine. On a machine so loaded that a one-file load already
     # passes 25 ms, the largest load may at most double the one-file figure (before the fix: 20-70x).
     assert largest < max(0.050, 2 * reference), (largest, reference)

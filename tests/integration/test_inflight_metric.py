@@ -1,4 +1,4 @@
-"""`pystub_inflight_requests` (issue 21 items 2 and 5): requests queued in pystub plus requests
+"""`pystub_inflight_requests`: requests queued in pystub plus requests
 executing in its stubs, per model version; what the Helm chart's autoscaler scales on."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Request metadata of any size the protocol allows reaches the stub (issue 18, item 1).
+"""Request metadata of any size the protocol allows reaches the stub.
 
 A control frame holds at most 128 KiB; a request with a 140 KB id, 20,000 requested outputs or
 200 KB of parameters does not fit one. Such a frame travels in the p2s arena (a SPILLED frame,

@@ -1,4 +1,4 @@
-"""Load-time behaviours (issue 17 item 3): the log line naming the config fields pystub does not act
+"""Load-time behaviours: the log line naming the config fields pystub does not act
 on, a stub that dies inside `initialize` (Triton's `Stub process '<instance>' is not healthy.`), and
 readiness checks that wait for the `is_ready()` call already running instead of starting another."""
 

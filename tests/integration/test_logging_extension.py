@@ -1,4 +1,4 @@
-"""The logging extension (PROTOCOL.md section 9): settings over HTTP and gRPC, and their effect,
+"""The logging extension (docs/reference/protocol.md#logging-extension): settings over HTTP and gRPC, and their effect,
 at once, on the backend's log and on the records of a model's `pb_utils.Logger`."""
 
 from __future__ import annotations

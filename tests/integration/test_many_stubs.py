@@ -1,10 +1,10 @@
 """64 stubs under default OS limits, as an unprivileged user.
 
-DESIGN.md section 3 sets the bar: 64 stubs start under default limits as non-root. (Kernel
-message queues would not get there: about ten queues fit in the default RLIMIT_MSGQUEUE.) The
-backend runs as `nobody` with the default soft file limit (1024) and message-queue limit
-(800 KiB); every one of its 64 stubs starts, executes at least one request, and a SIGTERM ends the
-whole tree with exit status 0 and nothing left in /dev/shm.
+The design sets the bar (docs/design.md#the-channel-a-socket-pair-not-message-queues): 64 stubs start under default
+limits as non-root. (Kernel message queues would not get there: about ten queues fit in the default
+RLIMIT_MSGQUEUE.) The backend runs as `nobody` with the default soft file limit (1024) and message-queue limit (800
+KiB); every one of its 64 stubs starts, executes at least one request, and a SIGTERM ends the whole tree with exit
+status 0 and nothing left in /dev/shm.
 
 As root the test switches user with setpriv. The project's interpreter may live under a
 directory `nobody` cannot enter (pyenv under /root, mode 0700): then the backend runs in a private

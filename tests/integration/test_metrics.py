@@ -1,8 +1,7 @@
-"""`GET /metrics` (PROTOCOL.md 14) on a real backend, scraped with a real HTTP client and parsed
-with prometheus_client's parser: the exposition format, the machine and per-stub series, custom
-metrics from `pb_utils.MetricFamily` (a histogram exactly), their errors, and the rule for
-custom metrics across a stub restart (kill -9): the server keeps the values and the new stub
-continues from them.
+"""`GET /metrics` (docs/reference/protocol.md#metrics-endpoint) on a real backend, scraped with a real HTTP client
+and parsed with prometheus_client's parser: the exposition format, the machine and per-stub series, custom metrics
+from `pb_utils.MetricFamily` (a histogram exactly), their errors, and the rule for custom metrics across a stub
+restart (kill -9): the server keeps the values and the new stub continues from them.
 
 `metered_plain` is tests/models/metered without dynamic batching: it counts the requests it
 answers (and returns the counter's `value()`), observes every input value in a histogram with

@@ -1,6 +1,6 @@
-"""Model control (PROTOCOL.md sections 10 and 17): explicit mode with `--load-model`, load and
-unload over HTTP and gRPC with the real tritonclient, reloads, config and file overrides, polling,
-invalid names, and unloading while requests are in flight."""
+"""Model control (docs/reference/protocol.md#model-repository-extension, docs/command-line.md): explicit mode with
+`--load-model`, load and unload over HTTP and gRPC with the real tritonclient, reloads, config and file overrides,
+polling, invalid names, and unloading while requests are in flight."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Model multiplexing (issue 9) through a real backend and real stubs: LRU order and eviction, the
+"""Model multiplexing through a real backend and real stubs: LRU order and eviction, the
 id over HTTP (parameter and header) and gRPC, id validation, dedup of concurrent loads, failed
 loads, `__del__` of dropped sub-models, metrics and stubctl, and the cache hit rate of routing
 measured against random routing on the same skewed workload.

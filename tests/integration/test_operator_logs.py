@@ -1,4 +1,4 @@
-"""What an operator reads in the log (issue 21 item 5, issue 18 item 4): load start and ready lines
+"""What an operator reads in the log: load start and ready lines
 with the load time, a busy port reported before any model loads, per-request access lines at
 `--log-verbose 1`, `--log-format json`, and client text escaped in every format."""
 

@@ -1,4 +1,4 @@
-"""Python-based backends (issue 17 item 2): `backend: "<name>"` runs `<backend-directory>/<name>/model.py`.
+"""Python-based backends: `backend: "<name>"` runs `<backend-directory>/<name>/model.py`.
 
 What Triton 2.51 does, and what this checks (tools/compare runs the same model on it): the
 backend's model.py is used even when the version directory has one; `args` are a python model's

@@ -1,5 +1,5 @@
 """Readiness (`is_ready`), the sandbox (execution environments, limits, umask), the shutdown
-ladder, and operator restarts through stubctl (issue 4)."""
+ladder, and operator restarts through stubctl."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Security checks (issue 11), against real backends unless said otherwise.
+"""Security checks, against real backends unless said otherwise.
 
 - A default-started backend listens on loopback only; stubs listen nowhere.
 - Shared-memory objects (control blocks, arenas of both sides) are mode 0600 and ours; a model
@@ -95,7 +95,7 @@ def test_shared_memory_objects_are_private(backend: Backend) -> None:
         assert np.array_equal(client.infer("identity_fp32", [tensor]).as_numpy("OUTPUT0"), data)
     finally:
         client.close()
-    # Anonymous (issue 19): nothing in /dev/shm; each side maps what it writes read-write and
+    # Anonymous: nothing in /dev/shm; each side maps what it writes read-write and
     # what it reads read-only, and the reader's descriptor could not be mapped otherwise.
     assert backend.shm_entries() == []
     served = 0

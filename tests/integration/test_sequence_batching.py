@@ -1,4 +1,4 @@
-"""Sequence batching (issue 8) through a real backend and real stubs, with tritonclient over HTTP
+"""Sequence batching through a real backend and real stubs, with tritonclient over HTTP
 and gRPC: the direct and oldest strategies, control inputs, correlation ids as uint64 and string,
 routing to one instance, the backlog, bad input, and eviction the model sees (idle timeout, a gRPC
 stream closed mid-sequence, an HTTP client gone, a cancelled request, unload), plus iterative

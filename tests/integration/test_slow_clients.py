@@ -1,4 +1,4 @@
-"""Slow and idle clients are closed on time (issue 18 item 6): 1,000 connections that connect and
+"""Slow and idle clients are closed on time: 1,000 connections that connect and
 say nothing, send one header line at a time, or one body byte at a time (each gap shorter than the
 timeout, so only a deadline over the whole head or body catches them) are closed when their
 deadline passes, health answers meanwhile, and the backend's descriptors return to baseline."""

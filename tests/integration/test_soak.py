@@ -1,4 +1,4 @@
-"""The soak (issue 11): two minutes of mixed traffic against a real backend (tools/soak.py: HTTP
+"""The soak: two minutes of mixed traffic against a real backend (tools/soak.py: HTTP
 JSON and binary, BYTES, gRPC, gRPC streams of a decoupled model, dynamic batching, sequences,
 BLS). Fails on any request without an outcome, any error, a wrong answer, or growth beyond the
 tolerances tools/soak.py states: backend and stub RSS (max(24 MiB, 10 %)), /dev/shm entries

@@ -1,8 +1,7 @@
-"""The statistics extension (PROTOCOL.md 8) and the nv_* counters of `/metrics` (14), checked
-against a scripted sequence of requests on a real backend: a dynamic batch, per-request model
-errors, a model that raises, validation failures, a cancellation while queued and one while
-executing. Every count must come out exactly, the same over HTTP and gRPC, per version and for
-all models, and `/metrics` must say the same.
+"""The statistics extension (docs/reference/protocol.md#statistics-extension) and the nv_* counters of `/metrics`
+(14), checked against a scripted sequence of requests on a real backend: a dynamic batch, per-request model errors,
+a model that raises, validation failures, a cancellation while queued and one while executing. Every count must come
+out exactly, the same over HTTP and gRPC, per version and for all models, and `/metrics` must say the same.
 
 Models: `metered` (dynamic batching, up to 8 rows, 2 s queue delay; a negative value fails its
 request), `raiser` (-1 raises in execute, 1 gets an error response) and `wait_cancel` (answers

@@ -1,4 +1,4 @@
-"""`stubctl`'s CPU% is measured (issue 21 item 6): the backend keeps each stub's process object
+"""`stubctl`'s CPU% is measured: the backend keeps each stub's process object
 across calls, so a stub spinning in `execute` shows its share of a core and an idle one about 0
 (before: 0.0 for every stub, a new psutil.Process per call)."""
 

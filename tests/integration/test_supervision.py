@@ -1,4 +1,4 @@
-"""Stub supervision: the fault catalogue (issue 4). Every fault fails only what it must, the stub
+"""Stub supervision: the fault catalogue. Every fault fails only what it must, the stub
 comes back with `initialize` run again, other models keep serving, and nothing leaks."""
 
 from __future__ import annotations

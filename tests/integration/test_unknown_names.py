@@ -1,5 +1,5 @@
 """Names the repository does not hold leave no state, and names no model can have are refused
-(issue 18 item 4), on a real backend over HTTP and gRPC.
+, on a real backend over HTTP and gRPC.
 
 Before: 40 loads + 30 unloads of unknown 1 MiB names grew the backend by about 115 MiB (an index
 row and a lock per name, kept forever; the error text, holding the name, was too large for gRPC's

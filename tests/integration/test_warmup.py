@@ -1,4 +1,4 @@
-"""`model_warmup` (issue 17 item 3): samples run on every instance before the model is ready, and a
+"""`model_warmup`: samples run on every instance before the model is ready, and a
 failing sample fails the load with Triton 2.51's text (checked against it: tools/compare)."""
 
 from __future__ import annotations

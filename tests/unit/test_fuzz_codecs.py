@@ -1,4 +1,4 @@
-"""Fuzzing in process (issue 11): the HTTP and gRPC inference decoders, request validation, the
+"""Fuzzing in process: the HTTP and gRPC inference decoders, request validation, the
 EXECUTE frame a request becomes, and the ipc frame decoder.
 
 The property, for every generated input: it is either accepted all the way to an encodable EXECUTE

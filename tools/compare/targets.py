@@ -144,7 +144,7 @@ def _ceilings(results: Results) -> list[str]:
 
 def _issue_20(results: Results) -> list[str]:
     """Performance II: the per-request cost."""
-    lines = ["Targets of issue 20 (per-request cost):"]
+    lines = ["Targets (per-request cost):"]
     for protocol in ("http", "grpc"):
         lines.append(_against(results, Point("identity_fp32", 16, 8, protocol), "triton", "throughput", 1.0))
     json_mib = Point("identity_fp32", MIB, 1, "json")

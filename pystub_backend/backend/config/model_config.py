@@ -8,7 +8,8 @@
 `config_to_json` is HTTP `/config` and `args["model_config"]`; `model_metadata` is the v2
 metadata; `instance_names` lists one stub per instance.
 
-The proto is `tritonclient.grpc.model_config_pb2.ModelConfig` (PROTOCOL.md section 5).
+The proto is `tritonclient.grpc.model_config_pb2.ModelConfig`
+(docs/reference/protocol.md#model-configuration-and-metadata).
 """
 
 from __future__ import annotations
@@ -255,7 +256,8 @@ def config_parameters(config: ModelConfig) -> dict[str, str]:
 
 
 def model_metadata(config: ModelConfig, versions: list[str]) -> dict[str, Any]:
-    """The KServe v2 model metadata of a (normalized) config (PROTOCOL.md section 5)."""
+    """The KServe v2 model metadata of a (normalized) config
+    (docs/reference/protocol.md#model-configuration-and-metadata)."""
     return {
         "name": config.name,
         "versions": [str(version) for version in versions],

@@ -91,7 +91,7 @@ class Core(Serving):
         await self.control.unload_all()
         self.client_shm.close()  # the stubs are gone: unmap the clients' regions (never unlink)
 
-    # -- model control (PROTOCOL.md section 10) ---------------------------------------------------
+    # -- model control (docs/reference/protocol.md#model-repository-extension) -----------------------------------------
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         """See ModelControl.load_model."""
         await self.control.load_model(name, parameters)

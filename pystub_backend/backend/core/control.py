@@ -1,5 +1,5 @@
 """Model control: loading, reloading and unloading models, repository polling, the repository index
-(PROTOCOL.md section 10).
+(docs/reference/protocol.md#model-repository-extension).
 
     load_model ──▶ _exclusive(name) ──▶ _load: prepare_model ─▶ start_versions ─▶ _install (swap in,
                    (one operation per      retire the old versions) ── a failure leaves what served
@@ -228,7 +228,7 @@ class ModelControl:
                     fingerprint: Fingerprint | None) -> None:
         """Load `name` from `model_dir` (or the request's override files); reload it if loaded.
         A failed reload leaves the loaded versions serving. Raises ServerError (logged). A failed
-        load of a name the repository does not hold leaves no entry (issue 18 item 4)."""
+        load of a name the repository does not hold leaves no entry."""
         created = name not in self._table.entries
         entry = self._table.entries.setdefault(name, ModelEntry(name))
         try:

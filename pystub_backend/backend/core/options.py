@@ -12,7 +12,7 @@ __all__ = ["CoreOptions", "SERVER_NAME", "SERVER_VERSION", "EXTENSIONS", "SYSTEM
 
 SERVER_NAME = "pystub"
 SERVER_VERSION = "0.1.0"
-# Only what is implemented: perf_analyzer reads this list (PROTOCOL.md section 15).
+# Only what is implemented: perf_analyzer reads this list (docs/reference/protocol.md#server-metadata-extensions).
 EXTENSIONS = ["binary_tensor_data", "parameters", "statistics", "model_configuration", "model_repository",
               "model_repository(unload_dependents)", "logging", "schedule_policy", "sequence",
               "classification", "trace"]

@@ -1,4 +1,7 @@
-"""Serving: what a request needs from the core, one lookup each (PROTOCOL.md sections 1-8).
+"""Serving: what a request needs from the core, one lookup each
+(docs/reference/protocol.md#listeners-limits-and-errors, #http-routes, #http-inference-and-binary-tensors,
+#grpc-service, #model-configuration-and-metadata, #streaming-and-decoupled-models, #request-parameters,
+#statistics-extension).
 
     frontend ──target(name, version)──▶ the ModelVersion (decoupled? asked once, by the frontend)
              ──infer(request, target)──▶ client shm (only when the request names a region)
@@ -73,7 +76,8 @@ class Serving:
         return entry.versions.get(int(version)) if version.isdigit() else None
 
     def _lookup(self, name: str, version: str = "", require_ready: bool = True) -> ModelVersion:
-        """The model version a request names (PROTOCOL.md section 1). Raises ServerError."""
+        """The model version a request names (docs/reference/protocol.md#listeners-limits-and-errors). Raises
+        ServerError."""
         entry = self._entry(name)
         if version:
             found = self._version_named(entry, version)

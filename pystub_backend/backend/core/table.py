@@ -1,7 +1,7 @@
 """The models the server knows of, by name (model control writes it, serving reads it), and what a
 model name may hold.
 
-A name the repository does not hold must not leave state behind (issue 18 item 4): the table
+A name the repository does not hold must not leave state behind: the table
 forgets an entry that a failed load created for such a name (`forget_if_unheld`), and
 `check_model_name` refuses, with INVALID_ARG, names no model directory can have: empty, `.`/`..`,
 holding `/`, control characters (they would split log lines), Unicode line/paragraph separators,

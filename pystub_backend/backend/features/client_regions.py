@@ -3,7 +3,7 @@ inputs that live in it, read from that fd only when something needs their bytes.
 
 The owner of a client's object may truncate, remove or replace it at any time. A read through a
 mapping past the object's new end is SIGBUS, which Python cannot recover from: the whole server
-would die (issue 18). `Region.read` uses `os.preadv` on the fd kept since registration, so a
+would die. `Region.read` uses `os.preadv` on the fd kept since registration, so a
 region that shrank gives a short read, which is an INVALID_ARG error for the one request that
 named it. Validation needs only an input's size (known from `shared_memory_byte_size`) except for
 BYTES, whose elements it parses: a plain input in a region is never read by the backend at all

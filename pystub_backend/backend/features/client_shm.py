@@ -1,7 +1,7 @@
-"""The system shared memory extension (PROTOCOL.md section 11): the regions clients registered,
-and the requests whose tensors live in them.
+"""The system shared memory extension (docs/reference/protocol.md#system-shared-memory-extension): the regions
+clients registered, and the requests whose tensors live in them.
 
-    register(name, key, offset, byte_size)   open /dev/shm/<key> (O_RDWR), check offset+byte_size
+    register(name, key, offset, byte_size)   shm_open(key, O_RDWR), check offset+byte_size
                                                against the object's size, keep the fd (no mapping)
     resolve(request)        (Core, before      per input/output that names a region: check offset
                              validation)       and size; an input's data are read from the fd when
@@ -41,7 +41,7 @@ from pystub_backend.backend.features.client_regions import Region, ShmTensor
 from pystub_backend.backend.inference import InferRequest, RequestedOutput, Tensor
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages.client_shm import ClientShmForget
-from pystub_backend.ipc.names import SHM_DIR
+from pystub_backend.ipc.posix_shm import open_client_object, shm_name
 from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
@@ -155,13 +155,14 @@ class ClientShmRegistry:
 
     def _open(self, name: str, key: str, offset: int, byte_size: int) -> tuple[int, int, int]:
         """(inode, size, fd) of the client's object, checked. Raises ServerError(INVALID_ARG)."""
-        base = key.lstrip("/")
-        if not base or "/" in base or base in (".", "..") or "\0" in base:
-            raise _invalid(f"Unable to open shared memory region: '{key}': not a POSIX shared memory name")
-        if base.startswith(self._internal_prefix):
+        try:
+            posix_name = shm_name(key)
+        except ValueError:
+            raise _invalid(f"Unable to open shared memory region: '{key}': not a POSIX shared memory name") from None
+        if posix_name[1:].startswith(self._internal_prefix):
             raise _invalid(f"Unable to open shared memory region: '{key}': it is one of pystub's own objects")
         try:
-            fd = os.open(os.path.join(SHM_DIR, base), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = open_client_object(posix_name, writable=True)  # shm_open: O_NOFOLLOW, never creates
         except OSError as exc:
             log.info("shared memory region '%s': opening '%s' failed: %s", name, key, exc.strerror)
             raise _invalid(f"Unable to open shared memory region: '{key}'") from None  # Triton's text
@@ -207,7 +208,8 @@ class ClientShmRegistry:
             raise ServerError(f"Unable to find system shared memory region: '{name}'", Status.NOT_FOUND)
         return [region.status()]
 
-    # CUDA shared memory on a CPU-only server (PROTOCOL.md 11, 16.5).
+    # CUDA shared memory on a CPU-only server (docs/reference/protocol.md#system-shared-memory-extension,
+    # docs/reference/protocol.md#compatibility-with-perf_analyzer).
     @staticmethod
     def cuda_status(name: str = "") -> list[dict[str, Any]]:
         if name:

@@ -1,4 +1,4 @@
-"""Who may change the server's state: the one policy both frontends ask (issue 18, item 2).
+"""Who may change the server's state: the one policy both frontends ask.
 
 State-changing calls are model load/unload and stub restarts (group "model-repository"), shared
 memory register/unregister ("shared-memory"), log setting updates ("logging") and trace setting

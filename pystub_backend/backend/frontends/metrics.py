@@ -1,4 +1,4 @@
-"""`GET /metrics` on the metrics port (PROTOCOL.md section 14): Prometheus text, exposition
+"""`GET /metrics` on the metrics port (docs/reference/protocol.md#metrics-endpoint): Prometheus text, exposition
 format 0.0.4 (`pystub_backend.backend.telemetry.prometheus_text`), `text/plain; charset=utf-8`.
 
     nv_inference_* {model, version}          each loaded version's statistics (telemetry.statistics)

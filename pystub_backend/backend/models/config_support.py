@@ -44,7 +44,8 @@ FIELD_SUPPORT: dict[str, tuple[str, str]] = {
     "default_model_filename": (USED, "the file run in each version directory"),
     "cc_model_filenames": (IGNORED, "GPU compute capability files"),
     "metric_tags": (IGNORED, "not added to metrics"),
-    "parameters": (USED, "passed to the model; pystub's own keys act (see README)"),
+    "parameters": (USED, "passed to the model; pystub's own keys act "
+                         "(docs/reference/model-api.md#config-fields-the-backend-reads)"),
     "model_warmup": (USED, "run on every instance before the model is ready"),
     "model_operations": (IGNORED, "custom op libraries are not loaded"),
     "model_transaction_policy": (USED, "`decoupled`"),

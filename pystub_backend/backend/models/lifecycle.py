@@ -1,5 +1,5 @@
 """One model's versions over time: starting a set of versions, and retiring (draining, then
-unloading) a version that is being replaced or unloaded (PROTOCOL.md section 10).
+unloading) a version that is being replaced or unloaded (docs/reference/protocol.md#model-repository-extension).
 
     load:    prepare_model → start_versions (new stubs) → swap them into the entry → retire the old
     unload:  take the versions out of the entry → retire each

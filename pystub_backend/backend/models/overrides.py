@@ -1,5 +1,5 @@
 """The parameters of a model load request, and the private directory that file overrides form
-(PROTOCOL.md section 10).
+(docs/reference/protocol.md#model-repository-extension).
 
     {"config": "<ModelConfig JSON>", "file:1/model.py": b"...", ...}
         │

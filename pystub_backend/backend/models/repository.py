@@ -1,5 +1,6 @@
-"""The model repository: finding model directories, reading and completing their configs,
-choosing versions (PROTOCOL.md section 5, API.md sections 1 and 15).
+"""The model repository: finding model directories, reading and completing their configs, choosing versions
+(docs/reference/protocol.md#model-configuration-and-metadata,
+docs/reference/model-api.md#files-imports-and-processes, #config-fields-the-backend-reads).
 
     <repo>/<model>/config.pbtxt            optional when auto-complete can fill it in
     <repo>/<model>/<version>/model.py      or `default_model_filename`
@@ -129,7 +130,8 @@ def select_versions(config: ModelConfig, model_dir: str) -> list[int]:
 
 
 async def _auto_complete(config: ModelConfig, model_path: str, settings: StubSettings) -> ModelConfig:
-    """Run the model's `auto_complete_config` in a throw-away stub (API.md section 1)."""
+    """Run the model's `auto_complete_config` in a throw-away stub
+    (docs/reference/model-api.md#files-imports-and-processes)."""
     if not os.path.isfile(model_path):
         return config
     stub = StubProcess(f"{config.name}_auto_complete", settings, config.name, feature_services(None))

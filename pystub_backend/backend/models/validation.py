@@ -42,7 +42,7 @@ from pystub_backend.ipc.status import Status
 
 __all__ = ["RequestChecks", "validate_request", "model_parameters", "RESERVED_PARAMETERS"]
 
-# Request parameters the server consumes; the model never sees them (PROTOCOL.md section 7).
+# Request parameters the server consumes; the model never sees them (docs/reference/protocol.md#request-parameters).
 _ALLOWED_TRITON_KEY = "triton_enable_empty_final_response"
 _MAX_BYTES = 2**63 - 1
 # What the wire to the stub can carry (uint64), and Triton reads: `timeout` (µs) and `priority`.

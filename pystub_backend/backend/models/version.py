@@ -72,7 +72,7 @@ class ModelLoadError(Exception):
 
 def instance_args(config: ModelConfig, config_json: str, instance_name: str, kind: str,
                   model_dir: str, version: int) -> dict[str, str]:
-    """The seven keys `initialize(args)` receives (API.md 2.1)."""
+    """The seven keys `initialize(args)` receives (docs/reference/model-api.md#the-initialize-arguments)."""
     return {
         "model_config": config_json,
         "model_instance_kind": kind,

@@ -1,4 +1,5 @@
-"""`EXECUTION_ENV_PATH`: run a model's stub in its own Python environment (API.md section 15).
+"""`EXECUTION_ENV_PATH`: run a model's stub in its own Python environment
+(docs/reference/model-api.md#config-fields-the-backend-reads).
 
 The parameter names an unpacked environment (a directory with `bin/activate`) or a `.tar.gz`
 (conda-pack) archive, with `$$TRITON_MODEL_DIRECTORY` standing for the model directory. An

@@ -1,4 +1,5 @@
-"""The model's own readiness check (`is_ready`, API.md 2.3): one call at a time per stub.
+"""The model's own readiness check (`is_ready`, docs/reference/model-api.md#model-readiness): one call at a time per
+stub.
 
     check ──▶ call in flight? ──no──▶ send IsReady(token) ──▶ [call] ◀── IsReadyDone(token)
                    │ yes                                        ▲

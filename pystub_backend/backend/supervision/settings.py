@@ -1,4 +1,5 @@
-"""Settings for stub processes: `--backend-config=python,<key>=<value>` (API.md section 14)."""
+"""Settings for stub processes: `--backend-config=python,<key>=<value>`
+(docs/reference/model-api.md#backend-settings)."""
 
 from __future__ import annotations
 

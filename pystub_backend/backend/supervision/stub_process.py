@@ -234,9 +234,9 @@ class StubProcess:
         return str(reply.config_json)
 
     async def check_ready(self, timeout: float = 5.0) -> str | None:
-        """The model's own readiness (API.md 2.3): None when ready, else why not. One call at a
-        time: checks that come while it runs wait for it (ready_probe); a model without
-        `is_ready` is ready while its stub lives."""
+        """The model's own readiness (docs/reference/model-api.md#model-readiness): None when ready, else why not.
+        One call at a time: checks that come while it runs wait for it (ready_probe); a model without `is_ready` is
+        ready while its stub lives."""
         if not self.alive:
             return self.unhealthy_error().message
         if not self.has_is_ready:

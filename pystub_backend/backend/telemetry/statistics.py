@@ -1,4 +1,4 @@
-"""Per model-version inference statistics (PROTOCOL.md section 8) and the counters `/metrics`
+"""Per model-version inference statistics (docs/reference/protocol.md#statistics-extension) and the counters `/metrics`
 derives from them (section 14).
 
 What is counted where, as Triton does:

@@ -79,5 +79,5 @@ class MetricValueQuery(NamedTuple):
 @message(33)
 class MetricReply(NamedTuple):
     token: int
-    error: str | None  # the reason text; pb_utils adds the API.md prefix
+    error: str | None  # the reason; pb_utils adds its prefix (docs/reference/model-api.md#custom-metrics)
     value: float

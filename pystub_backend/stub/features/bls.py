@@ -1,4 +1,4 @@
-"""BLS in the stub: `pb_utils.InferenceRequest.exec()` / `async_exec()` (API.md 9).
+"""BLS in the stub: `pb_utils.InferenceRequest.exec()` / `async_exec()` (docs/reference/model-api.md#bls).
 
     exec ──▶ inputs into s2p (this stub writes it) ──▶ BlsRequest ──▶ backend ──▶ target model
     response ◀── InferenceResponse over p2s views ◀── BlsResponse (receiver thread) ◀──┘

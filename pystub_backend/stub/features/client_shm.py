@@ -1,4 +1,4 @@
-"""Client system shared memory inside the stub (PROTOCOL.md section 11).
+"""Client system shared memory inside the stub (docs/reference/protocol.md#system-shared-memory-extension).
 
 Inputs a client put in a registered region reach the model as views of the region itself (no
 copy anywhere); outputs the client asked for in a region are written straight into it.
@@ -13,8 +13,9 @@ region is unregistered and no request uses it any more: the cached mappings are 
 a model still holds keeps its pages mapped until it is collected) and later references to that
 generation are refused, so the stub never maps a client's object after it was unregistered.
 
-The objects are opened with `os.open` + `mmap`, never `multiprocessing.shared_memory` (whose
-resource tracker unlinks what it did not create). Nothing here creates or unlinks anything.
+The objects are opened with `shm_open` (pystub_backend.ipc.posix_shm) + `mmap`, never
+`multiprocessing.shared_memory` (whose resource tracker unlinks what it did not create). Nothing here creates or
+unlinks anything.
 
 Which outputs go to a region is per request: `expect_outputs` records them under the request id
 for as long as the request's response sender lives (decoupled models send after `execute`).
@@ -30,11 +31,10 @@ import weakref
 from typing import Any
 
 from pystub_backend.ipc.messages.client_shm import ClientShmForget
+from pystub_backend.ipc.posix_shm import open_client_object
 from pystub_backend.stub.handlers import StubHandlers
 
 __all__ = ["ClientRegions", "RegionError", "REGIONS", "expect_outputs", "output_targets", "register"]
-
-SHM_DIR = "/dev/shm"
 
 
 class RegionError(ValueError):
@@ -42,12 +42,10 @@ class RegionError(ValueError):
 
 
 def _open(key: str, inode: int, writable: bool) -> mmap.mmap:
-    name = key.lstrip("/")
-    if not name or "/" in name or name in (".", ".."):
-        raise RegionError(f"invalid shared memory key '{key}'")
-    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(os.path.join(SHM_DIR, name), flags)
+        fd = open_client_object(key, writable)  # shm_open: O_NOFOLLOW, never creates
+    except ValueError:
+        raise RegionError(f"invalid shared memory key '{key}'") from None
     except OSError as exc:
         raise RegionError(f"Unable to open shared memory region: '{key}': {exc.strerror}") from None
     try:

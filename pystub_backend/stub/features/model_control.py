@@ -1,4 +1,4 @@
-"""Explicit model control from a model: the stub's `_runtime.ModelControl` (API.md 6.12).
+"""Explicit model control from a model: the stub's `_runtime.ModelControl` (docs/reference/model-api.md#model-control).
 
 `pb_utils.load_model / unload_model / is_model_ready` check their arguments and call this; it
 sends a ModelControl frame and waits for the backend's answer (Core.load_model, unload_model,

@@ -6,7 +6,7 @@
                           ▼  pb_utils._runtime hooks, installed by the stub
                        log sink · BLS handler · model control · metric reporter
 
-Names without a leading underscore below are the public API (API.md sections 3-13). The stub
+Names without a leading underscore below are the public API (docs/reference/model-api.md). The stub
 uses the underscore constructors (`Tensor._from_array`, `InferenceRequest._from_server`, ...) and
 `pb_utils._runtime`.
 """

@@ -1,4 +1,4 @@
-"""Module constants of `triton_python_backend_utils` (API.md section 3).
+"""Module constants of `triton_python_backend_utils` (docs/reference/model-api.md#module-constants).
 
 The flag values are the TRITONSERVER C API numbers. `MemoryType` is not: the original numbers its
 own enum GPU=0, CPU=1, and models compare against these.

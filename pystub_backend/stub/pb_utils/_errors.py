@@ -17,7 +17,7 @@ ErrorCode = Status
 class TritonModelException(Exception):
     """Raised by every pb_utils class for a misuse the original reports from its native code.
 
-    `str(exc)` is exactly the API.md text: clients and tests match it.
+    `str(exc)` is exactly the text of docs/reference/model-api.md#errors: clients and tests match it.
     """
 
 

@@ -1,4 +1,4 @@
-"""The original's small lookup helpers (API.md 6.1)."""
+"""The original's small lookup helpers (docs/reference/model-api.md#utility-functions)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`ResponseIterator`: the responses of a decoupled BLS request (API.md 6.7).
+"""`ResponseIterator`: the responses of a decoupled BLS request (docs/reference/model-api.md#responseiterator).
 
 The stub supplies `receive`, which blocks until the next response arrives and tells whether it
 was the final one, and `cancel`. Iterating after the end replays the cached responses.

@@ -1,4 +1,4 @@
-"""`Logger` (API.md 6.10 and 10).
+"""`Logger` (docs/reference/model-api.md#logger, #logging).
 
 Records carry the caller's file and line. Once the stub installs a log sink they go to the server
 log through it; before that (auto-complete, stub start-up) they are written to stderr in glog

@@ -1,4 +1,4 @@
-"""Custom metrics: `MetricFamily` and `Metric` (API.md 6.11).
+"""Custom metrics: `MetricFamily` and `Metric` (docs/reference/model-api.md#custom-metrics).
 
 Values are kept here, in the stub, with the server's semantics; when the stub has installed a
 metric reporter every change is also forwarded to it, in order, so that `/metrics` shows it, and

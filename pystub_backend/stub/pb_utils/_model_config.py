@@ -1,4 +1,4 @@
-"""`ModelConfig`: the config a model completes in `auto_complete_config` (API.md 6.9).
+"""`ModelConfig`: the config a model completes in `auto_complete_config` (docs/reference/model-api.md#modelconfig).
 
 The rules and their texts are the original's, including its quirks (for instance a property
 check that reads `input["name"]` before checking that the name exists, so a dict with an unknown

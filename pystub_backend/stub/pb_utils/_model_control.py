@@ -1,4 +1,5 @@
-"""Explicit model control from a model: `load_model`, `unload_model`, `is_model_ready` (API.md 6.12).
+"""Explicit model control from a model: `load_model`, `unload_model`, `is_model_ready`
+(docs/reference/model-api.md#model-control).
 
 Arguments are checked here with the original's texts; the work is done by the stub's model-control
 handler, which is installed only when the server runs in explicit model-control mode and only

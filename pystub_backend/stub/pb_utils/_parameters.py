@@ -1,4 +1,5 @@
-"""Validation of the `parameters` a model gives to a BLS request or a response (API.md 13)."""
+"""Validation of the `parameters` a model gives to a BLS request or a response
+(docs/reference/model-api.md#parameters)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`InferenceRequest`: a request handed to `execute`, or one a model builds for BLS (API.md 6.4)."""
+"""`InferenceRequest`: a request handed to `execute`, or one a model builds for BLS
+(docs/reference/model-api.md#inferencerequest)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ class SenderSource(Protocol):
 class InferenceRequest:
     """A BLS request, or (via `_from_server`) a request received by `execute`.
 
-    The constructor raises TritonModelException with the API.md 6.4 and 13 texts, and TypeError
-    for arguments of the wrong type (any argument but `parameters` being None included).
+    The constructor raises TritonModelException with the docs/reference/model-api.md#inferencerequest, #parameters
+    texts, and TypeError for arguments of the wrong type (any argument but `parameters` being None included).
     """
 
     def __init__(
@@ -160,8 +161,8 @@ class InferenceRequest:
         return self._sender_source.is_cancelled() if self._sender_source is not None else False
 
     def set_release_flags(self, flags: int, /) -> None:
-        """`TRITONSERVER_REQUEST_RELEASE_ALL` or `_RESCHEDULE` (API.md 12). Raises TypeError for
-        a non-int."""
+        """`TRITONSERVER_REQUEST_RELEASE_ALL` or `_RESCHEDULE`
+        (docs/reference/model-api.md#release-flags-and-rescheduling). Raises TypeError for a non-int."""
         _require_uint("flags", flags, 2**32 - 1)
         self._release_flags = flags
 

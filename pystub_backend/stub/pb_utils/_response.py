@@ -1,4 +1,4 @@
-"""`InferenceResponse` (API.md 6.5)."""
+"""`InferenceResponse` (docs/reference/model-api.md#inferenceresponse)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ class InferenceResponse:
 
     When `error` is set the server ignores the outputs (they are still returned by
     `output_tensors()`, as in the original). Raises TritonModelException
-    `Output tensor for inference response should not be empty.` for a None tensor, the API.md
-    section 13 texts for bad parameters, and TypeError for arguments of the wrong type.
+    `Output tensor for inference response should not be empty.` for a None tensor, the texts of
+    docs/reference/model-api.md#parameters for bad parameters, and TypeError for arguments of the wrong type.
     """
 
     __slots__ = ("_outputs", "_error", "_parameters")

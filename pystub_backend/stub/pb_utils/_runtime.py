@@ -64,7 +64,8 @@ class ModelControl(Protocol):
 
 class MetricReporter(Protocol):
     """Mirrors local metric state to the server. Every method is optional (missing ones are
-    skipped). Raising makes the pb_utils call fail with the API.md prefix for that call."""
+    skipped). Raising makes the pb_utils call fail with its prefix
+    (docs/reference/model-api.md#custom-metrics)."""
 
     def family_created(self, name: str, description: str, kind: int) -> None: ...
 

@@ -1,4 +1,5 @@
-"""`InferenceResponseSender`: the one path from a request back to its client (API.md 6.6, 7).
+"""`InferenceResponseSender`: the one path from a request back to its client
+(docs/reference/model-api.md#inferenceresponsesender, #decoupled-mode-and-senders).
 
 The sender only enforces the rules; delivery is the stub's `send_callback`. The checks run in the
 original's order, and the state is updated *before* delivery, as the original does, so a response
@@ -60,8 +61,8 @@ class InferenceResponseSender:
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         """Send `response` and/or the FINAL flag.
 
-        Raises TritonModelException with the API.md 6.6 texts when the send breaks a rule, and
-        whatever the delivery raises; TypeError for a response that is not an InferenceResponse.
+        Raises TritonModelException with the docs/reference/model-api.md#inferenceresponsesender texts when the send
+        breaks a rule, and whatever the delivery raises; TypeError for a response that is not an InferenceResponse.
         """
         from ._response import InferenceResponse
 

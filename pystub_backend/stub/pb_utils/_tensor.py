@@ -1,4 +1,4 @@
-"""`Tensor`: a named array as a model sees it (API.md 6.3).
+"""`Tensor`: a named array as a model sees it (docs/reference/model-api.md#tensor).
 
 A tensor keeps the numpy array it was given (no copy unless the array is non-contiguous or not in
 native byte order), so `as_numpy()` returns the caller's own array, as in the original. BYTES

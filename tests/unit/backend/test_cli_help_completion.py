@@ -1,5 +1,5 @@
 """`pystub-backend --help` documents every flag with its default, and `--print-completion` writes
-bash and zsh completion generated from the same parser (issue 21 item 6)."""
+bash and zsh completion generated from the same parser."""
 
 from __future__ import annotations
 

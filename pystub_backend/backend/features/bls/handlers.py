@@ -1,10 +1,9 @@
 """The backend side of BLS and of model control from a stub: frame handlers (supervision.handlers).
 
-    BlsRequest       → checks (API.md 9) → BlsCall (pystub_backend.backend.features.bls.call) in the payload registry
-    BlsCancel        → BlsCall.cancel
-    BlsCleanup       → free the caller's p2s bytes of BLS outputs; credits to decoupled calls
-    ModelControl     → Core.load_model / unload_model / model_ready → ModelControlDone
-    BlsInspect       → BlsInspectDone (registry size, arena bytes; diagnostics and leak tests)
+    BlsRequest       → checks (docs/reference/model-api.md#bls) → BlsCall (pystub_backend.backend.features.bls.call)
+    in the payload registry BlsCancel        → BlsCall.cancel BlsCleanup       → free the caller's p2s bytes of BLS
+    outputs; credits to decoupled calls ModelControl     → Core.load_model / unload_model / model_ready →
+    ModelControlDone BlsInspect       → BlsInspectDone (registry size, arena bytes; diagnostics and leak tests)
 
 Target checks, in Triton's order and with its texts:
     unknown model or version   `Model <m> - Error when running inference: Request for unknown model: ...`
@@ -59,7 +58,7 @@ def _spawn(coroutine: Awaitable[Any]) -> None:
 
 
 def target_error(core: ServerCore, call: BlsCall) -> ServerError | None:
-    """Why `call` cannot run (API.md 9 target checks, then deadlock), or None."""
+    """Why `call` cannot run (docs/reference/model-api.md#bls target checks, then deadlock), or None."""
     name, version = call.request.model_name, call.request.model_version
     try:
         core.model_config(name, version)

@@ -1,7 +1,8 @@
 """Conversion between gRPC inference messages and the neutral `InferRequest`/`InferResponse`.
 
-Pure functions, no I/O (PROTOCOL.md sections 4, 7 and 11). Every rejection is a `ServerError` with
-status INVALID_ARG, so the servicer maps it to `INVALID_ARGUMENT` like Triton's gRPC frontend.
+Pure functions, no I/O (docs/reference/protocol.md#grpc-service, #request-parameters,
+#system-shared-memory-extension). Every rejection is a `ServerError` with status INVALID_ARG, so the servicer maps
+it to `INVALID_ARGUMENT` like Triton's gRPC frontend.
 
 Input data arrive either all in `raw_input_contents` (what tritonclient and perf_analyzer send;
 index-aligned with the inputs that are not in shared memory) or all in typed `contents`, which
@@ -75,7 +76,7 @@ _RESERVED_KINDS = {
 # Everything else a client sends at request level goes to the model, which cannot take a uint64.
 _CUSTOM_KINDS = ("bool_param", "int64_param", "string_param", "double_param")
 
-# Per-tensor shared-memory references the core interprets (PROTOCOL.md section 11).
+# Per-tensor shared-memory references the core interprets (docs/reference/protocol.md#system-shared-memory-extension).
 _SHM_KINDS = {
     "shared_memory_region": ("string_param",),
     "shared_memory_byte_size": ("int64_param", "uint64_param"),

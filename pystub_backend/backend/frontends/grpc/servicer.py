@@ -1,4 +1,4 @@
-"""The `inference.GRPCInferenceService` servicer on `grpc.aio` (PROTOCOL.md section 4).
+"""The `inference.GRPCInferenceService` servicer on `grpc.aio` (docs/reference/protocol.md#grpc-service).
 
 Every handler is a coroutine on the server's event loop: health and metadata answer from the core's
 in-memory state without awaiting, and inference awaits the core, so neither blocks the other.

@@ -1,6 +1,7 @@
-"""gRPC messages of the shared memory extensions (PROTOCOL.md sections 4 and 11), answered from the
-core's `pystub_backend.backend.features.client_shm.ClientShmRegistry`. The servicer's methods call
-these; errors are `ServerError`s, which the servicer turns into gRPC statuses.
+"""gRPC messages of the shared memory extensions (docs/reference/protocol.md#grpc-service,
+#system-shared-memory-extension), answered from the core's
+`pystub_backend.backend.features.client_shm.ClientShmRegistry`. The servicer's methods call these; errors are
+`ServerError`s, which the servicer turns into gRPC statuses.
 
     SystemSharedMemoryStatus{name}     -> {regions: map<name, {name, key, offset, byte_size}>}
     SystemSharedMemoryRegister{name, key, offset, byte_size}

@@ -1,4 +1,5 @@
-"""gRPC `ModelStreamInfer`: many requests on one bidirectional stream (PROTOCOL.md sections 6, 13).
+"""gRPC `ModelStreamInfer`: many requests on one bidirectional stream
+(docs/reference/protocol.md#streaming-and-decoupled-models, #cancellation).
 
 Each request runs as soon as it arrives; its responses are written as they come, each carrying
 `triton_final_response`. Default-mode models answer in request order; decoupled models send 0..N

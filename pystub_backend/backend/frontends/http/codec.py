@@ -1,4 +1,5 @@
-"""Decoding HTTP inference request bodies into an `InferRequest` (PROTOCOL.md section 3).
+"""Decoding HTTP inference request bodies into an `InferRequest`
+(docs/reference/protocol.md#http-inference-and-binary-tensors).
 
 Pure functions, no aiohttp. A request body is a JSON header optionally followed by raw tensors:
 

@@ -1,5 +1,5 @@
-"""HTTP routes of the model repository (load/unload) and logging extensions (PROTOCOL.md sections
-2, 9 and 10).
+"""HTTP routes of the model repository (load/unload) and logging extensions
+(docs/reference/protocol.md#http-routes, #logging-extension, #model-repository-extension).
 
     POST /v2/repository/models/{m}/load     {"parameters": {"config": "<json>", "file:1/model.py": "<base64>"}}
     POST /v2/repository/models/{m}/unload   {"parameters": {"unload_dependents": bool}}

@@ -1,4 +1,5 @@
-"""Encoding an `InferResponse` as an HTTP inference response body (PROTOCOL.md section 3).
+"""Encoding an `InferResponse` as an HTTP inference response body
+(docs/reference/protocol.md#http-inference-and-binary-tensors).
 
 The body is the JSON header followed by the binary outputs in header order; headers say which:
 `application/json`, or `application/octet-stream` plus `Inference-Header-Content-Length` as soon as
@@ -55,7 +56,9 @@ def _output_entry(
     entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype,
                              "shape": list(tensor.shape)}
     if tensor.name in output_format.shared_memory or SHM_REGION in tensor.parameters:
-        return entry  # perf_analyzer breaks on a `parameters` object here (PROTOCOL.md 16.3)
+        # perf_analyzer breaks on a `parameters` object here
+        # (docs/reference/protocol.md#compatibility-with-perf_analyzer)
+        return entry
     parameters: dict[str, Any] = {
         key: value for key, value in tensor.parameters.items()
         if key not in ("binary_data", "binary_data_size")

@@ -1,4 +1,4 @@
-"""The generate extension: `POST …/generate` and `…/generate_stream` (PROTOCOL.md section 12).
+"""The generate extension: `POST …/generate` and `…/generate_stream` (docs/reference/protocol.md#generate-extension).
 
 Request: a JSON object whose top-level keys that name model inputs become those tensors (a scalar
 or a 1-D list; type and shape from the model's metadata, batch dimension 1 for batching models);
@@ -10,7 +10,7 @@ scalars. `generate` answers with one such object; `generate_stream` with server-
 `data: <json>\\n\\n` per response; an error before the first event is a normal JSON error, after
 it a `data: {"error": ...}` event that ends the stream.
 
-pystub goes further than PROTOCOL.md 13 here, as issue 5 asks: a client that disconnects from
+pystub goes further than Triton here (docs/reference/protocol.md#cancellation): a client that disconnects from
 `generate_stream` cancels the request (the model sees `is_cancelled()`).
 """
 

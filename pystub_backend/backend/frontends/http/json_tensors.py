@@ -1,4 +1,5 @@
-"""Tensor data in JSON form <-> raw tensor bytes (PROTOCOL.md section 3, "JSON tensors").
+"""Tensor data in JSON form <-> raw tensor bytes (docs/reference/protocol.md#http-inference-and-binary-tensors,
+"JSON tensors").
 
 Incoming `data` may be nested or flat and must hold exactly as many values as the shape says, each
 of the JSON type the datatype needs (booleans for BOOL, integers in range for the integer types,

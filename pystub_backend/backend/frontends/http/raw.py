@@ -1,4 +1,5 @@
-"""Raw HTTP inference requests: `Inference-Header-Content-Length: 0` (PROTOCOL.md section 3).
+"""Raw HTTP inference requests: `Inference-Header-Content-Length: 0`
+(docs/reference/protocol.md#http-inference-and-binary-tensors).
 
 The whole body is the data of the model's only input; its name, datatype and dims come from the
 model's metadata and config, the batch size is 1, and every output is returned as binary.

@@ -1,4 +1,5 @@
-"""The KServe v2 HTTP frontend on aiohttp (PROTOCOL.md sections 1, 2, 3, 8, 9, 10).
+"""The KServe v2 HTTP frontend on aiohttp (docs/reference/protocol.md#listeners-limits-and-errors, #http-routes,
+#http-inference-and-binary-tensors, #statistics-extension, #logging-extension, #model-repository-extension).
 
 Routes translate HTTP into `ServerCore` calls; the inference body format lives in `http_codec`
 (decode), `http_raw` (raw requests), `http_encode` (responses) and `http_compression`. Every error

@@ -1,4 +1,5 @@
-"""HTTP routes of the shared memory extensions (PROTOCOL.md sections 2 and 11).
+"""HTTP routes of the shared memory extensions (docs/reference/protocol.md#http-routes,
+#system-shared-memory-extension).
 
     GET  /v2/systemsharedmemory[/region/{r}]/status    -> [{"name", "key", "offset", "byte_size"}]
     POST /v2/systemsharedmemory/region/{r}/register    {"key", "offset", "byte_size"}

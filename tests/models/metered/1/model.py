@@ -12,7 +12,7 @@ BUCKETS = [0.5, 1.0, 2.5]
 class TritonPythonModel:
     def initialize(self, args):
         labels = {"model": args["model_name"], "version": args["model_version"]}
-        # Families must outlive their metrics (API.md 6.11), so the model keeps both.
+        # Families must outlive their metrics (docs/reference/model-api.md#custom-metrics), so the model keeps both.
         self.families = [
             pb_utils.MetricFamily("metered_requests", "Requests the model answered", pb_utils.MetricFamily.COUNTER),
             pb_utils.MetricFamily("metered_input_values", "Input values seen", pb_utils.MetricFamily.HISTOGRAM),

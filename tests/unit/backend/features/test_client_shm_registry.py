@@ -238,7 +238,7 @@ def test_validation_checks_the_shm_byte_size() -> None:
 
 
 def test_a_region_its_owner_truncated_is_an_error_never_a_fault() -> None:
-    """The backend reads regions with preadv, never through a mapping (issue 18): a region that
+    """The backend reads regions with preadv, never through a mapping: a region that
     shrank under its registration gives INVALID_ARG for the request that reads it, and a plain
     input's size is checked without reading it at all."""
     from pystub_backend.backend.config.model_config import config_from_json

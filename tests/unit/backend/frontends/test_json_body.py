@@ -1,4 +1,4 @@
-"""The one JSON body parser of the HTTP frontend: depth-safe, 400 with the Triton prefix (issue 18 item 5)."""
+"""The one JSON body parser of the HTTP frontend: depth-safe, 400 with the Triton prefix."""
 
 from __future__ import annotations
 

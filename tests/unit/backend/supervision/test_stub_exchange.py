@@ -256,7 +256,7 @@ def test_a_stub_started_with_bad_arguments_exits_with_bad_arguments() -> None:
     assert b"--fd" in result.stderr or b"--base" in result.stderr, "argparse says what is wrong"
 
 
-# -- frames over the channel's limit (issue 18, item 1) ----------------------------------------------
+# -- frames over the channel's limit ----------------------------------------------
 def test_an_oversize_request_travels_spilled_in_p2s_and_is_freed_on_release() -> None:
     async def test(h: Harness) -> None:
         assert h.stub.p2s is not None

@@ -1,4 +1,5 @@
-"""pb_utils.MetricFamily / Metric (API.md 6.11): local semantics, errors, reporter hook."""
+"""pb_utils.MetricFamily / Metric (docs/reference/model-api.md#custom-metrics): local semantics, errors, reporter
+hook."""
 
 from __future__ import annotations
 

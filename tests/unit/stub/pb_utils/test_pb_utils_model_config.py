@@ -1,4 +1,4 @@
-"""pb_utils.ModelConfig (auto-complete, API.md 6.9) and the config lookup helpers."""
+"""pb_utils.ModelConfig (auto-complete, docs/reference/model-api.md#modelconfig) and the config lookup helpers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""pb_utils model control (API.md 6.12), get_model_dir, and the modules user models import."""
+"""pb_utils model control (docs/reference/model-api.md#model-control), get_model_dir, and the modules user models
+import."""
 
 from __future__ import annotations
 

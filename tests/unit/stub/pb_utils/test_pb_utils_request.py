@@ -102,7 +102,7 @@ def test_release_flags_default_and_set():
     request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
     assert request._release_flags == 2
     with pytest.raises(TypeError):
-        request.set_release_flags(flags=1)  # positional, as in API.md
+        request.set_release_flags(flags=1)  # positional (docs/reference/model-api.md#inferencerequest)
     with pytest.raises(TypeError):
         request.set_release_flags(None)
 
@@ -196,7 +196,7 @@ def test_bls_request_wrong_input_type():
         InferenceRequest(model_name="m", inputs=[np.zeros(1)], requested_output_names=[])
 
 
-# -- parameters (API.md 13) -----------------------------------------------------------------------
+# -- parameters (docs/reference/model-api.md#parameters) ---------------------------------------------------------------
 
 @pytest.mark.parametrize(
     "parameters,message",

@@ -1,4 +1,5 @@
-"""pb_utils.InferenceResponseSender rules (API.md 6.6, 7) and ResponseIterator."""
+"""pb_utils.InferenceResponseSender rules (docs/reference/model-api.md#inferenceresponsesender,
+#decoupled-mode-and-senders) and ResponseIterator."""
 
 from __future__ import annotations
 
