@@ -143,7 +143,7 @@ def test_metrics_per_model_with_token_latencies(backend: Backend, oai: openai.Op
     with pytest.raises(openai.NotFoundError):
         oai.completions.create(model="never_served", prompt="x")
     text = requests.get(backend.metrics_url, timeout=30).text
-    requests_line = re.search(r'pystub_openai_requests_total\{model="openai_echo",endpoint="completions"\} (\d+)', text)
+    requests_line = re.search(r'pystub_openai_requests_total\{endpoint="completions",model="openai_echo"\} (\d+)', text)
     assert requests_line is not None and int(requests_line.group(1)) >= 1
     first = re.search(r'pystub_openai_time_to_first_token_seconds_count\{model="openai_echo"\} (\d+)', text)
     between = re.search(r'pystub_openai_inter_token_latency_seconds_count\{model="openai_echo"\} (\d+)', text)
