@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -164,3 +165,14 @@ def test_traceparent_is_continued(served: tuple[Backend, Collector]) -> None:
                                lambda found: any(s.trace_id == trace_id and s.name == "openai_echo" for s in found))
     root = next(s for s in spans if s.trace_id == trace_id and s.name == "InferRequest")
     assert root.parent_span_id == span_id
+
+
+def test_a_chat_template_that_cannot_load_stops_the_start(tmp_path: Path) -> None:
+    refused = Backend(tmp_path, "--http-port=0", "--grpc-port=0", "--metrics-port=0", "--openai-port=0",
+                      "--chat-template", "{% for %}", expect_exit=True)
+    refused.start()
+    try:
+        assert refused.wait_exit() == 1
+        assert "the chat template of --chat-template does not compile" in refused.log()
+    finally:
+        refused.stop(check=False)
