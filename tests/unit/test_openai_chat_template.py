@@ -72,3 +72,8 @@ def test_tokenizer_without_a_template_is_refused(tmp_path: Path) -> None:
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
     with pytest.raises(ChatTemplateError, match="--chat-template"):
         load_chat_template(OpenAIOptions(tokenizer=str(tmp_path)))
+
+
+def test_hugging_face_template_helpers() -> None:
+    source = "{% if tools is not none %}tools{% endif %}{{ strftime_now('%Y') | length }}"
+    assert load_chat_template(OpenAIOptions(chat_template=source)).render(MESSAGES) == "4"

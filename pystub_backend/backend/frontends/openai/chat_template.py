@@ -10,11 +10,13 @@ Where the template comes from, first found wins (all local files; nothing is dow
 
 The template is compiled once at start-up in jinja2's immutable sandbox (as transformers'
 `apply_chat_template` does), with `messages`, `add_generation_prompt=True`, `bos_token`,
-`eos_token`, and `raise_exception(text)` for templates that refuse a conversation.
+`eos_token`, `tools=None`, `documents=None`, `raise_exception(text)` for templates that refuse a
+conversation and `strftime_now(format)`, as transformers gives them.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ class ChatTemplate:
                                     "pip install 'pystub-backend[openai]'") from None
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         environment.globals["raise_exception"] = _raise_exception
+        environment.globals["strftime_now"] = _strftime_now  # Llama 3.x templates date their system prompt
         try:
             self._template = environment.from_string(source)
         except TemplateError as exc:
@@ -51,11 +54,18 @@ class ChatTemplate:
         self._tokens = dict(special_tokens or {})
 
     def render(self, messages: list[dict[str, Any]]) -> str:
-        return self._template.render(messages=messages, add_generation_prompt=True, **self._tokens)
+        # tools and documents as transformers passes them when a request has none: templates test
+        # `tools is not none`, which an undefined name would pass
+        return self._template.render(messages=messages, add_generation_prompt=True, tools=None, documents=None,
+                                     **self._tokens)
 
 
 def _raise_exception(message: str) -> None:
     raise ValueError(message)
+
+
+def _strftime_now(format_text: str) -> str:
+    return datetime.datetime.now().strftime(format_text)
 
 
 def load_chat_template(options: OpenAIOptions) -> ChatTemplate:
