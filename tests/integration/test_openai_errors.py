@@ -143,7 +143,12 @@ def test_metrics_per_model_with_token_latencies(backend: Backend, oai: openai.Op
     list(oai.completions.create(model="openai_echo", prompt="a b c d", stream=True))
     with pytest.raises(openai.NotFoundError):
         oai.completions.create(model="never_served", prompt="x")
+    with pytest.raises(openai.InternalServerError):
+        oai.chat.completions.create(model="openai_echo", messages=[{"role": "user", "content": "<fail> now"}])
     text = requests.get(backend.metrics_url, timeout=30).text
+    failures = re.search(r'pystub_openai_request_failures_total\{endpoint="chat/completions",'
+                         r'model="openai_echo"\} (\d+)', text)
+    assert failures is not None and int(failures.group(1)) >= 1
     requests_line = re.search(r'pystub_openai_requests_total\{endpoint="completions",model="openai_echo"\} (\d+)', text)
     assert requests_line is not None and int(requests_line.group(1)) >= 1
     first = re.search(r'pystub_openai_time_to_first_token_seconds_count\{model="openai_echo"\} (\d+)', text)
