@@ -134,7 +134,8 @@ class Generation:
                     failed = False
                     return answer
                 finally:
-                    stream.cancel()  # ended normally: nothing to cancel
+                    # a no-op once the final response is in; else (an error, a client gone) the model is told
+                    stream.cancel()
         finally:
             self._metrics.request(generation.model, endpoint.name, failed)
             if trace is not None:
