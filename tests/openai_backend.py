@@ -48,11 +48,20 @@ def expected_embedding(text: str) -> list[float]:
     return [float(len(text)), float(len(text.split())), 0.5]
 
 
+_COUNTS_IN = """
+  { name: "return_num_input_tokens", data_type: TYPE_BOOL, dims: [ 1 ], optional: true },
+  { name: "return_num_output_tokens", data_type: TYPE_BOOL, dims: [ 1 ], optional: true },"""
+_COUNTS_OUT = """output [
+  { name: "num_input_tokens", data_type: TYPE_UINT32, dims: [ 1 ] },
+  { name: "num_output_tokens", data_type: TYPE_UINT32, dims: [ 1 ] },"""
+
+
 def _batched_config(source: str) -> str:
-    """openai_echo with max_batch_size 4 (inputs [1, 1]), max_tokens as an INT32 input and no
-    sampling_parameters."""
+    """openai_echo with max_batch_size 4 (inputs [1, 1]), max_tokens as an INT32 input, no
+    sampling_parameters, and vLLM's token counts."""
     config = source.replace("max_batch_size: 0", "max_batch_size: 4")
-    return re.sub(r"\s*\{ name: \"sampling_parameters\"[^}]*\},", "", config)
+    config = re.sub(r"\s*\{ name: \"sampling_parameters\"[^}]*\},", _COUNTS_IN, config)
+    return config.replace("output [", _COUNTS_OUT, 1)
 
 
 def _repository(directory: Path) -> Path:

@@ -118,8 +118,14 @@ def test_batched_model_dims_and_int32_max_tokens(oai: openai.OpenAI) -> None:
     seen = json.loads(oai.completions.create(model="openai_echo_batched", prompt="<params>", max_tokens=3)
                       .choices[0].text)
     assert seen["max_tokens_input"] == 3 and seen["sampling"] == {}  # no sampling_parameters input declared
-    streamed = oai.completions.create(model="openai_echo_batched", prompt=PROMPT, max_tokens=3, stream=True)
-    assert "".join(chunk.choices[0].text for chunk in streamed) == "the quick brown "
+    streamed = list(oai.completions.create(model="openai_echo_batched", prompt=PROMPT, max_tokens=3, stream=True,
+                                           stream_options={"include_usage": True}))
+    assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == "the quick brown "
+    usage = streamed[-1].usage  # the model's own counts (its per-response deltas add up), not words
+    assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (50, 3)
+    whole = oai.completions.create(model="openai_echo_batched", prompt=PROMPT, max_tokens=3)
+    assert whole.usage is not None and (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (50, 3)
+    assert whole.choices[0].finish_reason == "length"
 
 
 def test_chat_whole_renders_the_tokenizer_template(backend: Backend, oai: openai.OpenAI) -> None:

@@ -71,18 +71,21 @@ class _Tally:
     metrics: TokenMetrics
     received: float = field(default_factory=time.monotonic)
     pieces: list[str] = field(default_factory=list)
-    chunks: int = 0
     last_sent: float | None = None
-    reported: tuple[int | None, int | None] = (None, None)
+    # What the model reports (vLLM's outputs): the prompt's tokens with each response, and the
+    # tokens of each response (a stream's are its deltas: they add up).
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
     def take(self, response: InferResponse) -> str:
         text = response_text(response)
-        counts = token_counts(response)
-        self.reported = (counts[0] if counts[0] is not None else self.reported[0],
-                         counts[1] if counts[1] is not None else self.reported[1])
+        prompt_tokens, completion_tokens = token_counts(response)
+        if prompt_tokens is not None:
+            self.prompt_tokens = prompt_tokens
+        if completion_tokens is not None:
+            self.completion_tokens = (self.completion_tokens or 0) + completion_tokens
         if text:
             self.pieces.append(text)
-            self.chunks += 1
         return text
 
     def sent(self) -> None:
@@ -95,7 +98,7 @@ class _Tally:
         self.last_sent = now
 
     def usage(self, prompt: str) -> Usage:
-        prompt_tokens, completion_tokens = self.reported
+        prompt_tokens, completion_tokens = self.prompt_tokens, self.completion_tokens
         return Usage(documents.count_words(prompt) if prompt_tokens is None else prompt_tokens,
                      documents.count_words("".join(self.pieces)) if completion_tokens is None else completion_tokens)
 

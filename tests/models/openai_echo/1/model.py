@@ -19,8 +19,13 @@ def _value(request, name, default):
     return value.decode() if isinstance(value, bytes) else value.item()
 
 
-def _text(words):
-    return pb_utils.Tensor("text_output", np.array(["".join(words).encode()], dtype=object))
+def _response(words, counts):
+    """One response; with `counts` (the prompt's words, when asked for) vLLM's token counts too."""
+    tensors = [pb_utils.Tensor("text_output", np.array(["".join(words).encode()], dtype=object))]
+    if counts is not None:
+        tensors += [pb_utils.Tensor("num_input_tokens", np.array([counts], dtype=np.uint32)),
+                    pb_utils.Tensor("num_output_tokens", np.array([len(words)], dtype=np.uint32))]
+    return pb_utils.InferenceResponse(tensors)
 
 
 class TritonPythonModel:
@@ -50,9 +55,10 @@ class TritonPythonModel:
             words = re.findall(r"\S+\s*", prompt)[:max_tokens]
         if not exclude:
             words.insert(0, prompt)
-        await self._send(sender, words, stream, delay, "<fail>" in prompt)
+        counts = len(prompt.split()) * 10 if _value(request, "return_num_output_tokens", False) else None
+        await self._send(sender, words, stream, delay, "<fail>" in prompt, counts)
 
-    async def _send(self, sender, words, stream, delay, fail):
+    async def _send(self, sender, words, stream, delay, fail, counts):
         sent = []
         for word in words:
             await asyncio.sleep(delay)
@@ -65,10 +71,10 @@ class TritonPythonModel:
                 return
             sent.append(word)
             if stream:
-                sender.send(pb_utils.InferenceResponse([_text([word])]))
+                sender.send(_response([word], counts))
         if fail:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("failed on request")), flags=FINAL)
         elif not stream:
-            sender.send(pb_utils.InferenceResponse([_text(sent)]), flags=FINAL)
+            sender.send(_response(sent, counts), flags=FINAL)
         else:
             sender.send(flags=FINAL)
