@@ -11,6 +11,7 @@ LLM (Triton's OpenAI frontend and vLLM's backend use the same names):
     input  return_num_input_tokens, return_num_output_tokens  BOOL  (vLLM's)            used if declared
     output text_output              BYTES  the text of each response                    required
     output num_input_tokens, num_output_tokens  UINT32/INT32: `usage`, when the model sends them
+                                    (per response: a stream's num_output_tokens add up)
 
 Embeddings:
 
