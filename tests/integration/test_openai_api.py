@@ -112,6 +112,8 @@ def test_sampling_parameters_and_flags_reach_the_model(oai: openai.OpenAI) -> No
     assert seen["sampling"] == {"temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": ["x"], "max_tokens": 7}
     assert seen["stream"] is False and seen["exclude"] is True and seen["prompt"] == "<params>"
     assert seen["max_tokens_input"] == 7  # the model declares an INT32 max_tokens input too
+    odd = "<params>  héllo\n\twörld 🙂 \u0000 end  "
+    assert json.loads(oai.completions.create(model="openai_echo", prompt=odd).choices[0].text)["prompt"] == odd
 
 
 def test_batched_model_dims_and_int32_max_tokens(oai: openai.OpenAI) -> None:
