@@ -18,7 +18,8 @@ from pystub_backend.backend.frontends.openai.errors import invalid
 
 __all__ = ["GenerationRequest", "parse_body", "completion_request", "chat_request", "chat_messages", "CHAT_ROLES"]
 
-CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# "function" is deprecated by OpenAI and still accepted there
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 # (field, lowest, highest) of the sampling fields vLLM takes under the same names.
 _RANGES = (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0), ("presence_penalty", -2.0, 2.0),
