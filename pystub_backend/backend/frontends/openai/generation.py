@@ -69,7 +69,7 @@ class _Tally:
 
     model: str
     metrics: TokenMetrics
-    received: float = field(default_factory=time.monotonic)
+    received: float  # time.monotonic() when the handler began
     pieces: list[str] = field(default_factory=list)
     last_sent: float | None = None
     # What the model reports (vLLM's outputs): the prompt's tokens with each response, and the
@@ -114,8 +114,8 @@ class Generation:
         self._tracer = tracer
         self._metrics = metrics
 
-    async def serve(self, request: web.Request, generation: GenerationRequest, endpoint: Endpoint
-                    ) -> web.StreamResponse:
+    async def serve(self, request: web.Request, generation: GenerationRequest, endpoint: Endpoint,
+                    received: float) -> web.StreamResponse:
         """Raises OpenAIError / ServerError before the first byte of the answer."""
         contract = llm_contract(self._core, generation.model)  # 404 or 400 before anything starts
         request[MODEL_KEY] = generation.model
@@ -123,7 +123,7 @@ class Generation:
         infer_request = contract.request(generation, response_id)
         trace = self._start_trace(request, generation.model)
         infer_request.trace = trace
-        tally = _Tally(generation.model, self._metrics)
+        tally = _Tally(generation.model, self._metrics, received)
         failed = True
         try:
             stream = await self._core.infer_stream(infer_request)

@@ -16,6 +16,7 @@ access log (`--log-verbose 1`) as HTTP lines with their model and id, are traced
 from __future__ import annotations
 
 import re
+import time
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -86,12 +87,14 @@ class _Routes:
         return web.json_response(model_object(name))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        received = time.monotonic()  # the time to first token counts from here
         generation = completion_request(parse_body(await request.read()))
-        return await self._generation.serve(request, generation, COMPLETIONS)
+        return await self._generation.serve(request, generation, COMPLETIONS, received)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        received = time.monotonic()
         generation = chat_request(parse_body(await request.read()), self._template.render)
-        return await self._generation.serve(request, generation, CHAT)
+        return await self._generation.serve(request, generation, CHAT, received)
 
     async def embeddings(self, request: web.Request) -> web.Response:
         return await embeddings(self._core, self._metrics, request, parse_body(await request.read()))
