@@ -203,6 +203,9 @@ def _grpc_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         restricted = values.restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol")
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
+    if "openai" in restricted:  # a silent no-op would leave the operator believing the port is protected
+        parser.error("--grpc-restricted-protocol: the API group 'openai' has no gRPC methods; restrict the "
+                     "--openai-port endpoints with --http-restricted-api openai:<key>=<value>")
     return GrpcOptions(channel_args=channel_args, reuse_port=args.reuse_grpc_port, tls=tls, restrictions=restricted,
                        header_forward_pattern=args.grpc_header_forward_pattern)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from pystub_backend.backend.arguments import parse_args
 from pystub_backend.backend.options import OpenAIOptions
 from pystub_backend.backend.port_check import busy_listeners, enabled_endpoints
@@ -33,3 +35,12 @@ def test_a_busy_openai_port_is_reported_before_models_load() -> None:
                               "--openai-port", str(port)])
         problems = busy_listeners(options)
     assert len(problems) == 1 and problems[0].startswith(f"OpenAI port 127.0.0.1:{port} cannot be bound")
+
+
+def test_the_openai_group_is_restricted_over_http_only(capsys: pytest.CaptureFixture[str]) -> None:
+    options = parse_args(["--model-repository", "/m", "--http-restricted-api", "openai:authorization=Bearer k"])
+    assert options.http_restrictions["openai"].value == "Bearer k"
+    with pytest.raises(SystemExit) as caught:
+        parse_args(["--model-repository", "/m", "--grpc-restricted-protocol", "openai:k=v"])
+    assert caught.value.code == 2
+    assert "--http-restricted-api openai:<key>=<value>" in capsys.readouterr().err
