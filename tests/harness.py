@@ -31,7 +31,7 @@ EXAMPLES = ROOT / "examples" / "models"
 SHM_DIR = "/dev/shm"
 SHM_MARK = "pystub"
 
-_PORT_LINE = re.compile(r"Started (HTTPService|GRPCInferenceService|Metrics Service) at ([\d.]+):(\d+)")
+_PORT_LINE = re.compile(r"Started (HTTPService|GRPCInferenceService|Metrics Service|OpenAIService) at ([\d.]+):(\d+)")
 # Processes and fds that outlive one test on purpose (module-scoped backends).
 LONG_LIVED_PIDS: set[int] = set()
 # Every backend this test session started: their shm entries are ours to account for, while
@@ -89,11 +89,13 @@ class Backend:
                             ("--allow-metrics=false", "Metrics Service")):
             if flag in self.args:
                 wanted.discard(label)
+        if any(arg.startswith("--openai-port") for arg in self.args):
+            wanted.add("OpenAIService")
         while time.monotonic() < deadline:
             found = {m.group(1): int(m.group(3)) for m in _PORT_LINE.finditer(self.log())}
             if wanted <= set(found):
                 self.ports = {"http": found.get("HTTPService", 0), "grpc": found.get("GRPCInferenceService", 0),
-                              "metrics": found.get("Metrics Service", 0)}
+                              "metrics": found.get("Metrics Service", 0), "openai": found.get("OpenAIService", 0)}
                 return
             if self.process is not None and self.process.poll() is not None:
                 raise BackendError(f"backend exited with {self.process.returncode} before listening:\n{self.log()}")
@@ -182,6 +184,10 @@ class Backend:
     @property
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.ports['grpc']}"
+
+    @property
+    def openai_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['openai']}/v1"
 
     @property
     def metrics_url(self) -> str:

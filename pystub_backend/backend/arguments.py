@@ -13,7 +13,7 @@ from pystub_backend.backend import flag_values as values
 from pystub_backend.backend.completion import SHELLS, PrintCompletion
 from pystub_backend.backend.flags import FLAGS, Effect, flag_named
 from pystub_backend.backend.log import CLI_LOG_FORMATS, LogSettings
-from pystub_backend.backend.options import GrpcOptions, ServerOptions, TlsFiles
+from pystub_backend.backend.options import GrpcOptions, OpenAIOptions, ServerOptions, TlsFiles
 from pystub_backend.backend.scheduling.rate_limiter import RATE_LIMIT_MODES
 from pystub_backend.backend.supervision.settings import BackendConfigError, StubSettings, parse_backend_config
 from pystub_backend.backend.telemetry import latency
@@ -96,6 +96,10 @@ def _add_listener_flags(add: _Adder) -> None:
     add("--http-body-timeout-secs", type=values.non_negative_seconds, default=60.0, metavar="SECONDS")
     add("--frontend-workers", type=values.non_negative_int, default=0, metavar="N",
         help="worker processes serving the HTTP and gRPC ports (0: this process serves them)")
+    add("--openai-port", type=values.non_negative_int, default=None, metavar="PORT")
+    add("--openai-address", default="127.0.0.1")
+    add("--tokenizer", default="", metavar="PATH")
+    add("--chat-template", default="", metavar="FILE_OR_TEXT")
     add("--reuse-http-port", type=values.parse_bool, default=False, metavar="BOOL")
     add("--http-restricted-api", action="append", default=[], metavar="API[,API...],KEY=VALUE")
     add("--reuse-grpc-port", type=values.parse_bool, default=False, metavar="BOOL")
@@ -199,6 +203,9 @@ def _grpc_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         restricted = values.restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol")
     except argparse.ArgumentTypeError as exc:
         parser.error(str(exc))
+    if "openai" in restricted:  # a silent no-op would leave the operator believing the port is protected
+        parser.error("--grpc-restricted-protocol: the API group 'openai' has no gRPC methods; restrict the "
+                     "--openai-port endpoints with --http-restricted-api openai:<key>=<value>")
     return GrpcOptions(channel_args=channel_args, reuse_port=args.reuse_grpc_port, tls=tls, restrictions=restricted,
                        header_forward_pattern=args.grpc_header_forward_pattern)
 
@@ -266,6 +273,7 @@ def parse_args(argv: list[str]) -> ServerOptions:
     options = _base_options(args, settings)
     options.grpc = _grpc_options(args, parser)
     options.frontend_workers = args.frontend_workers
+    options.openai = OpenAIOptions(args.openai_port, args.openai_address, args.tokenizer, args.chat_template)
     options.argv = list(argv)
     try:
         _composite_options(options, args)

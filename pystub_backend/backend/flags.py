@@ -167,6 +167,15 @@ PYSTUB_FLAGS: tuple[Flag, ...] = (
     Flag("--frontend-workers", "2", _I,
          "worker processes serve the HTTP and gRPC ports (SO_REUSEPORT) and send inference to this process; "
          "0 (the default): this process serves them (docs/frontend-workers.md)"),
+    Flag("--openai-port", "9000", _I,
+         "serve the OpenAI-compatible API (/v1/models, completions, chat completions, embeddings) on this "
+         "port; off unless given (docs/openai.md)"),
+    Flag("--openai-address", "127.0.0.1", _I, "OpenAI-compatible API bind address (default: 127.0.0.1)"),
+    Flag("--tokenizer", "/models/llm/tokenizer", _I,
+         "a local tokenizer directory (or its tokenizer_config.json) whose chat template renders chat "
+         "messages; nothing is downloaded"),
+    Flag("--chat-template", "/models/llm/template.jinja", _I,
+         "the chat template: a Jinja file, or the template's text; overrides the tokenizer's"),
 )
 
 _BY_NAME = {flag.name: flag for flag in FLAGS + PYSTUB_FLAGS}

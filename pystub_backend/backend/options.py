@@ -15,13 +15,14 @@ from pystub_backend.backend.scheduling.rate_limiter import ResourceLimit
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.telemetry.tracing.settings import TraceConfig
 
-__all__ = ["ServerOptions", "GrpcOptions", "TlsFiles", "Restriction", "Restrictions", "API_GROUPS", "STATE_GROUPS",
-           "OPEN_FLAG"]
+__all__ = ["ServerOptions", "GrpcOptions", "OpenAIOptions", "TlsFiles", "Restriction", "Restrictions", "API_GROUPS",
+           "STATE_GROUPS", "OPEN_FLAG"]
 
 # Triton's API groups of --http-restricted-api / --grpc-restricted-protocol. pystub's admin
-# endpoint (/v2/pystub/stubs) belongs to "model-repository": it restarts models.
+# endpoint (/v2/pystub/stubs) belongs to "model-repository": it restarts models; "openai" (pystub's)
+# holds the OpenAI-compatible endpoints of --openai-port.
 API_GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
-              "statistics", "trace", "logging")
+              "statistics", "trace", "logging", "openai")
 
 # The groups holding state-changing calls (frontends/access.py), which --allow-remote-control opens.
 STATE_GROUPS = ("model-repository", "shared-memory", "logging", "trace")
@@ -61,6 +62,16 @@ class GrpcOptions:
     header_forward_pattern: re.Pattern[str] | None = None  # metadata forwarded as request parameters
     remote_control: frozenset[str] = frozenset()  # --allow-remote-control: groups any peer may change
     trust_internal_peer: bool = False  # the core's private socket behind frontend workers (access.INTERNAL_PEER)
+
+
+@dataclass(frozen=True)
+class OpenAIOptions:
+    """The OpenAI-compatible listener (--openai-port; None there: off) and its chat template."""
+
+    port: int | None = None
+    address: str = "127.0.0.1"
+    tokenizer: str = ""  # --tokenizer: a local tokenizer directory or tokenizer_config.json
+    chat_template: str = ""  # --chat-template: a template file, or the template's text
 
 
 @dataclass
@@ -111,4 +122,5 @@ class ServerOptions:
     ignored: list[str] = field(default_factory=list)
     # --frontend-workers: worker processes serving the public HTTP/gRPC ports (0: this process does)
     frontend_workers: int = 0
+    openai: OpenAIOptions = field(default_factory=OpenAIOptions)
     argv: list[str] = field(default_factory=list)  # the command line, which frontend workers parse again

@@ -19,7 +19,7 @@ __all__ = ["Endpoint", "enabled_endpoints", "busy_listeners"]
 
 @dataclass(frozen=True)
 class Endpoint:
-    label: str  # "HTTP", "gRPC", "metrics"
+    label: str  # "HTTP", "gRPC", "metrics", "OpenAI"
     address: str
     port: int
     reuse_port: bool
@@ -31,6 +31,8 @@ def enabled_endpoints(options: ServerOptions) -> list[Endpoint]:
         (options.allow_http, Endpoint("HTTP", options.http_address, options.http_port, options.reuse_http_port)),
         (options.allow_grpc, Endpoint("gRPC", options.grpc_address, options.grpc_port, options.grpc.reuse_port)),
         (options.allow_metrics, Endpoint("metrics", options.metrics_address, options.metrics_port, False)),
+        (options.openai.port is not None,
+         Endpoint("OpenAI", options.openai.address, options.openai.port or 0, False)),
     )
     return [endpoint for enabled, endpoint in candidates if enabled and endpoint.port != 0]
 

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -27,6 +27,9 @@ from pystub_backend.backend.telemetry.tracing import Tracer
 from pystub_backend.backend.worker_pool.pool import WorkerStartError
 from pystub_backend.ipc.isolation import forbid_inspection
 from pystub_backend.ipc.names import sweep_stale
+
+if TYPE_CHECKING:
+    from pystub_backend.backend.frontends.openai import ChatTemplate
 
 __all__ = ["serve", "Listeners"]
 
@@ -78,7 +81,8 @@ class Listeners:
         self._stoppers.clear()
 
 
-async def _open_listeners(core: Core, options: ServerOptions, listeners: Listeners) -> None:
+async def _open_listeners(core: Core, options: ServerOptions, listeners: Listeners,
+                          template: ChatTemplate | None = None) -> None:
     from pystub_backend.backend.frontends.admin import admin_routes
     from pystub_backend.backend.frontends.http.server import create_http_app
     from pystub_backend.backend.frontends.metrics import create_metrics_app
@@ -99,6 +103,12 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
     if options.allow_metrics:
         metrics_app = create_metrics_app(core, options.metrics_interval_ms, options.allow_cpu_metrics)
         await listeners.start_http(metrics_app, options.metrics_address, options.metrics_port, "Metrics Service",
+                                   options.settings.exit_timeout_seconds, read_timeouts=read_timeouts)
+    if template is not None and options.openai.port is not None:  # the core serves it, with or without workers
+        from pystub_backend.backend.frontends.openai import create_openai_app
+        openai_app = create_openai_app(core, template, max_input_size=options.http_max_input_size,
+                                       restrictions=options.http_restrictions, tracer=core.tracer)
+        await listeners.start_http(openai_app, options.openai.address, options.openai.port, "OpenAIService",
                                    options.settings.exit_timeout_seconds, read_timeouts=read_timeouts)
 
 
@@ -141,9 +151,22 @@ def _install_signal_handlers(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
+def _preflight(options: ServerOptions) -> tuple[list[str], ChatTemplate | None]:
+    """What keeps the listeners from starting (busy ports, a chat template that cannot load), and
+    the OpenAI port's chat template."""
+    problems = busy_listeners(options)
+    if options.openai.port is None:
+        return problems, None
+    from pystub_backend.backend.frontends.openai import ChatTemplateError, load_chat_template
+    try:
+        return problems, load_chat_template(options.openai)
+    except ChatTemplateError as exc:
+        return [*problems, str(exc)], None
+
+
 async def serve(options: ServerOptions) -> int:
     """Run until SIGINT/SIGTERM. Returns the process exit status."""
-    busy = busy_listeners(options)
+    busy, template = _preflight(options)
     if busy:  # before any model loads: an operator should not wait for every initialize to learn it
         for problem in busy:
             log.error("failed to start a listener: %s", problem)
@@ -174,7 +197,7 @@ async def serve(options: ServerOptions) -> int:
                       ", ".join(repr(name) for name in failed))
             return 1
         try:
-            await _open_listeners(core, options, listeners)
+            await _open_listeners(core, options, listeners, template)
         except (OSError, WorkerStartError) as exc:
             log.error("failed to start a listener: %s", exc)
             return 1

@@ -2,6 +2,7 @@
 
     http/      KServe v2 over HTTP (aiohttp): inference, generate, model control, shared memory
     grpc/      KServe v2 over gRPC (grpc.aio), with grpc.health.v1 and server reflection
+    openai/    the OpenAI-compatible API on --openai-port (aiohttp): completions, chat, embeddings
     metrics.py Prometheus text on the metrics port
     admin.py   pystub's admin endpoint behind `stubctl` (/v2/pystub/stubs, group "model-repository")
 
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["create_http_app", "create_grpc_listener", "GrpcListener", "create_metrics_app", "admin_routes"]
+__all__ = ["create_http_app", "create_grpc_listener", "GrpcListener", "create_metrics_app", "admin_routes",
+           "create_openai_app"]
 
 _HOMES = {"create_http_app": "http.server", "create_grpc_listener": "grpc.listener", "GrpcListener": "grpc.listener",
-          "create_metrics_app": "metrics", "admin_routes": "admin"}
+          "create_metrics_app": "metrics", "admin_routes": "admin", "create_openai_app": "openai.server"}
 
 
 def __getattr__(name: str) -> object:

@@ -15,6 +15,8 @@ format 0.0.4 (`pystub_backend.backend.telemetry.prometheus_text`), `text/plain; 
                                              requests served/failed
     pystub_multiplexed_*                     model multiplexing (scheduling.multiplex)
     <custom families>                        pb_utils.MetricFamily from the models (features.custom_metrics)
+    pystub_openai_*                          the OpenAI port per model: requests, failures, time to first
+                                             token, inter-token latency (telemetry.token_latency)
 
 Everything but the polled gauges is read at scrape time from memory: a scrape costs no system
 call and no round trip to a stub, so it stays fast while the stubs are busy.
@@ -38,6 +40,7 @@ from pystub_backend.backend.supervision.instance import ModelInstance
 from pystub_backend.backend.telemetry import latency
 from pystub_backend.backend.telemetry.prometheus_text import TextWriter
 from pystub_backend.backend.telemetry.statistics import FAILURE_REASONS, ModelStatistics
+from pystub_backend.backend.telemetry.token_latency import token_metrics_for
 
 __all__ = ["create_metrics_app", "render_metrics", "SystemPoller", "DEFAULT_INTERVAL_MS", "inflight_requests"]
 
@@ -246,6 +249,9 @@ def render_metrics(core: Core, poller: SystemPoller | None = None) -> str:
     _stub_families(writer, versions, poller)
     writer.raw(multiplex_metrics(core))  # pystub_multiplexed_* (pystub_backend.backend.scheduling.multiplex_stats)
     _custom_families(writer, registry_for(core))
+    token_metrics = token_metrics_for(core)  # the OpenAI port's pystub_openai_*
+    token_metrics.forget({version.name for version in versions})
+    writer.raw(token_metrics.lines())
     return writer.text()
 
 

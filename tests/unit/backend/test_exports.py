@@ -10,11 +10,13 @@ import pytest
 FACES = {
     "pystub_backend.backend": {"main", "parse_args", "ServerOptions", "serve", "FLAGS", "stubctl_main"},
     "pystub_backend.backend.frontends": {"create_http_app", "create_grpc_listener", "GrpcListener",
-                                         "create_metrics_app", "admin_routes"},
+                                         "create_metrics_app", "admin_routes", "create_openai_app"},
     "pystub_backend.backend.frontends.http": {"create_http_app", "path_group"},
     "pystub_backend.backend.frontends.grpc": {"GrpcListener", "create_grpc_listener", "create_grpc_server",
                                               "method_group"},
     "pystub_backend.backend.worker_pool": {"FrontendWorkers", "WorkerStartError"},
+    "pystub_backend.backend.frontends.openai": {"create_openai_app", "ChatTemplate", "ChatTemplateError",
+                                                "load_chat_template"},
 }
 
 

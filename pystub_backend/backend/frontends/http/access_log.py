@@ -9,10 +9,11 @@ from aiohttp.web import BaseRequest, StreamResponse
 from pystub_backend.backend.frontends.access_log import access_line
 from pystub_backend.backend.log import verbose
 
-__all__ = ["HttpAccessLogger", "REQUEST_ID_KEY", "PEER_KEY"]
+__all__ = ["HttpAccessLogger", "REQUEST_ID_KEY", "PEER_KEY", "MODEL_KEY"]
 
 REQUEST_ID_KEY = web.RequestKey("pystub_request_id", str)  # where the infer handler leaves the request's id
 PEER_KEY = web.RequestKey("pystub_peer", str)  # the client's address behind a frontend worker
+MODEL_KEY = web.RequestKey("pystub_model", str)  # a model named in the body (the OpenAI port), not the path
 
 
 class HttpAccessLogger(AbstractAccessLogger):
@@ -24,6 +25,7 @@ class HttpAccessLogger(AbstractAccessLogger):
             return
         match_info = getattr(request, "match_info", None)
         model = match_info.get("model", "") if match_info is not None else ""
+        model = model or request.get(MODEL_KEY, "")
         peer = request.get(PEER_KEY) or request.remote or ""
         access_line("HTTP", f"{request.method} {request.path}", str(response.status), time, peer,
                     model, request.get(REQUEST_ID_KEY, ""))

@@ -35,6 +35,7 @@ _PATTERNS = [(re.compile(pattern), group) for pattern, group in (
     (r"/v2/trace/setting", "trace"),
     (_MODEL + r"/trace/setting", "trace"),
     (r"/v2/logging", "logging"),
+    (r"/v1/(?:models(?:/[^/]+)?|completions|chat/completions|embeddings)", "openai"),  # the OpenAI port
 )]
 
 

@@ -45,5 +45,6 @@ def test_health_and_reflection_services() -> None:
 
 def test_every_group_is_reachable() -> None:
     http_paths = ["/v2/health/live", "/v2", "/v2/models/m/infer", "/v2/systemsharedmemory/status",
-                  "/v2/models/m/config", "/v2/repository/index", "/v2/models/stats", "/v2/trace/setting", "/v2/logging"]
+                  "/v2/models/m/config", "/v2/repository/index", "/v2/models/stats", "/v2/trace/setting", "/v2/logging",
+                  "/v1/chat/completions"]
     assert {path_group(path) for path in http_paths} == set(API_GROUPS)

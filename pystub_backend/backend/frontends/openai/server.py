@@ -1,0 +1,100 @@
+"""The OpenAI-compatible API on a port of its own (`--openai-port`):
+
+    GET  /v1/models               the ready models (as Triton's OpenAI frontend lists them)
+    GET  /v1/models/{model}       one of them (404 when it is not served)
+    POST /v1/completions          a prompt, whole or streamed (generation.py)
+    POST /v1/chat/completions     messages through the chat template (chat_template.py), same
+    POST /v1/embeddings           embeddings.py
+
+Every route belongs to the API group "openai": `--http-restricted-api openai:<key>=<value>` makes
+its requests carry that header (for instance `authorization=Bearer <token>`, which the `openai`
+client sends as its API key). None of them changes the server's state. Requests appear in the
+access log (`--log-verbose 1`) as HTTP lines with their model and id, are traced (continuing a
+`traceparent`), and are counted per model (telemetry/token_latency.py).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from pystub_backend.backend.frontends.access import AccessPolicy
+from pystub_backend.backend.frontends.openai.chat_template import ChatTemplate
+from pystub_backend.backend.frontends.openai.documents import model_object
+from pystub_backend.backend.frontends.openai.embeddings import embeddings
+from pystub_backend.backend.frontends.openai.errors import OpenAIError, error_middleware, error_response
+from pystub_backend.backend.frontends.openai.generation import CHAT, COMPLETIONS, Generation
+from pystub_backend.backend.frontends.openai.request_body import chat_request, completion_request, parse_body
+from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.options import Restrictions
+from pystub_backend.backend.telemetry.token_latency import token_metrics_for
+from pystub_backend.backend.telemetry.tracing import Tracer
+
+__all__ = ["create_openai_app", "GROUP"]
+
+GROUP = "openai"
+_ROUTES = re.compile(r"/v1/(?:models(?:/[^/]+)?|completions|chat/completions|embeddings)/?")
+
+
+def create_openai_app(core: ServerCore, template: ChatTemplate, *, max_input_size: int = 64 * 2**20,
+                      restrictions: Restrictions | None = None, tracer: Tracer | None = None) -> web.Application:
+    """The application of the OpenAI port. `template` renders chat messages."""
+    policy = AccessPolicy.of(restrictions)
+    app = web.Application(client_max_size=max_input_size, middlewares=[error_middleware, _restriction(policy)])
+    routes = _Routes(core, template, tracer or Tracer())
+    app.router.add_get("/v1/models", routes.models)
+    app.router.add_get("/v1/models/{model}", routes.model)
+    app.router.add_post("/v1/completions", routes.completions)
+    app.router.add_post("/v1/chat/completions", routes.chat)
+    app.router.add_post("/v1/embeddings", routes.embeddings)
+    return app
+
+
+def _restriction(policy: AccessPolicy) -> Middleware:
+    """The group's header check, answered in OpenAI's error form (the v2 middleware answers in v2's)."""
+    restriction = policy.restrictions.get(GROUP)
+
+    @web.middleware
+    async def restrict(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if restriction is not None and _ROUTES.fullmatch(request.path) and \
+                request.headers.get(restriction.key) != restriction.value:
+            return error_response(OpenAIError(403, f"This API is restricted, expecting header '{restriction.key}'"))
+        return await handler(request)
+
+    return restrict
+
+
+class _Routes:
+    def __init__(self, core: ServerCore, template: ChatTemplate, tracer: Tracer) -> None:
+        self._core = core
+        self._template = template
+        self._metrics = token_metrics_for(core)
+        self._generation = Generation(core, tracer, self._metrics)
+
+    def _served(self) -> list[str]:
+        return sorted({entry["name"] for entry in self._core.repository_index(ready_only=True)})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [model_object(name) for name in self._served()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        if name not in self._served():
+            raise OpenAIError(404, f"The model '{name}' does not exist", "model", "model_not_found")
+        return web.json_response(model_object(name))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        received = time.monotonic()  # the time to first token counts from here
+        generation = completion_request(parse_body(await request.read()))
+        return await self._generation.serve(request, generation, COMPLETIONS, received)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        received = time.monotonic()
+        generation = chat_request(parse_body(await request.read()), self._template.render)
+        return await self._generation.serve(request, generation, CHAT, received)
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        return await embeddings(self._core, self._metrics, request, parse_body(await request.read()))
