@@ -13,7 +13,7 @@ FACES = {
         "ChannelTimeoutError", "ControlBlock", "EMPTY_HANDLE", "Handle", "Status", "StubState", "make_pair"},
     "pystub_backend.ipc.messages": {
         "CATALOGUE", "Direction", "Entry", "entry_of", "bls", "client_shm", "core", "metrics", "multiplex",
-        "sequences"},
+        "sequences", "to_backend"},
     "pystub_backend.ipc.records": {"WireTensor", "WireRequest", "WireResponse", "WireError", "RECORDS"},
     "pystub_backend.stub": {"pb_utils"},
     "pystub_backend.stub.features": {"FEATURES", "install_features"},
