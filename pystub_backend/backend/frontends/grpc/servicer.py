@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pystub_backend.backend import log as backend_log
@@ -43,11 +44,15 @@ DECOUPLED_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transa
 
 _log = logging.getLogger(__name__)
 
+_Servicer = TypeVar("_Servicer")
 _Response = TypeVar("_Response")
-_Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[_Response]]
+# An RPC method of the servicer: (self, request, context) -> its response proto. The request stays
+# Any: each RPC takes its own proto, and the frontend workers hand ModelInfer what their own
+# deserializer parsed.
+_Handler = Callable[[_Servicer, Any, grpc.aio.ServicerContext], Awaitable[_Response]]
 
 
-def _rpc(handler: _Handler[_Response]) -> _Handler[_Response | None]:
+def _rpc(handler: _Handler[_Servicer, _Response]) -> _Handler[_Servicer, _Response | None]:
     """Turn a `ServerError` into its gRPC status and anything else into INTERNAL (logged).
 
     The status is set on the context and the handler returns nothing (grpc sends the status and
@@ -58,7 +63,7 @@ def _rpc(handler: _Handler[_Response]) -> _Handler[_Response | None]:
     """
 
     @functools.wraps(handler)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> _Response | None:
+    async def wrapper(self: _Servicer, request: Any, context: grpc.aio.ServicerContext) -> _Response | None:
         try:
             return await handler(self, request, context)
         except ServerError as exc:
@@ -83,7 +88,8 @@ def _tensor_metadata(items: list[dict[str, Any]]) -> list[service_pb2.ModelMetad
             for item in items]
 
 
-async def _unimplemented(self: Any, request: Any, context: grpc.aio.ServicerContext) -> None:
+async def _unimplemented(self: service_pb2_grpc.GRPCInferenceServiceServicer, request: Message,
+                         context: grpc.aio.ServicerContext) -> None:
     await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
 
 
