@@ -181,7 +181,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                   context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelLoadResponse:
         _check_repository_name(request.repository_name)
         parameters = repository_parameters(request.parameters)
-        await self._core.load_model(request.model_name, parameters)  # type: ignore[attr-defined]
+        await self._core.load_model(request.model_name, parameters)
         return service_pb2.RepositoryModelLoadResponse()
 
     @_rpc
@@ -189,7 +189,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                     context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelUnloadResponse:
         _check_repository_name(request.repository_name)
         parameters = repository_parameters(request.parameters)
-        await self._core.unload_model(request.model_name, parameters)  # type: ignore[attr-defined]
+        await self._core.unload_model(request.model_name, parameters)
         return service_pb2.RepositoryModelUnloadResponse()
 
     @_rpc
@@ -209,37 +209,37 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryStatus(
             self, request: service_pb2.SystemSharedMemoryStatusRequest,
             context: grpc.aio.ServicerContext) -> service_pb2.SystemSharedMemoryStatusResponse:
-        return grpc_shm.system_status(self._core.client_shm, request)  # type: ignore[attr-defined]
+        return grpc_shm.system_status(self._core.client_shm, request)
 
     @_rpc
     async def SystemSharedMemoryRegister(
             self, request: service_pb2.SystemSharedMemoryRegisterRequest,
             context: grpc.aio.ServicerContext) -> service_pb2.SystemSharedMemoryRegisterResponse:
-        return grpc_shm.system_register(self._core.client_shm, request)  # type: ignore[attr-defined]
+        return grpc_shm.system_register(self._core.client_shm, request)
 
     @_rpc
     async def SystemSharedMemoryUnregister(
             self, request: service_pb2.SystemSharedMemoryUnregisterRequest,
             context: grpc.aio.ServicerContext) -> service_pb2.SystemSharedMemoryUnregisterResponse:
-        return grpc_shm.system_unregister(self._core.client_shm, request)  # type: ignore[attr-defined]
+        return grpc_shm.system_unregister(self._core.client_shm, request)
 
     @_rpc
     async def CudaSharedMemoryStatus(
             self, request: service_pb2.CudaSharedMemoryStatusRequest,
             context: grpc.aio.ServicerContext) -> service_pb2.CudaSharedMemoryStatusResponse:
-        return grpc_shm.cuda_status(self._core.client_shm, request)  # type: ignore[attr-defined]
+        return grpc_shm.cuda_status(self._core.client_shm, request)
 
     @_rpc
     async def CudaSharedMemoryRegister(
             self, request: service_pb2.CudaSharedMemoryRegisterRequest,
             context: grpc.aio.ServicerContext) -> service_pb2.CudaSharedMemoryRegisterResponse:
-        return grpc_shm.cuda_register(self._core.client_shm, request)  # type: ignore[attr-defined]
+        return grpc_shm.cuda_register(self._core.client_shm, request)
 
     @_rpc
     async def CudaSharedMemoryUnregister(
             self, request: service_pb2.CudaSharedMemoryUnregisterRequest,
             context: grpc.aio.ServicerContext) -> service_pb2.CudaSharedMemoryUnregisterResponse:
-        return grpc_shm.cuda_unregister(self._core.client_shm, request)  # type: ignore[attr-defined]
+        return grpc_shm.cuda_unregister(self._core.client_shm, request)
 
     async def ModelStreamInfer(
             self, request_iterator: AsyncIterator[service_pb2.ModelInferRequest],
