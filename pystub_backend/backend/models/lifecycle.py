@@ -25,7 +25,7 @@ from pystub_backend.backend.models.overrides import OverrideDir
 from pystub_backend.backend.models.repository import ModelSource
 from pystub_backend.backend.models.state import UNLOADED_REASON, ModelState
 from pystub_backend.backend.models.version import ModelLoadError, ModelVersion
-from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.supervision.services import ServerCore
 from pystub_backend.backend.supervision.settings import StubSettings
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pystub_backend.backend.models.config import ModelConfig
+from pystub_backend.backend.config.model_config import ModelConfig
 from pystub_backend.backend.scheduling.base import StubInstance
 from pystub_backend.backend.scheduling.default import DefaultScheduler
 from pystub_backend.backend.scheduling.dynamic import DynamicBatcher

@@ -26,15 +26,15 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pystub_backend.backend.config.model_config import ModelConfig, config_parameters
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.features.multiplex_stats import InstanceCounters, multiplex_metric_lines
 from pystub_backend.backend.inference import InferRequest
-from pystub_backend.backend.models.config import ModelConfig, config_parameters
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.base import Outcome, StubHolder, StubInstance
 from pystub_backend.backend.scheduling.default import PIPELINE_DEPTH, DefaultScheduler, Work
 from pystub_backend.backend.scheduling.multiplex_queue import ROUTING_POLICIES, RoutedQueue, routed_id
+from pystub_backend.backend.scheduling.multiplex_stats import InstanceCounters, multiplex_metric_lines
 from pystub_backend.backend.supervision.handlers import BackendHandlers
-from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages.multiplex import (

@@ -26,9 +26,9 @@ import collections
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
+from pystub_backend.backend.config.sequence_controls import SequenceFields
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.request_queue import BatchLimits, QueueEntry, form_batch
-from pystub_backend.backend.scheduling.sequence_controls import SequenceFields
-from pystub_backend.backend.supervision.response_stream import ResponseStream
 
 if TYPE_CHECKING:
     from pystub_backend.backend.client_link import ClientLink
