@@ -37,8 +37,8 @@ from pystub_backend.ipc.messages.sequences import SequenceRescheduled
 __all__ = ["ToBackend", "TO_BACKEND", "is_to_backend"]
 
 ToBackend = Union[
-    # core: replies to the backend's calls, the request exchange, the stub's log, big frames
-    AutoCompleteDone, InitDone, FinalizeDone, IsReadyDone, ExecuteDone, Response, Release, Log, Spilled,
+    # core: the request exchange, the stub's log, big frames, the replies to the backend's calls
+    Response, ExecuteDone, Release, Log, Spilled, AutoCompleteDone, InitDone, FinalizeDone, IsReadyDone,
     # features
     BlsRequest, BlsCancel, BlsCleanup, BlsInspect, ModelControl,
     MetricFamilyCreate, MetricOps, MetricValueQuery,
@@ -47,8 +47,9 @@ ToBackend = Union[
 ]
 
 TO_BACKEND: tuple[type[ToBackend], ...] = get_args(ToBackend)
+_KINDS = frozenset(TO_BACKEND)  # decoded messages are of their registered class exactly
 
 
 def is_to_backend(message: object) -> TypeGuard[ToBackend]:
     """Whether a decoded message is of a kind the stub may send (not one only the backend sends)."""
-    return isinstance(message, TO_BACKEND)
+    return type(message) in _KINDS
