@@ -22,7 +22,10 @@ import contextlib
 import contextvars
 import logging
 from collections.abc import Callable, Hashable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 __all__ = ["ClientLink", "current", "open_link", "http_request_link", "HTTP_POLL_SECONDS"]
 
@@ -84,7 +87,7 @@ def open_link() -> ClientLink:
 
 
 @contextlib.contextmanager
-def http_request_link(request: Any, poll_seconds: float = HTTP_POLL_SECONDS) -> Iterator[ClientLink]:
+def http_request_link(request: web.BaseRequest, poll_seconds: float = HTTP_POLL_SECONDS) -> Iterator[ClientLink]:
     """A link for one aiohttp request: closed if its connection drops before the block ends,
     detached when the block ends. The transport is polled only once the link is watched."""
     poller: list[asyncio.Task[None]] = []

@@ -22,6 +22,7 @@ from pystub_backend.ipc.bytes_codec import deserialize_bytes
 from pystub_backend.ipc.dtypes import numpy_dtype
 
 if TYPE_CHECKING:
+    from pystub_backend.backend.features.client_shm import ClientShmRegistry
     from pystub_backend.backend.telemetry.tracing.spans import RequestTrace
 
 __all__ = [
@@ -143,6 +144,10 @@ class ServerCore(Protocol):
     server_version: str
     extensions: list[str]
 
+    @property
+    def client_shm(self) -> ClientShmRegistry:
+        """The client shared-memory regions requests may name (the shm extension's routes)."""
+
     def is_live(self) -> bool: ...
 
     def is_ready(self) -> bool: ...
@@ -184,6 +189,12 @@ class ServerCore(Protocol):
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         """The `model_stats` list in the HTTP JSON form of docs/reference/protocol.md#statistics-extension."""
         ...
+
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """Load (or reload) the model, with the load request's parameters (config, files)."""
+
+    async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """Unload the model (and, when the parameters say so, its dependents)."""
 
 
 # Request parameters with a meaning to the protocol or the scheduler; the model never sees them.

@@ -267,7 +267,8 @@ def model_metadata(config: ModelConfig, versions: list[str]) -> dict[str, Any]:
     }
 
 
-def _tensor_metadata(tensor: Any, max_batch_size: int) -> dict[str, Any]:
+def _tensor_metadata(tensor: model_config_pb2.ModelInput | model_config_pb2.ModelOutput, max_batch_size: int
+                     ) -> dict[str, Any]:
     dims = [int(dim) for dim in tensor.dims]
     datatype = config_to_wire(model_config_pb2.DataType.Name(tensor.data_type))
     return {

@@ -121,7 +121,7 @@ class _Control:
     dtype: Any  # numpy dtype; None for a STRING CORRID
 
 
-def _boolean_control(name: str, control: Any, model: str) -> _Control:
+def _boolean_control(name: str, control: model_config_pb2.ModelSequenceBatching.Control, model: str) -> _Control:
     kind_name = _Kind.Name(control.kind)
     given = [option for option in _BOOLEAN_FIELDS if len(getattr(control, option[0]))]
     if len(given) != 1:
@@ -135,7 +135,7 @@ def _boolean_control(name: str, control: Any, model: str) -> _Control:
     return _Control(name, control.kind, datatype, (values[0], values[1]), dtype)
 
 
-def _corrid_control(name: str, control: Any, model: str) -> _Control:
+def _corrid_control(name: str, control: model_config_pb2.ModelSequenceBatching.Control, model: str) -> _Control:
     type_name = model_config_pb2.DataType.Name(control.data_type)
     if type_name not in _CORRID_TYPES:
         raise ValueError(f"sequence batching control 'CONTROL_SEQUENCE_CORRID' of input '{name}' for model "
@@ -153,7 +153,7 @@ class Controls:
         self._shape = (1, 1) if batching else (1,)
 
     @classmethod
-    def from_config(cls, config: Any) -> Controls:
+    def from_config(cls, config: model_config_pb2.ModelConfig) -> Controls:
         """From a ModelConfig with `sequence_batching`. Raises ValueError naming what is wrong."""
         model = config.name
         inputs = {tensor.name for tensor in config.input}
@@ -203,7 +203,7 @@ class Controls:
         return np.full(self._shape, wrapped[0], dtype=control.dtype).tobytes()
 
 
-def check_config(config: Any) -> None:
+def check_config(config: model_config_pb2.ModelConfig) -> None:
     """Check a normalized config's `sequence_batching`. Raises ValueError naming the problem."""
     Controls.from_config(config)
     sequence = config.sequence_batching

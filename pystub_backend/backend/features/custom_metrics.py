@@ -27,7 +27,7 @@ import re
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pystub_backend.ipc.messages.metrics import (
     ENTRY_CREATE,
@@ -41,6 +41,7 @@ from pystub_backend.ipc.messages.metrics import (
 
 if TYPE_CHECKING:
     from pystub_backend.backend.supervision.handlers import BackendHandlers
+    from pystub_backend.backend.supervision.services import ServerCore
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
 __all__ = ["register", "CustomMetrics", "CustomFamily", "CustomSeries", "CustomMetricError", "registry_for",
@@ -65,6 +66,13 @@ _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 LabelKey = tuple[tuple[str, str], ...]
 
 
+class MetricHolder(Protocol):
+    """What holds a metric: a stub process, which is all the registry asks of it."""
+
+    @property
+    def alive(self) -> bool: ...
+
+
 class CustomMetricError(Exception):
     """A refused metric call; the text is the reason the model sees (after pb_utils' prefix)."""
 
@@ -77,7 +85,7 @@ class CustomSeries:
     total: float = 0.0  # histograms: sum of observations
     count: int = 0  # histograms: number of observations
     bucket_counts: list[int] = field(default_factory=list)  # per bound, not cumulative
-    holders: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # stubs holding a Metric
+    holders: weakref.WeakSet[MetricHolder] = field(default_factory=weakref.WeakSet)  # stubs holding a Metric
 
     def apply(self, set_to: float | None, delta: float, observations: list[float]) -> None:
         if set_to is not None:
@@ -104,10 +112,6 @@ def _key(labels: dict[str, str]) -> LabelKey:
     return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
 
 
-def _alive(holder: Any) -> bool:
-    return bool(getattr(holder, "alive", False))
-
-
 class CustomMetrics:
     """The registry. Runs on the event loop only (stub frames and scrapes), so it needs no lock."""
 
@@ -132,7 +136,7 @@ class CustomMetrics:
         elif family.kind != kind:
             raise CustomMetricError("Family name already exists with different type")
 
-    def apply(self, holder: Any, entries: Sequence[Sequence[Any]]) -> None:
+    def apply(self, holder: MetricHolder, entries: Sequence[Sequence[Any]]) -> None:
         """Apply a stub's MetricOps entries in order. Malformed entries are logged and skipped."""
         for entry in entries:
             try:
@@ -141,7 +145,7 @@ class CustomMetrics:
                 shown = entry[:3] if isinstance(entry, (list, tuple)) else entry
                 log.error("dropped a malformed metric change %r: %s", shown, exc)
 
-    def _apply_one(self, holder: Any, entry: Sequence[Any]) -> None:
+    def _apply_one(self, holder: MetricHolder, entry: Sequence[Any]) -> None:
         op, name, labels = entry[0], entry[1], entry[2]
         family = self._families.get(name)
         if family is None:
@@ -160,7 +164,7 @@ class CustomMetrics:
             if series is None:
                 return
             series.holders.discard(holder)
-            if not any(_alive(other) for other in series.holders):
+            if not any(other.alive for other in series.holders):
                 del family.series[key]
         else:
             raise ValueError(f"unknown entry kind {op}")
@@ -186,11 +190,11 @@ class CustomMetrics:
 
 
 # One registry per server core (the stubs' context); stubs without one share a default.
-_REGISTRIES: weakref.WeakKeyDictionary[Any, CustomMetrics] = weakref.WeakKeyDictionary()
+_REGISTRIES: weakref.WeakKeyDictionary[ServerCore, CustomMetrics] = weakref.WeakKeyDictionary()
 _DEFAULT = CustomMetrics()
 
 
-def registry_for(core: Any) -> CustomMetrics:
+def registry_for(core: ServerCore | None) -> CustomMetrics:
     """The custom metrics of the server whose core is `core`."""
     if core is None:
         return _DEFAULT

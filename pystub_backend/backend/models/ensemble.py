@@ -27,12 +27,13 @@ from pystub_backend.backend.config.model_config import ConfigError, ModelConfig,
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.response_cache import cached_stream, version_cache
 from pystub_backend.backend.inference import InferRequest, InferResponse
-from pystub_backend.backend.models.ensemble_config import EnsembleGraph
+from pystub_backend.backend.models.ensemble_config import EnsembleGraph, EnsembleStep
 from pystub_backend.backend.models.ensemble_run import EnsembleRun
 from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.validation import RequestChecks
 from pystub_backend.backend.models.version import ModelLoadError
 from pystub_backend.backend.response_stream import ResponseStream
+from pystub_backend.backend.supervision.services import ServerCore
 from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics, reason_for
 from pystub_backend.ipc.status import Status
 
@@ -128,7 +129,7 @@ class EnsembleScheduler:
 class EnsembleVersion:
     """One loaded version of an ensemble; the face of pystub_backend.backend.models.version.ModelVersion."""
 
-    def __init__(self, config: ModelConfig, version: int, model_dir: str, core: Any) -> None:
+    def __init__(self, config: ModelConfig, version: int, model_dir: str, core: ServerCore) -> None:
         self.config = config
         self.core = core
         self.name = config.name
@@ -186,7 +187,7 @@ class EnsembleVersion:
         self.scheduler = EnsembleScheduler(self)
         self.state, self.reason = ModelState.READY, ""
 
-    def _check_step(self, step: Any) -> None:
+    def _check_step(self, step: EnsembleStep) -> None:
         try:
             config = self.core.model_config(step.model_name, step.model_version)
         except ServerError:

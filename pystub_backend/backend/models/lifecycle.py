@@ -25,6 +25,8 @@ from pystub_backend.backend.models.overrides import OverrideDir
 from pystub_backend.backend.models.repository import ModelSource
 from pystub_backend.backend.models.state import UNLOADED_REASON, ModelState
 from pystub_backend.backend.models.version import ModelLoadError, ModelVersion
+from pystub_backend.backend.response_stream import ResponseStream
+from pystub_backend.backend.supervision.services import ServerCore
 from pystub_backend.backend.supervision.settings import StubSettings
 
 __all__ = ["ModelEntry", "InFlight", "start_versions", "stop_versions", "retire"]
@@ -80,7 +82,7 @@ class InFlight:
     """
 
     def __init__(self) -> None:
-        self._items: dict[ModelVersion, set[Any]] = {}
+        self._items: dict[ModelVersion, set[asyncio.Task[Any] | ResponseStream]] = {}
         self._abandoned: dict[asyncio.Task[Any], ServerError] = {}
 
     def enter(self, version: ModelVersion) -> asyncio.Task[Any] | None:
@@ -94,12 +96,12 @@ class InFlight:
             self._abandoned.pop(task, None)
             self._discard(version, task)
 
-    def enter_stream(self, version: ModelVersion, stream: Any) -> None:
-        """Track `stream` (a ResponseStream) until its final response."""
+    def enter_stream(self, version: ModelVersion, stream: ResponseStream) -> None:
+        """Track `stream` until its final response."""
         self._items.setdefault(version, set()).add(stream)
         stream.when_final(lambda finished: self._discard(version, finished))
 
-    def _discard(self, version: ModelVersion, item: Any) -> None:
+    def _discard(self, version: ModelVersion, item: asyncio.Task[Any] | ResponseStream) -> None:
         items = self._items.get(version)
         if items is not None:
             items.discard(item)
@@ -131,7 +133,7 @@ class InFlight:
         return self._abandoned.get(task) if task is not None else None
 
 
-async def start_versions(source: ModelSource, settings: StubSettings, context: Any = None
+async def start_versions(source: ModelSource, settings: StubSettings, context: ServerCore
                          ) -> tuple[dict[int, ModelVersion], dict[int, str]]:
     """Load every version `source` selects, concurrently. Returns the loaded versions and the
     reasons of those that failed (already logged). `context` (the core) reaches the stubs'
@@ -160,7 +162,8 @@ async def start_versions(source: ModelSource, settings: StubSettings, context: A
     return loaded, failed
 
 
-def _make_version(source: ModelSource, version: int, settings: StubSettings, context: Any) -> Any:
+def _make_version(source: ModelSource, version: int, settings: StubSettings, context: ServerCore
+                  ) -> ModelVersion | EnsembleVersion:
     if is_ensemble(source.config):  # no model.py and no instances: the steps run on other models
         return EnsembleVersion(source.config, version, source.model_dir, context)
     return ModelVersion(source.config, version, source.model_dir, source.model_path(version), settings, context)

@@ -85,7 +85,7 @@ class _InputSpec:
 
     __slots__ = ("datatype", "dims", "wild", "batched", "element_size")
 
-    def __init__(self, input_config: Any, batching_model: bool) -> None:
+    def __init__(self, input_config: model_config_pb2.ModelInput, batching_model: bool) -> None:
         self.datatype = CODE_TO_WIRE.get(input_config.data_type) or \
             config_to_wire(model_config_pb2.DataType.Name(input_config.data_type))
         self.dims = tuple(int(dim) for dim in input_config.dims)
@@ -163,7 +163,7 @@ def _dims(dims: Sequence[int]) -> str:
     return "[" + ",".join(str(int(dim)) for dim in dims) + "]"
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: ParameterValue) -> bool:
     """A non-negative int (bools are ints in Python but not here)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -288,7 +288,7 @@ def _batch_size(request: InferRequest, config: ModelConfig, configs: dict[str, A
 # Per-input checks
 
 
-def _check_input(request: InferRequest, config: ModelConfig, input_config: Any,
+def _check_input(request: InferRequest, config: ModelConfig, input_config: model_config_pb2.ModelInput,
                  tensor: Tensor) -> None:
     prefix, model = _prefix(request), config.name
     # The table first: a dict lookup per input instead of two calls (the request's hot path).
@@ -305,7 +305,7 @@ def _check_input(request: InferRequest, config: ModelConfig, input_config: Any,
     _check_shape(request, config, input_config, tensor, batching)
 
 
-def _check_shape(request: InferRequest, config: ModelConfig, input_config: Any,
+def _check_shape(request: InferRequest, config: ModelConfig, input_config: model_config_pb2.ModelInput,
                  tensor: Tensor, batching: bool) -> None:
     """Triton's loop: a -1 in the request is refused, config -1 matches any size >= 0."""
     prefix, model = _prefix(request), config.name

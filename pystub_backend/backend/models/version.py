@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
 from pystub_backend.backend.config.model_config import (
@@ -23,6 +24,7 @@ from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.validation import RequestChecks
 from pystub_backend.backend.models.warmup import WarmupError, run_warmup
 from pystub_backend.backend.response_stream import ResponseStream
+from pystub_backend.backend.scheduling.base import StubInstance
 from pystub_backend.backend.scheduling.choice import make_scheduler
 from pystub_backend.backend.scheduling.implicit_state import ImplicitState, StateConfigError
 from pystub_backend.backend.scheduling.rate_limiter import RateLimitError, rate_limited, unregister
@@ -116,7 +118,7 @@ class ModelVersion:
         self.state = ModelState.UNAVAILABLE
         self.reason = ""
         self._monitor: asyncio.Task | None = None
-        self._scheduled: list[Any] = []  # the instances as the scheduler sees them (rate limiter)
+        self._scheduled: Sequence[StubInstance] = []  # the instances as the scheduler sees them (rate limiter)
 
     # -- readiness -------------------------------------------------------------------------------
     @property

@@ -22,7 +22,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse
@@ -30,7 +30,10 @@ from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BACKEND, BatchTiming, ModelStatistics, reason_for
 from pystub_backend.ipc.status import Status
 
-__all__ = ["Scheduler", "Outcome", "Instance", "Queued"]
+if TYPE_CHECKING:
+    from pystub_backend.backend.supervision.stub_process import StubProcess
+
+__all__ = ["Scheduler", "Outcome", "Instance", "StubHolder", "StubInstance", "Queued"]
 
 log = logging.getLogger("pystub.scheduler")
 
@@ -41,7 +44,8 @@ class Instance(Protocol):
     """What a scheduler uses of a model instance (supervision.instance.ModelInstance, or a wrapper
     such as multiplex.MultiplexedInstance)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     @property
     def healthy(self) -> bool: ...
@@ -56,6 +60,19 @@ class Instance(Protocol):
     async def execute_streams(self, requests: list[InferRequest],
                               on_sent: Callable[[list[Outcome]], None] | None = None
                               ) -> tuple[list[Outcome], BatchTiming]: ...
+
+
+class StubHolder(Protocol):
+    """Something whose current stub process a policy follows (the sub-models it holds, the
+    sequences whose state it keeps): a ModelInstance, or a wrapper of one."""
+
+    @property
+    def stub(self) -> StubProcess | None: ...
+
+
+class StubInstance(Instance, StubHolder, Protocol):
+    """An instance whose stub a policy follows (supervision.instance.ModelInstance, or the rate
+    limiter's wrapper of one): what the sequence batcher and multiplexing are given."""
 
 
 class Queued(Protocol):

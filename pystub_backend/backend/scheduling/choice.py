@@ -11,9 +11,11 @@ Every scheduler has the same face: `start()`, `schedule(request, batch_size)`,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pystub_backend.backend.config.model_config import ModelConfig
+from pystub_backend.backend.scheduling.base import StubInstance
 from pystub_backend.backend.scheduling.default import DefaultScheduler
 from pystub_backend.backend.scheduling.dynamic import DynamicBatcher
 from pystub_backend.backend.scheduling.multiplex import MultiplexScheduler, multiplex_state
@@ -23,7 +25,7 @@ from pystub_backend.backend.telemetry.statistics import ModelStatistics
 __all__ = ["make_scheduler"]
 
 
-def make_scheduler(config: ModelConfig, instances: list[Any], stats: ModelStatistics) -> Any:
+def make_scheduler(config: ModelConfig, instances: Sequence[StubInstance], stats: ModelStatistics) -> Any:
     multiplexed = multiplex_state(config, instances, stats)  # MAX_MULTIPLEXED_MODELS
     if multiplexed is not None:
         instances = multiplexed.instances  # they set up each stub's sub-model cache

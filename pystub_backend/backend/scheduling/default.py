@@ -26,7 +26,7 @@ import collections
 import logging
 import time
 from collections.abc import Sequence
-from typing import Protocol, cast
+from typing import Protocol, TypeVar, cast
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse
@@ -82,11 +82,14 @@ class _Direct:
         self.enqueued_ns = enqueued_ns
 
 
-class DefaultScheduler(Scheduler[Instance, Work]):
+_Unit = TypeVar("_Unit", bound=Instance)  # the instances' own type (a policy may wrap them)
+
+
+class DefaultScheduler(Scheduler[_Unit, Work]):
     _runs_in_own_task = False  # `_deliver` hands the caller its stream once the request is sent
     _sends_directly = True  # a policy that routes each request (multiplex) turns the direct send off
 
-    def __init__(self, instances: Sequence[Instance], stats: ModelStatistics) -> None:
+    def __init__(self, instances: Sequence[_Unit], stats: ModelStatistics) -> None:
         super().__init__(stats)
         self._instances = instances
         self._queue: asyncio.Queue[Work] = asyncio.Queue()
@@ -134,25 +137,25 @@ class DefaultScheduler(Scheduler[Instance, Work]):
         return result
 
     # -- the policy: the next free pipeline slot of any instance takes the oldest request ----------
-    def _units(self) -> Sequence[Instance]:
+    def _units(self) -> Sequence[_Unit]:
         return [instance for instance in self._instances for _ in range(PIPELINE_DEPTH)]
 
-    def _instance_of(self, unit: Instance) -> Instance:
+    def _instance_of(self, unit: _Unit) -> Instance:
         return unit
 
-    async def _take(self, unit: Instance) -> Work | None:
+    async def _take(self, unit: _Unit) -> Work | None:
         work = await self._next_work(unit)
         return None if work.future.done() else work
 
-    async def _next_work(self, instance: Instance) -> Work:
+    async def _next_work(self, instance: _Unit) -> Work:
         """The work a free worker of `instance` runs next: the oldest. A hook for schedulers that
         route (multiplex.MultiplexScheduler picks work whose sub-model the instance holds)."""
         return await self._queue.get()
 
-    def _give_back(self, unit: Instance, work: Work) -> None:
+    def _give_back(self, unit: _Unit, work: Work) -> None:
         self._queue.put_nowait(work)  # another instance takes it
 
-    async def _run(self, unit: Instance, work: Work) -> None:
+    async def _run(self, unit: _Unit, work: Work) -> None:
         try:
             runnable = await self._take_slot(unit)
         except asyncio.CancelledError:  # the scheduler stops: the work it held is failed like queued work
@@ -256,7 +259,7 @@ class DefaultScheduler(Scheduler[Instance, Work]):
             result.cancel()
         work.delivered = result
 
-    def _instance_gone(self, unit: Instance) -> None:
+    def _instance_gone(self, unit: _Unit) -> None:
         if not any(other.usable for other in self._instances):
             self._fail_all_queued(unit.unhealthy_error(), BACKEND)
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from pystub_backend.backend.config.model_config import ModelConfig
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler
 from pystub_backend.backend.scheduling.request_queue import (
@@ -61,7 +61,7 @@ class _Item(QueueEntry):
 
 
 class DynamicBatcher(Scheduler[Instance, list[_Item]]):
-    def __init__(self, instances: list[Instance], stats: ModelStatistics, config: ModelConfig) -> None:
+    def __init__(self, instances: Sequence[Instance], stats: ModelStatistics, config: ModelConfig) -> None:
         super().__init__(stats)
         self._instances = instances
         self._limits = BatchLimits.from_config(config)
@@ -152,7 +152,7 @@ class DynamicBatcher(Scheduler[Instance, list[_Item]]):
                 key.append((tensor.name, tensor.datatype, tuple(tensor.shape[1:])))
         return tuple(key)
 
-    def _abandon(self, item: _Item, result: Any) -> None:
+    def _abandon(self, item: _Item, result: Outcome | InferResponse | None) -> None:
         """The caller went away: take the request out of the queue, cancel or free its answer."""
         if self._requests.discard(item):
             self._record_failure(item.enqueued_ns, CANCELED)
@@ -168,7 +168,7 @@ class DynamicBatcher(Scheduler[Instance, list[_Item]]):
             item.finished = True
             self._deliver_in_order()
 
-    def _resolve(self, item: _Item, result: Any) -> None:
+    def _resolve(self, item: _Item, result: Outcome) -> None:
         if not item.future.done():
             item.future.set_result(result)
         elif isinstance(result, ResponseStream):

@@ -23,15 +23,19 @@ import collections
 import logging
 import time
 import weakref
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pystub_backend.backend.config.model_config import ModelConfig, config_parameters
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.scheduling.default import PIPELINE_DEPTH, DefaultScheduler
-from pystub_backend.backend.scheduling.multiplex_queue import ROUTING_POLICIES, RoutedQueue
+from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.response_stream import ResponseStream
+from pystub_backend.backend.scheduling.base import Outcome, StubHolder, StubInstance
+from pystub_backend.backend.scheduling.default import PIPELINE_DEPTH, DefaultScheduler, Work
+from pystub_backend.backend.scheduling.multiplex_queue import ROUTING_POLICIES, RoutedQueue, routed_id
 from pystub_backend.backend.scheduling.multiplex_stats import InstanceCounters, multiplex_metric_lines
 from pystub_backend.backend.supervision.handlers import BackendHandlers
-from pystub_backend.backend.telemetry.statistics import ModelStatistics
+from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages.multiplex import (
     MODEL_ID_PARAMETER,
@@ -43,6 +47,9 @@ from pystub_backend.ipc.messages.multiplex import (
     model_id_problem,
 )
 from pystub_backend.ipc.status import Status
+
+if TYPE_CHECKING:
+    from pystub_backend.backend.supervision.stub_process import StubProcess
 
 __all__ = ["CAP_PARAMETER", "ROUTING_PARAMETER", "MultiplexSettings", "MultiplexState", "MultiplexScheduler",
            "multiplex_settings", "multiplex_state", "held_ids", "multiplex_stats", "multiplex_metrics",
@@ -87,7 +94,26 @@ def multiplex_settings(config: ModelConfig) -> MultiplexSettings | None:
     return MultiplexSettings(cap, routing)
 
 
-def request_model_id(request: Any) -> str | None:
+class MultiplexedVersion(Protocol):
+    """A loaded model version as the multiplexing metrics see it (models.version.ModelVersion)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def stats(self) -> ModelStatistics: ...
+
+
+class VersionSource(Protocol):
+    """Where the metrics find every loaded model version (the server core)."""
+
+    def model_versions(self) -> Iterable[MultiplexedVersion]: ...
+
+
+def request_model_id(request: InferRequest) -> str | None:
     """The request's multiplexed model id, None when it has none. Raises ServerError(INVALID_ARG)
     for an invalid one."""
     value = request.parameters.get(MODEL_ID_PARAMETER)
@@ -96,6 +122,7 @@ def request_model_id(request: Any) -> str | None:
     problem = model_id_problem(value)
     if problem is not None:
         raise ServerError(problem, Status.INVALID_ARG)
+    assert isinstance(value, str)  # model_id_problem refuses anything else
     return value
 
 
@@ -112,20 +139,19 @@ class _StubHoldings:
 
 
 # Keyed by StubProcess: a stub's holdings die with it, and a new incarnation starts empty.
-_HOLDINGS: weakref.WeakKeyDictionary[Any, _StubHoldings] = weakref.WeakKeyDictionary()
+_HOLDINGS: weakref.WeakKeyDictionary[StubProcess, _StubHoldings] = weakref.WeakKeyDictionary()
 # Keyed by the version's ModelStatistics: what `multiplex_stats(version)` reports.
 _STATES: weakref.WeakKeyDictionary[ModelStatistics, MultiplexState] = weakref.WeakKeyDictionary()
 
 
-def _holdings(stub: Any, what: str) -> _StubHoldings | None:
+def _holdings(stub: StubProcess, what: str) -> _StubHoldings | None:
     holdings = _HOLDINGS.get(stub)
     if holdings is None:
-        log.warning("%s from stub '%s', which was not configured for multiplexing", what,
-                    getattr(stub, "instance_name", "?"))
+        log.warning("%s from stub '%s', which was not configured for multiplexing", what, stub.instance_name)
     return holdings
 
 
-def _on_loaded(stub: Any, message: MultiplexLoaded) -> None:
+def _on_loaded(stub: StubProcess, message: MultiplexLoaded) -> None:
     holdings = _holdings(stub, "MultiplexLoaded")
     if holdings is not None:
         holdings.ids[message.model_id] = None
@@ -135,7 +161,7 @@ def _on_loaded(stub: Any, message: MultiplexLoaded) -> None:
         holdings.state.changed()
 
 
-def _on_load_failed(stub: Any, message: MultiplexLoadFailed) -> None:
+def _on_load_failed(stub: StubProcess, message: MultiplexLoadFailed) -> None:
     holdings = _holdings(stub, "MultiplexLoadFailed")
     if holdings is not None:
         holdings.counters.load_failures += 1
@@ -143,7 +169,7 @@ def _on_load_failed(stub: Any, message: MultiplexLoadFailed) -> None:
         holdings.state.changed()
 
 
-def _on_unloaded(stub: Any, message: MultiplexUnloaded) -> None:
+def _on_unloaded(stub: StubProcess, message: MultiplexUnloaded) -> None:
     holdings = _holdings(stub, "MultiplexUnloaded")
     if holdings is not None:
         holdings.ids.pop(message.model_id, None)
@@ -152,7 +178,7 @@ def _on_unloaded(stub: Any, message: MultiplexUnloaded) -> None:
         holdings.state.changed()
 
 
-def _on_usage(stub: Any, message: MultiplexUsage) -> None:
+def _on_usage(stub: StubProcess, message: MultiplexUsage) -> None:
     holdings = _holdings(stub, "MultiplexUsage")
     if holdings is not None:
         holdings.counters.hits += message.hits
@@ -164,18 +190,24 @@ def _on_usage(stub: Any, message: MultiplexUsage) -> None:
 
 def register(handlers: BackendHandlers) -> None:
     """The stubs' reports of their sub-model caches (called by features.install)."""
-    for kind, handler in ((MultiplexLoaded, _on_loaded), (MultiplexLoadFailed, _on_load_failed),
-                          (MultiplexUnloaded, _on_unloaded), (MultiplexUsage, _on_usage)):
-        handlers.on_frame(kind, handler)
+    handlers.on_frame(MultiplexLoaded, _on_loaded)
+    handlers.on_frame(MultiplexLoadFailed, _on_load_failed)
+    handlers.on_frame(MultiplexUnloaded, _on_unloaded)
+    handlers.on_frame(MultiplexUsage, _on_usage)
 
 
-def held_ids(instance: Any) -> list[str]:
+def held_ids(instance: StubHolder) -> list[str]:
     """The ids the instance's current stub holds, least recently used first ([] if none)."""
-    holdings = _HOLDINGS.get(getattr(instance, "stub", None)) if getattr(instance, "stub", None) else None
+    holdings = _stub_holdings(instance)
     return list(holdings.ids) if holdings is not None else []
 
 
-def multiplex_stats(version: Any) -> dict[str, Any] | None:
+def _stub_holdings(instance: StubHolder) -> _StubHoldings | None:
+    stub = instance.stub
+    return _HOLDINGS.get(stub) if stub is not None else None
+
+
+def multiplex_stats(version: MultiplexedVersion) -> dict[str, Any] | None:
     """Plain numbers for metrics: `{"model", "version", "cap", "routing", "instances": [{"instance",
     "held": [ids], "loads", "load_failures", "unloads", "hits", "waits", "load_seconds",
     "unload_seconds"}]}` (histograms as `multiplex_stats.Histogram.snapshot`), or None when the
@@ -189,7 +221,7 @@ def multiplex_stats(version: Any) -> dict[str, Any] | None:
                            **state.counters[instance.name].snapshot()} for instance in state.instances]}
 
 
-def multiplex_metrics(core: Any) -> list[str]:
+def multiplex_metrics(core: VersionSource) -> list[str]:
     """The Prometheus text lines of every multiplexed model version (for `GET /metrics`)."""
     return multiplex_metric_lines(stats for stats in map(multiplex_stats, core.model_versions()) if stats)
 
@@ -200,43 +232,43 @@ def multiplex_metrics(core: Any) -> list[str]:
 class MultiplexState:
     """Multiplexing of one model version: wrapped instances, counters, and who holds what."""
 
-    def __init__(self, settings: MultiplexSettings, instances: list[Any], stats: ModelStatistics) -> None:
+    def __init__(self, settings: MultiplexSettings, instances: Sequence[StubInstance], stats: ModelStatistics) -> None:
         self.settings = settings
         self.counters = {instance.name: InstanceCounters() for instance in instances}
         self.instances = [MultiplexedInstance(instance, self) for instance in instances]
         self._running: dict[str, collections.Counter[str]] = {i.name: collections.Counter() for i in instances}
         self._run_seconds: float | None = None  # moving average of a worker's turn (pipelining included)
-        self._listeners: list[Any] = []
+        self._listeners: list[Callable[[], None]] = []
         _STATES[stats] = self
 
-    def on_change(self, listener: Any) -> None:
+    def on_change(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
 
     def changed(self) -> None:
         for listener in self._listeners:
             listener()
 
-    def holds(self, instance: Any, model_id: str) -> bool:
+    def holds(self, instance: MultiplexedInstance, model_id: str) -> bool:
         """Whether the instance holds the id, or runs a request for it now (it will hold it)."""
         if self._running[instance.name][model_id] > 0:
             return True
-        holdings = _HOLDINGS.get(instance.stub) if instance.stub is not None else None
+        holdings = _stub_holdings(instance)
         return holdings is not None and model_id in holdings.ids
 
-    def victim(self, instance: Any) -> str | None:
+    def victim(self, instance: MultiplexedInstance) -> str | None:
         """The id the instance's cache evicts to load another one, None when it has room."""
-        holdings = _HOLDINGS.get(instance.stub) if instance.stub is not None else None
+        holdings = _stub_holdings(instance)
         held = list(holdings.ids) if holdings is not None else []
         loading = [model_id for model_id in self._running[instance.name] if model_id not in held]
         if len(held) + len(loading) < self.settings.cap:
             return None
         return held[0] if held else loading[0]
 
-    def started(self, instance: Any, model_id: str | None) -> None:
+    def started(self, instance: MultiplexedInstance, model_id: str | None) -> None:
         if model_id is None:
             return
         self._running[instance.name][model_id] += 1
-        holdings = _HOLDINGS.get(instance.stub) if instance.stub is not None else None
+        holdings = _stub_holdings(instance)
         if holdings is not None and model_id in holdings.ids:
             holdings.ids.move_to_end(model_id)  # used now: the stub will report it too, a bit later
 
@@ -251,7 +283,7 @@ class MultiplexState:
         load_seconds = sum(h.sum for h in loads) / sum(h.count for h in loads)
         return PIPELINE_DEPTH * load_seconds / self._run_seconds
 
-    def finished(self, instance: Any, model_id: str | None, seconds: float) -> None:
+    def finished(self, instance: MultiplexedInstance, model_id: str | None, seconds: float) -> None:
         previous = self._run_seconds
         self._run_seconds = seconds if previous is None else previous + _RUN_AVERAGE_WEIGHT * (seconds - previous)
         if model_id is not None:
@@ -261,7 +293,7 @@ class MultiplexState:
                 del running[model_id]
         self.changed()
 
-    def register(self, stub: Any, instance_name: str) -> None:
+    def register(self, stub: StubProcess, instance_name: str) -> None:
         if stub not in _HOLDINGS:
             _HOLDINGS[stub] = _StubHoldings(self.counters[instance_name], self)
 
@@ -270,21 +302,27 @@ class MultiplexedInstance:
     """A ModelInstance that configures each new stub incarnation's sub-model cache before its first
     batch. Everything else is the instance's own (attributes are forwarded)."""
 
-    def __init__(self, instance: Any, state: MultiplexState) -> None:
+    def __init__(self, instance: StubInstance, state: MultiplexState) -> None:
         self._instance = instance
         self._state = state
-        self._configuring: weakref.WeakKeyDictionary[Any, asyncio.Future] = weakref.WeakKeyDictionary()
+        self._configuring: weakref.WeakKeyDictionary[StubProcess, asyncio.Future[bool]] = weakref.WeakKeyDictionary()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._instance, name)
 
-    async def execute_streams(self, requests: list[Any], on_sent: Any = None) -> Any:
+    @property
+    def name(self) -> str:
+        return self._instance.name
+
+    @property
+    def stub(self) -> StubProcess | None:
+        return self._instance.stub
+
+    async def execute_streams(self, requests: list[InferRequest],
+                              on_sent: Callable[[list[Outcome]], None] | None = None
+                              ) -> tuple[list[Outcome], BatchTiming]:
         await self._configure()
         return await self._instance.execute_streams(requests, on_sent)
-
-    async def execute_timed(self, requests: list[Any]) -> Any:
-        await self._configure()
-        return await self._instance.execute_timed(requests)
 
     async def _configure(self) -> None:
         stub = self._instance.stub
@@ -298,7 +336,7 @@ class MultiplexedInstance:
         if not await asyncio.shield(sending):
             self._configuring.pop(stub, None)  # try again with the next batch
 
-    async def _send(self, stub: Any) -> bool:
+    async def _send(self, stub: StubProcess) -> bool:
         try:
             await stub.send(MultiplexConfigure(self._state.settings.cap))
         except (ChannelClosedError, ChannelTimeoutError) as exc:
@@ -307,7 +345,7 @@ class MultiplexedInstance:
         return True
 
 
-class MultiplexScheduler(DefaultScheduler):
+class MultiplexScheduler(DefaultScheduler[MultiplexedInstance]):
     """The default scheduler with routing: a free worker takes the work its instance suits best."""
 
     _sends_directly = False  # every request goes through the router
@@ -315,19 +353,19 @@ class MultiplexScheduler(DefaultScheduler):
     def __init__(self, state: MultiplexState, stats: ModelStatistics) -> None:
         super().__init__(state.instances, stats)
         self._state = state
-        queue = RoutedQueue(state.instances, state, state.settings.routing)
+        queue = self._routed = RoutedQueue(state.instances, state, state.settings.routing)
         self._queue = queue  # type: ignore[assignment]  # it offers the asyncio.Queue calls the base makes
         state.on_change(queue.notify)
 
-    async def schedule_stream(self, request: Any, batch_size: int) -> Any:
+    async def schedule_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         request_model_id(request)  # an invalid id fails here, before it queues
         return await super().schedule_stream(request, batch_size)
 
-    async def _next_work(self, instance: Any) -> Any:
-        return await self._queue.get_for(instance)  # type: ignore[attr-defined]
+    async def _next_work(self, instance: MultiplexedInstance) -> Work:
+        return await self._routed.get_for(instance)
 
-    async def _run(self, instance: Any, work: Any) -> None:
-        model_id = work.request.parameters.get(MODEL_ID_PARAMETER)
+    async def _run(self, instance: MultiplexedInstance, work: Work) -> None:
+        model_id = routed_id(work.request)
         self._state.started(instance, model_id)
         began = time.monotonic()
         try:
@@ -336,7 +374,8 @@ class MultiplexScheduler(DefaultScheduler):
             self._state.finished(instance, model_id, time.monotonic() - began)
 
 
-def multiplex_state(config: ModelConfig, instances: list[Any], stats: ModelStatistics) -> MultiplexState | None:
+def multiplex_state(config: ModelConfig, instances: Sequence[StubInstance], stats: ModelStatistics
+                    ) -> MultiplexState | None:
     """The multiplexing state of a model version, or None when it does not multiplex. A scheduler
     must be given `state.instances` (they configure each stub's cache); `MultiplexScheduler(state,
     stats)` adds routing."""

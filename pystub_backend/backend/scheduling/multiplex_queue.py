@@ -31,11 +31,13 @@ import asyncio
 import collections
 import itertools
 import random
-from typing import Any, Protocol
+from typing import Generic, Protocol, TypeVar
 
+from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.scheduling.default import Work
 from pystub_backend.ipc.messages.multiplex import MODEL_ID_PARAMETER
 
-__all__ = ["AFFINITY", "RANDOM", "ROUTING_POLICIES", "RoutedQueue", "WINDOW", "MAX_PASSES"]
+__all__ = ["AFFINITY", "RANDOM", "ROUTING_POLICIES", "RoutedQueue", "WINDOW", "MAX_PASSES", "routed_id"]
 
 AFFINITY = "affinity"
 RANDOM = "random"
@@ -47,13 +49,33 @@ POPULARITY_HALF_LIFE = 200  # requests after which an id's past requests count h
 _RESCALE_AT = 1e100
 
 
-class HoldingsView(Protocol):
+def routed_id(request: InferRequest) -> str | None:
+    """The sub-model id the request is routed by (checked by then: a string, or None)."""
+    model_id = request.parameters.get(MODEL_ID_PARAMETER)
+    return model_id if isinstance(model_id, str) else None
+
+
+class Routable(Protocol):
+    """What the queue asks of an instance itself (multiplex.MultiplexedInstance; a fake in tests)."""
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def usable(self) -> bool: ...
+
+
+_Instance = TypeVar("_Instance", bound=Routable)
+_Viewed = TypeVar("_Viewed", bound=Routable, contravariant=True)
+
+
+class HoldingsView(Protocol[_Viewed]):
     """What the queue needs to know of the instances' caches."""
 
-    def holds(self, instance: Any, model_id: str) -> bool:
+    def holds(self, instance: _Viewed, model_id: str) -> bool:
         """Whether the instance holds the id, or runs a request for it now."""
 
-    def victim(self, instance: Any) -> str | None:
+    def victim(self, instance: _Viewed) -> str | None:
         """The id the instance's cache would evict to load another, None when it has room."""
 
     def patience(self) -> float:
@@ -61,18 +83,18 @@ class HoldingsView(Protocol):
         instance loads the id as well: about the entries a holder serves while one load runs."""
 
 
-class _Entry:
+class _Entry(Generic[_Instance]):
     __slots__ = ("work", "model_id", "passes", "pinned")
 
-    def __init__(self, work: Any, model_id: str | None, pinned: Any) -> None:
+    def __init__(self, work: Work, model_id: str | None, pinned: _Instance | None) -> None:
         self.work = work
         self.model_id = model_id
         self.passes = 0
         self.pinned = pinned
 
 
-class RoutedQueue:
-    def __init__(self, instances: list[Any], view: HoldingsView, policy: str = AFFINITY,
+class RoutedQueue(Generic[_Instance]):
+    def __init__(self, instances: list[_Instance], view: HoldingsView[_Instance], policy: str = AFFINITY,
                  rng: random.Random | None = None) -> None:
         self._instances = instances
         self._holds = view.holds
@@ -80,27 +102,26 @@ class RoutedQueue:
         self._patience = view.patience
         self._policy = policy
         self._rng = rng or random.Random()
-        self._entries: collections.deque[_Entry] = collections.deque()
-        self._waiters: list[asyncio.Future] = []
+        self._entries: collections.deque[_Entry[_Instance]] = collections.deque()
+        self._waiters: list[asyncio.Future[None]] = []
         self._idle: collections.Counter[int] = collections.Counter()  # waiting workers per instance id()
         # Exponentially decayed request counts per id, kept as growing increments (no decay pass).
         self._popularity: dict[str, float] = {}
         self._increment = 1.0
 
     # -- the asyncio.Queue subset the default scheduler uses --------------------------------------
-    def put_nowait(self, work: Any) -> None:
-        model_id = work.request.parameters.get(MODEL_ID_PARAMETER)
+    def put_nowait(self, work: Work) -> None:
+        model_id = routed_id(work.request)
         pinned = None
         if self._policy == RANDOM:
             usable = [i for i in self._instances if i.usable] or self._instances
             pinned = self._rng.choice(usable)
-        model_id = model_id if isinstance(model_id, str) else None
         if model_id is not None:
             self._count_request(model_id)
         self._entries.append(_Entry(work, model_id, pinned))
         self.notify()
 
-    def get_nowait(self) -> Any:
+    def get_nowait(self) -> Work:
         """The oldest work. Raises asyncio.QueueEmpty."""
         if not self._entries:
             raise asyncio.QueueEmpty
@@ -120,7 +141,7 @@ class RoutedQueue:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def get_for(self, instance: Any) -> Any:
+    async def get_for(self, instance: _Instance) -> Work:
         """The work a free worker of `instance` should run next; waits until there is some."""
         loop = asyncio.get_running_loop()
         self._idle[id(instance)] += 1
@@ -141,7 +162,7 @@ class RoutedQueue:
                 del self._idle[id(instance)]
             self.notify()  # the idle instances changed: one that deferred to this one looks again
 
-    def pick(self, instance: Any) -> int | None:
+    def pick(self, instance: _Instance) -> int | None:
         """The index of the entry `instance` should take, or None to wait."""
         self._drop_abandoned()
         if not self._entries:
@@ -180,9 +201,9 @@ class RoutedQueue:
                 fallback = index
         return fallback
 
-    def _is_best_loader(self, instance: Any, others: list[Any]) -> bool:
+    def _is_best_loader(self, instance: _Instance, others: list[_Instance]) -> bool:
         """Whether `instance` loses least, among the idle instances, by loading a new id."""
-        def cost(candidate: Any) -> float:
+        def cost(candidate: _Instance) -> float:
             victim = self._victim(candidate)
             return -1.0 if victim is None else self._popularity.get(victim, 0.0)
 
@@ -203,15 +224,15 @@ class RoutedQueue:
                                 if value / self._increment > 1e-9}
             self._increment = 1.0
 
-    def _pick_pinned(self, instance: Any) -> int | None:
+    def _pick_pinned(self, instance: _Instance) -> int | None:
         for index, entry in enumerate(self._entries):
             if index >= WINDOW:
                 break
-            if entry.pinned is instance or not entry.pinned.usable:
+            if entry.pinned is None or entry.pinned is instance or not entry.pinned.usable:
                 return index
         return None
 
-    def _take(self, index: int) -> Any:
+    def _take(self, index: int) -> Work:
         entries = self._entries
         for skipped in range(index):
             entries[skipped].passes += 1

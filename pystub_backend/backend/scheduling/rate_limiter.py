@@ -26,9 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from tritonclient.grpc import model_config_pb2
+
+from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.scheduling.base import Outcome, StubInstance
+from pystub_backend.backend.telemetry.statistics import BatchTiming
 
 __all__ = ["RATE_LIMIT_MODES", "ResourceLimit", "RateLimiter", "RateLimitedInstance", "parse_resource_limit",
            "rate_limited", "unregister", "RateLimitError"]
@@ -74,7 +80,7 @@ def parse_resource_limit(text: str) -> ResourceLimit:
 Needs = dict[tuple[str, int], int]  # (resource, device key) -> count
 
 
-def instance_needs(group: Any) -> Needs:
+def instance_needs(group: model_config_pb2.ModelInstanceGroup) -> Needs:
     """What one instance of the `instance_group` entry needs while it executes."""
     needs: Needs = {}
     for resource in group.rate_limiter.resources:
@@ -172,7 +178,7 @@ class RateLimitedInstance:
     """A model instance whose executes take its group's resources first; everything else is the
     instance's own (schedulers use it in place of the instance)."""
 
-    def __init__(self, instance: Any, limiter: RateLimiter, needs: Needs, priority: int) -> None:
+    def __init__(self, instance: StubInstance, limiter: RateLimiter, needs: Needs, priority: int) -> None:
         self._instance = instance
         self.limiter = limiter
         self.needs = needs
@@ -181,8 +187,8 @@ class RateLimitedInstance:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._instance, name)
 
-    async def execute_streams(self, requests: list[Any], on_sent: Callable[[list[Any]], None] | None = None
-                              ) -> tuple[list[Any], Any]:
+    async def execute_streams(self, requests: list[InferRequest], on_sent: Callable[[list[Outcome]], None] | None = None
+                              ) -> tuple[list[Outcome], BatchTiming]:
         await self.limiter.acquire(self.needs, self._priority)
         try:
             return await self._instance.execute_streams(requests, on_sent)
@@ -190,7 +196,8 @@ class RateLimitedInstance:
             self.limiter.release(self.needs)
 
 
-def rate_limited(instances: list[Any], config: Any, limiter: RateLimiter | None) -> list[Any]:
+def rate_limited(instances: Sequence[StubInstance], config: model_config_pb2.ModelConfig, limiter: RateLimiter | None
+                 ) -> Sequence[StubInstance]:
     """The instances as schedulers should see them: wrapped when rate limiting is on and their group
     names resources. `instances` are in `instance_names` order (group by group). Raises
     RateLimitError."""
@@ -205,7 +212,7 @@ def rate_limited(instances: list[Any], config: Any, limiter: RateLimiter | None)
             for instance, group, n in zip(instances, groups, needs, strict=True)]
 
 
-def unregister(instances: list[Any]) -> None:
+def unregister(instances: Sequence[StubInstance]) -> None:
     """The model version these (`rate_limited`) instances belong to is gone: its needs no longer
     size undeclared resources."""
     for instance in instances:

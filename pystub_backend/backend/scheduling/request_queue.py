@@ -26,7 +26,8 @@ import heapq
 import itertools
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+
+from tritonclient.grpc import model_config_pb2
 
 __all__ = ["QueueEntry", "QueuePolicy", "QueueFullError", "PriorityQueue", "BatchLimits", "form_batch",
            "REJECT", "DELAY"]
@@ -62,7 +63,7 @@ class QueuePolicy:
     max_queue_size: int = 0
 
     @classmethod
-    def from_proto(cls, policy: Any) -> QueuePolicy:
+    def from_proto(cls, policy: model_config_pb2.ModelQueuePolicy) -> QueuePolicy:
         return cls(int(policy.timeout_action), int(policy.default_timeout_microseconds),
                    bool(policy.allow_timeout_override), int(policy.max_queue_size))
 
@@ -102,7 +103,7 @@ class PriorityQueue:
         self._size = 0
 
     @classmethod
-    def from_config(cls, batching: Any) -> PriorityQueue:
+    def from_config(cls, batching: model_config_pb2.ModelDynamicBatching) -> PriorityQueue:
         """From a `ModelDynamicBatching` proto."""
         return cls(int(batching.priority_levels), int(batching.default_priority_level),
                    QueuePolicy.from_proto(batching.default_queue_policy),
@@ -210,7 +211,7 @@ class BatchLimits:
     delay_ns: int = 0
 
     @classmethod
-    def from_config(cls, config: Any) -> BatchLimits:
+    def from_config(cls, config: model_config_pb2.ModelConfig) -> BatchLimits:
         """From a `ModelConfig` with `dynamic_batching`. Preferred sizes above max_batch_size
         (which Triton refuses at load) are ignored."""
         batching = config.dynamic_batching

@@ -34,7 +34,7 @@ from pystub_backend.backend.config.sequence_controls import Controls, admitted_f
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest
 from pystub_backend.backend.response_stream import ResponseStream
-from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler
+from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler, StubInstance
 from pystub_backend.backend.scheduling.implicit_state import ImplicitState
 from pystub_backend.backend.scheduling.request_queue import BatchLimits
 from pystub_backend.backend.scheduling.sequence_slots import (
@@ -58,7 +58,7 @@ _CANCELLED_REASONS = ("client_disconnected", "cancelled")
 
 
 class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
-    def __init__(self, instances: list[Instance], stats: ModelStatistics, config: ModelConfig) -> None:
+    def __init__(self, instances: Listing[StubInstance], stats: ModelStatistics, config: ModelConfig) -> None:
         super().__init__(stats)
         self._model = config.name
         self._controls = Controls.from_config(config)

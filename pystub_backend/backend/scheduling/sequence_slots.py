@@ -21,13 +21,20 @@ rescheduled, or at once when it is evicted.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pystub_backend.backend.config.sequence_controls import SequenceFields
 from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.request_queue import BatchLimits, QueueEntry, form_batch
+
+if TYPE_CHECKING:
+    from pystub_backend.backend.client_link import ClientLink
+    from pystub_backend.backend.inference import InferRequest
+    from pystub_backend.backend.scheduling.base import Outcome, StubInstance
+    from pystub_backend.backend.supervision.stub_process import StubProcess
 
 __all__ = ["SeqItem", "Sequence", "Lane", "SlotTable", "direct_batch", "oldest_batch"]
 
@@ -37,8 +44,8 @@ class SeqItem(QueueEntry):
 
     __slots__ = ("request", "fields", "sequence", "future", "stream", "sent", "rescheduled_rid")
 
-    def __init__(self, request: Any, fields: SequenceFields, sequence: Sequence, future: Any,
-                 enqueued_ns: int) -> None:
+    def __init__(self, request: InferRequest, fields: SequenceFields, sequence: Sequence,
+                 future: asyncio.Future[Outcome], enqueued_ns: int) -> None:
         super().__init__(1, None, enqueued_ns)
         self.request = request
         self.fields = fields
@@ -60,8 +67,8 @@ class Sequence:
         self.queue: collections.deque[SeqItem] = collections.deque()
         self.running: SeqItem | None = None
         self.idle_since_ns: int | None = None  # nothing queued or running since then
-        self.link: Any = None  # the client link (pystub_backend.backend.client_link) of its latest request
-        self.stub: Any = None  # the StubProcess that holds its state (it has run there)
+        self.link: ClientLink | None = None  # the client link of its latest request
+        self.stub: StubProcess | None = None  # the stub process that holds its state (it has run there)
         self.mapped = True  # reachable by its id: started, END not yet received
         self.evicted = False
 
@@ -73,7 +80,7 @@ class Sequence:
 class Lane:
     """The slots of one model instance."""
 
-    def __init__(self, index: int, instance: Any, slots: int) -> None:
+    def __init__(self, index: int, instance: StubInstance, slots: int) -> None:
         self.index = index
         self.instance = instance
         self.slots: list[Sequence | None] = [None] * max(1, slots)

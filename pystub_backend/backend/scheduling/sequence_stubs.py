@@ -12,7 +12,7 @@ batcher (`StubSequences`) holds the batcher's side of it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NamedTuple
 
 from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled
 from pystub_backend.ipc.records import WireError
@@ -37,7 +37,7 @@ class StubSequences:
 
     # -- frames to a stub --------------------------------------------------------------------------
     @staticmethod
-    def send(stub: StubProcess, message: Any) -> None:
+    def send(stub: StubProcess, message: NamedTuple) -> None:
         """Send a small frame to `stub` in order with the frames after it; never blocks."""
         stub.send_soon(message)
 

@@ -33,6 +33,7 @@ from pystub_backend.ipc import spill
 from pystub_backend.ipc.arena import ArenaFullError
 from pystub_backend.ipc.channel import AsyncChannel, ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.messages.to_backend import ToBackend, is_to_backend
 
 if TYPE_CHECKING:
     from pystub_backend.backend.supervision.stub_process import StubProcess
@@ -203,6 +204,9 @@ class FrameLink:
         except msg.MessageDecodeError as exc:
             log.error("dropped a corrupt frame from stub '%s': %s", self._stub.instance_name, exc)
             return
+        if not is_to_backend(message):  # a kind only the backend sends
+            self._unexpected(type(message))
+            return
         try:
             self._dispatch(message)
         except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the channel's reader
@@ -216,16 +220,16 @@ class FrameLink:
             raise msg.MessageDecodeError("a spilled frame arrived before the s2p arena exists")
         return spill.unspill(message, s2p, lambda handle: self._stub.exchange.outbox.release([handle]))
 
-    def _dispatch(self, message: Any) -> None:  # a decoded message: any registered class
+    def _dispatch(self, message: ToBackend) -> None:
         kind = type(message)
         exchange = self._stub.exchange
-        if kind is msg.Response:
+        if isinstance(message, msg.Response):
             exchange.on_response(message.response)
-        elif kind is msg.ExecuteDone:
+        elif isinstance(message, msg.ExecuteDone):
             exchange.on_execute_done(message)
-        elif kind is msg.Log:
+        elif isinstance(message, msg.Log):
             self._on_log(message)
-        elif kind is msg.Release:
+        elif isinstance(message, msg.Release):
             exchange.free_p2s(message.handles)
         elif (feature := self._stub.services.handlers.frame_handler(kind)) is not None:
             feature(self._stub, message)
@@ -234,7 +238,10 @@ class FrameLink:
             if waiter is not None and not waiter.done():
                 waiter.set_result(message)
             else:
-                log.warning("unexpected %s from stub '%s'", kind.__name__, self._stub.instance_name)
+                self._unexpected(kind)
+
+    def _unexpected(self, kind: type) -> None:
+        log.warning("unexpected %s from stub '%s'", kind.__name__, self._stub.instance_name)
 
     def _on_log(self, message: msg.Log) -> None:
         """A record from the stub, logged once with the model's own file:line."""

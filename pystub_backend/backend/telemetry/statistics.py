@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pystub_backend.backend.telemetry.latency import new_window
 from pystub_backend.ipc.status import Status
+
+if TYPE_CHECKING:
+    from pystub_backend.backend.errors import ServerError
 
 __all__ = ["Duration", "ModelStatistics", "BatchTiming", "FAILURE_REASONS", "REJECTED", "CANCELED",
            "BACKEND", "OTHER", "reason_for"]
@@ -64,10 +67,10 @@ class _BatchStats:
     compute_output: Duration = field(default_factory=Duration)
 
 
-def reason_for(error: Any) -> str:
-    """The failure reason of a request that ended with `error` (a ServerError) after it reached
-    the model: CANCELED when it was answered as cancelled, else BACKEND."""
-    return CANCELED if getattr(error, "status", None) == Status.CANCELLED else BACKEND
+def reason_for(error: ServerError | None) -> str:
+    """The failure reason of a request that ended with `error` after it reached the model:
+    CANCELED when it was answered as cancelled, else BACKEND."""
+    return CANCELED if error is not None and error.status == Status.CANCELLED else BACKEND
 
 
 class ModelStatistics:

@@ -4,14 +4,19 @@ and the records inside messages decode into their named types."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import get_args
 
 import msgpack
 import pytest
 
+from pystub_backend.backend.features.install import install_features as install_backend_features
+from pystub_backend.backend.supervision.handlers import BackendHandlers
 from pystub_backend.ipc import messages
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.catalogue import CATALOGUE, Direction
+from pystub_backend.ipc.messages.multiplex import MultiplexLoaded
 from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled
+from pystub_backend.ipc.messages.to_backend import TO_BACKEND, ToBackend, is_to_backend
 from pystub_backend.ipc.records import WireError, WireRequest, WireResponse, WireTensor
 from pystub_backend.ipc.wire import MessageDecodeError, decode, encode, kind_of, registered_kinds
 from pystub_backend.stub.features.install import install_features
@@ -112,3 +117,16 @@ def test_metric_entries_are_told_apart_by_length() -> None:
     with pytest.raises(MessageDecodeError, match=r"MetricCreate \| MetricUpdate \| MetricDelete record must be an "
                                                  r"array of \[3, 4, 6\] fields"):
         decode(msgpack.packb([kind_of(MetricOps), [[ENTRY_DELETE, "f", {}, None, 1]]]))
+
+
+def test_the_backends_union_is_every_kind_a_stub_sends() -> None:
+    from_stub = {entry.name for entry in CATALOGUE if entry.direction in (Direction.TO_BACKEND, Direction.BOTH)}
+    assert {cls.__name__ for cls in TO_BACKEND} == from_stub
+    assert set(get_args(ToBackend)) == set(TO_BACKEND) and len(TO_BACKEND) == len(from_stub)
+    assert is_to_backend(MultiplexLoaded("m", 0.5)) and is_to_backend(msg.Release([], []))
+    assert not is_to_backend(msg.Execute(1, [], [])) and not is_to_backend(("a", "tuple"))
+
+
+def test_the_backends_feature_handlers_take_kinds_a_stub_sends() -> None:
+    handled = install_backend_features(BackendHandlers()).handled_kinds()
+    assert MultiplexLoaded in handled and handled <= set(TO_BACKEND)

@@ -12,7 +12,7 @@ are turned into the little-endian bytes the core expects.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,7 +147,8 @@ def _tensor_parameters(params: Mapping[str, service_pb2.InferParameter],
     return result
 
 
-def parameters_to_proto(params: Mapping[str, ParameterValue], target: Any) -> None:
+def parameters_to_proto(params: Mapping[str, ParameterValue], target: MutableMapping[str, service_pb2.InferParameter]
+                        ) -> None:
     """Fill a proto `map<string, InferParameter>` from Python values.
 
     A bool is tested before int (it is one); ints beyond int64 go as uint64.

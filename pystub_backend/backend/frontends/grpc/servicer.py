@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from pystub_backend.backend import log as backend_log
@@ -43,11 +44,15 @@ DECOUPLED_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transa
 
 _log = logging.getLogger(__name__)
 
+_Servicer = TypeVar("_Servicer")
 _Response = TypeVar("_Response")
-_Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[_Response]]
+# An RPC method of the servicer: (self, request, context) -> its response proto. The request stays
+# Any: each RPC takes its own proto, and the frontend workers hand ModelInfer what their own
+# deserializer parsed.
+_Handler = Callable[[_Servicer, Any, grpc.aio.ServicerContext], Awaitable[_Response]]
 
 
-def _rpc(handler: _Handler[_Response]) -> _Handler[_Response | None]:
+def _rpc(handler: _Handler[_Servicer, _Response]) -> _Handler[_Servicer, _Response | None]:
     """Turn a `ServerError` into its gRPC status and anything else into INTERNAL (logged).
 
     The status is set on the context and the handler returns nothing (grpc sends the status and
@@ -58,7 +63,7 @@ def _rpc(handler: _Handler[_Response]) -> _Handler[_Response | None]:
     """
 
     @functools.wraps(handler)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> _Response | None:
+    async def wrapper(self: _Servicer, request: Any, context: grpc.aio.ServicerContext) -> _Response | None:
         try:
             return await handler(self, request, context)
         except ServerError as exc:
@@ -83,7 +88,8 @@ def _tensor_metadata(items: list[dict[str, Any]]) -> list[service_pb2.ModelMetad
             for item in items]
 
 
-async def _unimplemented(self: Any, request: Any, context: grpc.aio.ServicerContext) -> None:
+async def _unimplemented(self: service_pb2_grpc.GRPCInferenceServiceServicer, request: Message,
+                         context: grpc.aio.ServicerContext) -> None:
     await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
 
 
@@ -175,7 +181,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                   context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelLoadResponse:
         _check_repository_name(request.repository_name)
         parameters = repository_parameters(request.parameters)
-        await self._core.load_model(request.model_name, parameters)  # type: ignore[attr-defined]
+        await self._core.load_model(request.model_name, parameters)
         return service_pb2.RepositoryModelLoadResponse()
 
     @_rpc
@@ -183,7 +189,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                     context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelUnloadResponse:
         _check_repository_name(request.repository_name)
         parameters = repository_parameters(request.parameters)
-        await self._core.unload_model(request.model_name, parameters)  # type: ignore[attr-defined]
+        await self._core.unload_model(request.model_name, parameters)
         return service_pb2.RepositoryModelUnloadResponse()
 
     @_rpc
@@ -203,37 +209,37 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryStatus(
             self, request: service_pb2.SystemSharedMemoryStatusRequest,
             context: grpc.aio.ServicerContext) -> service_pb2.SystemSharedMemoryStatusResponse:
-        return grpc_shm.system_status(self._core.client_shm, request)  # type: ignore[attr-defined]
+        return grpc_shm.system_status(self._core.client_shm, request)
 
     @_rpc
     async def SystemSharedMemoryRegister(
             self, request: service_pb2.SystemSharedMemoryRegisterRequest,
             context: grpc.aio.ServicerContext) -> service_pb2.SystemSharedMemoryRegisterResponse:
-        return grpc_shm.system_register(self._core.client_shm, request)  # type: ignore[attr-defined]
+        return grpc_shm.system_register(self._core.client_shm, request)
 
     @_rpc
     async def SystemSharedMemoryUnregister(
             self, request: service_pb2.SystemSharedMemoryUnregisterRequest,
             context: grpc.aio.ServicerContext) -> service_pb2.SystemSharedMemoryUnregisterResponse:
-        return grpc_shm.system_unregister(self._core.client_shm, request)  # type: ignore[attr-defined]
+        return grpc_shm.system_unregister(self._core.client_shm, request)
 
     @_rpc
     async def CudaSharedMemoryStatus(
             self, request: service_pb2.CudaSharedMemoryStatusRequest,
             context: grpc.aio.ServicerContext) -> service_pb2.CudaSharedMemoryStatusResponse:
-        return grpc_shm.cuda_status(self._core.client_shm, request)  # type: ignore[attr-defined]
+        return grpc_shm.cuda_status(self._core.client_shm, request)
 
     @_rpc
     async def CudaSharedMemoryRegister(
             self, request: service_pb2.CudaSharedMemoryRegisterRequest,
             context: grpc.aio.ServicerContext) -> service_pb2.CudaSharedMemoryRegisterResponse:
-        return grpc_shm.cuda_register(self._core.client_shm, request)  # type: ignore[attr-defined]
+        return grpc_shm.cuda_register(self._core.client_shm, request)
 
     @_rpc
     async def CudaSharedMemoryUnregister(
             self, request: service_pb2.CudaSharedMemoryUnregisterRequest,
             context: grpc.aio.ServicerContext) -> service_pb2.CudaSharedMemoryUnregisterResponse:
-        return grpc_shm.cuda_unregister(self._core.client_shm, request)  # type: ignore[attr-defined]
+        return grpc_shm.cuda_unregister(self._core.client_shm, request)
 
     async def ModelStreamInfer(
             self, request_iterator: AsyncIterator[service_pb2.ModelInferRequest],

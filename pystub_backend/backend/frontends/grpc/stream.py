@@ -28,7 +28,7 @@ from pystub_backend.backend import client_link
 from pystub_backend.backend.errors import ServerError, forget_traceback, grpc_code, grpc_details
 from pystub_backend.backend.frontends.forwarding import forward_headers
 from pystub_backend.backend.frontends.grpc.codec import decode_infer_request, encode_infer_response
-from pystub_backend.backend.inference import InferResponse, ServerCore
+from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 
 __all__ = ["stream_infer", "EMPTY_FINAL_KEY"]
@@ -134,7 +134,7 @@ class _StreamSession:
         if turn is not None:
             await asyncio.shield(turn)
 
-    async def _emit(self, response: InferResponse, empty_final: bool, request: Any) -> None:
+    async def _emit(self, response: InferResponse, empty_final: bool, request: InferRequest) -> None:
         try:  # encoding copies the outputs out of the arena: release before waiting for room
             if response.error is not None:
                 item: tuple[Any, ...] | None = ("error", response.id or request.id, response.error)

@@ -22,6 +22,7 @@ from aiohttp import web
 from pystub_backend.backend import log as backend_log
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.json_body import parse_json_body, parse_json_body_off_loop
+from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.models.overrides import FILE_PREFIX, check_override_count
 
 __all__ = ["control_routes"]
@@ -100,8 +101,8 @@ def _b64decode(value: str) -> bytes:
                     for start in range(0, len(value), _B64_CHUNK))
 
 
-def control_routes(core: Any) -> list[web.RouteDef]:
-    """The routes, bound to `core` (a `pystub_backend.backend.core.Core`)."""
+def control_routes(core: ServerCore) -> list[web.RouteDef]:
+    """The routes, bound to `core`."""
 
     async def load(request: web.Request) -> web.Response:
         await core.load_model(request.match_info["model"], await _load_parameters(await request.read()))

@@ -45,7 +45,7 @@ from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_in
 from pystub_backend.backend.frontends.http.restrict import restriction_middleware
 from pystub_backend.backend.frontends.http.shm import shm_routes
 from pystub_backend.backend.frontends.trace_settings import trace_routes
-from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.inference import InferRequest, ServerCore
 from pystub_backend.backend.options import Restrictions
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 from pystub_backend.ipc.messages.multiplex import MODEL_ID_HEADER, MODEL_ID_PARAMETER
@@ -329,7 +329,7 @@ def _declared_json_length(value: str | None) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _copy_multiplexed_model_id(request: web.Request, infer_request: Any) -> None:
+def _copy_multiplexed_model_id(request: web.Request, infer_request: InferRequest) -> None:
     """Model multiplexing: the header `serve_multiplexed_model_id` (Ray Serve's name) sets the
     request parameter `multiplexed_model_id`; both given and different is an error."""
     value = request.headers.get(MODEL_ID_HEADER)
