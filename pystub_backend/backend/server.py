@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -25,6 +26,7 @@ from pystub_backend.backend.models.repository import RepositoryError
 from pystub_backend.backend.options import GrpcOptions, ServerOptions
 from pystub_backend.backend.port_check import busy_listeners
 from pystub_backend.backend.telemetry.tracing import Tracer
+from pystub_backend.devices import DeviceSystem, discover
 from pystub_backend.ipc.isolation import forbid_inspection
 from pystub_backend.ipc.names import sweep_stale
 
@@ -156,6 +158,23 @@ async def serve(options: ServerOptions) -> int:
         log.info("removed %d stale shared memory objects of dead processes", len(removed))
     for path in sweep_stale_override_dirs():
         log.info("removed stale model override directory %s", path)
+    devices = _discover_gpus(options)
+    try:
+        return await _serve_with(options, devices, stop)
+    finally:
+        devices.close()
+
+
+def _discover_gpus(options: ServerOptions) -> DeviceSystem:
+    """The visible GPUs (NVML; none without the `gpu` extra or a driver): where instances may run."""
+    devices = discover(os.environ)
+    options.settings.gpus = tuple(gpu.device_id for gpu in devices.gpus())
+    for gpu in devices.gpus():
+        log.info("GPU %d: %s (%s)", gpu.device_id, gpu.name, gpu.uuid)
+    return devices
+
+
+async def _serve_with(options: ServerOptions, devices: DeviceSystem, stop: asyncio.Event) -> int:
     try:
         core = _core(options)
     except CacheConfigError as exc:  # response cache hook: Triton fails at start-up too

@@ -30,12 +30,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
+
 __all__ = ["RATE_LIMIT_MODES", "ResourceLimit", "RateLimiter", "RateLimitedInstance", "parse_resource_limit",
            "rate_limited", "unregister", "RateLimitError"]
 
 RATE_LIMIT_MODES = ("off", "execution_count")
 _GLOBAL = -1  # the device key of `global: true` resources
 _CPU_DEVICE = 0
+_KIND_GPU = ModelInstanceGroup.KIND_GPU
 
 
 class RateLimitError(ValueError):
@@ -196,13 +199,18 @@ def rate_limited(instances: list[Any], config: Any, limiter: RateLimiter | None)
     RateLimitError."""
     if limiter is None:
         return instances
-    groups = [group for group in config.instance_group for _ in range(max(1, int(group.count)))]
+    groups = [group for group in config.instance_group for _ in range(max(1, int(group.count)) * _devices(group))]
     if len(groups) != len(instances):
         return instances  # not one instance per group slot (cannot happen for instance_names)
     needs = [instance_needs(group) for group in groups]
     limiter.register([n for n in needs if n])
     return [RateLimitedInstance(instance, limiter, n, int(group.rate_limiter.priority) or 1) if n else instance
             for instance, group, n in zip(instances, groups, needs, strict=True)]
+
+
+def _devices(group: Any) -> int:  # noqa: ANN401 - a ModelInstanceGroup
+    """How many devices each of the group's `count` instances runs on (one per listed GPU)."""
+    return max(1, len(group.gpus)) if group.kind == _KIND_GPU else 1
 
 
 def unregister(instances: list[Any]) -> None:
