@@ -25,6 +25,7 @@ from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
 from pystub_backend.backend.models.repository import RepositoryError
 from pystub_backend.backend.options import GrpcOptions, ServerOptions
 from pystub_backend.backend.port_check import busy_listeners
+from pystub_backend.backend.telemetry.gpu_metrics import GpuSampler
 from pystub_backend.backend.telemetry.tracing import Tracer
 from pystub_backend.devices import DeviceSystem, discover
 from pystub_backend.ipc.isolation import forbid_inspection
@@ -80,7 +81,7 @@ class Listeners:
         self._stoppers.clear()
 
 
-async def _open_listeners(core: Core, options: ServerOptions, listeners: Listeners) -> None:
+async def _open_listeners(core: Core, options: ServerOptions, listeners: Listeners, devices: DeviceSystem) -> None:
     from pystub_backend.backend.frontends.admin import admin_routes
     from pystub_backend.backend.frontends.http.server import create_http_app
     from pystub_backend.backend.frontends.metrics import create_metrics_app
@@ -99,7 +100,8 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
         await listeners.start_http(app, options.http_address, options.http_port, "HTTPService",
                                    options.settings.exit_timeout_seconds, options.reuse_http_port, read_timeouts)
     if options.allow_metrics:
-        metrics_app = create_metrics_app(core, options.metrics_interval_ms, options.allow_cpu_metrics)
+        gpus = GpuSampler(devices) if options.allow_gpu_metrics and devices.gpus() else None
+        metrics_app = create_metrics_app(core, options.metrics_interval_ms, options.allow_cpu_metrics, gpus)
         await listeners.start_http(metrics_app, options.metrics_address, options.metrics_port, "Metrics Service",
                                    options.settings.exit_timeout_seconds, read_timeouts=read_timeouts)
 
@@ -193,7 +195,7 @@ async def _serve_with(options: ServerOptions, devices: DeviceSystem, stop: async
                       ", ".join(repr(name) for name in failed))
             return 1
         try:
-            await _open_listeners(core, options, listeners)
+            await _open_listeners(core, options, listeners, devices)
         except (OSError, WorkerStartError) as exc:
             log.error("failed to start a listener: %s", exc)
             return 1
