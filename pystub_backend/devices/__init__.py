@@ -2,14 +2,13 @@
 extra is installed and a driver is present, a fake for tests, none otherwise.
 
     backend ──discover()──▶ DeviceSystem (NVML | fake | none): placement, GPU metrics
-    stub    ──open_cuda()─▶ DeviceMemory (CUDA runtime | fake): copies, CUDA IPC handles
+    stub    ──device_memory()─▶ DeviceMemory (CUDA runtime | fake): copies, CUDA IPC handles
 
 Nothing here imports pynvml or cuda at import time: a CPU install never loads them.
 """
 
-from pystub_backend.devices.cuda_runtime import open_cuda
-from pystub_backend.devices.discovery import NoDevices, discover
-from pystub_backend.devices.fake import FAKE_VARIABLE, FakeMemory, FakeSystem
+from pystub_backend.devices.discovery import NoDevices, device_memory, discover
+from pystub_backend.devices.fake import FAKE_VARIABLE, FakeMemory, FakeSystem, fake_cuda_capsule
 from pystub_backend.devices.interface import (
     IPC_HANDLE_SIZE,
     DeviceError,
@@ -20,4 +19,5 @@ from pystub_backend.devices.interface import (
 )
 
 __all__ = ["DeviceError", "DeviceMemory", "DeviceSystem", "GpuInfo", "GpuReading", "IPC_HANDLE_SIZE",
-           "NoDevices", "discover", "open_cuda", "FAKE_VARIABLE", "FakeMemory", "FakeSystem"]
+           "NoDevices", "discover", "device_memory", "FAKE_VARIABLE", "FakeMemory", "FakeSystem",
+           "fake_cuda_capsule"]

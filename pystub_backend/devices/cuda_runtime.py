@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from pystub_backend.devices.interface import IPC_HANDLE_SIZE, DeviceError
+from pystub_backend.devices.interface import IPC_HANDLE_SIZE, DeviceError, host_address
 
 __all__ = ["CudaMemory", "open_cuda"]
 
@@ -44,11 +42,12 @@ class CudaMemory:
         self._check("cudaFree", self._rt.cudaFree(pointer))
 
     def to_host(self, device_id: int, pointer: int, destination: memoryview) -> None:
-        self._copy(device_id, _address(destination), pointer, len(destination),
-                   self._rt.cudaMemcpyKind.cudaMemcpyDeviceToHost)
+        kind = self._rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        self._copy(device_id, host_address(destination), pointer, destination.nbytes, kind)
 
     def from_host(self, device_id: int, pointer: int, source: memoryview) -> None:
-        self._copy(device_id, pointer, _address(source), len(source), self._rt.cudaMemcpyKind.cudaMemcpyHostToDevice)
+        kind = self._rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        self._copy(device_id, pointer, host_address(source), source.nbytes, kind)
 
     def _copy(self, device_id: int, destination: int, source: int, size: int, kind: Any) -> None:  # noqa: ANN401
         if size == 0:
@@ -73,13 +72,6 @@ class CudaMemory:
     def close_handle(self, device_id: int, pointer: int) -> None:
         self._on(device_id)
         self._check("cudaIpcCloseMemHandle", self._rt.cudaIpcCloseMemHandle(pointer))
-
-
-def _address(buffer: memoryview) -> int:
-    """The host address of a contiguous buffer (writable or read-only), for cudaMemcpy."""
-    if not buffer.c_contiguous:
-        raise DeviceError("host buffers for device copies must be contiguous")
-    return int(np.frombuffer(buffer.cast("B"), dtype=np.uint8).ctypes.data)
 
 
 def open_cuda() -> CudaMemory:

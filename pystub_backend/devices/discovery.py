@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pystub_backend.devices.fake import FAKE_VARIABLE, FakeSystem
-from pystub_backend.devices.interface import DeviceError, DeviceSystem, GpuInfo, GpuReading
+from pystub_backend.devices.fake import FAKE_VARIABLE, FakeMemory, FakeSystem
+from pystub_backend.devices.interface import DeviceError, DeviceMemory, DeviceSystem, GpuInfo, GpuReading
 
-__all__ = ["NoDevices", "discover"]
+__all__ = ["NoDevices", "discover", "device_memory"]
 
 
 class NoDevices:
@@ -33,3 +33,13 @@ def discover(environ: Mapping[str, str]) -> DeviceSystem:
 
     system = open_nvml(environ)
     return NoDevices() if system is None or not system.gpus() else system
+
+
+def device_memory(environ: Mapping[str, str]) -> DeviceMemory:
+    """The memory of this process's GPUs: the fake's under PYSTUB_FAKE_GPUS, else the CUDA runtime
+    (imported now, creating the CUDA context on first use). Raises DeviceError without the `gpu` extra."""
+    if environ.get(FAKE_VARIABLE):
+        return FakeMemory()
+    from pystub_backend.devices.cuda_runtime import open_cuda
+
+    return open_cuda()

@@ -9,12 +9,15 @@ on the processes they start; a deployment never sets it.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping
 
-from pystub_backend.devices.interface import IPC_HANDLE_SIZE, DeviceError, GpuInfo, GpuReading
+import numpy as np
+
+from pystub_backend.devices.interface import IPC_HANDLE_SIZE, DeviceError, GpuInfo, GpuReading, host_address
 from pystub_backend.devices.visible import visible_physical
 
-__all__ = ["FAKE_VARIABLE", "FakeSystem", "FakeMemory", "fake_uuid"]
+__all__ = ["FAKE_VARIABLE", "FakeSystem", "FakeMemory", "fake_uuid", "fake_cuda_capsule"]
 
 FAKE_VARIABLE = "PYSTUB_FAKE_GPUS"
 _GIB = 1 << 30
@@ -48,31 +51,34 @@ class FakeSystem:
 
 
 class FakeMemory:
-    """DeviceMemory in host bytearrays; handles are the allocation's id, padded to IPC_HANDLE_SIZE.
+    """DeviceMemory in host memory: "device" pointers are host addresses, so a test model can hand
+    out a host array as if it were on a GPU (`fake_cuda_capsule`) and the stub's copies move real
+    bytes. Allocations, IPC handles and mappings are tracked as CUDA would check them;
     `live()` names what is still allocated or mapped, for leak checks."""
 
     def __init__(self) -> None:
-        self._buffers: dict[int, bytearray] = {}
-        self._devices: dict[int, int] = {}
-        self._mapped: dict[int, int] = {}  # mapped pointer -> allocation pointer
-        self._next = 0x1000
+        self._buffers: dict[int, tuple[int, ctypes.Array[ctypes.c_char]]] = {}  # pointer -> (device, memory)
+        self._mapped: dict[int, int] = {}  # mapping id -> the allocation's pointer
 
     def alloc(self, device_id: int, byte_size: int) -> int:
-        pointer, self._next = self._next, self._next + max(byte_size, 1) + 0x100
-        self._buffers[pointer], self._devices[pointer] = bytearray(byte_size), device_id
+        memory = ctypes.create_string_buffer(max(byte_size, 1))
+        pointer = ctypes.addressof(memory)
+        self._buffers[pointer] = (device_id, memory)
         return pointer
 
     def free(self, device_id: int, pointer: int) -> None:
         self._owned(device_id, pointer)
-        del self._buffers[pointer], self._devices[pointer]
+        if pointer in self._mapped.values():
+            raise DeviceError(f"cudaFree of {pointer:#x} while another process maps it")
+        del self._buffers[pointer]
 
     def to_host(self, device_id: int, pointer: int, destination: memoryview) -> None:
-        source = self._buffer(device_id, pointer)
-        destination.cast("B")[:] = source[:len(destination)]
+        if destination.nbytes:
+            ctypes.memmove(host_address(destination), self._mapped.get(pointer, pointer), destination.nbytes)
 
     def from_host(self, device_id: int, pointer: int, source: memoryview) -> None:
-        target = self._buffer(device_id, pointer)
-        target[:len(source)] = source.cast("B")
+        if source.nbytes:
+            ctypes.memmove(self._mapped.get(pointer, pointer), host_address(source), source.nbytes)
 
     def export_handle(self, device_id: int, pointer: int) -> bytes:
         self._owned(device_id, pointer)
@@ -81,24 +87,34 @@ class FakeMemory:
     def open_handle(self, device_id: int, handle: bytes) -> int:
         pointer = int.from_bytes(handle[:8], "little")
         self._owned(device_id, pointer)
-        mapped, self._next = self._next, self._next + 0x100
-        self._mapped[mapped] = pointer
-        return mapped
+        mapping = pointer + 0x1_0000_0000_0000 + len(self._mapped)  # another address, as a mapping has
+        self._mapped[mapping] = pointer
+        return mapping
 
     def close_handle(self, device_id: int, pointer: int) -> None:
-        if pointer not in self._mapped:
+        if self._mapped.pop(pointer, None) is None:
             raise DeviceError(f"cudaIpcCloseMemHandle failed: {pointer:#x} is not mapped")
-        del self._mapped[pointer]
 
     def live(self) -> tuple[int, int]:
         """(allocations, mappings) still open."""
         return len(self._buffers), len(self._mapped)
 
-    def _buffer(self, device_id: int, pointer: int) -> bytearray:
-        pointer = self._mapped.get(pointer, pointer)
-        self._owned(device_id, pointer)
-        return self._buffers[pointer]
-
     def _owned(self, device_id: int, pointer: int) -> None:
-        if self._devices.get(pointer) != device_id:
+        if self._buffers.get(pointer, (None,))[0] != device_id:
             raise DeviceError(f"invalid device pointer {pointer:#x} on device {device_id}")
+
+
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+_KDL_CUDA = 2
+_DEVICE_OFFSET = 8  # DLManagedTensor.dl_tensor: void* data, then DLDevice {int32 type, int32 id}
+
+
+def fake_cuda_capsule(array: np.ndarray, device_id: int) -> object:
+    """A legacy DLPack capsule of `array` that says it lives on CUDA device `device_id`: what a
+    model on the fake machine returns in place of a GPU tensor (its memory is the array's)."""
+    capsule = array.__dlpack__()
+    managed = _capsule_pointer(capsule, b"dltensor")
+    ctypes.c_int32.from_address(managed + _DEVICE_OFFSET).value = _KDL_CUDA
+    ctypes.c_int32.from_address(managed + _DEVICE_OFFSET + 4).value = device_id
+    return capsule

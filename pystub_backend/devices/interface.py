@@ -16,9 +16,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["GpuInfo", "GpuReading", "DeviceSystem", "DeviceMemory", "DeviceError", "IPC_HANDLE_SIZE"]
+import numpy as np
+
+__all__ = ["GpuInfo", "GpuReading", "DeviceSystem", "DeviceMemory", "DeviceError", "IPC_HANDLE_SIZE", "host_address"]
 
 IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t): what travels between processes
+
+
+def host_address(buffer: memoryview) -> int:
+    """The address of a C-contiguous host buffer (writable or read-only), for device copies.
+    Raises DeviceError for a strided one."""
+    if not buffer.c_contiguous:
+        raise DeviceError("host buffers for device copies must be C-contiguous")
+    return int(np.frombuffer(buffer.cast("B"), dtype=np.uint8).ctypes.data)
 
 
 class DeviceError(Exception):
