@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from pystub_backend.backend.config.model_config import normalize, parse_config_text
 from tritonclient.grpc import model_config_pb2
 
+from pystub_backend.backend.config.model_config import normalize, parse_config_text
 from pystub_backend.backend.config.placement import PlacementError, check_placement, placements
 from pystub_backend.devices import FAKE_VARIABLE, FakeSystem, NoDevices, discover
 from pystub_backend.devices.fake import fake_uuid
