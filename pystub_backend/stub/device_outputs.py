@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from pystub_backend.devices import DeviceError, DeviceMemory, device_memory
+from pystub_backend.devices.interface import DeviceError, DeviceMemory
 from pystub_backend.ipc.arena import EMPTY_HANDLE, ArenaWriter
 from pystub_backend.ipc.records import WireTensor
 from pystub_backend.ipc.tensors import RegionTooSmallError, RegionViews
@@ -42,7 +42,9 @@ def _device_memory() -> DeviceMemory:
     """The device memory of this stub, opened on first use (CUDA is loaded only then)."""
     global _memory
     with _memory_lock:
-        if _memory is None:
+        if _memory is None:  # imported here: a stub that never meets a GPU tensor loads none of it
+            from pystub_backend.devices.discovery import device_memory
+
             _memory = device_memory(os.environ)
         return _memory
 
