@@ -165,7 +165,7 @@ def test_normalize_instance_groups() -> None:
         ("named", 1, kinds.KIND_CPU),  # no GPU: AUTO is CPU
         ("m_2", 1, kinds.KIND_MODEL),
     ]
-    # Without a GPU the KIND_GPU group has no device (its load fails: tests/unit/test_placement.py).
+    # Without a GPU the KIND_GPU group has no device (its load fails: test_placement.py).
     assert instance_names(config) == [
         ("named", "named_0", "CPU"),
         ("m_2", "m_2_0", "MODEL"),
