@@ -90,6 +90,7 @@ def _add_listener_flags(add: _Adder) -> None:
     add("--metrics-interval-ms", type=values.positive_int, default=2000, metavar="MS",
         help="how often the polled metrics (CPU, memory, stub RSS) are sampled")
     add("--allow-cpu-metrics", type=values.parse_bool, default=True, metavar="BOOL")
+    add("--allow-gpu-metrics", type=values.parse_bool, default=True, metavar="BOOL")
     add("--metrics-config", action="append", default=[], metavar="KEY=VALUE")
     add("--http-max-input-size", type=int, default=64 * 2**20)
     add("--http-header-timeout-secs", type=values.non_negative_seconds, default=30.0, metavar="SECONDS")
@@ -224,6 +225,7 @@ def _base_options(args: argparse.Namespace, settings: StubSettings) -> ServerOpt
         log=LogSettings(log_file=args.log_file, log_info=args.log_info, log_warning=args.log_warning,
                         log_error=args.log_error, log_verbose_level=args.log_verbose, log_format=args.log_format),
         metrics_interval_ms=args.metrics_interval_ms, allow_cpu_metrics=args.allow_cpu_metrics,
+        allow_gpu_metrics=args.allow_gpu_metrics,
         reuse_http_port=args.reuse_http_port, http_header_forward_pattern=args.http_header_forward_pattern,
         model_load_thread_count=args.model_load_thread_count,
         model_load_retry_count=args.model_load_retry_count, model_config_name=args.model_config_name,

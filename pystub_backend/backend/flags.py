@@ -106,7 +106,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--vertex-ai-thread-count", "8", _N, "pystub has no Vertex AI endpoint"),
     Flag("--vertex-ai-default-model", "add_sub", _N, "pystub has no Vertex AI endpoint"),
     Flag("--allow-metrics", "true", _I, "metrics listener on/off"),
-    Flag("--allow-gpu-metrics", "false", _N, _GPU),
+    Flag("--allow-gpu-metrics", "false", _I, "GPU gauges (nv_gpu_*) on/off; none without a GPU"),
     Flag("--allow-cpu-metrics", "true", _I, "CPU and memory gauges on/off"),
     Flag("--metrics-address", "127.0.0.1", _I, "metrics bind address"),
     Flag("--metrics-port", "8002", _I, "metrics port"),

@@ -88,6 +88,7 @@ class ServerOptions:
     allow_metrics: bool = True
     metrics_interval_ms: int = 2000  # how often the polled gauges (CPU, memory, stub RSS) are sampled
     allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True  # nv_gpu_* of the visible GPUs (none: nothing)
     http_max_input_size: int = 64 * 2**20
     http_header_timeout_secs: float = 30.0  # the request head must arrive within (0: no limit)
     http_body_timeout_secs: float = 60.0  # the body, extended 1 s per 64 KiB received (0: no limit)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -23,8 +24,10 @@ from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
 from pystub_backend.backend.models.repository import RepositoryError
 from pystub_backend.backend.options import GrpcOptions, ServerOptions
 from pystub_backend.backend.port_check import busy_listeners
+from pystub_backend.backend.telemetry.gpu_metrics import GpuSampler
 from pystub_backend.backend.telemetry.tracing import Tracer
 from pystub_backend.backend.worker_pool.pool import WorkerStartError
+from pystub_backend.devices import DeviceSystem, discover
 from pystub_backend.ipc.isolation import forbid_inspection
 from pystub_backend.ipc.names import sweep_stale
 
@@ -81,7 +84,7 @@ class Listeners:
         self._stoppers.clear()
 
 
-async def _open_listeners(core: Core, options: ServerOptions, listeners: Listeners,
+async def _open_listeners(core: Core, options: ServerOptions, listeners: Listeners, devices: DeviceSystem,
                           template: ChatTemplate | None = None) -> None:
     from pystub_backend.backend.frontends.admin import admin_routes
     from pystub_backend.backend.frontends.http.server import create_http_app
@@ -101,7 +104,8 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
         await listeners.start_http(app, options.http_address, options.http_port, "HTTPService",
                                    options.settings.exit_timeout_seconds, options.reuse_http_port, read_timeouts)
     if options.allow_metrics:
-        metrics_app = create_metrics_app(core, options.metrics_interval_ms, options.allow_cpu_metrics)
+        gpus = GpuSampler(devices) if options.allow_gpu_metrics and devices.gpus() else None
+        metrics_app = create_metrics_app(core, options.metrics_interval_ms, options.allow_cpu_metrics, gpus)
         await listeners.start_http(metrics_app, options.metrics_address, options.metrics_port, "Metrics Service",
                                    options.settings.exit_timeout_seconds, read_timeouts=read_timeouts)
     if template is not None and options.openai.port is not None:  # the core serves it, with or without workers
@@ -179,6 +183,24 @@ async def serve(options: ServerOptions) -> int:
         log.info("removed %d stale shared memory objects of dead processes", len(removed))
     for path in sweep_stale_override_dirs():
         log.info("removed stale model override directory %s", path)
+    devices = _discover_gpus(options)
+    try:
+        return await _serve_with(options, devices, stop, template)
+    finally:
+        devices.close()
+
+
+def _discover_gpus(options: ServerOptions) -> DeviceSystem:
+    """The visible GPUs (NVML; none without the `gpu` extra or a driver): where instances may run."""
+    devices = discover(os.environ)
+    options.settings.gpus = tuple(gpu.device_id for gpu in devices.gpus())
+    for gpu in devices.gpus():
+        log.info("GPU %d: %s (%s)", gpu.device_id, gpu.name, gpu.uuid)
+    return devices
+
+
+async def _serve_with(options: ServerOptions, devices: DeviceSystem, stop: asyncio.Event,
+                      template: ChatTemplate | None) -> int:
     try:
         core = _core(options)
     except CacheConfigError as exc:  # response cache hook: Triton fails at start-up too
@@ -197,7 +219,7 @@ async def serve(options: ServerOptions) -> int:
                       ", ".join(repr(name) for name in failed))
             return 1
         try:
-            await _open_listeners(core, options, listeners, template)
+            await _open_listeners(core, options, listeners, devices, template)
         except (OSError, WorkerStartError) as exc:
             log.error("failed to start a listener: %s", exc)
             return 1

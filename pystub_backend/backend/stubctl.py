@@ -23,7 +23,8 @@ from typing import Any
 __all__ = ["main", "fetch_stubs", "format_table"]
 
 _COLUMNS = (
-    ("MODEL", "model"), ("VER", "version"), ("INSTANCE", "instance"), ("PID", "pid"), ("STATE", "state"),
+    ("MODEL", "model"), ("VER", "version"), ("INSTANCE", "instance"), ("DEVICE", "device"), ("PID", "pid"),
+    ("STATE", "state"),
     ("UPTIME", "uptime_s"), ("HB_AGE", "heartbeat_age_s"), ("RESTARTS", "restarts"), ("INFLIGHT", "in_flight"),
     ("SERVED", "served"), ("FAILED", "failed"), ("RSS_MB", "rss_bytes"), ("CPU%", "cpu_percent"),
     ("ARENA", "arena"), ("QUEUE", "queue_depth"),
@@ -63,6 +64,9 @@ def fetch_stubs(url: str, timeout: float = 5.0) -> list[dict[str, Any]]:
 def _cell(row: dict[str, Any], key: str) -> str:
     if key == "multiplexed_models":
         return _ids_cell(row.get(key) or [])
+    if key == "device":  # "GPU 1" for a GPU instance, else its kind (CPU, MODEL)
+        kind = row.get("kind", "CPU")
+        return f"{kind} {row.get('device_id', 0)}" if kind == "GPU" else kind
     if key == "arena":
         used = row["arena_used_bytes"] + row.get("s2p_used_bytes", 0)  # both directions' arenas
         total = row["arena_total_bytes"] + row.get("s2p_total_bytes", 0)

@@ -18,7 +18,7 @@ from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
 from pystub_backend.ipc.records import WireRequest, WireResponse, WireTensor, error_to_wire
 from pystub_backend.ipc.status import Status
 from pystub_backend.ipc.tensors import RegionTooSmallError
-from pystub_backend.stub import output_buffers, pb_utils
+from pystub_backend.stub import device_outputs, output_buffers, pb_utils
 from pystub_backend.stub.features import client_shm
 
 if TYPE_CHECKING:
@@ -50,6 +50,13 @@ def _response_parameters(response: Any) -> str:
     return parameters if isinstance(parameters, str) else "{}"
 
 
+def _place_device(writer: ArenaWriter, name: str, datatype: str, shape: list[int],
+                  buffer: device_outputs.DeviceBuffer, target: list[Any] | None) -> WireTensor:
+    if target is not None:
+        return device_outputs.place_in_region(client_shm.REGIONS, name, datatype, shape, buffer, target)
+    return device_outputs.place(writer, name, datatype, shape, buffer)
+
+
 def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
                      writer: ArenaWriter) -> WireResponse:
     """The wire response for a pb_utils response (or None for a flags-only final).
@@ -74,15 +81,18 @@ def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
                 continue
             datatype, shape, buffer = tensor._wire_payload()
             target = targets.get(name) if targets else None
-            if target is not None:
+            if isinstance(buffer, device_outputs.DeviceBuffer):  # a GPU tensor: copied once, to where it goes
+                outputs.append(_place_device(writer, name, datatype, shape, buffer, target))
+            elif target is not None:
                 outputs.append(tensors.place_in_region(client_shm.REGIONS, name, datatype, shape, buffer, target))
             elif (handle := output_buffers.claim(buffer)) is not None:  # already in the arena: no copy
                 outputs.append(WireTensor(name, datatype, list(shape), list(handle)))
             else:
                 outputs.append(tensors.place(writer, name, datatype, shape, buffer))
-    except (ArenaFullError, RegionTooSmallError, client_shm.RegionError) as exc:
+    except (ArenaFullError, RegionTooSmallError, client_shm.RegionError, device_outputs.DeviceError) as exc:
         for placed in outputs:
             writer.free(tensors.wire_handle(placed))  # region outputs carry the empty handle: a no-op
-        status = Status.INTERNAL if isinstance(exc, ArenaFullError) else Status.INVALID_ARG
+        internal = isinstance(exc, (ArenaFullError, device_outputs.DeviceError))
+        status = Status.INTERNAL if internal else Status.INVALID_ARG
         return WireResponse(rid, flags, error_to_wire(status, str(exc)), [], "{}")
     return WireResponse(rid, flags, None, outputs, _response_parameters(response))

@@ -15,13 +15,14 @@ The proto is `tritonclient.grpc.model_config_pb2.ModelConfig`
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Union
 
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc.model_config_pb2 import ModelConfig  # a class, so mypy takes it as a type
 
+from pystub_backend.backend.config.placement import place_groups, placements
 from pystub_backend.backend.config.sequence_controls import check_config as check_sequence_batching
 from pystub_backend.ipc.dtypes import config_to_wire
 
@@ -40,18 +41,11 @@ __all__ = [
     "config_parameters",
 ]
 
-_Group = model_config_pb2.ModelInstanceGroup
 
 _PYTHON_BACKEND = "python"
 _PYTHON_FILENAME = "model.py"
 # Triton's SEQUENCE_IDLE_DEFAULT_MICROSECONDS.
 _SEQUENCE_IDLE_DEFAULT_US = 1_000_000
-_KIND_NAMES = {
-    _Group.KIND_AUTO: "CPU",
-    _Group.KIND_CPU: "CPU",
-    _Group.KIND_GPU: "GPU",
-    _Group.KIND_MODEL: "MODEL",
-}
 
 # int64/uint64 fields that proto3 JSON renders as strings and Triton's `/config` renders as numbers.
 # "*" walks every list item or map value.
@@ -109,10 +103,11 @@ def load_config_file(path: str | os.PathLike[str]) -> ModelConfig:
 # Normalization
 
 
-def normalize(config: ModelConfig, model_name: str) -> ModelConfig:
-    """A normalized copy of `config` for the model in directory `model_name`.
+def normalize(config: ModelConfig, model_name: str, gpus: Sequence[int] = ()) -> ModelConfig:
+    """A normalized copy of `config` for the model in directory `model_name`, on a machine
+    whose visible GPUs have the logical ids `gpus`.
 
-    Fills Triton's defaults (name, backend, version policy, instance groups, pinned memory,
+    Fills Triton's defaults (name, backend, version policy, instance groups and their devices, pinned memory,
     preferred batch size, sequence idle time) and validates the result. Idempotent.
     Raises ConfigError for a name differing from the directory, a negative `max_batch_size`,
     or malformed inputs/outputs.
@@ -132,6 +127,7 @@ def normalize(config: ModelConfig, model_name: str) -> ModelConfig:
     _default_scheduling(result)
     if result.WhichOneof("scheduling_choice") != "ensemble_scheduling":
         _default_instance_groups(result)
+        place_groups(result, gpus)
         _default_pinned_memory(result)
     validate_config(result)
     return result
@@ -168,10 +164,6 @@ def _default_instance_groups(config: ModelConfig) -> None:
             group.name = f"{config.name}_{index}"
         if group.count < 1:
             group.count = 1
-        # No accelerator is assumed: AUTO resolves to CPU. KIND_GPU stays GPU in the config
-        # (clients see it) but pystub runs it on the CPU.
-        if group.kind == _Group.KIND_AUTO:
-            group.kind = _Group.KIND_CPU
 
 
 def _default_pinned_memory(config: ModelConfig) -> None:
@@ -234,15 +226,10 @@ def _validate_io(tensors: Iterable[Any], kind: str, model: str) -> None:
 def instance_names(config: ModelConfig) -> list[tuple[str, str, str]]:
     """`(group name, instance name, kind)` for every instance, in order; kind is CPU/GPU/MODEL.
 
-    Expects a normalized config; a group with count < 1 still yields one instance.
+    Expects a normalized config; a group with count < 1 still yields one instance, and a KIND_GPU
+    group one per listed device (same name on each, as Triton; config.placement has the devices).
     """
-    names = []
-    for index, group in enumerate(config.instance_group):
-        group_name = group.name or f"{config.name}_{index}"
-        kind = _KIND_NAMES.get(group.kind, "CPU")
-        for number in range(max(group.count, 1)):
-            names.append((group_name, f"{group_name}_{number}", kind))
-    return names
+    return [(placement.group, placement.name, placement.kind) for placement in placements(config)]
 
 
 def is_decoupled(config: ModelConfig) -> bool:

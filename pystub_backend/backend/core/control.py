@@ -42,7 +42,7 @@ from pystub_backend.backend.models.repository import (
     prepare_model,
 )
 from pystub_backend.backend.models.state import UNLOADED_REASON, ModelState
-from pystub_backend.backend.models.version import ModelVersion
+from pystub_backend.backend.models.version import ModelVersion, failure_with_status
 from pystub_backend.backend.supervision.services import ServerCore
 from pystub_backend.ipc.status import Status
 
@@ -70,8 +70,9 @@ def _load_error(name: str, text: str) -> ServerError:
 
 
 def _version_failures(failed: dict[int, str]) -> str:
-    return "\n".join(f"version {v} is at UNAVAILABLE state: Internal: {reason};"
-                     for v, reason in sorted(failed.items()))
+    # Triton ends every version's line with ";\n", the last one included.
+    return "".join(f"version {v} is at UNAVAILABLE state: {failure_with_status(reason)};\n"
+                   for v, reason in sorted(failed.items()))
 
 
 def _raise_unexpected(results: list[object]) -> None:

@@ -45,6 +45,8 @@ def _stub_row(model_version: ModelVersion, instance: ModelInstance, sampler: Pro
         "model": model_version.name,
         "version": str(model_version.version),
         "instance": instance.name,
+        "kind": instance.spec.args.get("model_instance_kind", "CPU"),
+        "device_id": int(instance.spec.args.get("model_instance_device_id", "0")),  # the GPU of a GPU instance
         "pid": stub.pid if stub is not None else None,
         "state": instance.state.value,
         "healthy": healthy,

@@ -8,6 +8,7 @@ format 0.0.4 (`pystub_backend.backend.telemetry.prometheus_text`), `text/plain; 
     nv_inference_pending_request_count       requests waiting in the version's scheduler queue
     pystub_inflight_requests                 queued + executing per version: the autoscaling signal
     nv_model_load_duration_secs              how long the version took to load
+    nv_gpu_*, nv_energy_consumption {gpu_uuid} each visible GPU, polled (telemetry.gpu_metrics)
     nv_cpu_utilization, nv_cpu_memory_*      the machine, polled every --metrics-interval-ms
     nv_pinned_memory_pool_*                  always 0: pystub has no pinned-memory pool
     pystub_stub_* {model, version, instance} each stub: up, restarts, heartbeat age, RSS (polled),
@@ -38,6 +39,7 @@ from pystub_backend.backend.models.version import ModelVersion
 from pystub_backend.backend.scheduling.multiplex import multiplex_metrics
 from pystub_backend.backend.supervision.instance import ModelInstance
 from pystub_backend.backend.telemetry import latency
+from pystub_backend.backend.telemetry.gpu_metrics import GpuSampler
 from pystub_backend.backend.telemetry.prometheus_text import TextWriter
 from pystub_backend.backend.telemetry.statistics import FAILURE_REASONS, ModelStatistics
 from pystub_backend.backend.telemetry.token_latency import token_metrics_for
@@ -74,10 +76,12 @@ class SystemPoller:
     """The gauges that cost system calls (CPU, memory, stub RSS), sampled every `interval_s` on a
     worker thread and read at scrape time."""
 
-    def __init__(self, core: Core, interval_s: float, cpu_metrics: bool = True) -> None:
+    def __init__(self, core: Core, interval_s: float, cpu_metrics: bool = True,
+                 gpus: GpuSampler | None = None) -> None:
         self._core = core
         self.interval_s = interval_s
         self.cpu_metrics = cpu_metrics
+        self.gpus = gpus  # None: --allow-gpu-metrics=false
         self.cpu_utilization = 0.0
         self.memory_total = 0
         self.memory_used = 0
@@ -97,6 +101,8 @@ class SystemPoller:
 
     def sample(self, pids: list[int]) -> None:
         """Take one sample (worker thread; assignments are atomic for the loop's readers)."""
+        if self.gpus is not None:
+            self.gpus.sample()
         if self.cpu_metrics:
             self.cpu_utilization = psutil.cpu_percent(interval=None) / 100.0
             memory = psutil.virtual_memory()
@@ -241,6 +247,8 @@ def render_metrics(core: Core, poller: SystemPoller | None = None) -> str:
     versions = core.model_versions()
     _inference_families(writer, versions)
     _pinned_memory_families(writer)
+    if poller is not None and poller.gpus is not None:
+        poller.gpus.write(writer)
     _system_families(writer, poller)
     write_cache_gauges(writer, core.response_cache)  # response cache hook: nv_cache_util, ...
     windows = [(v.name, str(v.version), v.stats.latency) for v in versions if v.stats.latency is not None]
@@ -255,10 +263,10 @@ def render_metrics(core: Core, poller: SystemPoller | None = None) -> str:
     return writer.text()
 
 
-def create_metrics_app(core: Core, interval_ms: int = DEFAULT_INTERVAL_MS, cpu_metrics: bool = True
-                       ) -> web.Application:
+def create_metrics_app(core: Core, interval_ms: int = DEFAULT_INTERVAL_MS, cpu_metrics: bool = True,
+                       gpus: GpuSampler | None = None) -> web.Application:
     """The metrics listener's app; its poller runs while the app does."""
-    poller = SystemPoller(core, interval_ms / 1000.0, cpu_metrics)
+    poller = SystemPoller(core, interval_ms / 1000.0, cpu_metrics, gpus)
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(text=render_metrics(core, poller), content_type="text/plain", charset="utf-8")

@@ -39,7 +39,7 @@ FIELD_SUPPORT: dict[str, tuple[str, str]] = {
     "dynamic_batching": (USED, "the dynamic batcher"),
     "sequence_batching": (USED, "the sequence batcher"),
     "ensemble_scheduling": (USED, "ensembles"),
-    "instance_group": (PARTLY, "count and kind (GPU runs as CPU); gpus, secondary_devices, profile, "
+    "instance_group": (PARTLY, "count, kind and gpus, placed as Triton places them; secondary_devices, profile, "
                                 "passive, host_policy are not acted on"),
     "default_model_filename": (USED, "the file run in each version directory"),
     "cc_model_filenames": (IGNORED, "GPU compute capability files"),
@@ -76,7 +76,7 @@ def _nested(config: ModelConfig) -> list[str]:
             if kind == "output" and tensor.label_filename:
                 found.append("output.label_filename")
     for group in config.instance_group:
-        for name in ("gpus", "secondary_devices", "profile", "passive", "host_policy"):
+        for name in ("secondary_devices", "profile", "passive", "host_policy"):  # gpus: config.placement
             if getattr(group, name):
                 found.append(f"instance_group.{name}")
     return list(dict.fromkeys(found))  # each once, in the order found

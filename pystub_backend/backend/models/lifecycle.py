@@ -24,7 +24,7 @@ from pystub_backend.backend.models.ensemble_config import is_ensemble
 from pystub_backend.backend.models.overrides import OverrideDir
 from pystub_backend.backend.models.repository import ModelSource
 from pystub_backend.backend.models.state import UNLOADED_REASON, ModelState
-from pystub_backend.backend.models.version import ModelLoadError, ModelVersion
+from pystub_backend.backend.models.version import ModelLoadError, ModelVersion, failure_with_status
 from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.supervision.services import ServerCore
 from pystub_backend.backend.supervision.settings import StubSettings
@@ -148,7 +148,8 @@ async def start_versions(source: ModelSource, settings: StubSettings, context: S
         try:
             await model_version.load()
         except ModelLoadError as exc:
-            log.error("failed to load '%s' version %d: Internal: %s", source.name, version, exc, extra=fields)
+            log.error("failed to load '%s' version %d: %s", source.name, version, failure_with_status(str(exc)),
+                      extra=fields)
             return str(exc)
         seconds = time.monotonic() - started
         log.info("successfully loaded '%s' version %d in %.3f s", source.name, version, seconds,

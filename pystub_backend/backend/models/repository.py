@@ -205,7 +205,7 @@ async def prepare_model(name: str, model_dir: str, settings: StubSettings, auto_
         if auto_complete and versions and not config.platform:
             latest_path = backend_model or os.path.join(model_dir, str(versions[-1]), model_file(config))
             config = await _auto_complete(config, latest_path, settings)
-        config = normalize(config, name)
+        config = normalize(config, name, settings.gpus)
         config = with_backend_runtime(config, backend_directory)  # config-sections hook: runtime "model.py"
     except (ConfigError, StubStartError, OSError) as exc:
         raise RepositoryError(str(exc)) from exc

@@ -13,9 +13,9 @@ from pystub_backend.backend.config.model_config import (
     ModelConfig,
     config_parameters,
     config_to_json,
-    instance_names,
     is_decoupled,
 )
+from pystub_backend.backend.config.placement import Placement, PlacementError, check_placement, placements
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.install import feature_services
 from pystub_backend.backend.features.response_cache import cache_refusal, cached_infer, cached_stream, version_cache
@@ -40,7 +40,7 @@ from pystub_backend.backend.supervision.settings import StubSettings, positive_n
 from pystub_backend.backend.telemetry.statistics import ModelStatistics
 from pystub_backend.ipc.status import Status
 
-__all__ = ["ModelVersion", "ModelLoadError", "Scheduler", "instance_args", "RLIMIT_PARAMETERS"]
+__all__ = ["ModelVersion", "ModelLoadError", "Scheduler", "instance_args", "failure_with_status", "RLIMIT_PARAMETERS"]
 
 log = logging.getLogger("pystub.model")
 
@@ -72,14 +72,24 @@ class ModelLoadError(Exception):
     """A model version failed to load; the message is what the log and the repository index show."""
 
 
-def instance_args(config: ModelConfig, config_json: str, instance_name: str, kind: str,
+# Triton's status names a version's failure carries; "Internal" unless the reason names its own.
+INVALID_ARGUMENT = "Invalid argument: "
+
+
+def failure_with_status(reason: str) -> str:
+    """A version's failure reason as Triton prints it after "UNAVAILABLE state: "."""
+    return reason if reason.startswith(INVALID_ARGUMENT) else f"Internal: {reason}"
+
+
+def instance_args(config: ModelConfig, config_json: str, placement: Placement,
                   model_dir: str, version: int) -> dict[str, str]:
-    """The seven keys `initialize(args)` receives (docs/reference/model-api.md#the-initialize-arguments)."""
+    """The seven keys `initialize(args)` receives (docs/reference/model-api.md#the-initialize-arguments);
+    the stub also reads its device from them."""
     return {
         "model_config": config_json,
-        "model_instance_kind": kind,
-        "model_instance_name": instance_name,
-        "model_instance_device_id": "0",
+        "model_instance_kind": placement.kind,
+        "model_instance_name": placement.name,
+        "model_instance_device_id": str(placement.device_id),
         "model_repository": model_dir,
         "model_version": str(version),
         "model_name": config.name,
@@ -150,7 +160,7 @@ class ModelVersion:
         return None if any(reason is None for reason in reasons) else next(r for r in reasons if r)
 
     # -- loading -------------------------------------------------------------------------------------
-    def _spec(self, instance_name: str, kind: str, config_json: str) -> InstanceSpec:
+    def _spec(self, placement: Placement, config_json: str) -> InstanceSpec:
         parameters = config_parameters(self.config)
         rlimits = {limit: _parameter_number(parameters, name, int) for name, limit in RLIMIT_PARAMETERS.items()}
         python = None
@@ -162,8 +172,7 @@ class ModelVersion:
                 raise ModelLoadError(str(exc)) from exc
         return InstanceSpec(
             model_name=self.name, model_path=self.model_path,
-            args=instance_args(self.config, config_json, instance_name, "CPU" if kind == "GPU" else kind,
-                               self.model_dir, self.version),
+            args=instance_args(self.config, config_json, placement, self.model_dir, self.version),
             stub_settings={"decoupled": self.decoupled}, settings=self.settings,
             execute_timeout=_parameter_number(parameters, EXECUTE_TIMEOUT_PARAMETER, float),
             rlimits={k: v for k, v in rlimits.items() if v is not None}, python=python, services=self.services)
@@ -179,8 +188,12 @@ class ModelVersion:
             if not os.path.isfile(self.model_path):
                 raise ModelLoadError(f"Failed to preinitialize Python stub: Python model file not found in "
                                      f"'{os.path.abspath(self.model_path)}'")
-            self.instances = [ModelInstance(name, self._spec(name, kind, config_json))
-                              for _, name, kind in instance_names(self.config)]
+            try:
+                check_placement(self.config, self.settings.gpus)
+            except PlacementError as exc:
+                raise ModelLoadError(f"{INVALID_ARGUMENT}{exc}") from None
+            self.instances = [ModelInstance(placement.name, self._spec(placement, config_json))
+                              for placement in placements(self.config)]
             state = ImplicitState.from_config(self.config, self.model_dir)  # implicit state hook (load checks)
             # rate limiter hook: with --rate-limit=execution_count, executes wait for their group's resources
             scheduled = self._scheduled = rate_limited(self.instances, self.config, self._rate_limiter)

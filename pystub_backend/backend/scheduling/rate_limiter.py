@@ -42,6 +42,7 @@ __all__ = ["RATE_LIMIT_MODES", "ResourceLimit", "RateLimiter", "RateLimitedInsta
 RATE_LIMIT_MODES = ("off", "execution_count")
 _GLOBAL = -1  # the device key of `global: true` resources
 _CPU_DEVICE = 0
+_KIND_GPU = model_config_pb2.ModelInstanceGroup.KIND_GPU
 
 
 class RateLimitError(ValueError):
@@ -203,13 +204,18 @@ def rate_limited(instances: Sequence[StubInstance], config: model_config_pb2.Mod
     RateLimitError."""
     if limiter is None:
         return instances
-    groups = [group for group in config.instance_group for _ in range(max(1, int(group.count)))]
+    groups = [group for group in config.instance_group for _ in range(max(1, int(group.count)) * _devices(group))]
     if len(groups) != len(instances):
         return instances  # not one instance per group slot (cannot happen for instance_names)
     needs = [instance_needs(group) for group in groups]
     limiter.register([n for n in needs if n])
     return [RateLimitedInstance(instance, limiter, n, int(group.rate_limiter.priority) or 1) if n else instance
             for instance, group, n in zip(instances, groups, needs, strict=True)]
+
+
+def _devices(group: model_config_pb2.ModelInstanceGroup) -> int:
+    """How many devices each of the group's `count` instances runs on (one per listed GPU)."""
+    return max(1, len(group.gpus)) if group.kind == _KIND_GPU else 1
 
 
 def unregister(instances: Sequence[StubInstance]) -> None:

@@ -35,6 +35,9 @@ class StubSettings:
     restart_window_seconds: float = 60.0
     restart_backoff_seconds: float = 0.1
     restart_backoff_max_seconds: float = 5.0
+    # The logical ids of the visible GPUs (pystub_backend.devices, found once at start-up): where
+    # KIND_GPU and KIND_AUTO instances may run.
+    gpus: tuple[int, ...] = ()
 
 
 def positive_number(text: str, kind: type[_Number]) -> _Number:

@@ -32,7 +32,7 @@ from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.bls import BlsInspect, BlsInspectDone, BlsRequest, BlsResponse
 from pystub_backend.ipc.records import WireError, WireRequest, WireResponse, WireTensor
 from pystub_backend.ipc.status import Status
-from pystub_backend.stub import pb_utils
+from pystub_backend.stub import device_outputs, pb_utils
 from pystub_backend.stub.features.bls_outputs import Cleanup, error_response, response_from_wire
 from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.pb_utils import _runtime
@@ -139,8 +139,12 @@ class BlsClient:
             for tensor in request.inputs():
                 datatype, shape, buffer = tensor._wire_payload()
                 # Always a fresh allocation (never `tensors.place`, which reuses one the data may
-                # already live in): the call frees its input handles when its final arrives.
-                handle = list(self._stub.s2p.write(buffer))
+                # already live in): the call frees its input handles when its final arrives. A GPU
+                # input is copied to the host once, into that allocation.
+                if isinstance(buffer, device_outputs.DeviceBuffer):
+                    handle = list(device_outputs.place(self._stub.s2p, "", datatype, shape, buffer).handle)
+                else:
+                    handle = list(self._stub.s2p.write(buffer))
                 call.inputs.append(handle)
                 placed.append(WireTensor(tensor.name(), datatype, list(shape), handle))
         except BaseException:

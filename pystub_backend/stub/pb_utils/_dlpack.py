@@ -32,7 +32,8 @@ from pystub_backend.ipc.dtypes import numpy_dtype
 
 from ._errors import TritonModelException
 
-__all__ = ["DLPackImport", "import_capsule", "export_capsule", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST"]
+__all__ = ["DLPackImport", "import_capsule", "export_capsule", "export_device_capsule", "storage_itemsize",
+           "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST"]
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST = 1, 2, 3
 _KDL_INT, _KDL_UINT, _KDL_FLOAT, _KDL_BFLOAT, _KDL_BOOL = 0, 1, 2, 4, 6
@@ -129,7 +130,8 @@ class _Owner:
 
 @dataclass
 class DLPackImport:
-    """A consumed capsule: its dtype, shape and memory. `array` is None for GPU memory."""
+    """A consumed capsule: its dtype, shape and memory. `array` is None for GPU memory, whose
+    address is `pointer` (0 for host memory)."""
 
     wire: str
     shape: list[int]
@@ -137,6 +139,7 @@ class DLPackImport:
     device_id: int
     array: np.ndarray | None
     owner: Any
+    pointer: int = 0
 
 
 def import_capsule(obj: object) -> DLPackImport:
@@ -183,7 +186,8 @@ def _validate(tensor: Any) -> tuple[str, list[int], int]:
 def _build(managed: Any, owner: _Owner, wire: str, shape: list[int], device_type: int) -> DLPackImport:
     tensor = managed.dl_tensor
     if device_type == KDL_CUDA:
-        return DLPackImport(wire, shape, KDL_CUDA, int(tensor.device.device_id), None, owner)
+        pointer = int(tensor.data or 0) + int(tensor.byte_offset)
+        return DLPackImport(wire, shape, KDL_CUDA, int(tensor.device.device_id), None, owner, pointer)
     read_only = bool(getattr(managed, "flags", 0) & _READ_ONLY_FLAG)
     array = _host_array(tensor, wire, shape, owner, read_only)
     return DLPackImport(wire, shape, KDL_CPU, 0, array, owner)
@@ -227,6 +231,11 @@ def _host_array(tensor: Any, wire: str, shape: list[int], owner: _Owner, read_on
     return array
 
 
+def storage_itemsize(wire: str) -> int:
+    """Bytes per element of a (non-BYTES) wire type."""
+    return _storage_dtype(wire).itemsize
+
+
 def _storage_dtype(wire: str) -> np.dtype:
     """numpy dtype holding a wire type; BF16 is stored as its raw uint16 bits."""
     if wire == "BF16":
@@ -255,4 +264,56 @@ def export_capsule(array: np.ndarray, wire: str, max_version: tuple[int, int] | 
     managed = struct_type.from_address(_api.PyCapsule_GetPointer(capsule, name))
     managed.dl_tensor.dtype.code = code
     managed.dl_tensor.dtype.bits = bits
+    return capsule
+
+
+# -- export of device memory ------------------------------------------------------------------
+# numpy cannot make a capsule for memory it does not own, so GPU tensors build their
+# DLManagedTensor here. Each export is kept in `_exports` (struct, shape array, the tensor that
+# keeps the memory alive) until whoever holds it lets go: the consumer through the deleter, or
+# the capsule's destructor when no consumer ever took it (its name is still "dltensor").
+# Prototypes of our own: the attributes of ctypes.pythonapi are shared with every other user.
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+    ("PyCapsule_New", ctypes.pythonapi))
+_capsule_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.c_void_p)(("PyCapsule_GetName", ctypes.pythonapi))
+_CAPSULE_NAME = ctypes.create_string_buffer(b"dltensor")  # PyCapsule_New keeps the pointer
+_exports: dict[int, tuple[Any, Any, Any]] = {}  # DLManagedTensor address -> what it holds alive
+_capsules: dict[int, int] = {}  # capsule address -> DLManagedTensor address
+
+
+def _release_export(managed_address: int) -> None:
+    _exports.pop(managed_address, None)
+
+
+@_Deleter
+def _export_deleter(managed_address: int) -> None:
+    _release_export(managed_address)
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _capsule_destructor(capsule_address: int) -> None:
+    managed_address = _capsules.pop(capsule_address, None)
+    if managed_address is not None and _capsule_name(capsule_address) == b"dltensor":
+        _release_export(managed_address)  # never consumed
+
+
+def export_device_capsule(pointer: int, device: tuple[int, int], shape: list[int], wire: str,
+                          keeper: object) -> object:
+    """A legacy "dltensor" capsule of C-contiguous memory at `pointer` on `device` (type, id);
+    `keeper` is held until the capsule's consumer (or the capsule) is done with it."""
+    code, bits = _WIRE_TO_DL[wire]
+    managed = _DLManagedTensor()
+    dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+    tensor = managed.dl_tensor
+    tensor.data = pointer
+    tensor.device.device_type, tensor.device.device_id = device
+    tensor.ndim = len(shape)
+    tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes = code, bits, 1
+    tensor.shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64))
+    tensor.byte_offset = 0  # strides stay NULL: compact row-major
+    managed.deleter = ctypes.cast(_export_deleter, ctypes.c_void_p).value
+    address = ctypes.addressof(managed)
+    _exports[address] = (managed, dims, keeper)
+    capsule = _capsule_new(address, _CAPSULE_NAME, ctypes.cast(_capsule_destructor, ctypes.c_void_p).value)
+    _capsules[id(capsule)] = address
     return capsule

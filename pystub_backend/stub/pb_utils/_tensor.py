@@ -14,6 +14,7 @@ import numpy as np
 
 from pystub_backend.ipc.bytes_codec import serialize_bytes
 from pystub_backend.ipc.dtypes import WIRE_TO_CODE, wire_name_of
+from pystub_backend.stub.device_outputs import DeviceBuffer
 
 from . import _dlpack
 from ._errors import TritonModelException
@@ -28,7 +29,8 @@ class Tensor:
     `NumPy dtype is not supported.`; TypeError for a non-str name or an array-incompatible object.
     """
 
-    __slots__ = ("_name", "_wire", "_array", "_shape", "_serialized", "_device", "_owner", "_exported", "__weakref__")
+    __slots__ = ("_name", "_wire", "_array", "_shape", "_serialized", "_device", "_owner", "_exported", "_pointer",
+                 "__weakref__")
     _serialized: bytes | None  # BYTES tensors: the wire form, built once
 
     def __init__(self, name: str, array: np.ndarray, /) -> None:
@@ -53,6 +55,7 @@ class Tensor:
         self._shape = [int(d) for d in (array.shape if shape is None else shape)]  # type: ignore[union-attr]
         self._serialized = None
         self._device = (_dlpack.KDL_CPU, 0)
+        self._pointer = 0  # GPU tensors: the device address of their first byte
         self._owner: Any = None
         self._exported: np.ndarray | None = None
 
@@ -84,6 +87,7 @@ class Tensor:
         tensor._setup(name, imported.wire, imported.array, imported.shape)
         tensor._device = (imported.device_type, imported.device_id)
         tensor._owner = imported.owner
+        tensor._pointer = imported.pointer
         return tensor
 
     def name(self) -> str:
@@ -112,9 +116,9 @@ class Tensor:
         return self._array
 
     def to_dlpack(self) -> object:
-        """A `"dltensor"` capsule sharing the tensor's memory.
+        """A `"dltensor"` capsule sharing the tensor's memory (host or GPU).
 
-        Raises TritonModelException for BYTES tensors, and for GPU tensors (pystub has no CUDA).
+        Raises TritonModelException for BYTES tensors.
         """
         return self._export(None)
 
@@ -122,7 +126,7 @@ class Tensor:
         if self._wire == "BYTES":
             raise TritonModelException("DLPack does not have support for string tensors.")
         if not self.is_cpu():
-            raise TritonModelException("pystub cannot export GPU tensors: it has no CUDA support.")
+            return _dlpack.export_device_capsule(self._pointer, self._device, self._shape, self._wire, self)
         return _dlpack.export_capsule(self._exportable_array(), self._wire, max_version)
 
     def _exportable_array(self) -> np.ndarray:
@@ -153,15 +157,15 @@ class Tensor:
         return self._device
 
     def _wire_payload(self) -> tuple[str, list[int], object]:
-        """(wire datatype, shape, buffer): a C-contiguous array, or serialized `bytes` for BYTES.
+        """(wire datatype, shape, buffer): a C-contiguous array, serialized `bytes` for BYTES, or a
+        DeviceBuffer for a GPU tensor (the stub copies it once, to where it goes).
 
-        BF16 buffers are uint16 arrays. Raises TritonModelException for GPU tensors.
+        BF16 buffers are uint16 arrays.
         """
         if not self.is_cpu():
-            raise TritonModelException(
-                f"Tensor '{self._name}' is stored in GPU memory, which pystub cannot read; "
-                "move it to the CPU first."
-            )
+            count = int(np.prod(self._shape, dtype=np.int64)) if self._shape else 1
+            nbytes = count * _dlpack.storage_itemsize(self._wire)
+            return self._wire, list(self._shape), DeviceBuffer(self._device[1], self._pointer, nbytes, self)
         assert self._array is not None
         if self._wire == "BYTES":
             if self._serialized is None:

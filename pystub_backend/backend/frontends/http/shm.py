@@ -5,7 +5,7 @@
     POST /v2/systemsharedmemory/region/{r}/register    {"key", "offset", "byte_size"}
     POST /v2/systemsharedmemory[/region/{r}]/unregister   (no region: all)
     GET  /v2/cudasharedmemory[/region/{r}]/status      -> [] (CPU only)
-    POST /v2/cudasharedmemory/region/{r}/register      -> refused
+    POST /v2/cudasharedmemory/region/{r}/register      -> refused, after Triton's body checks
     POST /v2/cudasharedmemory[/region/{r}]/unregister  -> 200
 
 The calls go to the core's `pystub_backend.backend.features.client_shm.ClientShmRegistry`; errors
@@ -14,6 +14,8 @@ are `ServerError`s that the app's error middleware renders as `{"error": msg}`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from typing import Any
 
@@ -39,6 +41,24 @@ def _register_body(body: bytes) -> dict[str, Any]:
     return document
 
 
+def _check_cuda_register_body(body: bytes) -> None:
+    """Triton's checks of a CUDA register body, in its order and with its texts (the JSON reader's
+    for a missing member). Raises ServerError."""
+    document = _register_body(body)
+    if "raw_handle" not in document:
+        raise ServerError("Shared memory register request has no 'raw_handle' field", Status.INVALID_ARG)
+    if not isinstance(document["raw_handle"], dict) or "b64" not in document["raw_handle"]:
+        raise ServerError("attempt to access non-existing object member 'b64'", Status.INTERNAL)
+    try:
+        base64.b64decode(str(document["raw_handle"]["b64"]), validate=True)
+    except (binascii.Error, ValueError):
+        raise ServerError("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t", Status.INVALID_ARG) \
+            from None
+    for member in ("byte_size", "device_id"):
+        if member not in document:
+            raise ServerError(f"attempt to access non-existing object member '{member}'", Status.INTERNAL)
+
+
 def shm_routes(core: Any) -> list[web.RouteDef]:
     """The routes, bound to `core` (a `pystub_backend.backend.core.Core`, whose `client_shm` does the work)."""
     registry = core.client_shm
@@ -62,6 +82,7 @@ def shm_routes(core: Any) -> list[web.RouteDef]:
         return _json(registry.cuda_status(region(request)))
 
     async def cuda_register(request: web.Request) -> web.Response:
+        _check_cuda_register_body(await request.read())
         registry.cuda_register(region(request))
         return web.Response(status=200)
 

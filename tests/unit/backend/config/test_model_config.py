@@ -162,12 +162,11 @@ def test_normalize_instance_groups() -> None:
     kinds = model_config_pb2.ModelInstanceGroup
     assert groups == [
         ("m_0", 2, kinds.KIND_GPU),
-        ("named", 1, kinds.KIND_CPU),
+        ("named", 1, kinds.KIND_CPU),  # no GPU: AUTO is CPU
         ("m_2", 1, kinds.KIND_MODEL),
     ]
+    # Without a GPU the KIND_GPU group has no device (its load fails: test_placement.py).
     assert instance_names(config) == [
-        ("m_0", "m_0_0", "GPU"),
-        ("m_0", "m_0_1", "GPU"),
         ("named", "named_0", "CPU"),
         ("m_2", "m_2_0", "MODEL"),
     ]

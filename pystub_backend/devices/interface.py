@@ -1,0 +1,100 @@
+"""The device interface: what pystub asks of GPUs, typed, with no CUDA or NVML import.
+
+Two small protocols, one per process side:
+
+    backend (parent)                         stub (one per instance)
+    DeviceSystem: which GPUs, readings       DeviceMemory: alloc, copy, CUDA IPC handles
+      `- NVML (nvml.py), fake (fake.py)        `- CUDA runtime (cuda_runtime.py), fake (fake.py)
+
+The parent only enumerates and measures (NVML creates no CUDA context); memory work happens
+in the stubs, which own the CUDA contexts of their devices. Logical device ids are the CUDA
+ones: index `i` is the `i`-th device that CUDA_VISIBLE_DEVICES leaves visible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+__all__ = ["GpuInfo", "GpuReading", "DeviceSystem", "DeviceMemory", "DeviceError", "IPC_HANDLE_SIZE", "host_address"]
+
+IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t): what travels between processes
+
+
+def host_address(buffer: memoryview) -> int:
+    """The address of a C-contiguous host buffer (writable or read-only), for device copies.
+    Raises DeviceError for a strided one."""
+    if not buffer.c_contiguous:
+        raise DeviceError("host buffers for device copies must be C-contiguous")
+    return int(np.frombuffer(buffer.cast("B"), dtype=np.uint8).ctypes.data)
+
+
+class DeviceError(Exception):
+    """A device operation failed; the message names the operation and the driver's reason."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One visible GPU: its logical (CUDA) id, NVML's UUID ("GPU-..."), and its product name."""
+
+    device_id: int
+    uuid: str
+    name: str
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One sample of a GPU's gauges and counters, in Triton's units (None: the driver has no value)."""
+
+    utilization: float | None = None  # 0.0 .. 1.0
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None  # since the driver was loaded
+
+
+class DeviceSystem(Protocol):
+    """The machine's GPUs, as the parent process sees them (no CUDA context)."""
+
+    def gpus(self) -> list[GpuInfo]:
+        """The visible GPUs in logical order (empty: none, or no driver)."""
+        ...
+
+    def reading(self, device_id: int) -> GpuReading:
+        """The current sample of one GPU. Raises DeviceError when it cannot be read."""
+        ...
+
+    def close(self) -> None:
+        """Release the driver library (idempotent)."""
+        ...
+
+
+class DeviceMemory(Protocol):
+    """Device memory, as a stub uses it. Pointers are integers; every call raises DeviceError."""
+
+    def alloc(self, device_id: int, byte_size: int) -> int: ...
+
+    def free(self, device_id: int, pointer: int) -> None: ...
+
+    def to_host(self, device_id: int, pointer: int, destination: memoryview) -> None:
+        """Copy `len(destination)` bytes at `pointer` into host memory (synchronous)."""
+        ...
+
+    def from_host(self, device_id: int, pointer: int, source: memoryview) -> None:
+        """Copy `source` to the device memory at `pointer` (synchronous)."""
+        ...
+
+    def export_handle(self, device_id: int, pointer: int) -> bytes:
+        """An IPC handle (IPC_HANDLE_SIZE bytes) of the allocation that starts at `pointer`."""
+        ...
+
+    def open_handle(self, device_id: int, handle: bytes) -> int:
+        """Map another process's allocation; returns its pointer here."""
+        ...
+
+    def close_handle(self, device_id: int, pointer: int) -> None:
+        """Unmap what `open_handle` mapped."""
+        ...
