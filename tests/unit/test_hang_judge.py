@@ -18,27 +18,35 @@ TICK = 0.5
 
 
 class FakeProcess:
-    """What the judge reads of a stub: CPU seconds and thread states, set by the test."""
+    """What the judge reads of a stub: its threads' states and CPU seconds, set by the test. The
+    first thread is the model's; the others wait for the GIL, waking every 5 ms (about 1% of a CPU)."""
 
     def __init__(self, states: str = "SS") -> None:
-        self.cpu = 1.0
+        self.cpu = [1.0] * len(states)
         self.states = states
         self.gone = False
         self.looks = 0
 
     def __call__(self) -> ProcessProgress | None:
         self.looks += 1
-        return None if self.gone else ProcessProgress(self.cpu, self.states)
+        if self.gone:
+            return None
+        return ProcessProgress({tid: (state, self.cpu[tid]) for tid, state in enumerate(self.states)})
+
+    def run(self, seconds: float, model_share: float) -> None:
+        self.cpu[0] += seconds * model_share
+        for waiter in range(1, len(self.cpu)):
+            self.cpu[waiter] += seconds * 0.01
 
 
-def _killed_after(judge: HangJudge, process: FakeProcess, last_beat: float, *, cpu_step: float = 0.0,
+def _killed_after(judge: HangJudge, process: FakeProcess, last_beat: float, *, model_share: float = 0.0,
                   lateness: float = 0.0, until: float = 60.0) -> float | None:
     """Tick the judge from `last_beat` (the heartbeat then stops) until it calls the stub hung;
     returns the seconds since the last beat, None when it never did within `until`."""
     now = last_beat
     while now - last_beat < until:
         now += TICK + lateness
-        process.cpu += cpu_step
+        process.run(TICK + lateness, model_share)
         if judge.judge(now, now - last_beat, lateness) is not None:
             return now - last_beat
     return None
@@ -58,11 +66,17 @@ def test_a_deadlocked_stub_is_hung_within_the_limit_plus_one_check() -> None:
     assert "asleep, using no CPU" in (judge.judge(200.0, 100.0) or "")
 
 
-def test_a_busy_stub_is_never_hung_while_its_cpu_time_grows() -> None:
-    process = FakeProcess("RS")
-    assert _killed_after(HangJudge(LIMIT, process), process, 100.0, cpu_step=0.3) is None
-    process = FakeProcess("SS")  # the GIL holder is in a C call, between two looks the CPU time grew
-    assert _killed_after(HangJudge(LIMIT, process), process, 100.0, cpu_step=0.02) is None
+def test_a_busy_stub_is_never_hung_while_a_thread_works() -> None:
+    process = FakeProcess("RSS")
+    assert _killed_after(HangJudge(LIMIT, process), process, 100.0, model_share=1.0) is None
+    process = FakeProcess("SSS")  # on a loaded machine the model's thread gets a fifth of a CPU
+    assert _killed_after(HangJudge(LIMIT, process), process, 100.0, model_share=0.2) is None
+
+
+def test_threads_waking_to_wait_for_the_gil_are_no_work() -> None:
+    process = FakeProcess("SSSSSS")  # the model asleep in a C call holding the GIL; five waiters
+    killed = _killed_after(HangJudge(LIMIT, process), process, 100.0, model_share=0.0)
+    assert killed is not None and killed <= LIMIT + TICK
 
 
 def test_a_stub_waiting_for_a_cpu_is_not_hung_and_is_once_it_sleeps_without_progress() -> None:
@@ -95,10 +109,10 @@ def test_a_heartbeat_on_time_needs_no_look_at_the_process_and_a_gone_one_is_no_h
 def test_read_progress_sees_a_stopped_process_and_cpu_time_of_a_busy_one() -> None:
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        first = read_progress(busy.pid)
-        deadline = time.monotonic() + 30
-        while (later := read_progress(busy.pid)) is not None and first is not None \
-                and later.cpu_seconds <= first.cpu_seconds:
+        first, looked = read_progress(busy.pid), time.monotonic()
+        assert first is not None
+        deadline = looked + 30
+        while (later := read_progress(busy.pid)) is not None and later.busiest_share(first, 1.0) < 0.1:
             assert time.monotonic() < deadline, "timed out waiting for the busy process's CPU time to grow"
             time.sleep(0.05)
         os.kill(busy.pid, signal.SIGSTOP)

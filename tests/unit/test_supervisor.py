@@ -70,7 +70,8 @@ class FakeStub:
         return self.execute_since
 
     def progress(self) -> ProcessProgress | None:
-        return ProcessProgress(0.0, "S") if self.alive else None  # asleep, using no CPU: a frozen heartbeat is a hang
+        # asleep, using no CPU: a frozen heartbeat is a hang
+        return ProcessProgress({1: ("S", 0.0)}) if self.alive else None
 
     def death_reason(self) -> str:
         return "was killed by signal SIGKILL" if self.exit_code == -9 else describe_exit(self.exit_code or 0)
