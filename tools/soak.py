@@ -150,6 +150,7 @@ class Launcher:
 
     def __init__(self, repository: Path, flags: list[str], wrapper: list[str]) -> None:
         self.log_path = Path(tempfile.mkstemp(prefix="soak-backend-", suffix=".log")[1])
+        self.repository = str(repository)
         command = [*wrapper, sys.executable, "-m", "pystub_backend.backend", "--model-repository", str(repository),
                    "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", *flags]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
@@ -313,7 +314,8 @@ def run(server: Any, options: Options) -> dict[str, Any]:
     warmup = options.warmup if options.warmup is not None else min(15.0, options.seconds / 8)
     chaos = None
     if options.chaos:
-        chaos = Chaos(server.pid, server.http_url, server.grpc_url, ledger, options.chaos_options)
+        chaos = Chaos(server.pid, server.http_url, server.grpc_url, ledger, options.chaos_options,
+                      repository=getattr(server, "repository", ""))
         chaos.warm_up()
     time.sleep(max(0.0, warmup - (time.monotonic() - started)))
     start = recovered = take_sample(server, started)

@@ -17,6 +17,10 @@ active), with the load running throughout and abrupt clients closing connections
     reload        unload a model and load it again (explicit model control): its queued and
                   in-flight requests fail with "is unloading"/"was unloaded", and requests meanwhile
                   with "Request for unknown model ... has no available versions"
+    bad reload    replace a model's model.py in the repository by one whose initialize raises and
+                  load the model again: the load fails and the old version serves on; then SIGKILL
+                  its stub: the restart runs the version's own files, not the broken one (only
+                  its in-flight requests fail); the file is put back afterwards
     abrupt close  (all along) HTTP requests cut mid-body or closed before the answer, gRPC streams
                   and sequences whose channel closes mid-way, and slow clients that send their
                   request head or body a piece at a time (the server must close them at
@@ -36,6 +40,7 @@ import signal
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +55,14 @@ __all__ = ["Chaos", "ChaosOptions"]
 
 MIB = 1 << 20
 SLOW_CLIENT_TIMEOUT = 2.0  # the backend's header and body read timeouts under chaos (tools/soak.py)
+BROKEN_MODEL = b"""
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("a broken model.py (the chaos's bad reload)")
+
+    def execute(self, requests):
+        return []
+"""
 
 
 @dataclass
@@ -59,6 +72,7 @@ class ChaosOptions:
     fill_seconds: float = 4.0
     pause: float = 2.5  # between faults: the server recovers, the load goes on
     reload_model: str = "add_sub"
+    bad_reload_model: str = "identity_fp32"
 
 
 @dataclass
@@ -71,6 +85,7 @@ class Chaos:
     ledger: Ledger
     options: ChaosOptions = field(default_factory=ChaosOptions)
     shm_dir: str = ""  # the backend's /dev/shm as seen from here; "" = /proc/<pid>/root/dev/shm
+    repository: str = ""  # the backend's model repository (the bad reload edits a model.py in it)
     events: list[dict[str, Any]] = field(default_factory=list)
     rng: random.Random = field(default_factory=lambda: random.Random(11))
     _killed: set[str] = field(default_factory=set)  # models whose stub was killed already
@@ -86,7 +101,7 @@ class Chaos:
         """The fault schedule; returns when the last fault is over and the stubs are healthy."""
         faults: list[tuple[str, Callable[[], str]]] = [("kill -9", self._kill) for _ in range(self.options.kills)]
         faults += [("SIGSTOP", self._freeze), ("fill shm", self._fill_shm), ("shrink shm", self._shrink_client_shm),
-                   ("reload", self._reload)]
+                   ("reload", self._reload), ("bad reload", self._bad_reload)]
         for name, fault in faults:
             if stop.wait(self.options.pause):
                 break
@@ -222,6 +237,32 @@ class Chaos:
         self._post(f"/v2/repository/models/{model}/load", {})
         return f"unloaded '{model}' for 1 s, loaded it again"
 
+    def _bad_reload(self) -> str:
+        model = self.options.bad_reload_model
+        path = os.path.join(self.repository, model, "1", "model.py")
+        with open(path, "rb") as file:
+            original = file.read()
+        try:
+            with open(path, "wb") as file:
+                file.write(BROKEN_MODEL)
+            try:
+                self._post(f"/v2/repository/models/{model}/load", {})
+                raise RuntimeError(f"loading the broken model.py of '{model}' succeeded")
+            except urllib.error.HTTPError as exc:
+                if exc.code != 400:
+                    raise
+            [row] = [row for row in self._stubs() if row["model"] == model]
+            os.kill(row["pid"], signal.SIGKILL)
+            deadline = time.monotonic() + TIMEOUT_S
+            while not any(r["model"] == model and r["healthy"] and r["pid"] != row["pid"] for r in self._stubs()):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"'{model}' did not restart within {TIMEOUT_S:g} s of its stub's SIGKILL")
+                time.sleep(0.1)
+        finally:
+            with open(path, "wb") as file:
+                file.write(original)
+        return f"loading a broken model.py of '{model}' failed; its old stub killed, restarted from its own files"
+
     def _post(self, path: str, body: dict[str, Any]) -> None:
         request = urllib.request.Request(f"http://{self.http_url}{path}", data=json.dumps(body).encode(),
                                          method="POST")
@@ -263,11 +304,14 @@ class Chaos:
 
     def _trickle(self, start: bytes, piece: bytes) -> None:
         """Send `start`, then `piece` every 0.5 s until the server closes the connection, which it
-        must do at SLOW_CLIENT_TIMEOUT (a few seconds late under load is allowed)."""
+        does at SLOW_CLIENT_TIMEOUT on its own clock: its timer starts when its event loop accepts
+        the connection and fires when the loop gets to it, both late on a loaded machine (8 s
+        late was seen at load 8). Open longer than any request may take to be answered
+        (TIMEOUT_S, the soak's bound for a hang) is a slow client the server kept."""
         with self._http_socket() as sock:
             sock.sendall(start)
             sock.settimeout(0.5)
-            deadline = time.monotonic() + SLOW_CLIENT_TIMEOUT + 8
+            deadline = time.monotonic() + SLOW_CLIENT_TIMEOUT + TIMEOUT_S
             while time.monotonic() < deadline:
                 try:
                     sock.sendall(piece)
@@ -277,7 +321,7 @@ class Chaos:
                     continue
                 except OSError:  # reset by the server: closed too
                     return
-        raise WrongAnswer(f"a slow client was still open {SLOW_CLIENT_TIMEOUT + 8:g} s after connecting")
+        raise WrongAnswer(f"a slow client was still open {SLOW_CLIENT_TIMEOUT + TIMEOUT_S:g} s after connecting")
 
     def _close_before_answer(self) -> None:
         body = b'{"inputs":[{"name":"COUNT","shape":[1],"datatype":"INT32","data":[3]},' \

@@ -296,7 +296,7 @@ class Stub:
         self.handlers.notify_phase(self, "initializing")
         self.boot_failure = StubExitCode.MODEL_IMPORT_FAILED
         try:
-            model_class = load_model_class(message.model_path)
+            model_class = load_model_class(message.model_path, message.sources)
             if not callable(getattr(model_class, "execute", None)) and not has_execute_batch(model_class):
                 raise LoadError(f"Python model {message.model_path} does not implement `execute` method.")
             self.boot_failure = StubExitCode.INITIALIZE_FAILED

@@ -5,10 +5,13 @@
                    (one operation per      retire the old versions) ── a failure leaves what served
                     model at a time)
     unload_model ─▶ _exclusive(name) ──▶ _unload: out of the table, then retire each version
-    poll_repository: new directories load, changed ones reload, removed ones unload
+    poll mode: core.polling starts loads, reloads and unloads as the repository changes
 
-Each operation runs in a task of its own, so a client that goes away does not cancel it half-way,
-and shutdown waits for it. Entries and versions move through `ModelState`.
+Each operation runs in a task of its own, so a client that goes away does not cancel it half-way.
+A load can be cancelled until it starts swapping versions in (a newer poll supersedes it, or
+shutdown comes): its new stubs are then killed, so an `initialize` that hangs holds up neither
+the poll nor shutdown. Shutdown waits for the other operations. Entries and versions move
+through `ModelState`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, TypeVar
 
 from pystub_backend.backend.config.model_config import ConfigError, ModelConfig, config_from_json
 from pystub_backend.backend.core.options import CoreOptions
+from pystub_backend.backend.core.polling import Fingerprint, RepositoryPoller
 from pystub_backend.backend.core.table import ModelTable, check_model_name
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.models.ensemble_config import (
@@ -59,7 +63,6 @@ class _NameLock:
 
 log = logging.getLogger("pystub.core")
 _T = TypeVar("_T")
-Fingerprint = frozenset[tuple[str, int, int]]
 
 # Triton's text (model_repository_manager.cc), in every mode but explicit.
 _NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"
@@ -105,7 +108,10 @@ class ModelControl:
         self._locks: dict[str, _NameLock] = {}  # only while an operation on the name runs or waits
         self._operations: set[asyncio.Task[Any]] = set()
         self._load_slots = asyncio.Semaphore(options.load_thread_count)  # --model-load-thread-count
-        self._poller: asyncio.Task[None] | None = None
+        self._polling = RepositoryPoller(options.repositories, table, self)
+        self._poller: asyncio.Task[None] | None = None  # poll_forever, in poll mode
+        self._loads: dict[asyncio.Task[Any], str] = {}  # loads running or waiting, by task: the name
+        self._committing: set[str] = set()  # names whose load swaps versions in: no longer cancellable
         self._closing = False
 
     # -- start-up and shutdown -------------------------------------------------------------------
@@ -130,15 +136,17 @@ class ModelControl:
                   for name in wave), return_exceptions=True))
         _raise_unexpected(results)
         if self.options.model_control_mode == "poll":
-            self._poller = asyncio.ensure_future(self._poll_forever())
+            self._poller = asyncio.ensure_future(self._polling.poll_forever(self.options.poll_seconds))
         return [name for name, result in zip(ordered, results, strict=True) if result is not None]
 
     async def unload_all(self) -> None:
-        """Stop polling, let running loads finish, then drain and unload every model."""
+        """Stop polling, cancel the loads still starting, let the other operations finish, then
+        drain and unload every model."""
         self._closing = True
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
+        self.cancel_loads(None)
         await asyncio.gather(*list(self._operations), return_exceptions=True)
         await asyncio.gather(*(self._unload(name) for name in list(self._table.entries)))
 
@@ -161,7 +169,7 @@ class ModelControl:
             except RepositoryError as exc:
                 raise ServerError(str(exc), Status.INTERNAL) from None
         await self._load_composing_models(name, model_dir, request, _seen)
-        await self._exclusive(name, lambda: self._load(name, model_dir, request, None))
+        await self._exclusive(name, lambda: self._load(name, model_dir, request, None), load=True)
 
     async def _load_composing_models(self, name: str, model_dir: str | None, request: LoadRequest,
                                      seen: frozenset[str]) -> None:
@@ -199,8 +207,25 @@ class ModelControl:
         if self.options.model_control_mode != "explicit":
             raise ServerError(_NOT_EXPLICIT, Status.UNAVAILABLE)
 
-    async def _exclusive(self, name: str, operation: Callable[[], Awaitable[_T]]) -> _T:
+    async def _exclusive(self, name: str, operation: Callable[[], Awaitable[_T]], load: bool = False) -> _T:
         """Run one load/unload of `name` after the previous one ended, in a task of its own."""
+        return await asyncio.shield(self._start_operation(name, operation, load))
+
+    def start_load(self, name: str, path: str, fingerprint: Fingerprint) -> asyncio.Task[None]:
+        """Start loading `name` from `path` (poll mode); the task ends when the load did."""
+        return self._start_operation(name, lambda: self._load(name, path, None, fingerprint), load=True)
+
+    def start_unload(self, name: str) -> asyncio.Task[None]:
+        return self._start_operation(name, lambda: self._unload(name), load=False)
+
+    def cancel_loads(self, name: str | None) -> None:
+        """Cancel the loads of `name` (None: of every name) that have not begun swapping versions
+        in; each kills the stubs it started."""
+        for task, loading in list(self._loads.items()):
+            if (name is None or loading == name) and loading not in self._committing:
+                task.cancel()
+
+    def _start_operation(self, name: str, operation: Callable[[], Awaitable[_T]], load: bool) -> asyncio.Task[_T]:
         if self._closing:
             raise ServerError("the server is shutting down", Status.UNAVAILABLE)
         lock = self._locks.setdefault(name, _NameLock())
@@ -217,11 +242,14 @@ class ModelControl:
 
         task = asyncio.ensure_future(run())
         self._operations.add(task)
+        if load:
+            self._loads[task] = name
         task.add_done_callback(self._operation_done)
-        return await asyncio.shield(task)
+        return task
 
     def _operation_done(self, task: asyncio.Task[Any]) -> None:
         self._operations.discard(task)
+        self._loads.pop(task, None)
         if not task.cancelled():
             task.exception()  # retrieved here: the caller that awaited it may be gone
 
@@ -235,6 +263,10 @@ class ModelControl:
         entry = self._table.entries.setdefault(name, ModelEntry(name))
         try:
             await self._load_entry(entry, model_dir, request, fingerprint)
+        except asyncio.CancelledError:
+            if not entry.versions:
+                entry.state, entry.reason = ModelState.UNAVAILABLE, "loading was cancelled"
+            raise
         except ServerError:
             if created and model_dir is None:
                 self._table.forget_if_unheld(entry, await asyncio.to_thread(self._held, name))
@@ -315,13 +347,17 @@ class ModelControl:
     async def _install(self, entry: ModelEntry, loaded: dict[int, ModelVersion], failed: dict[int, str],
                        override: OverrideDir | None) -> None:
         """Swap the new versions in, then retire the old ones and their override directory."""
-        old, old_override = entry.versions, entry.override
-        entry.versions, entry.failed, entry.unloaded, entry.override = loaded, failed, [], override
-        entry.state, entry.reason = (ModelState.READY, "") if not failed else \
-            (ModelState.UNAVAILABLE, "; ".join(failed.values()))
-        await self._retire(entry, old)
-        if old_override is not None:
-            old_override.remove()
+        self._committing.add(entry.name)  # from here on the swap must finish: retiring is not undone
+        try:
+            old, old_override = entry.versions, entry.override
+            entry.versions, entry.failed, entry.unloaded, entry.override = loaded, failed, [], override
+            entry.state, entry.reason = (ModelState.READY, "") if not failed else \
+                (ModelState.UNAVAILABLE, "; ".join(failed.values()))
+            await self._retire(entry, old)
+            if old_override is not None:
+                old_override.remove()
+        finally:
+            self._committing.discard(entry.name)
 
     async def _retire(self, entry: ModelEntry, versions: dict[int, ModelVersion]) -> None:
         entry.retiring.update(versions)
@@ -348,47 +384,15 @@ class ModelControl:
         entry.state, entry.reason = ModelState.UNAVAILABLE, UNLOADED_REASON
 
     # -- repository polling ------------------------------------------------------------------------
-    async def _poll_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.poll_seconds)
-            try:
-                await self.poll_repository()
-            except Exception:  # a bad poll must not end polling
-                log.exception("repository poll failed")
-
     async def poll_repository(self) -> None:
-        """Load new model directories, reload changed ones, unload removed ones."""
-        try:
-            found = find_models(self.options.repositories)
-        except RepositoryError as exc:
-            log.error("repository poll: %s", exc)
-            return
-        fingerprints = await asyncio.to_thread(lambda: {n: model_fingerprint(p) for n, p in found.items()})
-        operations: list[Awaitable[None]] = []
-        for name, path in found.items():
-            entry = self._table.entries.get(name)
-            if entry is None or entry.fingerprint != fingerprints[name]:
-                log.info("repository poll: %s '%s'", "reloading" if entry and entry.versions else "loading", name)
-                operations.append(self._exclusive(
-                    name, lambda name=name, path=path: self._load(name, path, None, fingerprints[name])))  # type: ignore[misc]
-        for name, entry in self._table.entries.items():
-            if name not in found and entry.fingerprint is not None:
-                log.info("repository poll: '%s' was removed; unloading it", name)
-                operations.append(self._exclusive(name, lambda name=name: self._unload(name)))  # type: ignore[misc]
-        _raise_unexpected(await asyncio.gather(*operations, return_exceptions=True))
+        """One poll now (core.polling): starts the loads and unloads it calls for, without waiting."""
+        await self._polling.poll()
 
     # -- the index -----------------------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Every model the server knows of, and every model directory in the repositories that
-        was never loaded (as in Triton's explicit mode, such a row has only a name)."""
-        entries = self._table.entries
-        rows = [row for entry in entries.values() for row in entry.index_rows()]
+        """See ModelTable.index_rows; a repository that cannot be read adds no rows."""
         try:
             found = find_models(self.options.repositories)
         except RepositoryError:
             found = {}
-        rows.extend({"name": name} for name in found if name not in entries)
-        rows.sort(key=lambda row: (row["name"], int(row.get("version") or 0)))
-        # Triton omits an empty reason (a loaded model's row is {name, version, state}).
-        return [{key: value for key, value in row.items() if key != "reason" or value}
-                for row in rows if not ready_only or row.get("state") == ModelState.READY.value]
+        return self._table.index_rows(found, ready_only)

@@ -15,6 +15,7 @@ import unicodedata
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.models.lifecycle import ModelEntry
+from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.version import ModelVersion
 from pystub_backend.ipc.status import Status
 
@@ -74,3 +75,13 @@ class ModelTable:
         if self.entries.get(entry.name) is entry:
             del self.entries[entry.name]
         return True
+
+    def index_rows(self, found: dict[str, str], ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model the server knows of, and every model directory `found` in the repositories
+        that was never loaded (as in Triton's explicit mode, such a row has only a name)."""
+        rows = [row for entry in self.entries.values() for row in entry.index_rows()]
+        rows.extend({"name": name} for name in found if name not in self.entries)
+        rows.sort(key=lambda row: (row["name"], int(row.get("version") or 0)))
+        # Triton omits an empty reason (a loaded model's row is {name, version, state}).
+        return [{key: value for key, value in row.items() if key != "reason" or value}
+                for row in rows if not ready_only or row.get("state") == ModelState.READY.value]

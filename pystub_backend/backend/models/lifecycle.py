@@ -139,8 +139,11 @@ async def start_versions(source: ModelSource, settings: StubSettings, context: S
     reasons of those that failed (already logged). `context` (the core) reaches the stubs'
     feature handlers."""
 
+    made: list[Any] = []
+
     async def start(version: int) -> Any:
         model_version = _make_version(source, version, settings, context)
+        made.append(model_version)
         fields = {"model": source.name, "version": version}
         # Said before the stubs start: a slow initialize must not look like a hung server.
         log.info("loading '%s' version %d", source.name, version, extra=fields)
@@ -157,7 +160,11 @@ async def start_versions(source: ModelSource, settings: StubSettings, context: S
         return model_version
 
     log_unused_fields(source.config)  # config-sections hook: name the fields pystub ignores, once per load
-    results = await asyncio.gather(*(start(version) for version in source.versions))
+    try:
+        results = await asyncio.gather(*(start(version) for version in source.versions))
+    except asyncio.CancelledError:  # the versions still starting stopped themselves; stop the started ones
+        await stop_versions({v.version: v for v in made if v.loaded}, settings.stub_timeout_seconds)
+        raise
     loaded = {v: r for v, r in zip(source.versions, results, strict=True) if not isinstance(r, str)}
     failed = {v: r for v, r in zip(source.versions, results, strict=True) if isinstance(r, str)}
     return loaded, failed

@@ -20,6 +20,7 @@ from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.install import feature_services
 from pystub_backend.backend.features.response_cache import cache_refusal, cached_infer, cached_stream, version_cache
 from pystub_backend.backend.inference import InferRequest, InferResponse
+from pystub_backend.backend.models.snapshot import snapshot_sources
 from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.validation import RequestChecks
 from pystub_backend.backend.models.warmup import WarmupError, run_warmup
@@ -38,6 +39,7 @@ from pystub_backend.backend.supervision.instance import InstanceSpec, InstanceSt
 from pystub_backend.backend.supervision.services import ServerCore
 from pystub_backend.backend.supervision.settings import StubSettings, positive_number
 from pystub_backend.backend.telemetry.statistics import ModelStatistics
+from pystub_backend.ipc.channel import MAX_FRAME
 from pystub_backend.ipc.status import Status
 
 __all__ = ["ModelVersion", "ModelLoadError", "Scheduler", "instance_args", "failure_with_status", "RLIMIT_PARAMETERS"]
@@ -47,6 +49,7 @@ log = logging.getLogger("pystub.model")
 # Config parameters that limit each stub (pystub extension): parameter name -> rlimit name.
 RLIMIT_PARAMETERS = {"STUB_MEMORY_LIMIT_BYTES": "as", "STUB_CPU_LIMIT_SECONDS": "cpu", "STUB_MAX_OPEN_FILES": "nofile"}
 EXECUTE_TIMEOUT_PARAMETER = "EXECUTE_TIMEOUT_SECONDS"
+_SNAPSHOT_FRAME_SHARE = MAX_FRAME // 2  # of the INIT frame, for the config and the snapshot of the model's files
 _Number = TypeVar("_Number", int, float)
 
 
@@ -160,7 +163,7 @@ class ModelVersion:
         return None if any(reason is None for reason in reasons) else next(r for r in reasons if r)
 
     # -- loading -------------------------------------------------------------------------------------
-    def _spec(self, placement: Placement, config_json: str) -> InstanceSpec:
+    def _spec(self, placement: Placement, config_json: str, sources: dict[str, bytes]) -> InstanceSpec:
         parameters = config_parameters(self.config)
         rlimits = {limit: _parameter_number(parameters, name, int) for name, limit in RLIMIT_PARAMETERS.items()}
         python = None
@@ -175,7 +178,8 @@ class ModelVersion:
             args=instance_args(self.config, config_json, placement, self.model_dir, self.version),
             stub_settings={"decoupled": self.decoupled}, settings=self.settings,
             execute_timeout=_parameter_number(parameters, EXECUTE_TIMEOUT_PARAMETER, float),
-            rlimits={k: v for k, v in rlimits.items() if v is not None}, python=python, services=self.services)
+            rlimits={k: v for k, v in rlimits.items() if v is not None}, python=python, services=self.services,
+            sources=sources)
 
     async def load(self) -> None:
         """Start and initialize every instance. Raises ModelLoadError (and stops what started)."""
@@ -192,7 +196,10 @@ class ModelVersion:
                 check_placement(self.config, self.settings.gpus)
             except PlacementError as exc:
                 raise ModelLoadError(f"{INVALID_ARGUMENT}{exc}") from None
-            self.instances = [ModelInstance(placement.name, self._spec(placement, config_json))
+            # The files restarts import: the ones this version loads now (models.snapshot).
+            budget = _SNAPSHOT_FRAME_SHARE - len(config_json)
+            sources = await asyncio.to_thread(snapshot_sources, self.model_path, budget)
+            self.instances = [ModelInstance(placement.name, self._spec(placement, config_json, sources))
                               for placement in placements(self.config)]
             state = ImplicitState.from_config(self.config, self.model_dir)  # implicit state hook (load checks)
             # rate limiter hook: with --rate-limit=execution_count, executes wait for their group's resources
@@ -204,6 +211,10 @@ class ModelVersion:
             await self._stop_instances(self.settings.stub_timeout_seconds)
             self.state, self.reason = ModelState.UNAVAILABLE, str(exc)
             raise ModelLoadError(str(exc)) from exc
+        except asyncio.CancelledError:  # the load was given up: stop what started, then end as asked
+            await self._stop_instances(self.settings.stub_timeout_seconds)
+            self.state, self.reason = ModelState.UNAVAILABLE, "loading was cancelled"
+            raise
         scheduler = make_scheduler(self.config, scheduled, self.stats)
         if state is not None:  # implicit state hook: the sequence batcher adds and hides the state tensors
             scheduler.implicit_state = state
@@ -267,4 +278,9 @@ class ModelVersion:
         self.instances = [i for i in self.instances if i.state is not InstanceState.STOPPED]
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "version": str(self.version), "state": self.state.value, "reason": self.reason}
+        """The version's index row. A loaded version none of whose instances will serve again (each
+        FAILED: its restarts gave up) is not READY, whatever it was at load: it says why."""
+        state, reason = self.state, self.reason
+        if self.loaded and self.instances and not any(instance.usable for instance in self.instances):
+            state, reason = ModelState.UNAVAILABLE, self.instances[0].last_error
+        return {"name": self.name, "version": str(self.version), "state": state.value, "reason": reason}

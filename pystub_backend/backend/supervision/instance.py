@@ -8,7 +8,8 @@
 Read top to bottom, as gunicorn's arbiter:
     death       the stub's channel closes → StubProcess fails its requests in flight at once and
                 calls `_on_stub_death` → `fail(None)`
-    hangs       `watch_health` polls every instance: a frozen heartbeat or an `execute` past its
+    hangs       `watch_health` polls every instance: a frozen stub (a late heartbeat and no
+                other sign of life: supervision.hang_judge) or an `execute` past its
                 EXECUTE_TIMEOUT_SECONDS → `fail(reason)`
     restarts    `fail` kills the stub (SIGKILL to its process group) and `_restart` spawns a new
                 one after a back-off (RestartPolicy). A boot failure (the model does not import,
@@ -34,6 +35,7 @@ from pystub_backend.backend.inference import InferRequest
 from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.exchange import StreamOrError
+from pystub_backend.backend.supervision.hang_judge import HangJudge
 from pystub_backend.backend.supervision.restart_policy import RestartPolicy
 from pystub_backend.backend.supervision.services import StubServices
 from pystub_backend.backend.supervision.settings import StubSettings
@@ -68,6 +70,7 @@ class InstanceSpec:
     execute_timeout: float | None = None
     rlimits: dict[str, int] = field(default_factory=dict)
     python: list[str] | None = None  # interpreter command (an execution environment's), None = ours
+    sources: dict[str, bytes] | None = None  # the model's files at load: every spawn imports these
 
 
 # Makes one stub incarnation (not yet spawned); tests pass a fake one.
@@ -90,6 +93,7 @@ class ModelInstance:
         self.failed = 0
         self.policy = RestartPolicy(spec.settings)
         self._stub_factory = stub_factory
+        self._judge: HangJudge | None = None  # the current stub's hang verdicts
         self._ready = asyncio.Event()
         self._restart_task: asyncio.Task[None] | None = None
         # BLS calls an execute of the current stub waits for (pystub_backend.backend.features.bls.call): see hold().
@@ -105,14 +109,20 @@ class ModelInstance:
         stub = self._stub_factory(self.name, self.spec)
         stub.on_death = self._on_stub_death
         self.stub = stub
+        self._judge = HangJudge(self.spec.settings.heartbeat_timeout_seconds, stub.progress)
         stub.spawn(self.spec.python, self.spec.rlimits)
         try:
-            await stub.initialize(self.spec.model_path, self.spec.args, self.spec.stub_settings)
+            await stub.initialize(self.spec.model_path, self.spec.args, self.spec.stub_settings, self.spec.sources)
         except StubStartError as exc:
             stub.on_death = None
             await stub.stop(finalize_timeout=0)  # reaps it: its exit code is known below
             if stub.exit_code in BOOT_FAILURES:
                 exc.boot_failure = True
+            raise
+        except asyncio.CancelledError:  # the load was given up (superseded, shutdown): kill, not finalize
+            stub.on_death = None
+            await stub.stop(finalize_timeout=0)
+            self.stub = None
             raise
         self.state = InstanceState.READY
         self._ready.set()
@@ -123,15 +133,15 @@ class ModelInstance:
             self.fail(None)  # the reason (exit code or signal) is known once the process is reaped
 
     # -- hangs -------------------------------------------------------------------------------------
-    def check_health(self, now: float) -> str | None:
-        """Why the current stub must be replaced (frozen heartbeat, execute deadline), or None."""
+    def check_health(self, now: float, lateness: float = 0.0) -> str | None:
+        """Why the current stub must be replaced (frozen: HangJudge; execute deadline), or None.
+        `lateness`: how much later than asked this check runs (the supervisor's own starvation)."""
         stub = self.stub
-        if not self.healthy or stub is None:
+        if not self.healthy or stub is None or self._judge is None:
             return None
-        age = stub.heartbeat_age(now)
-        limit = self.spec.settings.heartbeat_timeout_seconds
-        if age > limit:
-            return f"no heartbeat for {age:.1f} s (limit {limit:g} s)"
+        frozen = self._judge.judge(now, stub.heartbeat_age(now), lateness)
+        if frozen is not None:
+            return frozen
         started = stub.execute_started()
         timeout = self.spec.execute_timeout
         if timeout and started and now - started > timeout:
@@ -311,10 +321,12 @@ class ModelInstance:
 async def watch_health(instances: Callable[[], list[ModelInstance]], interval: float) -> None:
     """Replace stubs that froze (no heartbeat) or overran the execute deadline, forever (cancel it).
     Death is seen at once through the channel; this loop catches the hangs."""
+    due = time.monotonic() + interval
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
         now = time.monotonic()
+        lateness, due = max(0.0, now - due), now + interval
         for instance in instances():
-            reason = instance.check_health(now)
+            reason = instance.check_health(now, lateness)
             if reason is not None:
                 instance.fail(reason)

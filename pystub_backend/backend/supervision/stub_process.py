@@ -36,6 +36,7 @@ from pystub_backend.backend.inference import InferRequest
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.exchange import RequestExchange, StreamOrError
 from pystub_backend.backend.supervision.frames import FrameLink
+from pystub_backend.backend.supervision.hang_judge import ProcessProgress, read_progress
 from pystub_backend.backend.supervision.init_failure import died_during_initialize
 from pystub_backend.backend.supervision.output import OutputForwarder
 from pystub_backend.backend.supervision.ready_probe import ReadyProbe
@@ -111,6 +112,10 @@ class StubProcess:
         """Seconds since the stub's last heartbeat (since spawn, before the first one)."""
         age = self.control.heartbeat_age() if self.control is not None else None
         return now - self.started_at if age is None else age
+
+    def progress(self) -> ProcessProgress | None:
+        """The process's CPU time and thread states (for telling frozen from busy), None when gone."""
+        return read_progress(self.process.pid) if self.process is not None else None
 
     def execute_started(self) -> float | None:
         """When the running `execute` began (monotonic), None when none runs."""
@@ -208,11 +213,13 @@ class StubProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
         return env
 
-    async def initialize(self, model_path: str, args: dict[str, str], settings: dict[str, object]) -> None:
-        """Run the model's initialize. Raises StubStartError with the model's error text; a model
-        that failed to import or initialize is a boot failure (the stub exits with its code)."""
+    async def initialize(self, model_path: str, args: dict[str, str], settings: dict[str, object],
+                         sources: dict[str, bytes] | None = None) -> None:
+        """Run the model's initialize, importing `sources` (path -> bytes) in place of those files.
+        Raises StubStartError with the model's error text; a model that failed to import or
+        initialize is a boot failure (the stub exits with its code)."""
         try:
-            reply = await self.link.request_reply(msg.Init(model_path, args, settings), msg.InitDone,
+            reply = await self.link.request_reply(msg.Init(model_path, args, settings, sources), msg.InitDone,
                                                   self.settings.stub_init_timeout_seconds, "initialize")
         except StubStartError as exc:  # config-sections hook: a death fails the load with Triton's text
             raise StubStartError(await died_during_initialize(self, exc), exc.boot_failure) from exc

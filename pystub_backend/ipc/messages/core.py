@@ -55,6 +55,7 @@ class Init(NamedTuple):
     model_path: str
     args: dict[str, str]
     settings: dict[str, Any]
+    sources: dict[str, bytes] | None = None  # absolute path -> the bytes to import instead of the file
 
 
 @message(4)

@@ -7,6 +7,7 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web import BaseRequest, StreamResponse
 
 from pystub_backend.backend.frontends.access_log import access_line
+from pystub_backend.backend.frontends.http.client_errors import MALFORMED_KEY
 from pystub_backend.backend.log import verbose
 
 __all__ = ["HttpAccessLogger", "REQUEST_ID_KEY", "PEER_KEY", "MODEL_KEY"]
@@ -23,9 +24,12 @@ class HttpAccessLogger(AbstractAccessLogger):
     def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
         if not verbose(1):
             return
+        peer = request.get(PEER_KEY) or request.remote or ""
+        if request.get(MALFORMED_KEY):  # never parsed, never routed: nothing of it to name
+            access_line("HTTP", "- -", str(response.status), time, peer, "", "")
+            return
         match_info = getattr(request, "match_info", None)
         model = match_info.get("model", "") if match_info is not None else ""
         model = model or request.get(MODEL_KEY, "")
-        peer = request.get(PEER_KEY) or request.remote or ""
         access_line("HTTP", f"{request.method} {request.path}", str(response.status), time, peer,
                     model, request.get(REQUEST_ID_KEY, ""))

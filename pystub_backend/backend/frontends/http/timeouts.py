@@ -32,6 +32,8 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
+from pystub_backend.backend.frontends.http.client_errors import QuietClientErrors
+
 __all__ = ["DEFAULT_BODY_SECONDS", "DEFAULT_HEADER_SECONDS", "MIN_BODY_RATE", "ReadTimeouts", "TimedAppRunner"]
 
 _log = logging.getLogger(__name__)
@@ -55,8 +57,9 @@ class _Phase(enum.Enum):
     IDLE = "idle"
 
 
-class TimedRequestHandler(RequestHandler):
-    """aiohttp's connection protocol with the header and body deadlines of `ReadTimeouts`."""
+class TimedRequestHandler(QuietClientErrors):
+    """aiohttp's connection protocol with the header and body deadlines of `ReadTimeouts` (and
+    malformed requests answered without a traceback: client_errors)."""
 
     def __init__(self, manager: Server, *, read_timeouts: ReadTimeouts, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
