@@ -12,6 +12,7 @@ at the peak of each wave, and after each wave's clients left; and for each reque
 the clients left the last one was cancelled. Stops by itself; the backend is stopped at the end.
 
     python tools/probe_unread_streams.py --streams 100 --bytes 16384 [--protocol grpc|sse] [--workers 2]
+                                         [--per-stream 5] [--hold 8] [--waves 2]
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -148,23 +149,26 @@ class Wave:
     refused: int
     running: int  # neither cancelled nor refused CANCEL_WAIT s after the clients left
     last_end_s: float  # when the last request ended, after the clients left
-    events: list[str] = field(default_factory=list)
 
 
 CANCEL_WAIT = 10.0
 
 
 def run_wave(server: Launcher, options: argparse.Namespace, record_dir: Path, wave: int) -> Wave:
-    ids = [f"w{wave}-{index}" for index in range(options.streams)]
     clients: list[UnreadGrpcStream | UnreadSseStream] = []
-    for request_id in ids:
+    ids: list[str] = []
+    for index in range(options.streams):
         if options.protocol == "grpc":
-            request = flood_request(request_id, options.bytes, str(record_dir))
-            clients.append(UnreadGrpcStream(server.grpc_url, [request]))
+            names = [f"w{wave}-{index}-{k}" for k in range(options.per_stream)]
+            requests = [flood_request(name, options.bytes, str(record_dir)) for name in names]
+            clients.append(UnreadGrpcStream(server.grpc_url, requests))
         else:
-            clients.append(UnreadSseStream(server.http_url, request_id, options.bytes, str(record_dir)))
-    wait_for(lambda: len(notes(record_dir, "started") & set(ids)) == len(ids), 60)
-    started = len(notes(record_dir, "started") & set(ids))
+            names = [f"w{wave}-{index}"]
+            clients.append(UnreadSseStream(server.http_url, names[0], options.bytes, str(record_dir)))
+        ids += names
+    wanted = set(ids)
+    wait_for(lambda: len(notes(record_dir, "started") & wanted) == len(wanted), 60)
+    started = len(notes(record_dir, "started") & wanted)
     peak = Memory.of(server.pid)
     hold_end = time.monotonic() + options.hold
     while time.monotonic() < hold_end:
@@ -174,15 +178,15 @@ def run_wave(server: Launcher, options: argparse.Namespace, record_dir: Path, wa
         client.leave()
     left = time.monotonic()
 
-    def ended() -> set[str]:
-        return (notes(record_dir, "cancelled") | notes(record_dir, "refused") | notes(record_dir, "done")) & set(ids)
+    def running() -> set[str]:
+        ended = notes(record_dir, "cancelled") | notes(record_dir, "refused") | notes(record_dir, "done")
+        return (notes(record_dir, "started") & wanted) - ended
 
-    wait_for(lambda: len(ended()) >= started, CANCEL_WAIT)
+    wait_for(lambda: not running(), CANCEL_WAIT)
     last_end = time.monotonic() - left
     time.sleep(1.0)  # let freed memory settle before the "after" sample
-    cancelled, refused = notes(record_dir, "cancelled") & set(ids), notes(record_dir, "refused") & set(ids)
-    return Wave(peak, Memory.of(server.pid), started, len(cancelled), len(refused),
-                started - len(ended()), last_end)
+    cancelled, refused = notes(record_dir, "cancelled") & wanted, notes(record_dir, "refused") & wanted
+    return Wave(peak, Memory.of(server.pid), started, len(cancelled), len(refused), len(running()), last_end)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=100)
     parser.add_argument("--bytes", type=int, default=16384, help="bytes per response")
     parser.add_argument("--protocol", choices=("grpc", "sse"), default="grpc")
+    parser.add_argument("--per-stream", type=int, default=1, help="requests on each gRPC stream")
     parser.add_argument("--workers", type=int, default=0, help="--frontend-workers")
     parser.add_argument("--hold", type=float, default=8.0, help="seconds the clients stay without reading")
     parser.add_argument("--waves", type=int, default=2)
@@ -205,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             time.sleep(1.0)
             before = Memory.of(server.pid)
-            print(f"{options.streams} unread {options.protocol} streams of {options.bytes}-byte responses, "
+            print(f"{options.streams} unread {options.protocol} streams ({options.per_stream} request(s) each) of "
+                  f"{options.bytes}-byte responses, "
                   f"workers {options.workers}, hold {options.hold:g} s")
             print(f"before      {before}")
             for wave in range(1, options.waves + 1):

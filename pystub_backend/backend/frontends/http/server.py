@@ -61,6 +61,7 @@ _T = TypeVar("_T")
 
 # (De)compressing more than this runs in a worker thread so the loop keeps serving health checks.
 _OFFLOAD_BYTES = 1 << 20
+_CANCELS_INFER = "cancels the infer"  # the key of the infer handler's watch on its client link
 # A compressed body with binary tensor data is not bounded by --http-max-input-size (only its JSON
 # part is); this bounds what it may inflate to, so a small body cannot claim unbounded memory.
 _MAX_INFLATED = 1 << 32
@@ -271,7 +272,12 @@ class _Routes:
             trace.received(received, time.monotonic_ns())
             decoded.request.trace = trace
             trace.request_start()
-        with http_request_link(request):  # pystub sequences: a client gone mid-request evicts its sequence
+        # A client gone mid-request cancels it (the model sees is_cancelled()) and evicts its
+        # pystub sequence.
+        with http_request_link(request) as link:
+            handler = asyncio.current_task()
+            if handler is not None:
+                link.watch(_CANCELS_INFER, handler.cancel)
             response = await self._core.infer(decoded.request, target)
         completed = time.monotonic_ns()
         try:
