@@ -5,7 +5,8 @@ and the notes the model leaves in `record_dir` (which requests started, which sa
                                      leave(): cancel the call and close the channel
     SseStream(url, id, dir, ...)     an HTTP `generate_stream` on a raw socket, never read;
                                      leave("close") closes it, leave("reset") resets it (SO_LINGER 0)
-    killed_client(kind, url, ...)    the same from a subprocess, SIGKILLed by the caller
+    client_process(kind, url, ...)   the same from a subprocess, SIGKILLed by the caller
+    Memory.of(pid)                   the RSS of a backend, its stubs and its workers
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import psutil
 from tritonclient.grpc import service_pb2
 
-__all__ = ["GrpcStream", "SseStream", "flood_request", "notes", "wait_until", "client_process"]
+__all__ = ["GrpcStream", "SseStream", "Memory", "flood_request", "notes", "wait_until", "client_process"]
 
 _METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 
@@ -118,3 +121,39 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> floa
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(0.02)
     return time.monotonic() - started
+
+
+MIB = 1 << 20
+
+
+@dataclass
+class Memory:
+    """RSS in MiB of a backend, its stubs (summed) and its frontend workers (summed)."""
+
+    backend: float
+    stubs: float
+    workers: float
+
+    @classmethod
+    def of(cls, pid: int) -> Memory:
+        backend = psutil.Process(pid)
+        stubs = workers = 0
+        for child in backend.children(recursive=True):
+            try:
+                rss, line = child.memory_info().rss, " ".join(child.cmdline())
+            except psutil.Error:
+                continue
+            if "workers.worker" in line:
+                workers += rss
+            else:
+                stubs += rss
+        return cls(backend.memory_info().rss / MIB, stubs / MIB, workers / MIB)
+
+    def peak(self, other: Memory) -> Memory:
+        return Memory(max(self.backend, other.backend), max(self.stubs, other.stubs), max(self.workers, other.workers))
+
+    def growth(self, before: Memory) -> Memory:
+        return Memory(self.backend - before.backend, self.stubs - before.stubs, self.workers - before.workers)
+
+    def __str__(self) -> str:
+        return f"backend {self.backend:7.1f}  stubs {self.stubs:7.1f}  workers {self.workers:7.1f} MiB"

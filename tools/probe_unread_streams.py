@@ -18,86 +18,20 @@ the clients left the last one was cancelled. Stops by itself; the backend is sto
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import socket
-import struct
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-import psutil
-from tritonclient.grpc import service_pb2
-
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT / "tests")]
 from soak import Launcher  # noqa: E402
+from stream_clients import GrpcStream, Memory, SseStream, flood_request, notes  # noqa: E402
 
-__all__ = ["UnreadGrpcStream", "UnreadSseStream", "flood_request", "notes", "main"]
-
-MIB = 1 << 20
-_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
-
-
-def flood_request(request_id: str, size: int, record_dir: str, count: int = 0) -> service_pb2.ModelInferRequest:
-    """A `flood` request: `count` responses (0: until cancelled) of `size` bytes each."""
-    request = service_pb2.ModelInferRequest(model_name="flood", id=request_id)
-    for name, value in (("COUNT", count), ("BYTES", size)):
-        tensor = request.inputs.add(name=name, datatype="INT32", shape=[1])
-        del tensor  # the value travels in raw_input_contents, in input order
-        request.raw_input_contents.append(struct.pack("<i", value))
-    request.parameters["record_dir"].string_param = record_dir
-    return request
-
-
-class UnreadGrpcStream:
-    """A gRPC stream on a channel of its own that sends `requests` and never reads its responses.
-    `leave()` cancels the call and closes the channel (RST_STREAM, then the connection goes)."""
-
-    def __init__(self, url: str, requests: list[service_pb2.ModelInferRequest]) -> None:
-        self._channel = grpc.insecure_channel(url, options=[("grpc.max_receive_message_length", -1)])
-        self._open = threading.Event()
-        method = self._channel.stream_stream(
-            _METHOD, request_serializer=service_pb2.ModelInferRequest.SerializeToString,
-            response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
-        self._call = method(self._requests(requests))
-
-    def _requests(self, requests: list[service_pb2.ModelInferRequest]):  # type: ignore[no-untyped-def]
-        yield from requests
-        self._open.wait(600)  # the stream stays open (not half-closed) until the client leaves
-
-    def leave(self) -> None:
-        self._open.set()
-        self._call.cancel()
-        self._channel.close()
-
-
-class UnreadSseStream:
-    """An HTTP `generate_stream` on a socket of its own (a small receive buffer) that is never read.
-    `leave()` resets the connection (SO_LINGER 0)."""
-
-    def __init__(self, url: str, request_id: str, size: int, record_dir: str) -> None:
-        host, port = url.rsplit(":", 1)
-        self._sock = socket.socket()
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        self._sock.connect((host, int(port)))
-        body = json.dumps({"id": request_id, "COUNT": 0, "BYTES": size, "record_dir": record_dir}).encode()
-        self._sock.sendall(b"POST /v2/models/flood/generate_stream HTTP/1.1\r\nHost: probe\r\n"
-                           b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-
-    def leave(self) -> None:
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self._sock.close()
-
-
-def notes(record_dir: Path, suffix: str) -> set[str]:
-    """The ids of the requests for which the flood model noted `suffix` (started, cancelled, ...)."""
-    return {path.stem for path in record_dir.glob(f"*.{suffix}")}
+__all__ = ["main"]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
@@ -108,36 +42,6 @@ def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
-
-
-@dataclass
-class Memory:
-    """RSS in MiB of the backend, its stubs (summed) and its workers (summed)."""
-
-    backend: float
-    stubs: float
-    workers: float
-
-    @classmethod
-    def of(cls, pid: int) -> Memory:
-        backend = psutil.Process(pid)
-        stubs = workers = 0
-        for child in backend.children(recursive=True):
-            try:
-                rss, line = child.memory_info().rss, " ".join(child.cmdline())
-            except psutil.Error:
-                continue
-            if "workers.worker" in line:
-                workers += rss
-            else:
-                stubs += rss
-        return cls(backend.memory_info().rss / MIB, stubs / MIB, workers / MIB)
-
-    def peak(self, other: Memory) -> Memory:
-        return Memory(max(self.backend, other.backend), max(self.stubs, other.stubs), max(self.workers, other.workers))
-
-    def __str__(self) -> str:
-        return f"backend {self.backend:7.1f}  stubs {self.stubs:7.1f}  workers {self.workers:7.1f} MiB"
 
 
 @dataclass
@@ -155,16 +59,16 @@ CANCEL_WAIT = 10.0
 
 
 def run_wave(server: Launcher, options: argparse.Namespace, record_dir: Path, wave: int) -> Wave:
-    clients: list[UnreadGrpcStream | UnreadSseStream] = []
+    clients: list[GrpcStream | SseStream] = []
     ids: list[str] = []
     for index in range(options.streams):
         if options.protocol == "grpc":
             names = [f"w{wave}-{index}-{k}" for k in range(options.per_stream)]
-            requests = [flood_request(name, options.bytes, str(record_dir)) for name in names]
-            clients.append(UnreadGrpcStream(server.grpc_url, requests))
+            requests = [flood_request(name, record_dir, options.bytes) for name in names]
+            clients.append(GrpcStream(server.grpc_url, requests))
         else:
             names = [f"w{wave}-{index}"]
-            clients.append(UnreadSseStream(server.http_url, names[0], options.bytes, str(record_dir)))
+            clients.append(SseStream(server.http_url, names[0], record_dir, options.bytes))
         ids += names
     wanted = set(ids)
     wait_for(lambda: len(notes(record_dir, "started") & wanted) == len(wanted), 60)
@@ -175,7 +79,10 @@ def run_wave(server: Launcher, options: argparse.Namespace, record_dir: Path, wa
         peak = peak.peak(Memory.of(server.pid))
         time.sleep(0.25)
     for client in clients:
-        client.leave()
+        if isinstance(client, SseStream):
+            client.leave("reset")
+        else:
+            client.leave()
     left = time.monotonic()
 
     def running() -> set[str]:
