@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
-__all__ = ["ClientLink", "current", "open_link", "http_request_link", "HTTP_POLL_SECONDS"]
+__all__ = ["ClientLink", "current", "open_link", "http_request_link", "cancel_when_gone", "HTTP_POLL_SECONDS"]
 
 log = logging.getLogger("pystub.scheduler")
 
@@ -114,3 +114,11 @@ def http_request_link(request: Any, poll_seconds: float = HTTP_POLL_SECONDS) -> 
         for task in poller:
             task.cancel()
         link.detach()
+
+
+def cancel_when_gone(link: ClientLink) -> None:
+    """Cancel the running task when `link`'s client goes (aiohttp leaves a handler running): what
+    it awaits is cancelled with it, down to the model (is_cancelled())."""
+    task = asyncio.current_task()
+    if task is not None:
+        link.watch(task, task.cancel)

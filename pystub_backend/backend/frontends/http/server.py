@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from pystub_backend.backend.client_link import http_request_link
+from pystub_backend.backend.client_link import cancel_when_gone, http_request_link
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, http_status
 from pystub_backend.backend.frontends.access import INTERNAL_PEER, AccessPolicy
 from pystub_backend.backend.frontends.forwarding import forward_headers
@@ -61,7 +61,6 @@ _T = TypeVar("_T")
 
 # (De)compressing more than this runs in a worker thread so the loop keeps serving health checks.
 _OFFLOAD_BYTES = 1 << 20
-_CANCELS_INFER = "cancels the infer"  # the key of the infer handler's watch on its client link
 # A compressed body with binary tensor data is not bounded by --http-max-input-size (only its JSON
 # part is); this bounds what it may inflate to, so a small body cannot claim unbounded memory.
 _MAX_INFLATED = 1 << 32
@@ -275,9 +274,7 @@ class _Routes:
         # A client gone mid-request cancels it (the model sees is_cancelled()) and evicts its
         # pystub sequence.
         with http_request_link(request) as link:
-            handler = asyncio.current_task()
-            if handler is not None:
-                link.watch(_CANCELS_INFER, handler.cancel)
+            cancel_when_gone(link)
             response = await self._core.infer(decoded.request, target)
         completed = time.monotonic_ns()
         try:
