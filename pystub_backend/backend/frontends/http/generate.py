@@ -128,10 +128,10 @@ async def generate_stream(core: ServerCore, request: web.Request) -> web.StreamR
             link.watch(stream, stream.cancel)
             await _write_events(reply, stream)
         await reply.write_eof()
-    except ConnectionResetError:
-        pass  # the client went away mid-stream; cancelled below
+    except ConnectionError:  # reset, or "Connection lost" while waiting for room: cancelled below
+        pass
     finally:
-        # Normal end: nothing left to cancel. Client gone (ConnectionResetError, CancelledError, or
+        # Normal end: nothing left to cancel. Client gone (ConnectionError, CancelledError, or
         # the link's poller saw the connection drop): the model learns it through is_cancelled().
         stream.cancel()
     return reply

@@ -20,7 +20,10 @@ __all__ = ["GrpcProxy"]
 # grpc.aio adds these itself; forwarding them would be refused or duplicated.
 _OWN_METADATA = frozenset({INTERNAL_PEER, "user-agent", "grpc-accept-encoding", "grpc-encoding", "te",
                            "content-type", "grpc-timeout"})
-_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+# No BDP probing: the window of each stream from the core stays at HTTP/2's 64 KiB, so a stream
+# whose client does not read holds at most that here (probing grew it to megabytes per stream).
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+                    ("grpc.http2.bdp_probe", 0)]
 
 
 class GrpcProxy(grpc.GenericRpcHandler):
