@@ -14,7 +14,8 @@ FACES = {
     "pystub_backend.ipc.messages": {
         "CATALOGUE", "Direction", "Entry", "entry_of", "bls", "client_shm", "core", "metrics", "multiplex",
         "sequences"},
-    "pystub_backend.ipc.records": {"WireTensor", "WireRequest", "WireResponse", "WireError", "RECORDS"},
+    "pystub_backend.ipc.records": {"WireTensor", "WireRequest", "WireResponse", "WireError", "RECORDS",
+                                   "error_to_wire"},
     "pystub_backend.stub": {"pb_utils"},
     "pystub_backend.stub.features": {"FEATURES", "install_features"},
     "pystub_backend.stub.handlers": {"StubHandlers", "Handler", "PhaseHook", "PHASES"},

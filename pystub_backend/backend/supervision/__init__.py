@@ -26,7 +26,6 @@ if TYPE_CHECKING:
         RestartPolicy,
         watch_health,
     )
-    from pystub_backend.backend.supervision.response_stream import ResponseStream
     from pystub_backend.backend.supervision.services import ServerCore, StubServices
     from pystub_backend.backend.supervision.settings import BackendConfigError, StubSettings, parse_backend_config
     from pystub_backend.backend.supervision.stub_process import StubProcess
@@ -34,14 +33,14 @@ if TYPE_CHECKING:
 _HOMES = {
     "StubStartError": "errors", "Handler": "handlers", "BackendHandlers": "handlers",
     "InstanceSpec": "instance", "InstanceState": "instance", "ModelInstance": "instance",
-    "RestartPolicy": "instance", "watch_health": "instance", "ResponseStream": "response_stream",
+    "RestartPolicy": "instance", "watch_health": "instance",
     "ServerCore": "services", "StubServices": "services", "BackendConfigError": "settings",
     "StubSettings": "settings", "parse_backend_config": "settings", "StubProcess": "stub_process",
 }
 
 __all__ = [
     "BackendConfigError", "Handler", "BackendHandlers", "InstanceSpec", "InstanceState", "ModelInstance",
-    "ResponseStream", "RestartPolicy", "ServerCore", "StubProcess", "StubServices", "StubSettings",
+    "RestartPolicy", "ServerCore", "StubProcess", "StubServices", "StubSettings",
     "StubStartError", "parse_backend_config", "watch_health",
 ]
 

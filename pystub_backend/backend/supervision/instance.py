@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.exchange import StreamOrError
-from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.supervision.services import StubServices
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess
@@ -64,10 +64,10 @@ class InstanceSpec:
     args: dict[str, str]
     stub_settings: dict[str, object]
     settings: StubSettings
+    services: StubServices  # handed to each stub, for its feature frame handlers
     execute_timeout: float | None = None
     rlimits: dict[str, int] = field(default_factory=dict)
     python: list[str] | None = None  # interpreter command (an execution environment's), None = ours
-    services: StubServices | None = None  # handed to each stub, for its feature frame handlers
 
 
 # Makes one stub incarnation (not yet spawned); tests pass a fake one.

@@ -32,7 +32,6 @@ from typing import NamedTuple
 
 import pystub_backend
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.features.install import feature_services
 from pystub_backend.backend.inference import InferRequest
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.exchange import RequestExchange, StreamOrError
@@ -62,12 +61,14 @@ _KILL_NOW = ((signal.SIGKILL, 5.0),)  # for a stub that was not told to exit (it
 
 
 class StubProcess:
-    def __init__(self, instance_name: str, settings: StubSettings, model_name: str = "",
-                 services: StubServices | None = None) -> None:
+    def __init__(self, instance_name: str, settings: StubSettings, model_name: str,
+                 services: StubServices) -> None:
+        """`services` are what the stub's feature frame handlers may use (features.install builds
+        them): given, never imported, so supervision stays below the features."""
         self.instance_name = instance_name
         self.model_name = model_name
         self.settings = settings
-        self.services = services or feature_services(None)
+        self.services = services
         self.base = names.stub_base_name(settings.shm_prefix)
         self.process: subprocess.Popen[bytes] | None = None
         self.control: ControlBlock | None = None
