@@ -1,8 +1,9 @@
 """Chaos under load (issue 11): while tools/soak.py's mixed traffic runs, kill -9 three stubs,
 SIGSTOP one for twice the heartbeat timeout, fill /dev/shm (which, since arenas are anonymous
 memfds, must fail nothing: issue 19), truncate a client's registered shm region under the server
-(issue 18: its requests fail with INVALID_ARGUMENT, the backend lives), unload and reload a model,
-and close clients abruptly all along
+(issue 18: its requests fail with INVALID_ARGUMENT, the backend lives), open 50 streams that never
+read and leave (every request cancelled), SIGKILL clients mid-stream (every request cancelled),
+unload and reload a model, and close clients abruptly all along
 (tools/soak_chaos.py).
 
 Every request is accounted for (sent == ok + errors), every error names a cause a fault explains
@@ -41,7 +42,8 @@ def test_faults_under_load_lose_nothing_and_the_server_recovers(tmp_path: Path) 
     totals = report["totals"]
     assert totals["sent"] == totals["ok"] + totals["errors"] and totals["lost"] == 0, totals
     faults = [fault["fault"] for fault in report["faults"]]
-    assert faults == ["kill -9"] * options.kills + ["SIGSTOP", "fill shm", "shrink shm", "reload"], report["faults"]
+    expected = ["kill -9"] * options.kills + ["SIGSTOP", "fill shm", "shrink shm", "unread", "vanish", "reload"]
+    assert faults == expected, report["faults"]
     assert not any(fault["detail"].startswith(("could not", "skipped")) for fault in report["faults"])
     causes = totals["by_cause"]
     # Arenas are anonymous memfds (issue 19): filling /dev/shm no longer makes any request fail.
