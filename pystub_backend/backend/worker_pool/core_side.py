@@ -20,20 +20,17 @@ from pystub_backend.backend import client_link
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback
 from pystub_backend.backend.frontends.grpc import servicer as grpc_servicer
 from pystub_backend.backend.frontends.http import server as http_server
-from pystub_backend.backend.frontends.workers.link import (
-    ANSWER,
-    CANCEL,
-    ERROR,
-    HELLO,
-    INFER,
-    Frame,
-    FrameProtocol,
-    TraceStamp,
-    request_from_record,
-    response_record,
-)
+from pystub_backend.backend.frontends.workers.link import FrameProtocol, request_from_record, response_record
 from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
+from pystub_backend.ipc.messages.workers import (
+    WorkerAnswer,
+    WorkerCancel,
+    WorkerError,
+    WorkerHello,
+    WorkerInfer,
+)
+from pystub_backend.ipc.records import WireError
 
 __all__ = ["LinkServer"]
 
@@ -71,9 +68,9 @@ class LinkServer:
     def attach(self, connection: _WorkerConnection, attached: bool) -> None:
         (self._connections.add if attached else self._connections.discard)(connection)
 
-    async def _infer(self, frame: Frame, connection: _WorkerConnection) -> None:
+    async def _infer(self, frame: WorkerInfer, connection: _WorkerConnection) -> None:
         link = client_link.open_link()  # current for this task: the scheduler may watch it
-        connection.links[frame["id"]] = link
+        connection.links[frame.id] = link
         trace = self._start_trace(frame)
         try:
             answer = await self._run(frame, trace)
@@ -83,13 +80,13 @@ class LinkServer:
                 trace.finish()
         connection.send(answer)
 
-    async def _run(self, frame: Frame, trace: RequestTrace | None) -> Frame:
-        request_id = frame["id"]
+    async def _run(self, frame: WorkerInfer, trace: RequestTrace | None) -> WorkerAnswer | WorkerError:
+        request_id = frame.id
         try:
-            request = request_from_record(frame["request"])
+            request = request_from_record(frame.request)
             target = self._core.target(request.model_name, request.model_version)
             if target is not None and target.decoupled:
-                raise ServerError(_DECOUPLED.get(frame["protocol"], _DECOUPLED["HTTP"]), Status.UNSUPPORTED)
+                raise ServerError(_DECOUPLED.get(frame.protocol, _DECOUPLED["HTTP"]), Status.UNSUPPORTED)
             if trace is not None:
                 request.trace = trace
                 trace.request_start()
@@ -101,23 +98,20 @@ class LinkServer:
                 response.release()
             if trace is not None:  # the worker writes the bytes; this is when they leave the core
                 trace.sent(completed, completed, time.monotonic_ns())
-            return {"k": ANSWER, "id": request_id, "response": record}
+            return WorkerAnswer(request_id, record)
         except ServerError as err:
             forget_traceback(err)
-            return {"k": ERROR, "id": request_id, "status": int(err.status), "message": err.message}
+            return WorkerError(request_id, WireError(int(err.status), err.message))
         except Exception as exc:  # noqa: BLE001 - the worker must always get an answer
             _log.exception("a request from a frontend worker failed")
             forget_traceback(exc)
-            return {"k": ERROR, "id": request_id, "status": int(Status.INTERNAL),
-                    "message": str(exc) or type(exc).__name__}
+            return WorkerError(request_id, WireError(int(Status.INTERNAL), str(exc) or type(exc).__name__))
 
-    def _start_trace(self, frame: Frame) -> RequestTrace | None:
-        stamp = frame.get("trace")
-        if not self._tracer.active or stamp is None:
+    def _start_trace(self, frame: WorkerInfer) -> RequestTrace | None:
+        given = frame.trace
+        if not self._tracer.active or given is None:
             return None
-        given = TraceStamp(*stamp)
-        model = frame["request"][0]
-        trace = self._tracer.start(model, frame["protocol"], given.traceparent)
+        trace = self._tracer.start(frame.request.model, frame.protocol, given.traceparent)
         if trace is not None:
             trace.received(given.received_start_ns, given.received_end_ns)
         return trace
@@ -136,29 +130,29 @@ class _WorkerConnection(FrameProtocol):
         super().connection_made(transport)
         self._server.attach(self, True)
 
-    def frame_received(self, frame: Frame) -> None:
-        kind = frame["k"]
-        if kind == INFER:
-            request_id = frame["id"]
-            job = asyncio.ensure_future(self._server._infer(frame, self))  # noqa: SLF001 - its own half
-            self._running[request_id] = job
-            job.add_done_callback(functools.partial(self._forget, request_id))
-        elif kind == CANCEL:
-            self._cancel(frame)
-        elif kind == HELLO:
-            self._server.on_hello(int(frame["index"]), int(frame["pid"]))
+    def message_received(self, message: WorkerInfer | WorkerCancel | WorkerHello) -> None:
+        if type(message) is WorkerInfer:
+            job = asyncio.ensure_future(self._server._infer(message, self))  # noqa: SLF001 - its own half
+            self._running[message.id] = job
+            job.add_done_callback(functools.partial(self._forget, message.id))
+        elif type(message) is WorkerCancel:
+            self._cancel(message)
+        elif type(message) is WorkerHello:
+            self._server.on_hello(message.worker, message.pid)
+        else:
+            _log.error("a frontend worker sent %s, which only the core sends; ignored", type(message).__name__)
 
     def _forget(self, request_id: int, _job: asyncio.Task[None]) -> None:
         self._running.pop(request_id, None)
         self.links.pop(request_id, None)
 
-    def _cancel(self, frame: Frame) -> None:
+    def _cancel(self, frame: WorkerCancel) -> None:
         """Cancel the request's task (the model sees is_cancelled()): the gRPC call was cancelled,
         or the HTTP client left, which also closes its ClientLink first, as in-process."""
-        link = self.links.get(frame["id"]) if not frame.get("task") else None
+        link = self.links.get(frame.id) if not frame.task else None
         if link is not None:
             link.close()
-        job = self._running.get(frame["id"])
+        job = self._running.get(frame.id)
         if job is not None:
             job.cancel()
 

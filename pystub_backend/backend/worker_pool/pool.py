@@ -4,28 +4,37 @@
             deadline that names the workers still missing, until each has said hello on the core
             link (it then listens on the public ports)
     watch   one task per worker awaits its exit; an unexpected exit is logged and the worker is
-            started again after a backoff (0.1 s doubling to 5 s; back to 0.1 s after 10 s of life)
-    stop    SIGTERM to every worker (each stops accepting and finishes its in-flight requests),
-            wait up to the grace period, SIGKILL what is left, reap everything
+            started again after the stubs' restart back-off (supervision.restart_policy, with
+            the server's restart settings); a worker is never given up on: the public ports must
+            stay served
+    stop    the stubs' stop ladder (supervision.stop_ladder) for every worker at once: SIGTERM
+            (each stops accepting and finishes its in-flight requests), wait up to the grace
+            period, SIGKILL what is left; the watchers reap
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import subprocess
 import time
 from collections.abc import Callable
 
+from pystub_backend.backend.supervision.restart_policy import RestartPolicy
+from pystub_backend.backend.supervision.settings import StubSettings
+from pystub_backend.backend.supervision.stop_ladder import climb
+
 __all__ = ["WorkerPool", "WorkerStartError"]
 
 log = logging.getLogger("pystub.workers")
+_REAP_SECONDS = 10.0  # after SIGKILL
 
-_FIRST_BACKOFF = 0.1
-_MAX_BACKOFF = 5.0
-_HEALTHY_SECONDS = 10.0  # a worker that lived this long restarts with the first backoff again
+
+def _exited(process: asyncio.subprocess.Process) -> bool:
+    return process.returncode is not None
 
 
 class WorkerStartError(RuntimeError):
@@ -33,12 +42,14 @@ class WorkerStartError(RuntimeError):
 
 
 class WorkerPool:
-    """`count` workers, worker i started with `command(i)`."""
+    """`count` workers, worker i started with `command(i)`; `restarts` holds the back-off settings."""
 
-    def __init__(self, count: int, command: Callable[[int], list[str]], grace: float) -> None:
+    def __init__(self, count: int, command: Callable[[int], list[str]], grace: float,
+                 restarts: StubSettings) -> None:
         self._count = count
         self._command = command
         self._grace = grace
+        self._restarts = restarts
         self._processes: dict[int, asyncio.subprocess.Process] = {}
         self._serving: dict[int, int] = {}  # index -> pid of the worker that said hello
         self._changed = asyncio.Event()
@@ -70,9 +81,8 @@ class WorkerPool:
                 await asyncio.wait_for(self._changed.wait(), left)
 
     async def _watch(self, index: int) -> None:
-        backoff = _FIRST_BACKOFF
+        policy = RestartPolicy(self._restarts)
         while not self._stopping:
-            started = time.monotonic()
             process = await asyncio.create_subprocess_exec(*self._command(index), stdin=subprocess.DEVNULL)
             self._processes[index] = process
             code = await process.wait()
@@ -80,30 +90,19 @@ class WorkerPool:
                 del self._serving[index]
             if self._stopping:
                 return
-            if time.monotonic() - started >= _HEALTHY_SECONDS:
-                backoff = _FIRST_BACKOFF
+            policy.record_failure(time.monotonic())
+            delay = policy.delay()
             log.warning("frontend worker %d (pid %d) exited with status %d; starting it again in %.1f s",
-                        index, process.pid, code, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, _MAX_BACKOFF)
+                        index, process.pid, code, delay)
+            await asyncio.sleep(delay)
 
     async def stop(self) -> None:
-        """Stop every worker (SIGTERM, grace, SIGKILL) and reap it; idempotent."""
+        """Stop every worker (SIGTERM, grace, SIGKILL: the stop ladder) and reap it; idempotent."""
         self._stopping = True
-        running = [process for process in self._processes.values() if process.returncode is None]
-        for process in running:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-        waits = [asyncio.ensure_future(process.wait()) for process in running]
-        if waits:
-            _, late = await asyncio.wait(waits, timeout=self._grace + 5.0)
-            for process in running:
-                if process.returncode is None:
-                    log.warning("frontend worker (pid %d) did not stop in time; killing it", process.pid)
-                    with contextlib.suppress(ProcessLookupError):
-                        process.kill()
-            if late:
-                await asyncio.wait(late, timeout=10.0)
+        ladder = ((signal.SIGTERM, self._grace + 5.0), (signal.SIGKILL, _REAP_SECONDS))
+        running = [(index, process) for index, process in self._processes.items() if process.returncode is None]
+        await asyncio.gather(*(climb(process.pid, functools.partial(_exited, process), ladder,
+                                     f"frontend worker {index}", log) for index, process in running))
         for watcher in self._watchers:
             watcher.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)

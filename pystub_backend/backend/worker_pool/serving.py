@@ -111,7 +111,7 @@ class FrontendWorkers:
         try:
             ports = [holder.getsockname()[1] if holder is not None else 0 for holder in holders]
             self._pool = WorkerPool(options.frontend_workers, lambda index: self._command(index, *ports),
-                                    options.settings.exit_timeout_seconds)
+                                    options.settings.exit_timeout_seconds, options.settings)
             await self._pool.start(_START_SECONDS)
         finally:
             for holder in holders:

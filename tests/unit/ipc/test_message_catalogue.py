@@ -19,7 +19,7 @@ from pystub_backend.stub.handlers import StubHandlers
 
 _FEATURE_RANGES = {"core": range(1, 20), "bls": range(20, 30), "model_control": range(20, 30),
                    "metrics": range(30, 40), "sequences": range(40, 50), "multiplex": range(50, 60),
-                   "client_shm": range(60, 70)}
+                   "client_shm": range(60, 70), "workers": range(70, 80)}
 
 
 def test_every_registered_kind_is_in_the_catalogue_exactly_once() -> None:
@@ -29,7 +29,7 @@ def test_every_registered_kind_is_in_the_catalogue_exactly_once() -> None:
     assert [k for k, n in numbers.items() if n > 1] == [], "a kind number is reused"
     assert [k for k, n in names.items() if n > 1] == [], "a message name is listed twice"
     assert {entry.kind: entry.name for entry in CATALOGUE} == {k: cls.__name__ for k, cls in registered.items()}
-    assert len(CATALOGUE) == 36
+    assert len(CATALOGUE) == 41
 
 
 def test_each_kind_lies_in_its_features_range_and_module() -> None:
@@ -48,8 +48,16 @@ def test_what_the_stub_handles_is_sent_to_the_stub() -> None:
                     msg.Spilled}
     for cls in handlers.handled_kinds() | core_to_stub:
         assert messages.entry_of(kind_of(cls)).direction in (Direction.TO_STUB, Direction.BOTH), cls
-    to_stub = {e.name for e in CATALOGUE if e.direction is not Direction.TO_BACKEND}
+    to_stub = {e.name for e in CATALOGUE if e.direction in (Direction.TO_STUB, Direction.BOTH)}
     assert to_stub == {cls.__name__ for cls in handlers.handled_kinds() | core_to_stub}
+
+
+def test_the_core_links_kinds_never_go_to_or_from_a_stub() -> None:
+    from pystub_backend.ipc.messages.workers import LINK_MESSAGES
+
+    link = {e.name for e in CATALOGUE if e.direction in (Direction.TO_CORE, Direction.TO_WORKER)}
+    assert link == {cls.__name__ for cls in LINK_MESSAGES}
+    assert {e.feature for e in CATALOGUE if e.name in link} == {"workers"}
 
 
 def test_records_decode_into_named_types_and_stay_positional() -> None:

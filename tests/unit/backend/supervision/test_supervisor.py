@@ -17,9 +17,9 @@ from pystub_backend.backend.supervision.instance import (
     InstanceSpec,
     InstanceState,
     ModelInstance,
-    RestartPolicy,
     watch_health,
 )
+from pystub_backend.backend.supervision.restart_policy import RestartPolicy
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.ipc.exit_codes import StubExitCode, describe_exit
 
