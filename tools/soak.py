@@ -106,7 +106,7 @@ dynamic_batching { max_queue_delay_microseconds: 2000 }
 
 
 def make_repository(directory: Path) -> Path:
-    """The soak's models: examples, repeat (decoupled), accumulate (sequences), batch_identity
+    """The soak's models: examples, repeat and flood (decoupled), accumulate (sequences), batch_identity
     (dynamic batching) and soak_bls -> soak_leaf (BLS)."""
     repository = Path(directory) / "models"
     repository.mkdir(parents=True, exist_ok=True)
@@ -114,7 +114,8 @@ def make_repository(directory: Path) -> Path:
     for name in ("identity_fp32", "add_sub", "string_identity"):
         shutil.copytree(examples / "models" / name, repository / name)
     shutil.copytree(examples / "sequence_models" / "accumulate", repository / "accumulate")
-    shutil.copytree(ROOT / "tests" / "models" / "repeat", repository / "repeat")
+    for name in ("repeat", "flood"):  # flood: the chaos's unread and vanishing streams
+        shutil.copytree(ROOT / "tests" / "models" / name, repository / name)
     for name, config, code in (("batch_identity", BATCH_CONFIG, (examples / "models" / "identity_fp32" / "1" /
                                                                  "model.py").read_text()),
                                ("soak_leaf", BLS_CONFIG, LEAF), ("soak_bls", BLS_CONFIG, CALLER)):

@@ -14,6 +14,11 @@ active), with the load running throughout and abrupt clients closing connections
     shrink shm    a client registers a system shm region, serves requests from it, then truncates
                   it: requests naming it fail with INVALID_ARGUMENT, the backend lives (a server
                   that mapped the region would die of SIGBUS); grown back, it serves again
+    unread        50 gRPC streams ask `flood` for 16 KiB responses without end and never read, for
+                  3 s, then leave: the RSS growth of the backend and stubs, and how many requests
+                  the model saw cancelled (all of them, within seconds)
+    vanish        a client process with five requests on one gRPC stream, and one with five SSE
+                  streams, is SIGKILLed mid-stream: the model must see all ten cancelled
     reload        unload a model and load it again (explicit model control): its queued and
                   in-flight requests fail with "is unloading"/"was unloaded", and requests meanwhile
                   with "Request for unknown model ... has no available versions"
@@ -38,18 +43,24 @@ import os
 import random
 import signal
 import socket
+import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 from soak_traffic import TIMEOUT_S, Ledger, WrongAnswer
 from tritonclient.utils import InferenceServerException
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from stream_clients import GrpcStream, Memory, client_process, flood_request, notes, wait_until  # noqa: E402
 
 __all__ = ["Chaos", "ChaosOptions"]
 
@@ -101,7 +112,8 @@ class Chaos:
         """The fault schedule; returns when the last fault is over and the stubs are healthy."""
         faults: list[tuple[str, Callable[[], str]]] = [("kill -9", self._kill) for _ in range(self.options.kills)]
         faults += [("SIGSTOP", self._freeze), ("fill shm", self._fill_shm), ("shrink shm", self._shrink_client_shm),
-                   ("reload", self._reload), ("bad reload", self._bad_reload)]
+                   ("unread", self._unread_streams), ("vanish", self._vanishing_clients), ("reload", self._reload),
+                   ("bad reload", self._bad_reload)]
         for name, fault in faults:
             if stop.wait(self.options.pause):
                 break
@@ -229,6 +241,42 @@ class Chaos:
                 self.ledger.success("large", time.monotonic() - started)
         finally:
             client.close()
+
+    def _unread_streams(self, streams: int = 50) -> str:
+        with tempfile.TemporaryDirectory(prefix="soak-unread-") as directory:
+            record, before = Path(directory), Memory.of(self.pid)
+            clients = [GrpcStream(self.grpc_url, [flood_request(f"u{k}", record, 16 << 10)]) for k in range(streams)]
+            try:
+                wait_until(lambda: len(notes(record, "started")) == streams, 30, f"{streams} unread streams started")
+                peak = before
+                for _ in range(12):  # held 3 s
+                    peak = peak.peak(Memory.of(self.pid))
+                    time.sleep(0.25)
+            finally:
+                for client in clients:
+                    client.leave()
+            took = wait_until(lambda: len(notes(record, "cancelled") | notes(record, "refused")) == streams, 10,
+                              f"the {streams} unread streams' requests to end")
+            grown = peak.growth(before)
+            return (f"{streams} unread streams: backend +{grown.backend:.0f} MiB, stubs +{grown.stubs:.0f} MiB; "
+                    f"{len(notes(record, 'cancelled'))} cancelled within {took:.2f} s of leaving")
+
+    def _vanishing_clients(self) -> str:
+        with tempfile.TemporaryDirectory(prefix="soak-vanish-") as directory:
+            record = Path(directory)
+            killed = [client_process(kind, url, record, kind, 5) for kind, url in
+                      (("grpc", self.grpc_url), ("sse", self.http_url))]
+            try:
+                wait_until(lambda: len(notes(record, "started")) == 10, 30, "the vanishing clients' requests started")
+            finally:
+                for process in killed:
+                    process.kill()
+                    process.wait(10)
+                    if process.stdout is not None:
+                        process.stdout.close()
+            took = wait_until(lambda: len(notes(record, "cancelled")) == 10, 10,
+                              "the killed clients' requests cancelled")
+            return f"two clients SIGKILLed mid-stream: their 10 requests cancelled within {took:.2f} s"
 
     def _reload(self) -> str:
         model = self.options.reload_model

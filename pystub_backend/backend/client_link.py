@@ -5,9 +5,10 @@ current link of the task serving it (a context variable: tasks that task starts 
 
     gRPC ModelStreamInfer   one link per stream; closed when the stream ends (the client closed it,
                             cancelled it, or its connection dropped)
-    HTTP /infer             one link per request; closed only if the connection drops while the
-                            request is in flight (aiohttp does not cancel the handler, so a watcher
-                            polls the transport, started only once someone watches the link)
+    HTTP /infer,            one link per request; closed if the connection drops while the
+    generate_stream         request is in flight (aiohttp does not cancel the handler: the
+                            connection's protocol calls back from `connection_lost`; a protocol
+                            without that hook is polled, once someone watches the link)
 
 A scheduler reads `current()` while admitting a request and `watch`es the link; `close()` runs the
 watchers' callbacks once, on the event loop. `detach()` drops them silently (the request ended
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from aiohttp import web
 
-__all__ = ["ClientLink", "current", "open_link", "http_request_link", "HTTP_POLL_SECONDS"]
+__all__ = ["ClientLink", "current", "open_link", "http_request_link", "cancel_when_gone", "HTTP_POLL_SECONDS"]
 
 log = logging.getLogger("pystub.scheduler")
 
@@ -37,11 +38,11 @@ _CURRENT: contextvars.ContextVar[ClientLink | None] = contextvars.ContextVar("py
 
 class ClientLink:
     def __init__(self, on_first_watch: Callable[[], None] | None = None) -> None:
-        self._watchers: dict[Hashable, Callable[[], None]] = {}
+        self._watchers: dict[Hashable, Callable[[], object]] = {}
         self._on_first_watch = on_first_watch
         self.closed = False
 
-    def watch(self, key: Hashable, callback: Callable[[], None]) -> None:
+    def watch(self, key: Hashable, callback: Callable[[], object]) -> None:
         """Call `callback()` when the client goes away (now, if it already has)."""
         if self.closed:
             callback()
@@ -89,7 +90,8 @@ def open_link() -> ClientLink:
 @contextlib.contextmanager
 def http_request_link(request: web.BaseRequest, poll_seconds: float = HTTP_POLL_SECONDS) -> Iterator[ClientLink]:
     """A link for one aiohttp request: closed if its connection drops before the block ends,
-    detached when the block ends. The transport is polled only once the link is watched."""
+    detached when the block ends. The connection's protocol calls back when it drops (the
+    frontends' TimedRequestHandler); another protocol's transport is polled once the link is watched."""
     poller: list[asyncio.Task[None]] = []
 
     async def poll() -> None:
@@ -97,12 +99,29 @@ def http_request_link(request: web.BaseRequest, poll_seconds: float = HTTP_POLL_
             await asyncio.sleep(poll_seconds)
         link.close()
 
-    link = ClientLink(on_first_watch=lambda: poller.append(asyncio.ensure_future(poll())))
+    hooks: dict[object, Callable[[], None]] | None = getattr(request.protocol, "lost_callbacks", None)
+    if hooks is not None:
+        link = ClientLink()
+        hooks[link] = link.close
+        if request.transport is None:  # gone already
+            link.close()
+    else:
+        link = ClientLink(on_first_watch=lambda: poller.append(asyncio.ensure_future(poll())))
     token = _CURRENT.set(link)
     try:
         yield link
     finally:
         _CURRENT.reset(token)
+        if hooks is not None:
+            hooks.pop(link, None)
         for task in poller:
             task.cancel()
         link.detach()
+
+
+def cancel_when_gone(link: ClientLink) -> None:
+    """Cancel the running task when `link`'s client goes (aiohttp leaves a handler running): what
+    it awaits is cancelled with it, down to the model (is_cancelled())."""
+    task = asyncio.current_task()
+    if task is not None:
+        link.watch(task, task.cancel)

@@ -1,8 +1,10 @@
 """Chaos under load: while tools/soak.py's mixed traffic runs, kill -9 three stubs,
 SIGSTOP one for twice the heartbeat timeout, fill /dev/shm (which, since arenas are anonymous
 memfds, must fail nothing), truncate a client's registered shm region under the server
-(its requests fail with INVALID_ARGUMENT, the backend lives), unload and reload a model,
-and close clients abruptly all along
+(its requests fail with INVALID_ARGUMENT, the backend lives), open 50 streams that never
+read and leave (every request cancelled), SIGKILL clients mid-stream (every request cancelled),
+unload and reload a model, load a broken model.py over a serving one, and close clients abruptly
+all along
 (tools/soak_chaos.py).
 
 Every request is accounted for (sent == ok + errors), every error names a cause a fault explains
@@ -41,8 +43,9 @@ def test_faults_under_load_lose_nothing_and_the_server_recovers(tmp_path: Path) 
     totals = report["totals"]
     assert totals["sent"] == totals["ok"] + totals["errors"] and totals["lost"] == 0, totals
     faults = [fault["fault"] for fault in report["faults"]]
-    assert faults == ["kill -9"] * options.kills + ["SIGSTOP", "fill shm", "shrink shm", "reload", "bad reload"], \
-        report["faults"]
+    expected = ["kill -9"] * options.kills + ["SIGSTOP", "fill shm", "shrink shm", "unread", "vanish", "reload",
+                                              "bad reload"]
+    assert faults == expected, report["faults"]
     assert not any(fault["detail"].startswith(("could not", "skipped")) for fault in report["faults"])
     causes = totals["by_cause"]
     # Arenas are anonymous memfds: filling /dev/shm no longer makes any request fail.

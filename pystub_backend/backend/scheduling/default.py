@@ -130,6 +130,9 @@ class DefaultScheduler(Scheduler[_Unit, Work]):
             # Cancelled while queued (awaiting it, the task's cancel cancels the future too).
             if not work.started and (work.future.cancelled() or not work.future.done()):
                 self._record_failure(work.enqueued_ns, CANCELED)
+            elif not work.future.cancelled() and work.future.done() \
+                    and isinstance(delivered := work.future.result(), ResponseStream):
+                delivered.cancel()  # delivered as the caller was cancelled: nobody will read or cancel it
             work.future.cancel()
             raise
         if isinstance(result, ServerError):

@@ -147,16 +147,14 @@ class _WorkerConnection(FrameProtocol):
         self.links.pop(request_id, None)
 
     def _cancel(self, frame: WorkerCancel) -> None:
-        """Cancel the request's task (gRPC: the call was cancelled), or close its ClientLink (HTTP:
-        the client left; aiohttp would not have cancelled the handler either)."""
-        if frame.task:
-            job = self._running.get(frame.id)
-            if job is not None:
-                job.cancel()
-            return
-        link = self.links.get(frame.id)
+        """Cancel the request's task (the model sees is_cancelled()): the gRPC call was cancelled,
+        or the HTTP client left, which also closes its ClientLink first, as in-process."""
+        link = self.links.get(frame.id) if not frame.task else None
         if link is not None:
             link.close()
+        job = self._running.get(frame.id)
+        if job is not None:
+            job.cancel()
 
     def connection_lost(self, exc: Exception | None) -> None:
         # A worker stopped or died (the pool restarts it): its clients are gone with it.

@@ -6,8 +6,10 @@ ends. Server-streaming calls (health watches) are long-lived and not logged.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 
@@ -73,8 +75,17 @@ def _unary(behavior: Callable[..., Awaitable[object]], method: str, trusted: boo
     return logged
 
 
-def _streaming(behavior: Callable[..., AsyncIterator[object]], method: str, trusted: bool
-               ) -> Callable[..., AsyncIterator[object]]:
+def _streaming(behavior: Callable[..., Any], method: str, trusted: bool) -> Callable[..., Any]:
+    if not inspect.isasyncgenfunction(behavior):  # writes with context.write (ModelStreamInfer)
+        async def logged_writer(requests: AsyncIterator[object], context: grpc.aio.ServicerContext) -> None:
+            started, failed = time.perf_counter(), True
+            try:
+                await behavior(requests, context)
+                failed = False
+            finally:
+                _stream_line(context, method, failed, started, trusted)
+        return logged_writer
+
     async def logged(requests: AsyncIterator[object], context: grpc.aio.ServicerContext) -> AsyncIterator[object]:
         started, failed = time.perf_counter(), True
         try:
@@ -82,6 +93,10 @@ def _streaming(behavior: Callable[..., AsyncIterator[object]], method: str, trus
                 yield response
             failed = False
         finally:
-            access_line("gRPC", method, _status(context, failed), time.perf_counter() - started,
-                        peer_of(context, trusted), "", "")
+            _stream_line(context, method, failed, started, trusted)
     return logged
+
+
+def _stream_line(context: grpc.aio.ServicerContext, method: str, failed: bool, started: float, trusted: bool) -> None:
+    access_line("gRPC", method, _status(context, failed), time.perf_counter() - started, peer_of(context, trusted),
+                "", "")

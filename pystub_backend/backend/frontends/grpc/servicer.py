@@ -243,10 +243,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(
             self, request_iterator: AsyncIterator[service_pb2.ModelInferRequest],
-            context: grpc.aio.ServicerContext) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
-        async for response in stream_infer(self._core, request_iterator, context, self._header_pattern,
-                                           self._tracer):
-            yield response
+            context: grpc.aio.ServicerContext) -> None:
+        # A coroutine writing with context.write, not a generator: see grpc/stream.py.
+        await stream_infer(self._core, request_iterator, context, self._header_pattern, self._tracer)
 
     @_rpc
     async def ModelInfer(self, request: ParsedInferRequest, context: grpc.aio.ServicerContext) -> bytes:

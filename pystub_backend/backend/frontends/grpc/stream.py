@@ -9,12 +9,22 @@ only when the request asked for `triton_enable_empty_final_response`. Errors tra
 `triton_grpc_error: true`: then the first error ends the stream with its gRPC status.
 
 When the client cancels or closes the stream, every request still running on it is cancelled:
-the model sees `is_cancelled()`, and what it still sends is released unread.
+the model sees `is_cancelled()`, and what it still sends is released unread. The handler is a
+coroutine that writes with `context.write`, not an async generator: grpc.aio cancels the handler's
+task when the client goes, and a generator suspended at `yield` would not see that (its cleanup
+would wait for the garbage collector while the model kept streaming).
+
+Flow control: the messages waiting for the stream's writer are bounded (`STREAM_WINDOW_BYTES`, at
+most `_OUT_QUEUE` messages), and `context.write` waits for the connection. A client that does not
+read stops the writer, then the requests' tasks (each holds at most one encoded message), then the
+release of the model's responses, which keeps credits from the stub, whose sender then waits
+(stub/senders.py): what one stream holds is bounded (docs/hostile-input.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import re
 import time
@@ -31,12 +41,41 @@ from pystub_backend.backend.frontends.grpc.codec import decode_infer_request, en
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 
-__all__ = ["stream_infer", "EMPTY_FINAL_KEY"]
+__all__ = ["stream_infer", "EMPTY_FINAL_KEY", "STREAM_WINDOW_BYTES"]
 
 log = logging.getLogger("pystub.grpc")
 EMPTY_FINAL_KEY = "triton_enable_empty_final_response"
+STREAM_WINDOW_BYTES = 256 << 10  # encoded messages waiting for one stream's writer (one always fits)
 _DONE = object()
 _OUT_QUEUE = 64
+
+
+class _WriteQueue:
+    """The items waiting for a stream's writer, bounded in count and bytes: `put` waits while the
+    queue is full, except that an empty queue takes one item of any size."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[tuple[Any, int]] = collections.deque()
+        self._bytes = 0
+        self._changed = asyncio.Condition()
+
+    def _has_room(self, nbytes: int) -> bool:
+        return not self._items or (len(self._items) < _OUT_QUEUE and self._bytes + nbytes <= STREAM_WINDOW_BYTES)
+
+    async def put(self, item: Any, nbytes: int = 0) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._has_room(nbytes))
+            self._items.append((item, nbytes))
+            self._bytes += nbytes
+            self._changed.notify_all()
+
+    async def get(self) -> Any:
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self._items))
+            item, nbytes = self._items.popleft()
+            self._bytes -= nbytes
+            self._changed.notify_all()
+            return item
 
 
 def _wants_grpc_errors(context: grpc.aio.ServicerContext) -> bool:
@@ -67,7 +106,7 @@ class _StreamSession:
         # Bounded: a client that does not read stops our reading of the model's responses, which
         # stops returning credits, which makes the model's sender wait (and, past its deadline,
         # fail the request). Memory stays bounded at every step.
-        self.out: asyncio.Queue[Any] = asyncio.Queue(maxsize=_OUT_QUEUE)
+        self.out = _WriteQueue()
         self.tasks: set[asyncio.Task] = set()
         self.streams: set[Any] = set()
         self._previous_in_order: asyncio.Future | None = None
@@ -145,7 +184,7 @@ class _StreamSession:
         finally:
             response.release()
         if item is not None:
-            await self.out.put(item)
+            await self.out.put(item, item[1].ByteSize() if item[0] == "message" else 0)
 
     def cancel_all(self) -> None:
         for stream in list(self.streams):
@@ -155,8 +194,8 @@ class _StreamSession:
 
 
 async def stream_infer(core: ServerCore, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext,
-                       header_pattern: re.Pattern[str] | None = None, tracer: Tracer | None = None
-                       ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
+                       header_pattern: re.Pattern[str] | None = None, tracer: Tracer | None = None) -> None:
+    """Serve one `ModelStreamInfer` call, writing its responses with `context.write`."""
     metadata = list(context.invocation_metadata() or ())
     session = _StreamSession(core, _wants_grpc_errors(context), metadata, header_pattern, tracer)
     link = client_link.open_link()  # pystub sequences: sequences left open on this stream end with it
@@ -179,9 +218,9 @@ async def stream_infer(core: ServerCore, request_iterator: AsyncIterator[Any], c
                 _, request_id, error = item
                 if session.grpc_errors:
                     await context.abort(grpc_code(error.status), grpc_details(error.message))
-                yield _error_message(request_id, error)
+                await context.write(_error_message(request_id, error))
             else:
-                yield item[1]
+                await context.write(item[1])
     finally:
         # The client cancelled or closed the stream, or we are done: nothing may keep running.
         link.close()

@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.json_body import parse_json_body
 from pystub_backend.backend.frontends.http.json_tensors import json_to_tensor_bytes, tensor_to_json
@@ -123,23 +124,31 @@ async def generate_stream(core: ServerCore, request: web.Request) -> web.StreamR
                                         "Cache-Control": "no-cache"})
     try:
         await reply.prepare(request)
-        async for response in stream:
-            try:
-                if response.error is not None:
-                    await reply.write(_event({"error": response.error.message}))
-                    break
-                if not response.flags_only:
-                    await reply.write(_event(response_object(response)))
-            finally:
-                response.release()
+        with http_request_link(request) as link:  # a client that leaves while the model is quiet
+            link.watch(stream, stream.cancel)
+            await _write_events(reply, stream)
         await reply.write_eof()
-    except ConnectionResetError:
-        pass  # the client went away mid-stream; cancelled below
+    except ConnectionError:  # reset, or "Connection lost" while waiting for room: cancelled below
+        pass
     finally:
-        # Normal end: nothing left to cancel. Client gone (ConnectionResetError, CancelledError):
-        # the model learns it through is_cancelled().
+        # Normal end: nothing left to cancel. Client gone (ConnectionError, CancelledError, or
+        # the link's poller saw the connection drop): the model learns it through is_cancelled().
         stream.cancel()
     return reply
+
+
+async def _write_events(reply: web.StreamResponse, stream: Any) -> None:
+    """One event per response; `write` waits while the client's connection is full, so what a
+    stream holds is its unread events in the socket buffers and the stub's send window."""
+    async for response in stream:
+        try:
+            if response.error is not None:
+                await reply.write(_event({"error": response.error.message}))
+                break
+            if not response.flags_only:
+                await reply.write(_event(response_object(response)))
+        finally:
+            response.release()
 
 
 def _event(document: dict[str, Any]) -> bytes:

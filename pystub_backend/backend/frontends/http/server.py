@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from pystub_backend.backend.client_link import http_request_link
+from pystub_backend.backend.client_link import cancel_when_gone, http_request_link
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, http_status
 from pystub_backend.backend.frontends.access import INTERNAL_PEER, AccessPolicy
 from pystub_backend.backend.frontends.forwarding import forward_headers
@@ -272,7 +272,10 @@ class _Routes:
             trace.received(received, time.monotonic_ns())
             decoded.request.trace = trace
             trace.request_start()
-        with http_request_link(request):  # pystub sequences: a client gone mid-request evicts its sequence
+        # A client gone mid-request cancels it (the model sees is_cancelled()) and evicts its
+        # pystub sequence.
+        with http_request_link(request) as link:
+            cancel_when_gone(link)
             response = await self._core.infer(decoded.request, target)
         completed = time.monotonic_ns()
         try:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,9 @@ class TimedRequestHandler(QuietClientErrors):
         self._body: StreamReader | None = None
         self._body_received = 0
         self._timer: asyncio.TimerHandle | None = None
+        # Called once when the connection drops (client_link.http_request_link registers here, so
+        # a request learns at once that its client left; aiohttp does not cancel the handler).
+        self.lost_callbacks: dict[object, Callable[[], None]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -78,6 +82,9 @@ class TimedRequestHandler(QuietClientErrors):
         self._cancel_timer()
         self._body = None
         super().connection_lost(exc)
+        callbacks, self.lost_callbacks = self.lost_callbacks, {}
+        for callback in callbacks.values():
+            callback()
 
     def data_received(self, data: bytes) -> None:
         if self._phase is _Phase.IDLE and data and self._body is None:

@@ -9,7 +9,6 @@ trailing metadata come back.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -21,7 +20,10 @@ __all__ = ["GrpcProxy"]
 # grpc.aio adds these itself; forwarding them would be refused or duplicated.
 _OWN_METADATA = frozenset({INTERNAL_PEER, "user-agent", "grpc-accept-encoding", "grpc-encoding", "te",
                            "content-type", "grpc-timeout"})
-_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+# No BDP probing: the window of each stream from the core stays at HTTP/2's 64 KiB, so a stream
+# whose client does not read holds at most that here (probing grew it to megabytes per stream).
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+                    ("grpc.http2.bdp_probe", 0)]
 
 
 class GrpcProxy(grpc.GenericRpcHandler):
@@ -37,8 +39,11 @@ class GrpcProxy(grpc.GenericRpcHandler):
         method = details.method
         call = self._channel.stream_stream(method, request_serializer=None, response_deserializer=None)
 
-        async def forward(requests: AsyncIterator[bytes],
-                          context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async def forward(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+            # A coroutine writing with context.write, not a generator: grpc.aio cancels this task
+            # when the client goes (a generator suspended at `yield` would not hear of it, and the
+            # core's call would run on); and `write` waits for the client, so an unread stream
+            # stops our reading of the core's (HTTP/2 flow control holds the rest in the core).
             metadata = [(key, value) for key, value in context.invocation_metadata() or ()
                         if key not in _OWN_METADATA]
             metadata.append((INTERNAL_PEER, context.peer() or ""))
@@ -49,12 +54,12 @@ class GrpcProxy(grpc.GenericRpcHandler):
                 if initial:
                     await context.send_initial_metadata(tuple(initial))
                 async for message in upstream:
-                    yield message
-            except asyncio.CancelledError:
-                upstream.cancel()
-                raise
+                    await context.write(message)
             except grpc.aio.AioRpcError:
                 pass  # the status is relayed below
+            except BaseException:  # cancelled, or the client's side failed: the core's call ends too
+                upstream.cancel()
+                raise
             code = await upstream.code()
             context.set_trailing_metadata(tuple(await upstream.trailing_metadata() or ()))
             if code != grpc.StatusCode.OK:

@@ -13,6 +13,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from pystub_backend.backend.client_link import cancel_when_gone, http_request_link
 from pystub_backend.backend.errors import ServerError, Status, http_status
 from pystub_backend.backend.frontends.access import INTERNAL_PEER
 
@@ -41,13 +42,17 @@ class HttpProxy:
         headers[INTERNAL_PEER] = request.remote or ""
         body = request.content if request.body_exists else None
         try:
-            # encoded=True: the path as the client sent it, `.` and `..` included (yarl would resolve
-            # them, and the core must route exactly what an in-process server would)
-            async with self._session.request(request.method, URL("http://core" + request.rel_url.raw_path_qs,
-                                                                 encoded=True),
-                                             headers=headers, data=body, allow_redirects=False,
-                                             skip_auto_headers=("User-Agent", "Content-Type")) as answer:
-                return await _relay(request, answer)
+            # A client that leaves (a quiet generate_stream) cancels this task at once: the core's
+            # connection closes with it and the core cancels the request.
+            with http_request_link(request) as link:
+                cancel_when_gone(link)
+                # encoded=True: the path as the client sent it, `.` and `..` included (yarl would
+                # resolve them, and the core must route exactly what an in-process server would)
+                async with self._session.request(request.method, URL("http://core" + request.rel_url.raw_path_qs,
+                                                                     encoded=True),
+                                                 headers=headers, data=body, allow_redirects=False,
+                                                 skip_auto_headers=("User-Agent", "Content-Type")) as answer:
+                    return await _relay(request, answer)
         except aiohttp.ClientConnectionError as exc:
             # Before the app's error middleware (a raw infer body comes here from the front): answer here.
             error = ServerError(f"the server's core did not answer this frontend worker: {exc}", Status.UNAVAILABLE)

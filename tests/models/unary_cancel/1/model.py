@@ -6,6 +6,7 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def execute(self, requests):
         request = requests[0]
+        print("unary_cancel: waiting for a cancellation", flush=True)
         deadline = time.monotonic() + 10
         while not request.is_cancelled() and time.monotonic() < deadline:
             time.sleep(0.005)
