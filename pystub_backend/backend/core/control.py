@@ -36,6 +36,7 @@ from pystub_backend.backend.models.repository import (
     ModelSource,
     PollError,
     RepositoryError,
+    check_config_name,
     check_stub_name,
     find_models,
     model_fingerprint,
@@ -79,16 +80,20 @@ def _raise_unexpected(results: list[object]) -> None:
             raise result
 
 
-def _override_config(request: LoadRequest | None) -> ModelConfig | None:
-    """The load request's `config` override. Raises PollError for text that is not JSON (Triton
-    reports a config it cannot read as a failed poll), ConfigError for JSON that is no config."""
+def _override_config(request: LoadRequest | None, name: str) -> ModelConfig | None:
+    """The load request's `config` override for model `name`. Raises PollError for text that is
+    not JSON or a config naming another model (Triton reports both as a failed poll: a name the
+    repository cannot hold, braces included, is just another name), ConfigError for JSON that is
+    no config."""
     if request is None or not request.config:
         return None
     try:
         json.loads(request.config)
     except ValueError as exc:
         raise PollError(f"failed to parse model configuration JSON: {exc}") from None
-    return config_from_json(request.config)
+    config = config_from_json(request.config)
+    check_config_name(name, config)
+    return config
 
 
 class ModelControl:
@@ -274,7 +279,7 @@ class ModelControl:
         name, override = entry.name, None
         try:
             check_stub_name(name)
-            config = _override_config(request)
+            config = _override_config(request, name)
             if request is not None and request.files:
                 override = await OverrideDir.create_off_loop(name, request.files)
                 model_dir = override.model_dir

@@ -6,6 +6,19 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from . import _runtime
+from ._binding import (
+    BOOL,
+    INT,
+    MODULE,
+    OBJECT,
+    STR,
+    UINT,
+    Arg,
+    PybindRepr,
+    binding,
+    instance_of,
+    list_of,
+)
 from ._constants import TRITONSERVER_REQUEST_RELEASE_ALL
 from ._errors import TritonModelException, require_str
 from ._parameters import parameters_to_json
@@ -33,13 +46,47 @@ class SenderSource(Protocol):
         ...
 
 
-class InferenceRequest:
+def _NOT_NONE(value: object) -> bool:  # noqa: N802 - named as the binding's other argument kinds
+    # Triton's binding refuses None for correlation_id although its signature says `object`
+    return value is not None
+
+
+def _signature() -> str:
+    """Triton's constructor signature, its defaults shown as pybind11 shows them."""
+    return (f"{MODULE}.InferenceRequest(request_id: str = '', correlation_id: object = 0, "
+            "inputs: List[triton::backend::python::PbTensor], requested_output_names: List[str], model_name: str, "
+            "model_version: int = -1, flags: int = 0, timeout: int = 0, "
+            f"preferred_memory: {MODULE}.PreferredMemory = {_DEFAULT_MEMORY!r}, "
+            f"trace: {MODULE}.InferenceTrace = {_NO_TRACE!r}, parameters: object = None)")
+
+
+_CONSTRUCTOR_ARGS = (
+    Arg("request_id", STR, ""), Arg("correlation_id", _NOT_NONE, 0), Arg("inputs", list_of(instance_of(Tensor))),
+    Arg("requested_output_names", list_of(STR)), Arg("model_name", STR), Arg("model_version", INT, -1),
+    Arg("flags", UINT, 0), Arg("timeout", UINT, 0),
+    Arg("preferred_memory", instance_of(PreferredMemory, none=False), None),
+    Arg("trace", instance_of(InferenceTrace, none=False), None), Arg("parameters", OBJECT, None),
+)
+
+
+def _method(returns: str, *args: Arg) -> Any:
+    """An InferenceRequest method as bound in Triton's pb_utils (its arguments are ints)."""
+    shown = "".join(f", {arg.name}: int" for arg in args)
+    return binding(f"(self: {MODULE}.InferenceRequest{shown}) -> {returns}", *args)
+
+
+_EXEC = binding(f"(self: {MODULE}.InferenceRequest, decoupled: bool = False) -> object",
+                Arg("decoupled", BOOL, False))
+
+
+class InferenceRequest(PybindRepr):
     """A BLS request, or (via `_from_server`) a request received by `execute`.
 
     The constructor raises TritonModelException with the API.md 6.4 and 13 texts, and TypeError
     for arguments of the wrong type (any argument but `parameters` being None included).
     """
 
+    @binding(_signature, *_CONSTRUCTOR_ARGS)
     def __init__(
         self,
         model_name: str,
@@ -61,8 +108,6 @@ class InferenceRequest:
         _require_int("model_version", model_version)
         _require_uint("flags", flags, 2**32 - 1)
         _require_uint("timeout", timeout, _UINT64_MAX)
-        _typed("preferred_memory", preferred_memory, PreferredMemory)
-        _typed("trace", trace, InferenceTrace)
         parameters_json = parameters_to_json(parameters)
         correlation_id = _correlation_id(correlation_id)
         _check_not_empty(input_list, output_names, request_id, model_name)
@@ -114,37 +159,47 @@ class InferenceRequest:
         )
         return request
 
+    @_method("List[triton::backend::python::PbTensor]")
     def inputs(self) -> list[Tensor]:
         return self._inputs
 
+    @_method("str")
     def request_id(self) -> str:
         return self._request_id
 
+    @_method("object")
     def correlation_id(self) -> int | str:
         return self._correlation_id
 
+    @_method("int")
     def flags(self) -> int:
         return self._flags
 
-    def set_flags(self, flags: int) -> None:
+    @_method("None", Arg("arg0", UINT))
+    def set_flags(self, flags: int, /) -> None:
         """Raises TypeError unless `flags` is an unsigned 32-bit int."""
         _require_uint("flags", flags, 2**32 - 1)
         self._flags = flags
 
+    @_method("int")
     def timeout(self) -> int:
         """The timeout in microseconds, 0 if none."""
         return self._timeout
 
+    @_method("str")
     def parameters(self) -> str:
         """The custom request parameters as a JSON object string."""
         return self._parameters
 
+    @_method("Set[str]")
     def requested_output_names(self) -> set[str]:
         return self._requested_output_names
 
+    @_method(f"{MODULE}.InferenceTrace")
     def trace(self) -> InferenceTrace:
         return self._trace
 
+    @_method("triton::backend::python::ResponseSender")
     def get_response_sender(self) -> InferenceResponseSender:
         """The request's sender; a BLS request has one that refuses every send."""
         if self._response_sender is None:
@@ -153,18 +208,21 @@ class InferenceRequest:
                                      else InferenceResponseSender(_refuse_send, lambda: False, decoupled=True))
         return self._response_sender
 
+    @_method("bool")
     def is_cancelled(self) -> bool:
         """Whether the client cancelled this request (always False for a BLS request)."""
         if self._response_sender is not None:
             return self._response_sender.is_cancelled()
         return self._sender_source.is_cancelled() if self._sender_source is not None else False
 
+    @_method("None", Arg("arg0", UINT))
     def set_release_flags(self, flags: int, /) -> None:
         """`TRITONSERVER_REQUEST_RELEASE_ALL` or `_RESCHEDULE` (API.md 12). Raises TypeError for
         a non-int."""
         _require_uint("flags", flags, 2**32 - 1)
         self._release_flags = flags
 
+    @_EXEC
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on another model (BLS): an `InferenceResponse`, or a
         `ResponseIterator` with `decoupled=True`. Failures come back as the response's error.
@@ -173,12 +231,10 @@ class InferenceRequest:
         """
         return _bls_handler().exec(self, _require_bool("decoupled", decoupled))
 
+    @_EXEC
     def async_exec(self, decoupled: bool = False) -> Any:
         """`exec` as an awaitable; raises like `exec`."""
         return _bls_handler().async_exec(self, _require_bool("decoupled", decoupled))
-
-    def __repr__(self) -> str:
-        return f"InferenceRequest(model_name={self._model_name!r}, request_id={self._request_id!r})"
 
 
 def _bls_handler() -> _runtime.BlsHandler:
@@ -225,11 +281,6 @@ def _require_bool(what: str, value: object) -> bool:
     if value is None:
         raise TypeError(f"{what} must be a bool, got None")
     return bool(value)
-
-
-def _typed(what: str, value: object, cls: type) -> None:
-    if not isinstance(value, cls):
-        raise TypeError(f"{what} must be a {cls.__name__}, got {type(value)}")
 
 
 def _correlation_id(correlation_id: object) -> int | str:
