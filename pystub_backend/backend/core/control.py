@@ -151,11 +151,9 @@ class ModelControl:
         """Load (or reload) a model; explicit mode only. `parameters`: `config` (str) and
         `file:<path>` (bytes). Raises ServerError."""
         self._require_explicit()
-        check_model_name(name)  # before anything is kept or logged under it
-        try:
-            check_stub_name(name)
-        except RepositoryError as exc:
-            raise _load_error(name, str(exc)) from None
+        # Here what cannot be kept or logged; what a stub cannot carry is checked in _prepare, once
+        # the repository was polled for the name (Triton's order: an unknown name is a failed poll).
+        check_model_name(name)
         request = parse_load_parameters(parameters or {})
         model_dir = None
         if not request.files:
@@ -278,13 +276,15 @@ class ModelControl:
         (logged); the entry then shows why, unless versions of it serve on."""
         name, override = entry.name, None
         try:
-            check_stub_name(name)
             config = _override_config(request, name)
-            if request is not None and request.files:
-                override = await OverrideDir.create_off_loop(name, request.files)
-                model_dir = override.model_dir
-            if model_dir is None:
+            files = request.files if request is not None else None
+            if model_dir is None and not files:   # a failed poll, whatever the name (braces too)
                 raise PollError(f"model '{name}' is not found in any model repository")
+            check_stub_name(name)
+            if files:
+                override = await OverrideDir.create_off_loop(name, files)
+                model_dir = override.model_dir
+            assert model_dir is not None  # found in a repository, or made from the request's files
             if not entry.versions:
                 entry.state, entry.reason = ModelState.LOADING, ""
             source = await prepare_model(name, model_dir, self.options.settings, self.options.auto_complete, config,
