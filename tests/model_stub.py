@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from pystub_backend.backend.features.install import feature_services
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess
 
@@ -18,7 +19,7 @@ async def model_stub(directory: Path, name: str, source: str) -> AsyncIterator[S
     model_path = directory / name / "1" / "model.py"
     model_path.parent.mkdir(parents=True)
     model_path.write_text(source)
-    stub = StubProcess(f"{name}_0", StubSettings(), name)
+    stub = StubProcess(f"{name}_0", StubSettings(), name, feature_services(None))
     stub.spawn()
     try:
         config = json.dumps({"name": name, "backend": "python", "max_batch_size": 0})

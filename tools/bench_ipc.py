@@ -43,6 +43,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from pystub_backend.backend.features.install import feature_services  # noqa: E402
 from pystub_backend.backend.inference import InferRequest, Tensor  # noqa: E402
 from pystub_backend.backend.supervision.settings import StubSettings  # noqa: E402
 from pystub_backend.backend.supervision.stub_process import StubProcess  # noqa: E402
@@ -205,7 +206,7 @@ class StubBench:
         os.makedirs(os.path.dirname(model_path))
         with open(model_path, "w") as file:
             file.write(_MODEL)
-        self.stub = StubProcess("bench_identity_0", StubSettings(), "bench_identity")
+        self.stub = StubProcess("bench_identity_0", StubSettings(), "bench_identity", feature_services(None))
         self.stub.spawn()
         args = {"model_config": _CONFIG, "model_instance_kind": "CPU", "model_instance_name": "bench_identity_0",
                 "model_instance_device_id": "0", "model_repository": self.directory, "model_version": "1",

@@ -2,8 +2,8 @@
 
 How a request travels, one folder per layer:
 
-    command line ── cli.py (flags.py: every tritonserver flag) ──▶ options.ServerOptions ──▶ server.serve
-                                                                                               │
+    command line ── cli.py + arguments.py (flags.py: the flag table) ──▶ options.ServerOptions ──▶ server.serve
+                                                                                                              │
     client ──HTTP/gRPC──▶ frontends/http/server.py, frontends/grpc/listener.py (+ health, reflection)
                             │  decode into inference.InferRequest (tensor data = views of the message)
                             ▼
@@ -21,7 +21,7 @@ How a request travels, one folder per layer:
                           pystub_backend/stub/: views of the arena → TritonPythonModel.execute → s2p arena
                           (BLS: stub/features/bls.py → BLS frames → backend/features/bls/ → core)
     ═════════════════════════════════════════════════════════════════════════════════════════
-                          RESPONSE / EXECUTE_DONE frames → supervision/response_stream.py of
+                          RESPONSE / EXECUTE_DONE frames → response_stream.py of
                           inference.InferResponse (views of s2p; credits bound what is buffered)
                             │
                             ▼
@@ -39,8 +39,9 @@ import importlib
 
 __all__ = ["main", "parse_args", "ServerOptions", "serve", "FLAGS", "stubctl_main"]
 
-_HOMES = {"main": ("cli", "main"), "parse_args": ("cli", "parse_args"), "ServerOptions": ("options", "ServerOptions"),
-          "serve": ("server", "serve"), "FLAGS": ("flags", "FLAGS"), "stubctl_main": ("stubctl", "main")}
+_HOMES = {"main": ("cli", "main"), "parse_args": ("arguments", "parse_args"),
+          "ServerOptions": ("options", "ServerOptions"), "serve": ("server", "serve"), "FLAGS": ("flags", "FLAGS"),
+          "stubctl_main": ("stubctl", "main")}
 
 
 def __getattr__(name: str) -> object:

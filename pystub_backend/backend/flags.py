@@ -8,7 +8,7 @@ use it), and its effect here:
     STORED       parsed and kept in `ServerOptions` for a feature that reads it; no behaviour yet
     NO_OP        accepted, and one log line at start-up names it and says why it has no effect
 
-The parser (`cli.py`) gives IMPLEMENTED and STORED flags their typed definitions; NO_OP flags get a
+The parser (`arguments.py`) gives IMPLEMENTED and STORED flags their typed definitions; NO_OP flags get a
 generic one from this table. A unit test checks that the parser and the table agree, and another
 compares the table with the real binary's `--help` when it is installed.
 """

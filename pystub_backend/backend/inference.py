@@ -170,7 +170,7 @@ class ServerCore(Protocol):
     async def infer(self, request: InferRequest, target: ServingTarget | None = None) -> InferResponse: ...
 
     async def infer_stream(self, request: InferRequest, target: ServingTarget | None = None) -> Any:
-        """The request's ResponseStream (`pystub_backend.backend.supervision.response_stream`): every
+        """The request's ResponseStream (`pystub_backend.backend.response_stream`): every
         response as it comes."""
         ...
 

@@ -19,12 +19,12 @@ from pystub_backend.backend.core import Core, CoreOptions
 from pystub_backend.backend.features.response_cache import CacheConfigError
 from pystub_backend.backend.frontends.http.access_log import HttpAccessLogger
 from pystub_backend.backend.frontends.http.timeouts import ReadTimeouts, TimedAppRunner
-from pystub_backend.backend.frontends.workers.pool import WorkerStartError
 from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
 from pystub_backend.backend.models.repository import RepositoryError
 from pystub_backend.backend.options import GrpcOptions, ServerOptions
 from pystub_backend.backend.port_check import busy_listeners
 from pystub_backend.backend.telemetry.tracing import Tracer
+from pystub_backend.backend.worker_pool.pool import WorkerStartError
 from pystub_backend.ipc.isolation import forbid_inspection
 from pystub_backend.ipc.names import sweep_stale
 
@@ -106,7 +106,7 @@ async def _start_frontend_workers(core: Core, options: ServerOptions, listeners:
     """The core's full apps on private sockets, and the workers on the public ports (issue 20)."""
     from pystub_backend.backend.frontends.admin import admin_routes
     from pystub_backend.backend.frontends.http.server import create_http_app
-    from pystub_backend.backend.frontends.workers import FrontendWorkers
+    from pystub_backend.backend.worker_pool import FrontendWorkers
     app = create_http_app(core, max_input_size=options.http_max_input_size, restrictions=options.http_restrictions,
                           header_forward_pattern=options.http_header_forward_pattern,
                           remote_control=options.remote_control, tracer=core.tracer, trust_internal_peer=True)

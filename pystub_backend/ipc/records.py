@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["WireTensor", "WireRequest", "WireResponse", "WireError", "RECORDS"]
+__all__ = ["WireTensor", "WireRequest", "WireResponse", "WireError", "RECORDS", "error_to_wire"]
 
 
 class WireTensor(NamedTuple):
@@ -35,6 +35,16 @@ class WireTensor(NamedTuple):
 class WireError(NamedTuple):
     code: int
     message: str
+
+
+MAX_ERROR_CHARS = 32 * 1024  # frames are small; a model's error text is cut to fit
+
+
+def error_to_wire(code: int, message: str) -> WireError:
+    """The error as it travels: its text cut to MAX_ERROR_CHARS."""
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[:MAX_ERROR_CHARS] + "... [truncated]"
+    return WireError(int(code), message)
 
 
 class WireRequest(NamedTuple):

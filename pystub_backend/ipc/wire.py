@@ -20,7 +20,8 @@ from typing import Any, NamedTuple, TypeVar, Union
 
 import msgpack
 
-__all__ = ["message", "encode", "encode_record", "decode", "MessageDecodeError", "registered_kinds", "kind_of"]
+__all__ = ["message", "encode", "encode_record", "decode", "to_array", "from_array", "MessageDecodeError",
+           "registered_kinds", "kind_of"]
 
 _T = TypeVar("_T")
 _KIND_OF: dict[type, int] = {}
@@ -64,7 +65,13 @@ def kind_of(cls: type) -> int:
 
 def encode(value: NamedTuple) -> bytes:
     """The frame for a registered message (records inside it encode as arrays of their fields)."""
-    return msgpack.packb((_KIND_OF[type(value)], *value), use_bin_type=True)
+    return msgpack.packb(to_array(value), use_bin_type=True)
+
+
+def to_array(value: NamedTuple) -> tuple[Any, ...]:
+    """A registered message as the array its frame holds, `(kind, field, ...)`, for a sender that
+    packs frames its own way (the frontend workers' link: a stream, and lossless packing)."""
+    return (_KIND_OF[type(value)], *value)
 
 
 def encode_record(value: NamedTuple) -> bytes:
@@ -82,6 +89,18 @@ def decode(frame: bytes | memoryview) -> Any:
         raise MessageDecodeError(f"undecodable frame of {len(frame)} bytes: {exc}") from exc
     if not isinstance(items, list) or not items or not isinstance(items[0], int):
         raise MessageDecodeError(f"frame of {len(frame)} bytes is not a message array")
+    return _message(items)
+
+
+def from_array(items: Any) -> Any:
+    """The message of an unpacked frame array `[kind, field, ...]` (consumed), its records built.
+    Raises MessageDecodeError for anything that is not a valid message."""
+    if type(items) is not list or not items or type(items[0]) is not int:
+        raise MessageDecodeError("a frame that is not a message array")
+    return _message(items)
+
+
+def _message(items: list[Any]) -> Any:
     kind = items[0]
     cls = _TYPE_OF.get(kind)
     if cls is None:
@@ -208,7 +227,7 @@ def _field_for(annotation: Any) -> tuple[tuple[type, ...] | None, _Check | None,
 
 
 _SCALARS: dict[Any, tuple[type, ...]] = {int: (int,), bool: (bool, int), float: (float, int), str: (str,),
-                                         bytes: (bytes,), type(None): (type(None),)}
+                                         bytes: (bytes,), memoryview: (memoryview,), type(None): (type(None),)}
 
 
 def _types_for(annotation: Any) -> tuple[type, ...] | None:

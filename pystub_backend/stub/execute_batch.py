@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from pystub_backend.ipc.arena import ArenaFullError
 from pystub_backend.ipc.messages import core as msg
-from pystub_backend.ipc.records import WireError, WireRequest, WireResponse
+from pystub_backend.ipc.records import WireError, WireRequest, WireResponse, error_to_wire
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub.executor import check_return, failure_text, format_traceback, run_execute
 from pystub_backend.stub.features.sequences import report_rescheduled
 from pystub_backend.stub.senders import RequestState
-from pystub_backend.stub.translate import build_request, error_to_wire, response_to_wire
+from pystub_backend.stub.translate import build_request, response_to_wire
 
 if TYPE_CHECKING:
     from pystub_backend.stub.stub import Stub

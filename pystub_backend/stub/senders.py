@@ -18,10 +18,10 @@ from typing import Any
 
 from pystub_backend.ipc.arena import ArenaWriter
 from pystub_backend.ipc.messages import core as msg
-from pystub_backend.ipc.records import WireRequest, WireResponse
+from pystub_backend.ipc.records import WireRequest, WireResponse, error_to_wire
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
-from pystub_backend.stub.translate import error_to_wire, response_to_wire
+from pystub_backend.stub.translate import response_to_wire
 
 __all__ = ["RequestState", "RequestRegistry", "CREDIT_WINDOW"]
 

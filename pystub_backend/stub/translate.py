@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pystub_backend.ipc import tensors
 from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
-from pystub_backend.ipc.records import WireError, WireRequest, WireResponse, WireTensor
+from pystub_backend.ipc.records import WireRequest, WireResponse, WireTensor, error_to_wire
 from pystub_backend.ipc.status import Status
 from pystub_backend.ipc.tensors import RegionTooSmallError
 from pystub_backend.stub import output_buffers, pb_utils
@@ -24,16 +24,7 @@ from pystub_backend.stub.features import client_shm
 if TYPE_CHECKING:
     from pystub_backend.stub.senders import RequestState  # senders imports this module
 
-__all__ = ["build_request", "response_to_wire", "error_to_wire"]
-
-MAX_ERROR_CHARS = 32 * 1024  # frames are small; a model's error text is cut to fit
-
-
-def error_to_wire(code: int, message: str) -> WireError:
-    if len(message) > MAX_ERROR_CHARS:
-        message = message[:MAX_ERROR_CHARS] + "... [truncated]"
-    return WireError(int(code), message)
-
+__all__ = ["build_request", "response_to_wire"]
 
 def build_request(wire: WireRequest, reader: ArenaReader, model_name: str, model_version: int,
                   state: RequestState) -> Any:

@@ -4,7 +4,7 @@ backends and real peers.
 The backend binds 0.0.0.0 and the client connects to a non-loopback address of this machine, so the
 backend's peer is that address (not 127.0.0.1): the same socket path a remote client takes, without
 leaving the machine. Machines with no such address skip (the unit-level checks of the decision are in
-tests/unit/test_access.py).
+tests/unit/backend/frontends/test_access.py).
 
 - By default, load/unload, shm register/unregister, logging updates and stub restarts from that peer
   are refused (HTTP 403, gRPC PERMISSION_DENIED) and change nothing; reads and inference pass.

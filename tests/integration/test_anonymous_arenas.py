@@ -24,6 +24,7 @@ import pytest
 import tritonclient.http as httpclient
 from harness import Backend, make_repository
 
+from pystub_backend.backend.features.install import feature_services
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess
 from pystub_backend.ipc.exit_codes import StubExitCode
@@ -159,7 +160,7 @@ def test_a_stub_whose_channel_closes_exits_by_itself() -> None:
     """The other path: the backend is alive but closes the stub's channel; the stub exits with
     CHANNEL_CLOSED at once, without a signal, and leaves nothing."""
     async def main() -> None:
-        stub = StubProcess("eof_0", StubSettings(), "eof")
+        stub = StubProcess("eof_0", StubSettings(), "eof", feature_services(None))
         stub.spawn()
         try:
             label = f"/memfd:{stub.base}"

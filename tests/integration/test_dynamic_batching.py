@@ -305,7 +305,7 @@ def test_execute_batch_failures_stay_in_their_batch(backend: Backend) -> None:
 @pytest.mark.parametrize(("parameter", "message"), [
     ('key: "default:X" value: { string_value: "1" }', "input 'X' is not optional"),
     ('key: "default:SCALE" value: { string_value: "[1, 2" }', "'default:SCALE' of model 'bad_author' is not valid"),
-])  # (tests/unit/test_batched_execute.py checks every other refusal)
+])  # (tests/unit/stub/test_batched_execute.py checks every other refusal)
 def test_a_bad_default_fails_the_load(backend: Backend, parameter: str, message: str) -> None:
     repository = Path(backend.repository)
     target = repository / "bad_author"

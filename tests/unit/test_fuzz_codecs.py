@@ -35,21 +35,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
-from pystub_backend.backend.errors import ServerError, Status
-from pystub_backend.backend.features.client_shm import ClientShmRegistry
-from pystub_backend.backend.frontends.grpc import codec as grpc_codec
-from pystub_backend.backend.frontends.http.codec import decode_infer_request, parse_header_length
-from pystub_backend.backend.frontends.http.compression import decompress_body
-from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_input_spec
-from pystub_backend.backend.models.config import (
+from pystub_backend.backend.config.model_config import (
     config_to_json,
     load_config_file,
     model_metadata,
     normalize,
     parse_config_text,
 )
+from pystub_backend.backend.config.sequence_controls import sequence_fields
+from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.features.client_shm import ClientShmRegistry
+from pystub_backend.backend.features.install import feature_services
+from pystub_backend.backend.frontends.grpc import codec as grpc_codec
+from pystub_backend.backend.frontends.http.codec import decode_infer_request, parse_header_length
+from pystub_backend.backend.frontends.http.compression import decompress_body
+from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_input_spec
 from pystub_backend.backend.models.validation import validate_request
-from pystub_backend.backend.scheduling.sequence_controls import sequence_fields
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess
 from pystub_backend.ipc.bytes_codec import deserialize_bytes
@@ -77,7 +78,7 @@ def stub() -> Iterator[StubProcess]:
     loop = asyncio.new_event_loop()
 
     async def make() -> StubProcess:
-        return StubProcess("fuzz_0_0", StubSettings(), "fuzz")
+        return StubProcess("fuzz_0_0", StubSettings(), "fuzz", feature_services(None))
 
     process = loop.run_until_complete(make())
     process.p2s = _FakeArena()  # type: ignore[assignment]

@@ -13,8 +13,9 @@ FACES = {
         "ChannelTimeoutError", "ControlBlock", "EMPTY_HANDLE", "Handle", "Status", "StubState", "make_pair"},
     "pystub_backend.ipc.messages": {
         "CATALOGUE", "Direction", "Entry", "entry_of", "bls", "client_shm", "core", "metrics", "multiplex",
-        "sequences"},
-    "pystub_backend.ipc.records": {"WireTensor", "WireRequest", "WireResponse", "WireError", "RECORDS"},
+        "sequences", "workers"},
+    "pystub_backend.ipc.records": {"WireTensor", "WireRequest", "WireResponse", "WireError", "RECORDS",
+                                   "error_to_wire"},
     "pystub_backend.stub": {"pb_utils"},
     "pystub_backend.stub.features": {"FEATURES", "install_features"},
     "pystub_backend.stub.handlers": {"StubHandlers", "Handler", "PhaseHook", "PHASES"},

@@ -19,10 +19,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from pystub_backend.backend.config.model_config import ConfigError, ModelConfig, config_from_json
 from pystub_backend.backend.core.options import CoreOptions
 from pystub_backend.backend.core.table import ModelTable, check_model_name
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.models.config import ConfigError, ModelConfig, config_from_json
 from pystub_backend.backend.models.ensemble_config import (
     composes,
     ensemble_dependencies,

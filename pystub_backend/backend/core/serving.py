@@ -18,16 +18,16 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar, cast
 
+from pystub_backend.backend.config.model_config import ModelConfig, model_metadata
 from pystub_backend.backend.core.table import ModelTable, check_model_name
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.classification import class_counts, classify
 from pystub_backend.backend.features.client_shm import REGION, ClientShmRegistry
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServingTarget
-from pystub_backend.backend.models.config import ModelConfig, model_metadata
 from pystub_backend.backend.models.lifecycle import InFlight, ModelEntry
 from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.version import ModelVersion
-from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import REJECTED
 from pystub_backend.ipc.status import Status
 

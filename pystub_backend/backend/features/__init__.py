@@ -1,5 +1,5 @@
 """The backend side of the stub features: BLS and model control, custom metrics, client shared
-memory, sequence frames, multiplexing counters. Each feature module exposes `register(handlers)`;
+memory, sequence frames, multiplexing. Each feature module exposes `register(handlers)`;
 `install.install_features` calls them all and `install.feature_services` builds the StubServices
 a server hands its stubs.
 

@@ -19,9 +19,9 @@ import os
 
 import numpy as np
 
+from pystub_backend.backend.config.model_config import ModelConfig
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor, tensor_to_numpy
-from pystub_backend.backend.models.config import ModelConfig
 from pystub_backend.ipc.bytes_codec import serialize_bytes
 from pystub_backend.ipc.status import Status
 

@@ -45,7 +45,7 @@ from pystub_backend.ipc.names import SHM_DIR
 from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
-    from pystub_backend.backend.supervision.response_stream import ResponseStream
+    from pystub_backend.backend.response_stream import ResponseStream
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
 __all__ = ["ClientShmRegistry", "Region", "ShmTensor", "ShmOutput", "Lease", "attach_regions",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pystub_backend.backend.features import custom_metrics, sequence_frames
+from pystub_backend.backend.features import client_shm, custom_metrics, sequence_frames
 from pystub_backend.backend.features.bls import handlers as bls
 from pystub_backend.backend.features.bls.payloads import REGISTRY
 from pystub_backend.backend.scheduling import multiplex
@@ -41,4 +41,4 @@ def feature_services(core: ServerCore | None) -> StubServices:
     if _handlers is None:  # the handlers are plain functions: one table serves every server
         _handlers = install_features(BackendHandlers())
     return StubServices(handlers=_handlers, custom_metrics=custom_metrics.registry_for(core),
-                        bls_payloads=REGISTRY, core=core)
+                        bls_payloads=REGISTRY, client_regions=client_shm, core=core)

@@ -32,7 +32,7 @@ import numpy as np
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import Buffer, InferRequest, InferResponse, ParameterValue, Tensor
-from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import ModelStatistics
 
 __all__ = ["ResponseCache", "CacheConfigError", "cache_from_config", "cache_enabled",

@@ -246,7 +246,7 @@ def render_metrics(core: Core, poller: SystemPoller | None = None) -> str:
     writer.raw(latency.summary_lines(windows))
     writer.raw(latency.histogram_lines(windows))  # --metrics-config histogram_latencies=true
     _stub_families(writer, versions, poller)
-    writer.raw(multiplex_metrics(core))  # pystub_multiplexed_* (pystub_backend.backend.features.multiplex_stats)
+    writer.raw(multiplex_metrics(core))  # pystub_multiplexed_* (pystub_backend.backend.scheduling.multiplex_stats)
     _custom_families(writer, registry_for(core))
     return writer.text()
 

@@ -1,7 +1,7 @@
 """Models: what a model is, from its directory to its serving versions.
 
+    (the ModelConfig itself: pystub_backend.backend.config)
     repository  find model directories, read and complete configs, choose versions
-    config      the ModelConfig: parsing, normalizing, metadata
     overrides   the parameters of a load request, the private directory of file overrides
     lifecycle   start, retire and stop versions; what is in flight
     version     one loaded version of a Python model; ensemble(_config, _run): of an ensemble
@@ -11,5 +11,5 @@
 Import what you use from the modules listed below (the package imports none of them itself).
 """
 
-__all__ = ["config", "ensemble", "ensemble_config", "ensemble_run", "lifecycle", "overrides", "repository",
+__all__ = ["config_support", "ensemble", "ensemble_config", "ensemble_run", "lifecycle", "overrides", "repository",
            "state", "validation", "version"]

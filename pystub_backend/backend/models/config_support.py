@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from tritonclient.grpc import model_config_pb2
 
-from pystub_backend.backend.models.config import ModelConfig
+from pystub_backend.backend.config.model_config import ModelConfig
 
 __all__ = ["FIELD_SUPPORT", "unused_fields", "log_unused_fields"]
 

@@ -23,16 +23,16 @@ import logging
 import time
 from typing import Any
 
+from pystub_backend.backend.config.model_config import ConfigError, ModelConfig, config_to_json, is_decoupled
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.response_cache import cached_stream, version_cache
 from pystub_backend.backend.inference import InferRequest, InferResponse
-from pystub_backend.backend.models.config import ConfigError, ModelConfig, config_to_json, is_decoupled
 from pystub_backend.backend.models.ensemble_config import EnsembleGraph
 from pystub_backend.backend.models.ensemble_run import EnsembleRun
 from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.validation import RequestChecks
 from pystub_backend.backend.models.version import ModelLoadError
-from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics, reason_for
 from pystub_backend.ipc.status import Status
 

@@ -17,7 +17,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pystub_backend.backend.models.config import ConfigError, ModelConfig, load_config_file
+from pystub_backend.backend.config.model_config import ConfigError, ModelConfig, load_config_file
 
 __all__ = ["EnsembleStep", "EnsembleGraph", "is_ensemble", "ENSEMBLE_PLATFORM", "ensemble_dependencies",
            "ensemble_graph_models", "load_waves", "composes"]

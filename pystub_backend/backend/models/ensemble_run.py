@@ -30,7 +30,7 @@ from typing import Any
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from pystub_backend.backend.models.ensemble_config import EnsembleGraph, EnsembleStep
-from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.ipc.status import Status
 
 __all__ = ["EnsembleRun", "CANCELLED_TEXT"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from pystub_backend.backend.models.config import ModelConfig
+from pystub_backend.backend.config.model_config import ModelConfig
 
 __all__ = ["BACKEND_MODEL_FILE", "backend_model_file", "model_file_for", "with_backend_runtime"]
 

@@ -16,7 +16,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from pystub_backend.backend.models.config import (
+from pystub_backend.backend.config.model_config import (
     ConfigError,
     ModelConfig,
     config_from_json,
@@ -26,6 +26,7 @@ from pystub_backend.backend.models.config import (
     load_config_file,
     normalize,
 )
+from pystub_backend.backend.features.install import feature_services
 from pystub_backend.backend.models.python_backends import with_backend_runtime
 from pystub_backend.backend.models.remote import RemoteRepositoryError, is_remote, sync_repository
 from pystub_backend.backend.supervision.settings import StubSettings
@@ -132,7 +133,7 @@ async def _auto_complete(config: ModelConfig, model_path: str, settings: StubSet
     """Run the model's `auto_complete_config` in a throw-away stub (API.md section 1)."""
     if not os.path.isfile(model_path):
         return config
-    stub = StubProcess(f"{config.name}_auto_complete", settings, config.name)
+    stub = StubProcess(f"{config.name}_auto_complete", settings, config.name, feature_services(None))
     try:
         stub.spawn()
         completed = await stub.auto_complete(model_path, json.dumps(config_to_json(config)))

@@ -26,6 +26,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2
 
+from pystub_backend.backend.config.model_config import ModelConfig
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import (
     RESERVED_PARAMETERS,
@@ -35,7 +36,6 @@ from pystub_backend.backend.inference import (
     buffer_view,
     model_parameters,
 )
-from pystub_backend.backend.models.config import ModelConfig
 from pystub_backend.ipc.bytes_codec import BytesDecodeError, count_elements
 from pystub_backend.ipc.dtypes import CODE_TO_WIRE, WIRE_TO_CODE, config_to_wire, element_size
 from pystub_backend.ipc.status import Status

@@ -8,20 +8,21 @@ import logging
 import os
 from typing import Any, Protocol, TypeVar
 
-from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.features.install import feature_services
-from pystub_backend.backend.features.response_cache import cache_refusal, cached_infer, cached_stream, version_cache
-from pystub_backend.backend.inference import InferRequest, InferResponse
-from pystub_backend.backend.models.config import (
+from pystub_backend.backend.config.model_config import (
     ModelConfig,
     config_parameters,
     config_to_json,
     instance_names,
     is_decoupled,
 )
+from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.features.install import feature_services
+from pystub_backend.backend.features.response_cache import cache_refusal, cached_infer, cached_stream, version_cache
+from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.validation import RequestChecks
 from pystub_backend.backend.models.warmup import WarmupError, run_warmup
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.choice import make_scheduler
 from pystub_backend.backend.scheduling.implicit_state import ImplicitState, StateConfigError
 from pystub_backend.backend.scheduling.rate_limiter import RateLimitError, rate_limited, unregister
@@ -32,7 +33,6 @@ from pystub_backend.backend.supervision.execution_env import (
     resolve_execution_env,
 )
 from pystub_backend.backend.supervision.instance import InstanceSpec, InstanceState, ModelInstance, watch_health
-from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.supervision.services import ServerCore
 from pystub_backend.backend.supervision.settings import StubSettings, positive_number
 from pystub_backend.backend.telemetry.statistics import ModelStatistics

@@ -31,9 +31,9 @@ from typing import Protocol
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
+from pystub_backend.backend.config.model_config import ModelConfig
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
-from pystub_backend.backend.models.config import ModelConfig
 from pystub_backend.backend.models.validation import validate_request
 from pystub_backend.ipc.dtypes import WIRE_TO_NUMPY, config_to_wire, numpy_dtype
 

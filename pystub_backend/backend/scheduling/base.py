@@ -26,7 +26,7 @@ from typing import Generic, Protocol, TypeVar
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse
-from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BACKEND, BatchTiming, ModelStatistics, reason_for
 from pystub_backend.ipc.status import Status
 

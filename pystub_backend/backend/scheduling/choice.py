@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pystub_backend.backend.models.config import ModelConfig
+from pystub_backend.backend.config.model_config import ModelConfig
 from pystub_backend.backend.scheduling.default import DefaultScheduler
 from pystub_backend.backend.scheduling.dynamic import DynamicBatcher
 from pystub_backend.backend.scheduling.multiplex import MultiplexScheduler, multiplex_state

@@ -30,8 +30,8 @@ from typing import Protocol, cast
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler
-from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, BatchTiming, ModelStatistics
 from pystub_backend.ipc.status import Status
 

@@ -27,9 +27,10 @@ import time
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from pystub_backend.backend.config.model_config import ModelConfig
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest
-from pystub_backend.backend.models.config import ModelConfig
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler
 from pystub_backend.backend.scheduling.request_queue import (
     BatchLimits,
@@ -38,7 +39,6 @@ from pystub_backend.backend.scheduling.request_queue import (
     QueueFullError,
     form_batch,
 )
-from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, REJECTED, ModelStatistics
 from pystub_backend.ipc.status import Status
 

@@ -25,11 +25,11 @@ import time
 import weakref
 from typing import Any
 
+from pystub_backend.backend.config.model_config import ModelConfig, config_parameters
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.features.multiplex_stats import InstanceCounters, multiplex_metric_lines
-from pystub_backend.backend.models.config import ModelConfig, config_parameters
 from pystub_backend.backend.scheduling.default import PIPELINE_DEPTH, DefaultScheduler
 from pystub_backend.backend.scheduling.multiplex_queue import ROUTING_POLICIES, RoutedQueue
+from pystub_backend.backend.scheduling.multiplex_stats import InstanceCounters, multiplex_metric_lines
 from pystub_backend.backend.supervision.handlers import BackendHandlers
 from pystub_backend.backend.telemetry.statistics import ModelStatistics
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError

@@ -29,13 +29,14 @@ from collections.abc import Sequence as Listing
 from typing import Any
 
 from pystub_backend.backend import client_link
+from pystub_backend.backend.config.model_config import ModelConfig
+from pystub_backend.backend.config.sequence_controls import Controls, admitted_fields
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest
-from pystub_backend.backend.models.config import ModelConfig
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler
 from pystub_backend.backend.scheduling.implicit_state import ImplicitState
 from pystub_backend.backend.scheduling.request_queue import BatchLimits
-from pystub_backend.backend.scheduling.sequence_controls import Controls, admitted_fields
 from pystub_backend.backend.scheduling.sequence_slots import (
     Lane,
     SeqItem,
@@ -45,7 +46,6 @@ from pystub_backend.backend.scheduling.sequence_slots import (
     oldest_batch,
 )
 from pystub_backend.backend.scheduling.sequence_stubs import StubSequences
-from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, ModelStatistics
 from pystub_backend.ipc.messages.sequences import SequenceEvicted
 from pystub_backend.ipc.status import Status

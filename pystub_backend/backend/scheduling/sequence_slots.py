@@ -25,9 +25,9 @@ import collections
 from collections.abc import Hashable
 from typing import Any
 
+from pystub_backend.backend.config.sequence_controls import SequenceFields
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.request_queue import BatchLimits, QueueEntry, form_batch
-from pystub_backend.backend.scheduling.sequence_controls import SequenceFields
-from pystub_backend.backend.supervision.response_stream import ResponseStream
 
 __all__ = ["SeqItem", "Sequence", "Lane", "SlotTable", "direct_batch", "oldest_batch"]
 

@@ -2,6 +2,8 @@
 
     instance.ModelInstance     the supervisor of one instance: death, hangs, restarts, readiness
     stub_process.StubProcess   one incarnation: spawn, handshake, the shutdown ladder
+    restart_policy.RestartPolicy  the back-off before a process is started again (stubs, workers)
+    stop_ladder.climb          the signals and waits that stop a process (stubs, workers)
     exchange.RequestExchange   its requests in flight (one record per request id)
     frames.FrameLink           its frames: `send(message, timeout)`, `send_soon`, dispatch
     services.StubServices      what feature frame handlers may use (handlers, core, registries)
@@ -23,10 +25,9 @@ if TYPE_CHECKING:
         InstanceSpec,
         InstanceState,
         ModelInstance,
-        RestartPolicy,
         watch_health,
     )
-    from pystub_backend.backend.supervision.response_stream import ResponseStream
+    from pystub_backend.backend.supervision.restart_policy import RestartPolicy
     from pystub_backend.backend.supervision.services import ServerCore, StubServices
     from pystub_backend.backend.supervision.settings import BackendConfigError, StubSettings, parse_backend_config
     from pystub_backend.backend.supervision.stub_process import StubProcess
@@ -34,14 +35,14 @@ if TYPE_CHECKING:
 _HOMES = {
     "StubStartError": "errors", "Handler": "handlers", "BackendHandlers": "handlers",
     "InstanceSpec": "instance", "InstanceState": "instance", "ModelInstance": "instance",
-    "RestartPolicy": "instance", "watch_health": "instance", "ResponseStream": "response_stream",
+    "RestartPolicy": "restart_policy", "watch_health": "instance",
     "ServerCore": "services", "StubServices": "services", "BackendConfigError": "settings",
     "StubSettings": "settings", "parse_backend_config": "settings", "StubProcess": "stub_process",
 }
 
 __all__ = [
     "BackendConfigError", "Handler", "BackendHandlers", "InstanceSpec", "InstanceState", "ModelInstance",
-    "ResponseStream", "RestartPolicy", "ServerCore", "StubProcess", "StubServices", "StubSettings",
+    "RestartPolicy", "ServerCore", "StubProcess", "StubServices", "StubSettings",
     "StubStartError", "parse_backend_config", "watch_health",
 ]
 

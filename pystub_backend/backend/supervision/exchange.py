@@ -23,10 +23,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.features import client_shm
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor, model_parameters
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.supervision.outbox import StubOutbox
-from pystub_backend.backend.supervision.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.statistics import BatchTiming
 from pystub_backend.ipc import tensors
 from pystub_backend.ipc.arena import ArenaFullError
@@ -242,7 +241,7 @@ class RequestExchange:
         wire_inputs: list[WireTensor] = []
         try:
             for tensor in request.inputs:
-                region = client_shm.region_handle(tensor)
+                region = stub.services.client_regions.region_handle(tensor)
                 if region is not None:  # in a client's shm region: the stub maps it, nothing is copied
                     wire_inputs.append(WireTensor(tensor.name, tensor.datatype, list(tensor.shape), region))
                     continue
@@ -253,7 +252,7 @@ class RequestExchange:
             self.free_p2s(record.input_handles)
             raise
         # output_regions: outputs the stub writes straight into client regions
-        output_regions = client_shm.attach_regions(request, stub, stream) or None
+        output_regions = stub.services.client_regions.attach_regions(request, stub, stream) or None
         record.wire = WireRequest(rid, request.id, wire_inputs, [o.name for o in request.outputs],
                                   _parameters_json(request), request.correlation_id, request.flags,
                                   int(request.parameters.get("timeout", 0) or 0), output_regions,

@@ -23,7 +23,6 @@ Triton's Python backend never restarts a stub and never notices a hung one; pyst
 from __future__ import annotations
 
 import asyncio
-import collections
 import enum
 import logging
 import time
@@ -32,9 +31,10 @@ from dataclasses import dataclass, field
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.exchange import StreamOrError
-from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.supervision.restart_policy import RestartPolicy
 from pystub_backend.backend.supervision.services import StubServices
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess
@@ -42,7 +42,7 @@ from pystub_backend.backend.telemetry.statistics import BatchTiming
 from pystub_backend.ipc.exit_codes import BOOT_FAILURES
 from pystub_backend.ipc.status import Status
 
-__all__ = ["InstanceState", "InstanceSpec", "ModelInstance", "RestartPolicy", "StubFactory", "watch_health"]
+__all__ = ["InstanceState", "InstanceSpec", "ModelInstance", "StubFactory", "watch_health"]
 
 log = logging.getLogger("pystub.supervisor")
 
@@ -64,10 +64,10 @@ class InstanceSpec:
     args: dict[str, str]
     stub_settings: dict[str, object]
     settings: StubSettings
+    services: StubServices  # handed to each stub, for its feature frame handlers
     execute_timeout: float | None = None
     rlimits: dict[str, int] = field(default_factory=dict)
     python: list[str] | None = None  # interpreter command (an execution environment's), None = ours
-    services: StubServices | None = None  # handed to each stub, for its feature frame handlers
 
 
 # Makes one stub incarnation (not yet spawned); tests pass a fake one.
@@ -76,35 +76,6 @@ StubFactory = Callable[[str, InstanceSpec], StubProcess]
 
 def _real_stub(name: str, spec: InstanceSpec) -> StubProcess:
     return StubProcess(name, spec.settings, spec.model_name, spec.services)
-
-
-class RestartPolicy:
-    """Back-off doubling from `restart_backoff_seconds` (capped); more than `max_restarts` failures
-    within `restart_window_seconds` means the instance stays down."""
-
-    def __init__(self, settings: StubSettings) -> None:
-        self._settings = settings
-        self._failures: collections.deque[float] = collections.deque()
-
-    def record_failure(self, now: float) -> None:
-        self._failures.append(now)
-        while self._failures and now - self._failures[0] > self._settings.restart_window_seconds:
-            self._failures.popleft()
-
-    @property
-    def exhausted(self) -> bool:
-        return len(self._failures) > self._settings.max_restarts
-
-    def summary(self) -> str:
-        return f"{len(self._failures)} failures within {self._settings.restart_window_seconds:g} s"
-
-    def delay(self) -> float:
-        """Seconds to wait before the next spawn."""
-        return min(self._settings.restart_backoff_max_seconds,
-                   self._settings.restart_backoff_seconds * 2 ** max(0, len(self._failures) - 1))
-
-    def reset(self) -> None:
-        self._failures.clear()
 
 
 class ModelInstance:

@@ -6,11 +6,12 @@
                                         None for stubs outside a server (auto-complete, tools)
         custom_metrics  CustomMetrics   pb_utils.MetricFamily / Metric of this server's models
         bls_payloads    PayloadRegistry the BLS calls in flight, by (caller base, call id)
+        client_regions  ClientRegions   inputs and outputs in clients' shared-memory regions
 
 Per-stub feature state (multiplex holdings, the sequence batcher that owns a stub, the client shm
 regions a stub maps) is kept by its feature keyed by the StubProcess, since it dies with the stub.
 `features.install.feature_services(core)` builds this object; ModelVersion passes it to every
-instance it starts.
+instance it starts, and every StubProcess is given one: supervision never imports a feature.
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from pystub_backend.backend.config.model_config import ModelConfig
     from pystub_backend.backend.features.bls.payloads import PayloadRegistry
     from pystub_backend.backend.features.custom_metrics import CustomMetrics
-    from pystub_backend.backend.inference import InferRequest
-    from pystub_backend.backend.models.config import ModelConfig
+    from pystub_backend.backend.inference import InferRequest, Tensor
+    from pystub_backend.backend.response_stream import ResponseStream
     from pystub_backend.backend.supervision.handlers import BackendHandlers
-    from pystub_backend.backend.supervision.response_stream import ResponseStream
+    from pystub_backend.backend.supervision.stub_process import StubProcess
     from pystub_backend.backend.telemetry.tracing import Tracer
 
-__all__ = ["RescheduleOwner", "ServerCore", "ServedVersion", "StubServices"]
+__all__ = ["ClientRegions", "RescheduleOwner", "ServerCore", "ServedVersion", "StubServices"]
 
 
 class ServedVersion(Protocol):
@@ -73,9 +75,21 @@ class ServerCore(Protocol):
         """Tracing hook: the child traces of BLS calls a traced request makes."""
 
 
+class ClientRegions(Protocol):
+    """Client shared-memory regions as a stub's requests use them (features/client_shm.py)."""
+
+    def region_handle(self, tensor: Tensor) -> list[Any] | None:
+        """The region handle of an input that lives in a client region, else None."""
+
+    def attach_regions(self, request: InferRequest, stub: StubProcess,
+                       stream: ResponseStream) -> dict[str, list[Any]]:
+        """Hold the request's regions until `stream` is final; {output name: region handle}."""
+
+
 @dataclass(frozen=True)
 class StubServices:
     handlers: BackendHandlers
     custom_metrics: CustomMetrics
     bls_payloads: PayloadRegistry
+    client_regions: ClientRegions
     core: ServerCore | None = None

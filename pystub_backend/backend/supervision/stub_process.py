@@ -32,7 +32,6 @@ from typing import NamedTuple
 
 import pystub_backend
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.features.install import feature_services
 from pystub_backend.backend.inference import InferRequest
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.exchange import RequestExchange, StreamOrError
@@ -42,6 +41,7 @@ from pystub_backend.backend.supervision.output import OutputForwarder
 from pystub_backend.backend.supervision.ready_probe import ReadyProbe
 from pystub_backend.backend.supervision.services import RescheduleOwner, StubServices
 from pystub_backend.backend.supervision.settings import StubSettings
+from pystub_backend.backend.supervision.stop_ladder import Step, climb
 from pystub_backend.backend.telemetry.statistics import BatchTiming
 from pystub_backend.ipc import names
 from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
@@ -57,17 +57,19 @@ log = logging.getLogger("pystub.stub")
 # The directory that holds the `pystub_backend` package, so that a stub finds it from any interpreter.
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pystub_backend.__file__)))
 # The shutdown ladder after FINALIZE: (signal, seconds to wait for the exit after it).
-_LADDER = ((None, 2.0), (signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0))
-_KILL_NOW = ((signal.SIGKILL, 5.0),)  # for a stub that was not told to exit (it ignores SIGTERM)
+_LADDER: tuple[Step, ...] = ((None, 2.0), (signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0))
+_KILL_NOW: tuple[Step, ...] = ((signal.SIGKILL, 5.0),)  # for a stub that was not told to exit (it ignores SIGTERM)
 
 
 class StubProcess:
-    def __init__(self, instance_name: str, settings: StubSettings, model_name: str = "",
-                 services: StubServices | None = None) -> None:
+    def __init__(self, instance_name: str, settings: StubSettings, model_name: str,
+                 services: StubServices) -> None:
+        """`services` are what the stub's feature frame handlers may use (features.install builds
+        them): given, never imported, so supervision stays below the features."""
         self.instance_name = instance_name
         self.model_name = model_name
         self.settings = settings
-        self.services = services or feature_services(None)
+        self.services = services
         self.base = names.stub_base_name(settings.shm_prefix)
         self.process: subprocess.Popen[bytes] | None = None
         self.control: ControlBlock | None = None
@@ -319,20 +321,8 @@ class StubProcess:
         # Waiting for an exit nothing asked for, then sending a SIGTERM the stub ignores, only
         # delays a failed load (an initialize past its deadline) by 3 s: kill it now instead.
         ladder = _LADDER if self._exiting or self.link.closed else _KILL_NOW
-        for sig, grace in ladder:
-            if sig is not None and process.poll() is None:
-                log.info("sending %s to stub '%s' (pid %d)", sig.name, self.instance_name, process.pid,
-                         extra={"model": self.model_name, "instance": self.instance_name})
-                try:
-                    os.killpg(process.pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + grace
-            while process.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            if process.poll() is not None:
-                return
-        log.error("stub '%s' (pid %d) did not exit after SIGKILL", self.instance_name, process.pid)
+        await climb(process.pid, lambda: process.poll() is not None, ladder, f"stub '{self.instance_name}'", log,
+                    group=True, extra={"model": self.model_name, "instance": self.instance_name})
 
     def _release_shared_objects(self) -> None:
         self._dead = True

@@ -1,12 +1,14 @@
-"""Every message kind between the backend and a stub, in one table: number, name, direction,
-feature. The classes live in the feature modules next to this one (core, bls, metrics, sequences,
-multiplex, client_shm); a unit test checks that this table and the registry of
-`pystub_backend.ipc.wire` agree, kind for kind, and that no number is used twice.
+"""Every message kind between the backend and a stub, and between a frontend worker and the core,
+in one table: number, name, direction, feature. The classes live in the feature modules next to
+this one (core, bls, metrics, sequences, multiplex, client_shm, workers); a unit test checks that
+this table and the registry of `pystub_backend.ipc.wire` agree, kind for kind, and that no number
+is used twice.
 
 Kinds are allocated by range, one range per feature:
 
     1-19   core            20-29  bls (and model control)     30-39  metrics
     40-49  sequences       50-59  multiplex                   60-69  client_shm
+    70-79  workers (the frontend workers' core link, not a stub channel)
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ class Direction(enum.Enum):
     TO_STUB = "backend -> stub"
     TO_BACKEND = "stub -> backend"
     BOTH = "both ways"
+    TO_CORE = "frontend worker -> core"
+    TO_WORKER = "core -> frontend worker"
 
 
 class Entry(NamedTuple):
@@ -31,6 +35,7 @@ class Entry(NamedTuple):
 
 
 _S, _B, _2 = Direction.TO_STUB, Direction.TO_BACKEND, Direction.BOTH
+_C, _W = Direction.TO_CORE, Direction.TO_WORKER
 
 CATALOGUE: tuple[Entry, ...] = (
     Entry(1, "AutoComplete", _S, "core"),
@@ -69,6 +74,11 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry(53, "MultiplexUnloaded", _B, "multiplex"),
     Entry(54, "MultiplexUsage", _B, "multiplex"),
     Entry(60, "ClientShmForget", _S, "client_shm"),
+    Entry(70, "WorkerHello", _C, "workers"),
+    Entry(71, "WorkerInfer", _C, "workers"),
+    Entry(72, "WorkerCancel", _C, "workers"),
+    Entry(73, "WorkerAnswer", _W, "workers"),
+    Entry(74, "WorkerError", _W, "workers"),
 )
 
 _BY_KIND = {entry.kind: entry for entry in CATALOGUE}

@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled, SequenceEvicted, SequenceRescheduled
-from pystub_backend.ipc.records import WireResponse
+from pystub_backend.ipc.records import WireResponse, error_to_wire
 from pystub_backend.stub.event_loop import unwrap
 from pystub_backend.stub.executor import RELEASE_RESCHEDULE, format_traceback
 from pystub_backend.stub.handlers import StubHandlers
-from pystub_backend.stub.translate import error_to_wire
 
 if TYPE_CHECKING:
     from pystub_backend.stub.senders import RequestState

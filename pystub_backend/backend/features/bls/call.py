@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.bls.payloads import PayloadKey
 from pystub_backend.backend.inference import InferRequest, InferResponse, RequestedOutput, Tensor
-from pystub_backend.backend.supervision.response_stream import ResponseStream
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.ipc.arena import ArenaFullError
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg

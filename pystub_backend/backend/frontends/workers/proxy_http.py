@@ -11,6 +11,7 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
 from pystub_backend.backend.errors import ServerError, Status, http_status
 from pystub_backend.backend.frontends.access import INTERNAL_PEER
@@ -40,7 +41,10 @@ class HttpProxy:
         headers[INTERNAL_PEER] = request.remote or ""
         body = request.content if request.body_exists else None
         try:
-            async with self._session.request(request.method, "http://core" + request.rel_url.raw_path_qs,
+            # encoded=True: the path as the client sent it, `.` and `..` included (yarl would resolve
+            # them, and the core must route exactly what an in-process server would)
+            async with self._session.request(request.method, URL("http://core" + request.rel_url.raw_path_qs,
+                                                                 encoded=True),
                                              headers=headers, data=body, allow_redirects=False,
                                              skip_auto_headers=("User-Agent", "Content-Type")) as answer:
                 return await _relay(request, answer)

@@ -25,17 +25,17 @@ from typing import cast
 from aiohttp import web
 
 from pystub_backend.backend.errors import ServerError, Status
-from pystub_backend.backend.frontends.workers.link import (
-    ANSWER,
-    CANCEL,
-    HELLO,
-    INFER,
-    Frame,
-    FrameProtocol,
-    request_record,
-    response_from_record,
-)
+from pystub_backend.backend.frontends.workers.link import FrameProtocol, request_record, response_from_record
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore, ServingTarget
+from pystub_backend.ipc.messages.workers import (
+    LinkTrace,
+    WorkerAnswer,
+    WorkerCancel,
+    WorkerError,
+    WorkerHello,
+    WorkerInfer,
+)
+from pystub_backend.ipc.records import WireError
 
 __all__ = ["RemoteCore", "CallContext", "CALL"]
 
@@ -63,7 +63,7 @@ class RemoteCore(FrameProtocol):
         super().__init__()
         self._path = path
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Frame]] = {}
+        self._pending: dict[int, asyncio.Future[WorkerAnswer | WorkerError]] = {}
         self._watched: dict[int, web.Request] = {}
         self._poller: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()  # set when the link is gone: the worker then stops
@@ -76,7 +76,7 @@ class RemoteCore(FrameProtocol):
 
     def hello(self, index: int, pid: int) -> None:
         """Tell the core this worker is serving."""
-        self.send({"k": HELLO, "index": index, "pid": pid})
+        self.send(WorkerHello(index, pid))
 
     async def close(self) -> None:
         if self._poller is not None:
@@ -100,32 +100,34 @@ class RemoteCore(FrameProtocol):
             raise ServerError("the server's core is not reachable from this frontend worker", Status.UNAVAILABLE)
         call = CALL.get()
         request_id = next(self._ids)
-        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[WorkerAnswer | WorkerError] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         protocol = call.protocol if call is not None else "HTTP"
-        trace = [call.traceparent, call.received_ns, time.monotonic_ns()] if call is not None else None
+        trace = LinkTrace(call.traceparent, call.received_ns, time.monotonic_ns()) if call is not None else None
         if call is not None and call.http_request is not None:
             self._watched[request_id] = call.http_request
         try:
-            self.send({"k": INFER, "id": request_id, "protocol": protocol, "request": request_record(request),
-                       "trace": trace})
+            self.send(WorkerInfer(request_id, protocol, request_record(request), trace))
             answer = await future
         except asyncio.CancelledError:
             # grpc cancelled the call (deadline, client cancel): cancel the core's task too, as the
             # in-process handler's cancellation would have.
-            self.send({"k": CANCEL, "id": request_id, "task": True})
+            self.send(WorkerCancel(request_id, True))
             raise
         finally:
             self._pending.pop(request_id, None)
             self._watched.pop(request_id, None)
-        if answer["k"] == ANSWER:
-            return response_from_record(answer["response"])
-        raise ServerError(answer["message"], Status.coerce(answer["status"]))
+        if isinstance(answer, WorkerAnswer):
+            return response_from_record(answer.response)
+        raise ServerError(answer.error.message, Status.coerce(answer.error.code))
 
-    def frame_received(self, frame: Frame) -> None:
-        future = self._pending.get(frame.get("id", -1))
+    def message_received(self, message: WorkerAnswer | WorkerError) -> None:
+        if type(message) not in (WorkerAnswer, WorkerError):
+            _log.error("the core sent %s, which only workers send; ignored", type(message).__name__)
+            return
+        future = self._pending.get(message.id)
         if future is not None and not future.done():
-            future.set_result(frame)
+            future.set_result(message)
 
     def connection_lost(self, exc: Exception | None) -> None:
         _log.warning("the core link closed")
@@ -133,11 +135,10 @@ class RemoteCore(FrameProtocol):
         self._fail_pending()
 
     def _fail_pending(self) -> None:
-        lost: Frame = {"k": "error", "status": int(Status.UNAVAILABLE),
-                       "message": "the server's core closed the link to this frontend worker"}
-        for future in self._pending.values():
+        lost = WireError(int(Status.UNAVAILABLE), "the server's core closed the link to this frontend worker")
+        for request_id, future in self._pending.items():
             if not future.done():
-                future.set_result(lost)
+                future.set_result(WorkerError(request_id, lost))
 
     async def _poll_clients(self) -> None:
         """Cancel frames for HTTP clients that left while their request was in the core."""
@@ -146,4 +147,4 @@ class RemoteCore(FrameProtocol):
             gone = [key for key, request in self._watched.items() if request.transport is None]
             for key in gone:
                 del self._watched[key]
-                self.send({"k": CANCEL, "id": key, "task": False})
+                self.send(WorkerCancel(key, False))

@@ -29,7 +29,7 @@ import grpc
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from pystub_backend.backend.cli import parse_args
+from pystub_backend.backend.arguments import parse_args
 from pystub_backend.backend.frontends.access import AccessPolicy
 from pystub_backend.backend.frontends.grpc.access_log import GrpcAccessInterceptor
 from pystub_backend.backend.frontends.grpc.codec import parse_infer_request
