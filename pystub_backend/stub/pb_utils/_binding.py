@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["MODULE", "Arg", "binding", "PybindRepr", "STR", "INT", "UINT", "FLOAT", "BOOL", "NDARRAY",
+__all__ = ["MODULE", "Arg", "binding", "PybindRepr", "STR", "INT", "UINT32", "UINT64", "FLOAT", "BOOL", "NDARRAY",
            "OBJECT", "list_of", "instance_of", "enum_of"]
 
 MODULE = "c_python_backend_utils"
@@ -68,8 +68,10 @@ def _is_int(value: object) -> bool:
     return not isinstance(value, (float, str, bytes)) and (isinstance(value, int) or hasattr(type(value), "__index__"))
 
 
-def _is_uint(value: object) -> bool:
-    return _is_int(value) and int(value) >= 0  # type: ignore[call-overload]
+def _uint(bits: int) -> Callable[[object], bool]:
+    """An unsigned integer of `bits` bits (pybind11 refuses what does not fit)."""
+    top = 2**bits - 1
+    return lambda value: _is_int(value) and 0 <= int(value) <= top  # type: ignore[call-overload]
 
 
 def _is_float(value: object) -> bool:
@@ -82,7 +84,7 @@ def _is_bool(value: object) -> bool:
     return isinstance(value, (bool, int, float, np.bool_, np.number))
 
 
-STR, INT, UINT, FLOAT, BOOL = _is_str, _is_int, _is_uint, _is_float, _is_bool
+STR, INT, UINT32, UINT64, FLOAT, BOOL = _is_str, _is_int, _uint(32), _uint(64), _is_float, _is_bool
 
 
 def NDARRAY(value: object) -> bool:  # noqa: N802 - a predicate named as the type it admits

@@ -12,7 +12,8 @@ from ._binding import (
     MODULE,
     OBJECT,
     STR,
-    UINT,
+    UINT32,
+    UINT64,
     Arg,
     PybindRepr,
     binding,
@@ -63,7 +64,7 @@ def _signature() -> str:
 _CONSTRUCTOR_ARGS = (
     Arg("request_id", STR, ""), Arg("correlation_id", _NOT_NONE, 0), Arg("inputs", list_of(instance_of(Tensor))),
     Arg("requested_output_names", list_of(STR)), Arg("model_name", STR), Arg("model_version", INT, -1),
-    Arg("flags", UINT, 0), Arg("timeout", UINT, 0),
+    Arg("flags", UINT32, 0), Arg("timeout", UINT64, 0),
     Arg("preferred_memory", instance_of(PreferredMemory, none=False), None),
     Arg("trace", instance_of(InferenceTrace, none=False), None), Arg("parameters", OBJECT, None),
 )
@@ -103,11 +104,9 @@ class InferenceRequest(PybindRepr):
     ) -> None:
         model_name = require_str("model_name", model_name)
         request_id = require_str("request_id", request_id)
-        input_list = _input_list(inputs)
-        output_names = _name_list(requested_output_names)
-        _require_int("model_version", model_version)
-        _require_uint("flags", flags, 2**32 - 1)
-        _require_uint("timeout", timeout, _UINT64_MAX)
+        input_list = list(inputs)
+        output_names = [require_str("requested output name", name) for name in requested_output_names]
+        model_version, flags, timeout = int(model_version), int(flags), int(timeout)
         parameters_json = parameters_to_json(parameters)
         correlation_id = _correlation_id(correlation_id)
         _check_not_empty(input_list, output_names, request_id, model_name)
@@ -175,11 +174,10 @@ class InferenceRequest(PybindRepr):
     def flags(self) -> int:
         return self._flags
 
-    @_method("None", Arg("arg0", UINT))
+    @_method("None", Arg("arg0", UINT32))
     def set_flags(self, flags: int, /) -> None:
         """Raises TypeError unless `flags` is an unsigned 32-bit int."""
-        _require_uint("flags", flags, 2**32 - 1)
-        self._flags = flags
+        self._flags = int(flags)
 
     @_method("int")
     def timeout(self) -> int:
@@ -215,12 +213,11 @@ class InferenceRequest(PybindRepr):
             return self._response_sender.is_cancelled()
         return self._sender_source.is_cancelled() if self._sender_source is not None else False
 
-    @_method("None", Arg("arg0", UINT))
+    @_method("None", Arg("arg0", UINT32))
     def set_release_flags(self, flags: int, /) -> None:
         """`TRITONSERVER_REQUEST_RELEASE_ALL` or `_RESCHEDULE` (API.md 12). Raises TypeError for
         a non-int."""
-        _require_uint("flags", flags, 2**32 - 1)
-        self._release_flags = flags
+        self._release_flags = int(flags)
 
     @_EXEC
     def exec(self, decoupled: bool = False) -> Any:
@@ -229,12 +226,12 @@ class InferenceRequest(PybindRepr):
 
         Raises TritonModelException `BLS is only supported during the 'execute' function.`
         """
-        return _bls_handler().exec(self, _require_bool("decoupled", decoupled))
+        return _bls_handler().exec(self, bool(decoupled))
 
     @_EXEC
     def async_exec(self, decoupled: bool = False) -> Any:
         """`exec` as an awaitable; raises like `exec`."""
-        return _bls_handler().async_exec(self, _require_bool("decoupled", decoupled))
+        return _bls_handler().async_exec(self, bool(decoupled))
 
 
 def _bls_handler() -> _runtime.BlsHandler:
@@ -248,46 +245,12 @@ def _refuse_send(response: object, flags: int) -> None:
     raise TritonModelException("Unable to send response. A BLS request has no client to respond to.")
 
 
-def _input_list(inputs: object) -> list[Tensor]:
-    items = _sequence("inputs", inputs)
-    for item in items:
-        if item is not None and not isinstance(item, Tensor):
-            raise TypeError(f"inputs must be a list of Tensor, found {type(item)}")
-    return items
-
-
-def _name_list(names: object) -> list[str]:
-    return [require_str("requested output name", item) for item in _sequence("requested_output_names", names)]
-
-
-def _sequence(what: str, value: object) -> list[Any]:
-    if value is None or isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{what} must be a list, got {type(value)}")
-    return list(value)
-
-
-def _require_int(what: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, got {type(value)}")
-
-
-def _require_uint(what: str, value: object, maximum: int) -> None:
-    _require_int(what, value)
-    if not 0 <= value <= maximum:  # type: ignore[operator]
-        raise TypeError(f"{what} must be between 0 and {maximum}, got {value}")
-
-
-def _require_bool(what: str, value: object) -> bool:
-    if value is None:
-        raise TypeError(f"{what} must be a bool, got None")
-    return bool(value)
-
-
 def _correlation_id(correlation_id: object) -> int | str:
     if isinstance(correlation_id, str):
         return correlation_id
     if isinstance(correlation_id, int):
-        _require_uint("correlation_id", int(correlation_id), _UINT64_MAX)
+        if not 0 <= correlation_id <= _UINT64_MAX:
+            raise TypeError(f"correlation_id must be between 0 and {_UINT64_MAX}, got {correlation_id}")
         return int(correlation_id)
     raise TritonModelException("Correlation ID must be integer or string")
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._binding import MODULE, UINT, Arg, PybindRepr, binding
+from ._binding import MODULE, UINT32, Arg, PybindRepr, binding
 from ._constants import TRITONSERVER_RESPONSE_COMPLETE_FINAL
 from ._errors import TritonModelException
 
@@ -65,7 +65,7 @@ class InferenceResponseSender(PybindRepr):
         return self._final_sent
 
     @binding(f"(self: {MODULE}.InferenceResponseSender, response: {MODULE}.InferenceResponse = None, "
-             "flags: int = 0) -> None", Arg("response", _is_response, None), Arg("flags", UINT, 0))
+             "flags: int = 0) -> None", Arg("response", _is_response, None), Arg("flags", UINT32, 0))
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         """Send `response` and/or the FINAL flag.
 
