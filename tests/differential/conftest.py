@@ -1,8 +1,12 @@
 """The differential tier: one Triton 2.51 and one pystub per test file, shared by its tests.
 
-Known differences live in known.py, keyed by test id; this conftest marks those tests
-`xfail(strict=True)` with the difference as the reason, so a fix shows up as an XPASS failure
-and the entry must then be removed.
+Every test runs twice: against pystub as one process, and against pystub with
+`--frontend-workers 2` (protocol work in worker processes, inference over the core link), which
+must answer as the single process does.
+
+Known differences live in known.py, keyed by test id (without the pystub variant); this conftest
+marks those tests `xfail(strict=True)` with the difference as the reason, so a fix shows up as an
+XPASS failure and the entry must then be removed.
 """
 
 from __future__ import annotations
@@ -12,16 +16,16 @@ from pathlib import Path
 
 import pytest
 from known import KNOWN
-from oracle import Pair, running_pair
+from oracle import PYSTUB_VARIANTS, Pair, running_pair, without_variant
 
 _HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def _module_pair() -> Iterator[Pair]:
-    # One pair per file, not per process: each file then sees servers in the same state whatever
-    # ran before it (pytest-xdist --dist loadfile starts one pair per file anyway).
-    with running_pair() as started:
+@pytest.fixture(scope="module", params=list(PYSTUB_VARIANTS))
+def _module_pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
+    # One pair per file and variant, not per process: each file then sees servers in the same
+    # state whatever ran before it (pytest-xdist --dist loadfile starts one pair per file anyway).
+    with running_pair(*PYSTUB_VARIANTS[request.param]) as started:
         yield started
 
 
@@ -43,6 +47,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if Path(str(item.fspath)).parent != _HERE:
             continue
-        key = f"{Path(str(item.fspath)).name}::{item.name}"
+        key = f"{Path(str(item.fspath)).name}::{without_variant(item.name)}"
         if key in KNOWN:
             item.add_marker(pytest.mark.xfail(strict=True, reason=KNOWN[key]))

@@ -199,13 +199,26 @@ class TritonServer:
         LONG_LIVED_PIDS.discard(self.process.pid)
 
 
+# The pystub variants every differential test runs against: {test id part: pystub's extra flags}.
+PYSTUB_VARIANTS: dict[str, tuple[str, ...]] = {"single-process": (), "frontend-workers-2": ("--frontend-workers=2",)}
+
+
+def without_variant(name: str) -> str:
+    """A test's name without the pystub variant's id: what known.py and deviations.py are keyed by."""
+    for variant in PYSTUB_VARIANTS:
+        for part, rest in ((f"[{variant}]", ""), (f"[{variant}-", "["), (f"-{variant}]", "]"), (f"-{variant}-", "-")):
+            name = name.replace(part, rest)
+    return name
+
+
 @contextlib.contextmanager
-def running_pair() -> Iterator[Pair]:
-    """Start Triton and pystub on copies of the repository; stop both at the end."""
+def running_pair(*pystub_flags: str) -> Iterator[Pair]:
+    """Start Triton and pystub (with `pystub_flags` besides the common ones) on copies of the
+    repository; stop both at the end."""
     workdir = Path(tempfile.mkdtemp(prefix="differential-"))
     try:
         triton = TritonServer(copy_models(workdir / "triton"), workdir)
-        backend = Backend(copy_models(workdir / "pystub"), *COMMON_FLAGS, "--allow-client-shm=true")
+        backend = Backend(copy_models(workdir / "pystub"), *COMMON_FLAGS, "--allow-client-shm=true", *pystub_flags)
         try:
             triton_endpoint = triton.start()
             with module_backend(backend):

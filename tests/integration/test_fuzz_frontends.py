@@ -1,6 +1,7 @@
-"""Fuzzing the HTTP and gRPC frontends of a real server (issue 11).
+"""Fuzzing the HTTP and gRPC frontends of a real server (issue 11), as one process and with
+`--frontend-workers 2`.
 
-One module-scoped backend serves the fuzz models (examples plus `identity_2d`) with client shared
+One module-scoped backend (per variant) serves the fuzz models (examples plus `identity_2d`) with client shared
 memory on and one registered region, so shared-memory parameters that point anywhere meet a real
 registry. Every outcome must be a valid response or a refusal: HTTP 4xx with `{"error": <why>}`
 (501 only for an unknown `Content-Encoding`), gRPC INVALID_ARGUMENT / NOT_FOUND (UNKNOWN only
@@ -50,7 +51,11 @@ TIMEOUT = 15.0  # per request: a hang fails the case instead of the whole run
 REGION_BYTES = 64
 # What the log of a server that handled bad input well never shows.
 UNEXPECTED_LOG = ("Traceback", "Exception in callback", "Task exception was never retrieved",
-                  "HTTP POST", "HTTP GET", "gRPC ModelInfer failed", "is not healthy")
+                  "HTTP POST", "HTTP GET", "gRPC ModelInfer failed", "is not healthy",
+                  "a request from a frontend worker failed", "closing the core link")
+# The server runs as one process, and with frontend workers (protocol work in two worker
+# processes, inference over the core link): both must take every case as well.
+VARIANTS = {"single-process": (), "frontend-workers-2": ("--frontend-workers=2",)}
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +73,10 @@ def region() -> Iterator[str]:
     os.unlink(f"/dev/shm{key}")
 
 
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory: pytest.TempPathFactory, region: str) -> Iterator[Backend]:
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, region: str) -> Iterator[Backend]:
     repository = make_fuzz_repository(tmp_path_factory.mktemp("fuzz"))
-    with module_backend(Backend(repository, "--allow-client-shm=true")) as server:
+    with module_backend(Backend(repository, "--allow-client-shm=true", *VARIANTS[request.param])) as server:
         client = httpclient.InferenceServerClient(server.http_url)
         try:
             client.register_system_shared_memory("fuzz", region, REGION_BYTES)
