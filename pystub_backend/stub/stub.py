@@ -293,6 +293,7 @@ class Stub:
         self.model_version = int(args["model_version"])
         self.decoupled = bool(message.settings.get("decoupled", False))
         _runtime.set_model_dir(os.path.dirname(message.model_path))
+        _runtime.set_instance_name(self.instance)
         self.handlers.notify_phase(self, "initializing")
         self.boot_failure = StubExitCode.MODEL_IMPORT_FAILED
         try:

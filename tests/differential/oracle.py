@@ -35,7 +35,8 @@ from harness import LONG_LIVED_PIDS, ROOT, Backend, module_backend
 MODELS = Path(__file__).resolve().parent / "models"
 # Loaded at start-up by both servers; `loadable` and `init_fails` wait for the repository API.
 STARTUP_MODELS = ("add_sub", "batched", "bytes_echo", "bf16_echo", "dyn_batch", "repeat", "bls_caller",
-                  "bls_stream", "seq_acc", "params_echo", "counter", "controller", "raiser", "gen", "gen_stream")
+                  "bls_stream", "seq_acc", "params_echo", "counter", "controller", "raiser", "gen", "gen_stream",
+                  "pb_args", "send_twice", "metric_maker")
 COMMON_FLAGS = ("--model-control-mode=explicit", *(f"--load-model={name}" for name in STARTUP_MODELS))
 _START_TIMEOUT = 120.0
 _STOP_TIMEOUT = 30.0

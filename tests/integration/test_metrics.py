@@ -176,7 +176,7 @@ def test_the_exposition_is_prometheus_text_to_the_byte(backend: Backend) -> None
     assert block[1] == "# TYPE metered_input_values histogram"
     labels = 'model="metered_plain",version="1"'
     assert [line.split(" ")[0] for line in block[2:]] == [
-        f'metered_input_values_bucket{{{labels},le="0.5"}}', f'metered_input_values_bucket{{{labels},le="1.0"}}',
+        f'metered_input_values_bucket{{{labels},le="0.5"}}', f'metered_input_values_bucket{{{labels},le="1"}}',
         f'metered_input_values_bucket{{{labels},le="2.5"}}', f'metered_input_values_bucket{{{labels},le="+Inf"}}',
         f"metered_input_values_sum{{{labels}}}", f"metered_input_values_count{{{labels}}}"]
     counts = [int(line.split(" ")[1]) for line in block[2:6]]

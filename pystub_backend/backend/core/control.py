@@ -40,6 +40,7 @@ from pystub_backend.backend.models.repository import (
     ModelSource,
     PollError,
     RepositoryError,
+    check_config_name,
     check_stub_name,
     find_models,
     model_fingerprint,
@@ -84,16 +85,20 @@ def _raise_unexpected(results: list[object]) -> None:
             raise result
 
 
-def _override_config(request: LoadRequest | None) -> ModelConfig | None:
-    """The load request's `config` override. Raises PollError for text that is not JSON (Triton
-    reports a config it cannot read as a failed poll), ConfigError for JSON that is no config."""
+def _override_config(request: LoadRequest | None, name: str) -> ModelConfig | None:
+    """The load request's `config` override for model `name`. Raises PollError for text that is
+    not JSON or a config naming another model (Triton reports both as a failed poll: a name the
+    repository cannot hold, braces included, is just another name), ConfigError for JSON that is
+    no config."""
     if request is None or not request.config:
         return None
     try:
         json.loads(request.config)
     except ValueError as exc:
         raise PollError(f"failed to parse model configuration JSON: {exc}") from None
-    return config_from_json(request.config)
+    config = config_from_json(request.config)
+    check_config_name(name, config)
+    return config
 
 
 class ModelControl:
@@ -156,11 +161,9 @@ class ModelControl:
         """Load (or reload) a model; explicit mode only. `parameters`: `config` (str) and
         `file:<path>` (bytes). Raises ServerError."""
         self._require_explicit()
-        check_model_name(name)  # before anything is kept or logged under it
-        try:
-            check_stub_name(name)
-        except RepositoryError as exc:
-            raise _load_error(name, str(exc)) from None
+        # Here what cannot be kept or logged; what a stub cannot carry is checked in _prepare, once
+        # the repository was polled for the name (Triton's order: an unknown name is a failed poll).
+        check_model_name(name)
         request = parse_load_parameters(parameters or {})
         model_dir = None
         if not request.files:
@@ -307,13 +310,15 @@ class ModelControl:
         (logged); the entry then shows why, unless versions of it serve on."""
         name, override = entry.name, None
         try:
-            check_stub_name(name)
-            config = _override_config(request)
-            if request is not None and request.files:
-                override = await OverrideDir.create_off_loop(name, request.files)
-                model_dir = override.model_dir
-            if model_dir is None:
+            config = _override_config(request, name)
+            files = request.files if request is not None else None
+            if model_dir is None and not files:   # a failed poll, whatever the name (braces too)
                 raise PollError(f"model '{name}' is not found in any model repository")
+            check_stub_name(name)
+            if files:
+                override = await OverrideDir.create_off_loop(name, files)
+                model_dir = override.model_dir
+            assert model_dir is not None  # found in a repository, or made from the request's files
             if not entry.versions:
                 entry.state, entry.reason = ModelState.LOADING, ""
             source = await prepare_model(name, model_dir, self.options.settings, self.options.auto_complete, config,

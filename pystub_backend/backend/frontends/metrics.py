@@ -232,6 +232,8 @@ def _stub_families(writer: TextWriter, versions: list[ModelVersion], poller: Sys
 
 def _custom_families(writer: TextWriter, registry: CustomMetrics) -> None:
     for family in registry.families():
+        if not family.series:   # as prometheus-cpp (Triton) does: a family shows once it has a metric
+            continue
         writer.family(family.name, KIND_NAMES[family.kind], family.description)
         for series in family.series.values():
             if series.buckets is None:

@@ -33,7 +33,8 @@ from pystub_backend.backend.models.remote import RemoteRepositoryError, is_remot
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess, StubStartError
 
-__all__ = ["ModelSource", "RepositoryError", "PollError", "POLL_FAILED", "find_models", "prepare_model",
+__all__ = ["ModelSource", "RepositoryError", "PollError", "POLL_FAILED", "check_config_name", "find_models",
+           "prepare_model",
            "select_versions", "model_file", "check_stub_name", "check_model_paths", "model_fingerprint",
            "INVALID_STUB_NAME"]
 
@@ -224,10 +225,15 @@ def _read_config(name: str, model_dir: str, config_name: str = "") -> ModelConfi
         config = load_config_file(path) if os.path.isfile(path) else ModelConfig()
     except (ConfigError, OSError) as exc:
         raise PollError(str(exc)) from exc
+    check_config_name(name, config)
+    return config
+
+
+def check_config_name(name: str, config: ModelConfig) -> None:
+    """Raises PollError when `config` names a model other than `name` (its directory's)."""
     if config.name and config.name != name:
         raise PollError(f"unexpected directory name '{name}' for model '{config.name}', directory name must equal "
                         f"model name")
-    return config
 
 
 def model_fingerprint(model_dir: str) -> frozenset[tuple[str, int, int]]:

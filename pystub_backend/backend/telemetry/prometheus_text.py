@@ -10,8 +10,8 @@ server writes the text itself, following the format's rules:
 - every family appears once, its samples right after its TYPE line;
 - label names are sorted (as prometheus-cpp, hence Triton, writes them), a histogram's `le` last;
 - values: integers as integers, floats as Go's strconv would write them, `+Inf`, `-Inf`, `NaN`;
-- histograms: cumulative `<name>_bucket{le="..."}` per bound, then `le="+Inf"` (equal to the count),
-  `<name>_sum` and `<name>_count`.
+- histograms: cumulative `<name>_bucket{le="..."}` per bound (bounds written as values: `le="1"`),
+  then `le="+Inf"` (equal to the count), `<name>_sum` and `<name>_count`.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class TextWriter:
         cumulative = 0
         for bound, bucket_count in zip(bounds, counts, strict=False):
             cumulative += bucket_count
-            self._lines.append(f"{name}_bucket{_labels_text(labels, floatToGoString(bound))} {cumulative}")
+            self._lines.append(f"{name}_bucket{_labels_text(labels, format_value(float(bound)))} {cumulative}")
         self._lines.append(f"{name}_bucket{_labels_text(labels, '+Inf')} {count}")
         self._lines.append(f"{name}_sum{_labels_text(labels)} {format_value(float(total))}")
         self._lines.append(f"{name}_count{_labels_text(labels)} {count}")

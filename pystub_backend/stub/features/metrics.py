@@ -4,8 +4,9 @@ whose registry serves them on `/metrics` (frames in `pystub_backend.ipc.messages
     model code ──▶ pb_utils (validation, local state) ──▶ MetricsReporter
         family_created   MetricFamilyCreate, waits for the reply: a name another model registered
                          with another kind fails here, as it does in Triton
-        metric_created   ┐
-        metric_operation ├ buffered: one entry per series, changes aggregated in order
+        metric_created   buffered, then flushed with a MetricValueQuery behind it, waits: the
+                         series is on `/metrics` once the model has its Metric, as in Triton
+        metric_operation ┐ buffered: one entry per series, changes aggregated in order
         metric_deleted   ┘
         metric_value     flush, MetricValueQuery, waits: `value()` is the server's value
 
@@ -109,8 +110,13 @@ class MetricsReporter:
                       f"the creation of metric family '{name}'")
 
     def metric_created(self, family: str, labels: dict[str, str], buckets: list[float] | None) -> None:
+        """Create the series on the server and wait until it is there: in Triton a metric is on
+        `/metrics` (at 0) as soon as it is made, before its first change."""
         check_label_names(labels, buckets is not None)
         self._append(_series_key(family, labels), [ENTRY_CREATE, family, labels, buckets])
+        # The query leaves after the flushed CREATE (one channel, in order): its answer means the
+        # server has applied it. The value itself is not needed.
+        self.metric_value(family, labels)
 
     def metric_deleted(self, family: str, labels: dict[str, str]) -> None:
         self._append(_series_key(family, labels), [ENTRY_DELETE, family, labels])

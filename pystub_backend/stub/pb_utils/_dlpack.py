@@ -39,9 +39,10 @@ KDL_CPU, KDL_CUDA, KDL_CUDA_HOST = 1, 2, 3
 _KDL_INT, _KDL_UINT, _KDL_FLOAT, _KDL_BFLOAT, _KDL_BOOL = 0, 1, 2, 4, 6
 _READ_ONLY_FLAG = 1
 
+# Triton 2.51's text, the run of blanks included (a line continuation inside its C++ literal).
 _NOT_SUPPORTED = (
-    "Provided tensor is not supported. Supported objects are: "
-    "PyCapsule and objects implementing __dlpack__ and __dlpack_device__"
+    "Provided tensor is not supported. Tensor must be a DLPack capsule         "
+    "or have `__dlpack__` and `__dlpack_device__` attributes"
 )
 _NOT_CONTIGUOUS = (
     "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored in C-Order "

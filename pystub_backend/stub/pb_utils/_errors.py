@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pystub_backend.ipc.status import Status
 
+from ._binding import MODULE, STR, Arg, PybindRepr, binding, enum_of
+
 __all__ = ["TritonError", "TritonModelException", "ErrorCode", "require_str"]
 
 ErrorCode = Status
@@ -21,7 +23,7 @@ class TritonModelException(Exception):
     """
 
 
-class TritonError:
+class TritonError(PybindRepr):
     """An error a model attaches to a response: `TritonError(message, code=TritonError.INTERNAL)`."""
 
     UNKNOWN = Status.UNKNOWN
@@ -35,30 +37,21 @@ class TritonError:
 
     __slots__ = ("_message", "_code")
 
+    @binding(f"{MODULE}.TritonError(message: str, code: {MODULE}.TritonError.__ErrorCode = <__ErrorCode.INTERNAL: 1>)",
+             Arg("message", STR), Arg("code", enum_of(Status), Status.INTERNAL))
     def __init__(self, message: str, code: Status = Status.INTERNAL) -> None:
-        """Raises TypeError when `message` is not a str or `code` is not an error code."""
+        """Raises TypeError (pybind11's text) when `message` is not a str or `code` is not one of
+        the class's codes (plain ints included, as in the original)."""
         self._message = require_str("message", message)
-        self._code = _coerce_code(code)
+        self._code = code
 
+    @binding(f"(self: {MODULE}.TritonError) -> str")
     def message(self) -> str:
         return self._message
 
+    @binding(f"(self: {MODULE}.TritonError) -> {MODULE}.TritonError.__ErrorCode")
     def code(self) -> Status:
         return self._code
-
-    def __repr__(self) -> str:
-        return f"TritonError({self._message!r}, {self._code.name})"
-
-
-def _coerce_code(code: object) -> Status:
-    # Plain ints are accepted too (the original only takes its enum) since IntEnum members and
-    # ints are interchangeable everywhere else in Python.
-    if isinstance(code, int) and not isinstance(code, bool):
-        try:
-            return Status(code)
-        except ValueError:
-            pass
-    raise TypeError(f"code must be a TritonError code (TritonError.INTERNAL, ...), got {code!r}")
 
 
 def require_str(what: str, value: object) -> str:

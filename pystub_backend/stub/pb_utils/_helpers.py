@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _runtime
+from ._binding import binding
 from ._errors import TritonModelException
 
 __all__ = [
@@ -45,9 +46,10 @@ def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[s
 
 
 def _config_entry(model_config: dict[str, Any], section: str, name: str) -> dict[str, Any] | None:
-    for entry in model_config.get(section, []):
-        if entry["name"] == name:
-            return entry
+    if section in model_config:   # `in` first, as the original: a None config is "not iterable"
+        for entry in model_config[section]:
+            if entry["name"] == name:
+                return entry
     return None
 
 
@@ -61,6 +63,7 @@ def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bo
     return False
 
 
+@binding("() -> str", method=False)
 def get_model_dir() -> str:
     """The model's version directory. Raises TritonModelException before the stub has set it."""
     path = _runtime.model_dir()

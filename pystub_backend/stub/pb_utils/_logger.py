@@ -16,6 +16,7 @@ import sys
 import time
 
 from . import _runtime
+from ._binding import MODULE, STR, Arg, binding, enum_of
 from ._errors import require_str
 
 __all__ = ["Logger", "LogLevel", "format_glog"]
@@ -34,8 +35,12 @@ _Level = LogLevel  # for annotations inside Logger, whose own `LogLevel` attribu
 _LEADING_CHAR = {LogLevel.INFO: "I", LogLevel.WARNING: "W", LogLevel.ERROR: "E", LogLevel.VERBOSE: "I"}
 
 
+_MESSAGE_ONLY = binding("(message: str) -> None", Arg("message", STR), method=False)
+
+
 class Logger:
-    """Static logging methods; raise TypeError for a non-str message or an unknown level."""
+    """Static logging methods; raise TypeError (pybind11's text) for a message that is not a str
+    or a level that is not a `Logger.LogLevel` (plain ints included, as in the original)."""
 
     LogLevel = LogLevel
     INFO = LogLevel.INFO
@@ -43,32 +48,41 @@ class Logger:
     ERROR = LogLevel.ERROR
     VERBOSE = LogLevel.VERBOSE
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError(f"{MODULE}.Logger: No constructor defined!")  # a pybind11 class without one
+
     @staticmethod
+    @binding(f"(message: str, level: {MODULE}.Logger.LogLevel = <LogLevel.INFO: 0>) -> None", Arg("message", STR),
+             Arg("level", enum_of(LogLevel), LogLevel.INFO), method=False)
     def log(message: str, level: _Level = LogLevel.INFO) -> None:
         _emit(message, level)
 
     @staticmethod
+    @_MESSAGE_ONLY
     def log_info(message: str) -> None:
         _emit(message, LogLevel.INFO)
 
     @staticmethod
+    @_MESSAGE_ONLY
     def log_warn(message: str) -> None:
         _emit(message, LogLevel.WARNING)
 
     @staticmethod
+    @_MESSAGE_ONLY
     def log_error(message: str) -> None:
         _emit(message, LogLevel.ERROR)
 
     @staticmethod
+    @_MESSAGE_ONLY
     def log_verbose(message: str) -> None:
         _emit(message, LogLevel.VERBOSE)
 
 
-def _emit(message: object, level: object) -> None:
+def _emit(message: object, level: int) -> None:
     text = require_str("message", message)
-    log_level = _level(level)
-    # Two frames up: past _emit and the Logger method, to the model code that logged.
-    caller = sys._getframe(2)
+    log_level = LogLevel(level)
+    # Three frames up: past _emit, the Logger method and its argument check, to the model code.
+    caller = sys._getframe(3)
     filename, lineno = caller.f_code.co_filename, caller.f_lineno
     sink = _runtime.log_sink()
     if sink is not None:
@@ -78,15 +92,6 @@ def _emit(message: object, level: object) -> None:
         except Exception:  # noqa: BLE001 - a broken channel must not lose the record
             pass
     _write_stderr(format_glog(log_level, text, filename, lineno))
-
-
-def _level(level: object) -> LogLevel:
-    if isinstance(level, int) and not isinstance(level, bool):
-        try:
-            return LogLevel(level)
-        except ValueError:
-            pass
-    raise TypeError(f"level must be a Logger.LogLevel, got {level!r}")
 
 
 def format_glog(level: int, message: str, filename: str, lineno: int, now: float | None = None) -> str:

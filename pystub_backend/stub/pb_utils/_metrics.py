@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import itertools
 import json
 import re
 import threading
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _runtime
+from ._binding import FLOAT, MODULE, STR, Arg, PybindRepr, binding, enum_of
 from ._errors import TritonModelException, require_str
 
 __all__ = ["MetricFamily", "Metric", "MetricKind"]
@@ -80,7 +82,19 @@ class _Liveness:
         self.alive = True
 
 
-class MetricFamily:
+# What pybind11 raises when a bucket bound is not a number (the original converts the list in C++).
+_NOT_A_NUMBER = ("Unable to cast Python instance to C++ type (#define PYBIND11_DETAILED_ERROR_MESSAGES or compile in "
+                 "debug mode for details)")
+_OPERATION = binding(f"(self: {MODULE}.Metric, arg0: float) -> None", Arg("arg0", FLOAT))
+
+
+def _refused(reason: str) -> TritonModelException:
+    """A metric the server refuses to create, in the original's words (its server answers the stub)."""
+    return TritonModelException(f"Error when creating Metric: Failed to process the request for model "
+                                f"'{_runtime.instance_name()}', message: {reason}")
+
+
+class MetricFamily(PybindRepr):
     """`MetricFamily(name, description, kind)`.
 
     Raises TritonModelException `Error when creating MetricFamily: <reason>` for an invalid name
@@ -92,10 +106,11 @@ class MetricFamily:
     HISTOGRAM = MetricKind.HISTOGRAM
     MetricKind = MetricKind
 
+    @binding(f"{MODULE}.MetricFamily(name: str, description: str, kind: {MODULE}.MetricKind)", Arg("name", STR),
+             Arg("description", STR), Arg("kind", enum_of(MetricKind)))
     def __init__(self, name: str, description: str, kind: _Kind) -> None:
         name = require_str("name", name)
         description = require_str("description", description)
-        kind = _kind(kind)
         known = _families.get(name)
         try:
             self._record = _register_family(name, description, kind)
@@ -112,8 +127,10 @@ class MetricFamily:
 
     def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:  # noqa: N802
         """A metric of this family. Raises TritonModelException `Failed to create metric. ...`."""
-        if labels is not None and not _is_str_dict(labels):
+        if labels is not None and not isinstance(labels, dict):
             raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+        if labels is not None and not _is_str_dict(labels):
+            raise _refused("attempt to access JSON non-string as string")
         bucket_list = self._check_buckets(buckets)
         return Metric._create(self._record, self._liveness, dict(labels or {}), bucket_list)
 
@@ -127,15 +144,15 @@ class MetricFamily:
             raise TritonModelException("Failed to create metric. Buckets must be a list.")
         if kind != MetricKind.HISTOGRAM:
             raise TritonModelException("Failed to create metric. Unexpected buckets found.")
-        if not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in buckets):
-            raise TypeError("buckets must be a list of numbers")
+        if not all(isinstance(b, (int, float)) for b in buckets):
+            raise RuntimeError(_NOT_A_NUMBER)
         values = [float(b) for b in buckets]
-        if values != sorted(values):
-            raise TritonModelException("Failed to create metric. Buckets must be in increasing order.")
+        if any(low >= high for low, high in itertools.pairwise(values)):
+            raise _refused("Bucket Boundaries must be strictly sorted")
         return values
 
 
-class Metric:
+class Metric(PybindRepr):
     """A labelled counter, gauge or histogram, created by `MetricFamily.Metric(...)`.
 
     Every method raises TritonModelException `Failed to <op> metric value: <reason>`.
@@ -174,18 +191,22 @@ class Metric:
         weakref.finalize(metric, _release, record, metric._key, labels)
         return metric
 
-    def increment(self, value: float) -> None:
+    @_OPERATION
+    def increment(self, value: float, /) -> None:
         """Add `value` (COUNTER: non-negative only; GAUGE: any sign)."""
         self._operate("increment", "Increment", value, (MetricKind.COUNTER, MetricKind.GAUGE))
 
-    def set(self, value: float) -> None:
+    @_OPERATION
+    def set(self, value: float, /) -> None:
         """Set a GAUGE to `value`."""
         self._operate("set", "Set", value, (MetricKind.GAUGE,))
 
-    def observe(self, value: float) -> None:
+    @_OPERATION
+    def observe(self, value: float, /) -> None:
         """Record `value` in a HISTOGRAM."""
         self._operate("observe", "Observe", value, (MetricKind.HISTOGRAM,))
 
+    @binding(f"(self: {MODULE}.Metric) -> float")
     def value(self) -> float:
         """The current value of a COUNTER or GAUGE: the server's, when a reporter that can read
         it back (`metric_value`) is installed, else the local one."""
@@ -289,15 +310,6 @@ def _report(method: str, *args: Any) -> None:
     handler = getattr(reporter, method, None) if reporter is not None else None
     if handler is not None:
         handler(*args)
-
-
-def _kind(kind: object) -> MetricKind:
-    if isinstance(kind, int) and not isinstance(kind, bool):
-        try:
-            return MetricKind(kind)
-        except ValueError:
-            pass
-    raise TypeError(f"kind must be a MetricFamily kind (COUNTER, GAUGE, HISTOGRAM), got {kind!r}")
 
 
 def _is_str_dict(labels: object) -> bool:

@@ -23,7 +23,7 @@ class ModelConfig:
     """
 
     def __init__(self, model_config: str | bytes | dict[str, Any]) -> None:
-        config = json.loads(model_config) if isinstance(model_config, (str, bytes, bytearray)) else model_config
+        config = model_config if isinstance(model_config, dict) else json.loads(model_config)
         if not isinstance(config, dict):
             raise ValueError(f"model configuration must be a JSON object, got {type(config)}")
         missing = [key for key in _REQUIRED_KEYS if key not in config]
@@ -96,11 +96,11 @@ class ModelConfig:
     def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
         """Set `decoupled`. Raises ValueError for another property or for changing a value set
         by the configuration."""
-        for key in transaction_policy_dict:
+        for key in transaction_policy_dict.keys():  # noqa: SIM118 - a None argument fails here, as in the original
             if key != "decoupled":
                 raise ValueError(
                     "model transaction property in auto-complete-config function for model "
-                    f"'{self._name()}' contains property other than 'decoupled'"
+                    f"'{self._name()}' contains property other than 'decoupled'."
                 )
         policy = self._model_config.setdefault("model_transaction_policy", {})
         if "decoupled" in transaction_policy_dict:

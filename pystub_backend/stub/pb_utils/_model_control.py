@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from . import _runtime
+from ._binding import BOOL, OBJECT, STR, Arg, binding
 from ._errors import TritonModelException, require_str
 
 __all__ = ["load_model", "unload_model", "is_model_ready"]
@@ -23,6 +24,8 @@ _UNAVAILABLE = (
 _VERSION = re.compile(r"\s*[+-]?\d")
 
 
+@binding("(model_name: str, config: str = '', files: object = None) -> None", Arg("model_name", STR),
+         Arg("config", STR, ""), Arg("files", OBJECT, None), method=False)
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
     """Load (or reload) `model_name`, optionally with a JSON `config` and `{"file:<ver>/<name>": bytes}`.
 
@@ -38,14 +41,16 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
     _call("Failed to load model: ", "load_model", model_name, config, dict(files) if files is not None else None)
 
 
+@binding("(model_name: str, unload_dependents: bool = False) -> None", Arg("model_name", STR),
+         Arg("unload_dependents", BOOL, False), method=False)
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload `model_name`. Raises TritonModelException `Failed to unload model: <reason>`."""
     model_name = require_str("model_name", model_name)
-    if unload_dependents is None:
-        raise TypeError("unload_dependents must be a bool, got None")
     _call("Failed to unload model: ", "unload_model", model_name, bool(unload_dependents))
 
 
+@binding("(model_name: str, model_version: str = '') -> bool", Arg("model_name", STR), Arg("model_version", STR, ""),
+         method=False)
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
     """Whether `model_name` (at `model_version`, "" meaning any) is ready.
 

@@ -7,6 +7,20 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from . import _runtime
+from ._binding import (
+    BOOL,
+    INT,
+    MODULE,
+    OBJECT,
+    STR,
+    UINT32,
+    UINT64,
+    Arg,
+    PybindRepr,
+    binding,
+    instance_of,
+    list_of,
+)
 from ._constants import TRITONSERVER_REQUEST_RELEASE_ALL
 from ._errors import TritonModelException, require_str
 from ._parameters import parameters_to_json
@@ -34,13 +48,47 @@ class SenderSource(Protocol):
         ...
 
 
-class InferenceRequest:
+def _NOT_NONE(value: object) -> bool:  # noqa: N802 - named as the binding's other argument kinds
+    # Triton's binding refuses None for correlation_id although its signature says `object`
+    return value is not None
+
+
+def _signature() -> str:
+    """Triton's constructor signature, its defaults shown as pybind11 shows them."""
+    return (f"{MODULE}.InferenceRequest(request_id: str = '', correlation_id: object = 0, "
+            "inputs: List[triton::backend::python::PbTensor], requested_output_names: List[str], model_name: str, "
+            "model_version: int = -1, flags: int = 0, timeout: int = 0, "
+            f"preferred_memory: {MODULE}.PreferredMemory = {_DEFAULT_MEMORY!r}, "
+            f"trace: {MODULE}.InferenceTrace = {_NO_TRACE!r}, parameters: object = None)")
+
+
+_CONSTRUCTOR_ARGS = (
+    Arg("request_id", STR, ""), Arg("correlation_id", _NOT_NONE, 0), Arg("inputs", list_of(instance_of(Tensor))),
+    Arg("requested_output_names", list_of(STR)), Arg("model_name", STR), Arg("model_version", INT, -1),
+    Arg("flags", UINT32, 0), Arg("timeout", UINT64, 0),
+    Arg("preferred_memory", instance_of(PreferredMemory, none=False), None),
+    Arg("trace", instance_of(InferenceTrace, none=False), None), Arg("parameters", OBJECT, None),
+)
+
+
+def _method(returns: str, *args: Arg) -> Any:
+    """An InferenceRequest method as bound in Triton's pb_utils (its arguments are ints)."""
+    shown = "".join(f", {arg.name}: int" for arg in args)
+    return binding(f"(self: {MODULE}.InferenceRequest{shown}) -> {returns}", *args)
+
+
+_EXEC = binding(f"(self: {MODULE}.InferenceRequest, decoupled: bool = False) -> object",
+                Arg("decoupled", BOOL, False))
+
+
+class InferenceRequest(PybindRepr):
     """A BLS request, or (via `_from_server`) a request received by `execute`.
 
     The constructor raises TritonModelException with the docs/reference/model-api.md#inferencerequest, #parameters
     texts, and TypeError for arguments of the wrong type (any argument but `parameters` being None included).
     """
 
+    @binding(_signature, *_CONSTRUCTOR_ARGS)
     def __init__(
         self,
         model_name: str,
@@ -57,13 +105,9 @@ class InferenceRequest:
     ) -> None:
         model_name = require_str("model_name", model_name)
         request_id = require_str("request_id", request_id)
-        input_list = _input_list(inputs)
-        output_names = _name_list(requested_output_names)
-        _require_int("model_version", model_version)
-        _require_uint("flags", flags, 2**32 - 1)
-        _require_uint("timeout", timeout, _UINT64_MAX)
-        _typed("preferred_memory", preferred_memory, PreferredMemory)
-        _typed("trace", trace, InferenceTrace)
+        input_list = list(inputs)
+        output_names = [require_str("requested output name", name) for name in requested_output_names]
+        model_version, flags, timeout = int(model_version), int(flags), int(timeout)
         parameters_json = parameters_to_json(parameters)
         correlation_id = _correlation_id(correlation_id)
         _check_not_empty(input_list, output_names, request_id, model_name)
@@ -115,37 +159,46 @@ class InferenceRequest:
         )
         return request
 
+    @_method("List[triton::backend::python::PbTensor]")
     def inputs(self) -> list[Tensor]:
         return self._inputs
 
+    @_method("str")
     def request_id(self) -> str:
         return self._request_id
 
+    @_method("object")
     def correlation_id(self) -> int | str:
         return self._correlation_id
 
+    @_method("int")
     def flags(self) -> int:
         return self._flags
 
-    def set_flags(self, flags: int) -> None:
+    @_method("None", Arg("arg0", UINT32))
+    def set_flags(self, flags: int, /) -> None:
         """Raises TypeError unless `flags` is an unsigned 32-bit int."""
-        _require_uint("flags", flags, 2**32 - 1)
-        self._flags = flags
+        self._flags = int(flags)
 
+    @_method("int")
     def timeout(self) -> int:
         """The timeout in microseconds, 0 if none."""
         return self._timeout
 
+    @_method("str")
     def parameters(self) -> str:
         """The custom request parameters as a JSON object string."""
         return self._parameters
 
+    @_method("Set[str]")
     def requested_output_names(self) -> set[str]:
         return self._requested_output_names
 
+    @_method(f"{MODULE}.InferenceTrace")
     def trace(self) -> InferenceTrace:
         return self._trace
 
+    @_method("triton::backend::python::ResponseSender")
     def get_response_sender(self) -> InferenceResponseSender:
         """The request's sender; a BLS request has one that refuses every send."""
         if self._response_sender is None:
@@ -154,32 +207,32 @@ class InferenceRequest:
                                      else InferenceResponseSender(_refuse_send, lambda: False, decoupled=True))
         return self._response_sender
 
+    @_method("bool")
     def is_cancelled(self) -> bool:
         """Whether the client cancelled this request (always False for a BLS request)."""
         if self._response_sender is not None:
             return self._response_sender.is_cancelled()
         return self._sender_source.is_cancelled() if self._sender_source is not None else False
 
+    @_method("None", Arg("arg0", UINT32))
     def set_release_flags(self, flags: int, /) -> None:
         """`TRITONSERVER_REQUEST_RELEASE_ALL` or `_RESCHEDULE`
         (docs/reference/model-api.md#release-flags-and-rescheduling). Raises TypeError for a non-int."""
-        _require_uint("flags", flags, 2**32 - 1)
-        self._release_flags = flags
+        self._release_flags = int(flags)
 
+    @_EXEC
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on another model (BLS): an `InferenceResponse`, or a
         `ResponseIterator` with `decoupled=True`. Failures come back as the response's error.
 
         Raises TritonModelException `BLS is only supported during the 'execute' function.`
         """
-        return _bls_handler().exec(self, _require_bool("decoupled", decoupled))
+        return _bls_handler().exec(self, bool(decoupled))
 
+    @_EXEC
     def async_exec(self, decoupled: bool = False) -> Any:
         """`exec` as an awaitable; raises like `exec`."""
-        return _bls_handler().async_exec(self, _require_bool("decoupled", decoupled))
-
-    def __repr__(self) -> str:
-        return f"InferenceRequest(model_name={self._model_name!r}, request_id={self._request_id!r})"
+        return _bls_handler().async_exec(self, bool(decoupled))
 
 
 def _bls_handler() -> _runtime.BlsHandler:
@@ -193,51 +246,12 @@ def _refuse_send(response: object, flags: int) -> None:
     raise TritonModelException("Unable to send response. A BLS request has no client to respond to.")
 
 
-def _input_list(inputs: object) -> list[Tensor]:
-    items = _sequence("inputs", inputs)
-    for item in items:
-        if item is not None and not isinstance(item, Tensor):
-            raise TypeError(f"inputs must be a list of Tensor, found {type(item)}")
-    return items
-
-
-def _name_list(names: object) -> list[str]:
-    return [require_str("requested output name", item) for item in _sequence("requested_output_names", names)]
-
-
-def _sequence(what: str, value: object) -> list[Any]:
-    if value is None or isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{what} must be a list, got {type(value)}")
-    return list(value)
-
-
-def _require_int(what: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, got {type(value)}")
-
-
-def _require_uint(what: str, value: object, maximum: int) -> None:
-    _require_int(what, value)
-    if not 0 <= value <= maximum:  # type: ignore[operator]
-        raise TypeError(f"{what} must be between 0 and {maximum}, got {value}")
-
-
-def _require_bool(what: str, value: object) -> bool:
-    if value is None:
-        raise TypeError(f"{what} must be a bool, got None")
-    return bool(value)
-
-
-def _typed(what: str, value: object, cls: type) -> None:
-    if not isinstance(value, cls):
-        raise TypeError(f"{what} must be a {cls.__name__}, got {type(value)}")
-
-
 def _correlation_id(correlation_id: object) -> int | str:
     if isinstance(correlation_id, str):
         return correlation_id
     if isinstance(correlation_id, int):
-        _require_uint("correlation_id", int(correlation_id), _UINT64_MAX)
+        if not 0 <= correlation_id <= _UINT64_MAX:
+            raise TypeError(f"correlation_id must be between 0 and {_UINT64_MAX}, got {correlation_id}")
         return int(correlation_id)
     raise TritonModelException("Correlation ID must be integer or string")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._binding import INT, MODULE, Arg, PybindRepr, binding, enum_of
 from ._constants import MemoryType
 
 __all__ = ["PreferredMemory", "InferenceTrace", "PREFERRED_MEMORY_DEFAULT"]
@@ -10,20 +11,22 @@ __all__ = ["PreferredMemory", "InferenceTrace", "PREFERRED_MEMORY_DEFAULT"]
 PREFERRED_MEMORY_DEFAULT = 2
 
 
-class PreferredMemory:
+class PreferredMemory(PybindRepr):
     """`PreferredMemory(preferred_memory_type, preferred_device_id=0)`: where BLS outputs go.
 
     A CPU-only build always places them on the CPU; the hint is carried along unchanged.
-    Raises TypeError for a type that is not a `MemoryType` or a device id that is not an int.
+    Raises TypeError (pybind11's text) for a type that is not a `MemoryType` or a device id that
+    is not an int.
     """
 
     __slots__ = ("_memory_type", "_device_id")
 
+    @binding(f"{MODULE}.PreferredMemory(preferred_memory_type: triton::backend::python::PreferredMemory::MemoryType, "
+             "preferred_device_id: int = 0)", Arg("preferred_memory_type", enum_of(MemoryType)),
+             Arg("preferred_device_id", INT, 0))
     def __init__(self, preferred_memory_type: MemoryType, preferred_device_id: int = 0) -> None:
-        self._memory_type = _memory_type(preferred_memory_type)
-        if not isinstance(preferred_device_id, int) or isinstance(preferred_device_id, bool):
-            raise TypeError(f"preferred_device_id must be an int, got {type(preferred_device_id)}")
-        self._device_id = preferred_device_id
+        self._memory_type = int(preferred_memory_type)
+        self._device_id = int(preferred_device_id)
 
     @classmethod
     def _default(cls) -> PreferredMemory:
@@ -41,20 +44,9 @@ class PreferredMemory:
     def preferred_device_id(self) -> int:
         return self._device_id
 
-    def __repr__(self) -> str:
-        return f"PreferredMemory({self._memory_type!r}, {self._device_id})"
 
 
-def _memory_type(value: object) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        try:
-            return MemoryType(value)
-        except ValueError:
-            pass
-    raise TypeError(f"preferred_memory_type must be a MemoryType, got {value!r}")
-
-
-class InferenceTrace:
+class InferenceTrace(PybindRepr):
     """The trace of a request; pass `request.trace()` into a BLS request to keep its context."""
 
     __slots__ = ("_context",)

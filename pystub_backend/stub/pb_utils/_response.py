@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+from ._binding import MODULE, OBJECT, Arg, PybindRepr, binding, instance_of, list_of
 from ._errors import TritonError, TritonModelException
 from ._parameters import parameters_to_json
 from ._tensor import Tensor
@@ -11,26 +13,34 @@ from ._tensor import Tensor
 __all__ = ["InferenceResponse"]
 
 
-class InferenceResponse:
+def _method(returns: str) -> Any:
+    """An InferenceResponse method without arguments, as bound in Triton's pb_utils."""
+    return binding(f"(self: {MODULE}.InferenceResponse) -> {returns}")
+
+
+class InferenceResponse(PybindRepr):
     """`InferenceResponse(output_tensors=[], error=None, parameters=None)`.
 
     When `error` is set the server ignores the outputs (they are still returned by
     `output_tensors()`, as in the original). Raises TritonModelException
     `Output tensor for inference response should not be empty.` for a None tensor, the texts of
-    docs/reference/model-api.md#parameters for bad parameters, and TypeError for arguments of the wrong type.
+    docs/reference/model-api.md#parameters for bad parameters, and TypeError (pybind11's text) for
+    arguments of the wrong type. `parameters` is pystub's (Triton 2.51 has no such argument): not in
+    the signature.
     """
 
     __slots__ = ("_outputs", "_error", "_parameters")
 
+    @binding(f"{MODULE}.InferenceResponse(output_tensors: List[{MODULE}.Tensor] = [], "
+             f"error: {MODULE}.TritonError = None)", Arg("output_tensors", list_of(instance_of(Tensor)), ()),
+             Arg("error", instance_of(TritonError), None), Arg("parameters", OBJECT, None))
     def __init__(
         self,
         output_tensors: Iterable[Tensor] | None = None,
         error: TritonError | None = None,
         parameters: dict[str, bool | int | str] | None = None,
     ) -> None:
-        outputs = _tensor_list(output_tensors)
-        if error is not None and not isinstance(error, TritonError):
-            raise TypeError(f"error must be a TritonError or None, got {type(error)}")
+        outputs: list[Tensor | None] = list(output_tensors or ())
         parameters_json = parameters_to_json(parameters)
         if any(output is None for output in outputs):
             raise TritonModelException("Output tensor for inference response should not be empty.")
@@ -49,30 +59,18 @@ class InferenceResponse:
         response._parameters = parameters_json
         return response
 
+    @_method(f"List[{MODULE}.Tensor]")
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
 
+    @_method("bool")
     def has_error(self) -> bool:
         return self._error is not None
 
+    @_method(f"{MODULE}.TritonError")
     def error(self) -> TritonError | None:
         return self._error
 
     def parameters(self) -> str:
         """The response parameters as a JSON object string."""
         return self._parameters
-
-    def __repr__(self) -> str:
-        return f"InferenceResponse(outputs={[t.name() for t in self._outputs]}, error={self._error!r})"
-
-
-def _tensor_list(output_tensors: object) -> list[Tensor | None]:
-    if output_tensors is None:
-        return []
-    if isinstance(output_tensors, (str, bytes, dict)) or not hasattr(output_tensors, "__iter__"):
-        raise TypeError(f"output_tensors must be a list of Tensor, got {type(output_tensors)}")
-    outputs = list(output_tensors)
-    for output in outputs:
-        if output is not None and not isinstance(output, Tensor):
-            raise TypeError(f"output_tensors must be a list of Tensor, found {type(output)}")
-    return outputs

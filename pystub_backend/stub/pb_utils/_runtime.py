@@ -30,6 +30,8 @@ __all__ = [
     "metric_reporter",
     "set_model_dir",
     "model_dir",
+    "set_instance_name",
+    "instance_name",
     "set_shm_free_memory",
     "shm_free_memory",
     "Multiplexer",
@@ -94,6 +96,7 @@ _bls_handler: BlsHandler | None = None
 _model_control: ModelControl | None = None
 _metric_reporter: MetricReporter | None = None
 _model_dir: str | None = None
+_instance_name = ""
 _shm_free_memory: Callable[[], int] | None = None
 _multiplexer: Multiplexer | None = None
 _output_allocator: Callable[[Any, Any], Any] | None = None
@@ -149,6 +152,16 @@ def model_dir() -> str | None:
     return _model_dir
 
 
+def set_instance_name(name: str) -> None:
+    """The model instance this process runs (`<model>_<n>`), named in texts the server would write."""
+    global _instance_name
+    _instance_name = name
+
+
+def instance_name() -> str:
+    return _instance_name
+
+
 def set_shm_free_memory(fn: Callable[[], int] | None) -> None:
     """Probe behind `c_python_backend_utils.shared_memory.free_memory()`."""
     global _shm_free_memory
@@ -188,5 +201,6 @@ def reset() -> None:
     set_metric_reporter(None)
     set_output_allocator(None)
     set_model_dir(None)
+    set_instance_name("")
     set_shm_free_memory(None)
     set_multiplexer(None)

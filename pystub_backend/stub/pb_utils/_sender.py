@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ._binding import MODULE, UINT32, Arg, PybindRepr, binding
 from ._constants import TRITONSERVER_RESPONSE_COMPLETE_FINAL
 from ._errors import TritonModelException
 
@@ -29,7 +30,13 @@ SEND_FAILED = "An error occurred while sending a response."
 SendCallback = Callable[["InferenceResponse | None", int], None]
 
 
-class InferenceResponseSender:
+def _is_response(value: object) -> bool:
+    from ._response import InferenceResponse  # it imports this module
+
+    return value is None or isinstance(value, InferenceResponse)
+
+
+class InferenceResponseSender(PybindRepr):
     """Sends responses for one request: `send(response=None, flags=0)`.
 
     Works from any thread until FINAL has been sent; each call blocks until the server has taken
@@ -58,18 +65,14 @@ class InferenceResponseSender:
         """True once FINAL was accepted."""
         return self._final_sent
 
+    @binding(f"(self: {MODULE}.InferenceResponseSender, response: {MODULE}.InferenceResponse = None, "
+             "flags: int = 0) -> None", Arg("response", _is_response, None), Arg("flags", UINT32, 0))
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         """Send `response` and/or the FINAL flag.
 
         Raises TritonModelException with the docs/reference/model-api.md#inferenceresponsesender texts when the send
-        breaks a rule, and whatever the delivery raises; TypeError for a response that is not an InferenceResponse.
+        breaks a rule, and whatever the delivery raises; TypeError (pybind11's text) for arguments of the wrong type.
         """
-        from ._response import InferenceResponse
-
-        if response is not None and not isinstance(response, InferenceResponse):
-            raise TypeError(f"response must be an InferenceResponse or None, got {type(response)}")
-        if not isinstance(flags, int) or isinstance(flags, bool) or flags < 0:
-            raise TypeError(f"flags must be a non-negative int, got {flags!r}")
         with self._lock:
             _check_arguments(response, flags)
             self._update_state(response, flags)
@@ -94,6 +97,7 @@ class InferenceResponseSender:
         if response is not None:
             self._responses_sent += 1
 
+    @binding(f"(self: {MODULE}.InferenceResponseSender) -> bool")
     def is_cancelled(self) -> bool:
         """Whether the client cancelled the request; asks the server until it says yes."""
         if not self._cancelled:

@@ -17,22 +17,30 @@ from pystub_backend.ipc.dtypes import WIRE_TO_CODE, wire_name_of
 from pystub_backend.stub.device_outputs import DeviceBuffer
 
 from . import _dlpack
+from ._binding import MODULE, NDARRAY, OBJECT, STR, Arg, PybindRepr, binding
 from ._errors import TritonModelException
 
 __all__ = ["Tensor"]
 
 
-class Tensor:
+def _method(returns: str) -> Any:
+    """A Tensor method without arguments, as bound in Triton's pb_utils."""
+    return binding(f"(self: {MODULE}.Tensor) -> {returns}")
+
+
+class Tensor(PybindRepr):
     """`Tensor(name, array)`, positional arguments only.
 
     Raises TritonModelException `Tensor name cannot be an empty string.` and
-    `NumPy dtype is not supported.`; TypeError for a non-str name or an array-incompatible object.
+    `NumPy dtype is not supported.`; TypeError (pybind11's text) for a name that is not a str or
+    data that is not a numpy array.
     """
 
     __slots__ = ("_name", "_wire", "_array", "_shape", "_serialized", "_device", "_owner", "_exported", "_pointer",
                  "__weakref__")
     _serialized: bytes | None  # BYTES tensors: the wire form, built once
 
+    @binding(f"{MODULE}.Tensor(arg0: str, arg1: numpy.ndarray)", Arg("arg0", STR), Arg("arg1", NDARRAY))
     def __init__(self, name: str, array: np.ndarray, /) -> None:
         name = _check_name(name)
         array = _as_ndarray(array)
@@ -74,6 +82,7 @@ class Tensor:
         return tensor
 
     @staticmethod
+    @binding(f"(self: str, arg0: object) -> {MODULE}.Tensor", Arg("self", STR), Arg("arg0", OBJECT), method=False)
     def from_dlpack(name: str, dlpack_tensor: object) -> Tensor:
         """A tensor sharing the memory of a DLPack capsule or `__dlpack__` object (no copy).
 
@@ -90,19 +99,24 @@ class Tensor:
         tensor._pointer = imported.pointer
         return tensor
 
+    @_method("str")
     def name(self) -> str:
         return self._name
 
+    @_method("List[int]")
     def shape(self) -> list[int]:
         return list(self._shape)
 
+    @_method("TRITONSERVER_datatype_enum")
     def triton_dtype(self) -> int:
         """The `TRITONSERVER_DataType` code (1 BOOL ... 13 BYTES, 14 BF16)."""
         return WIRE_TO_CODE[self._wire]
 
+    @_method("bool")
     def is_cpu(self) -> bool:
         return self._device[0] != _dlpack.KDL_CUDA
 
+    @_method("numpy.ndarray")
     def as_numpy(self) -> np.ndarray:
         """The tensor's array. Raises TritonModelException for GPU and BF16 tensors."""
         if not self.is_cpu():
@@ -115,6 +129,7 @@ class Tensor:
         assert self._array is not None
         return self._array
 
+    @_method("capsule")
     def to_dlpack(self) -> object:
         """A `"dltensor"` capsule sharing the tensor's memory (host or GPU).
 
@@ -172,9 +187,6 @@ class Tensor:
                 self._serialized = _serialize(self._array)
             return self._wire, list(self._shape), self._serialized
         return self._wire, list(self._shape), np.ascontiguousarray(self._array)
-
-    def __repr__(self) -> str:
-        return f"Tensor(name={self._name!r}, datatype={self._wire}, shape={self._shape})"
 
 
 def _check_name(name: object) -> str:

@@ -103,6 +103,7 @@ def deserialize_bytes_tensor(encoded_tensor: bytes | bytearray | memoryview | np
 
     Raises TritonModelException `Invalid bytes tensor data: ...` for malformed data.
     """
+    len(encoded_tensor)  # what has no length is refused with len()'s TypeError, as in the original
     if isinstance(encoded_tensor, np.ndarray):
         encoded_tensor = np.ascontiguousarray(encoded_tensor).view(np.uint8).data
     try:

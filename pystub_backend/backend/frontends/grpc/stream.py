@@ -147,8 +147,15 @@ class _StreamSession:
                 self.core.is_decoupled(request.model_name, request.model_version)
             if not decoupled:
                 await self._wait(turn)  # default-mode models answer in request order
+            answered = False
             async for response in stream:
-                await self._emit(response, empty_final, request)
+                if decoupled:
+                    await self._emit(response, empty_final, request)
+                elif answered:   # a default-mode request has one response: what follows the
+                    response.release()   # first (a model's second send failing, ...) is dropped
+                else:
+                    answered = True
+                    await self._emit(response, empty_final, request, final=True)
         finally:
             self.streams.discard(stream)
             if not done.done():
@@ -173,14 +180,16 @@ class _StreamSession:
         if turn is not None:
             await asyncio.shield(turn)
 
-    async def _emit(self, response: InferResponse, empty_final: bool, request: InferRequest) -> None:
+    async def _emit(self, response: InferResponse, empty_final: bool, request: InferRequest,
+                    final: bool = False) -> None:
+        """Queue `response` for the client (`final`: it ends its request whatever its flags say)."""
         try:  # encoding copies the outputs out of the arena: release before waiting for room
             if response.error is not None:
                 item: tuple[Any, ...] | None = ("error", response.id or request.id, response.error)
             elif response.flags_only:
                 item = ("message", _message(response, True)) if empty_final else None
             else:
-                item = ("message", _message(response, response.final))
+                item = ("message", _message(response, final or response.final))
         finally:
             response.release()
         if item is not None:

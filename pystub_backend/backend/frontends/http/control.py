@@ -119,8 +119,8 @@ def control_routes(core: ServerCore) -> list[web.RouteDef]:
         return _json(backend_log.update_settings(_document(await request.read())))
 
     return [
-        web.post("/v2/repository/models/{model}/load", load),
-        web.post("/v2/repository/models/{model}/unload", unload),
+        web.post("/v2/repository/models/{model:[^/]+}/load", load),  # any name, braces too, as Triton
+        web.post("/v2/repository/models/{model:[^/]+}/unload", unload),
         web.get("/v2/logging", get_logging),
         web.post("/v2/logging", post_logging),
     ]

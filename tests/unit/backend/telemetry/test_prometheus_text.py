@@ -34,7 +34,7 @@ def test_histogram_series() -> None:
     writer.family("h", "histogram", "a histogram")
     writer.histogram("h", [("m", "x")], [0.5, 1.0], [2, 1], 4.25, 5)
     assert writer.text().splitlines()[2:] == [
-        'h_bucket{m="x",le="0.5"} 2', 'h_bucket{m="x",le="1.0"} 3', 'h_bucket{m="x",le="+Inf"} 5',
+        'h_bucket{m="x",le="0.5"} 2', 'h_bucket{m="x",le="1"} 3', 'h_bucket{m="x",le="+Inf"} 5',
         'h_sum{m="x"} 4.25', 'h_count{m="x"} 5']
     (family,) = text_string_to_metric_families(writer.text())
     assert family.type == "histogram" and len(family.samples) == 5

@@ -12,8 +12,8 @@ import pytest
 from pystub_backend.stub.pb_utils import Tensor, TritonModelException, _dlpack
 
 NOT_SUPPORTED = (
-    "Provided tensor is not supported. Supported objects are: PyCapsule and objects implementing "
-    "__dlpack__ and __dlpack_device__"
+    "Provided tensor is not supported. Tensor must be a DLPack capsule         "
+    "or have `__dlpack__` and `__dlpack_device__` attributes"
 )
 
 NUMERIC_TYPES = [np.bool_, np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32,

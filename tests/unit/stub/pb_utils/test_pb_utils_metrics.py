@@ -78,14 +78,17 @@ def test_metric_creation_errors():
     counter = _family(MetricFamily.COUNTER)
     histogram = _family(MetricFamily.HISTOGRAM)
     _raises(lambda: counter.Metric(labels=["a"]), "Failed to create metric. Labels must be a dictionary.")
-    _raises(lambda: counter.Metric(labels={"a": 1}), "Failed to create metric. Labels must be a dictionary.")
+    _raises(lambda: counter.Metric(labels={"a": 1}), "Error when creating Metric: Failed to process the request for "
+            "model '', message: attempt to access JSON non-string as string")
     _raises(lambda: histogram.Metric(buckets=(1, 2)), "Failed to create metric. Buckets must be a list.")
     _raises(lambda: histogram.Metric(), "Failed to create metric. Missing required buckets.")
     _raises(lambda: counter.Metric(buckets=[1.0]), "Failed to create metric. Unexpected buckets found.")
     _raises(lambda: _family(MetricFamily.GAUGE).Metric(buckets=[1.0]),
             "Failed to create metric. Unexpected buckets found.")
-    with pytest.raises(TypeError):
+    with pytest.raises(RuntimeError, match="^Unable to cast Python instance to C"):
         histogram.Metric(buckets=["a"])
+    _raises(lambda: histogram.Metric(buckets=[1, 1, 2]), "Error when creating Metric: Failed to process the request "
+            "for model '', message: Bucket Boundaries must be strictly sorted")
 
 
 def test_family_creation_errors():

@@ -155,7 +155,7 @@ def test_model_transaction_policy():
             "already set to 'True'.")
     _raises(lambda: config.set_model_transaction_policy({"decoupled": True, "other": 1}),
             "model transaction property in auto-complete-config function for model 'add_sub' contains "
-            "property other than 'decoupled'")
+            "property other than 'decoupled'.")
 
 
 def test_using_decoupled_model_transaction_policy_defaults():

@@ -60,10 +60,9 @@ def test_triton_error_accessors_and_default_code():
     error = TritonError("gone", TritonError.NOT_FOUND)
     assert error.code() == 2
     assert TritonError(message="m", code=TritonError.CANCELLED).code() is TritonError.CANCELLED
-    assert TritonError("int code", 4).code() is TritonError.UNAVAILABLE
 
 
-@pytest.mark.parametrize("args", [(None,), ("m", None), (1,), ("m", 99), ("m", "INTERNAL")])
+@pytest.mark.parametrize("args", [(None,), ("m", None), (1,), ("m", 99), ("m", 4), ("m", "INTERNAL")])
 def test_triton_error_refuses_bad_arguments(args):
     with pytest.raises(TypeError):
         TritonError(*args)
@@ -184,10 +183,8 @@ def test_bls_request_only_parameters_may_be_none(field):
     arguments[field] = None
     with pytest.raises((TypeError, TritonModelException)) as exc:
         InferenceRequest(**arguments)
-    if field == "correlation_id":
-        assert str(exc.value) == "Correlation ID must be integer or string"
-    else:
-        assert exc.type is TypeError
+    assert exc.type is TypeError
+    assert str(exc.value).startswith("__init__(): incompatible constructor arguments.")
     assert InferenceRequest(model_name="m", inputs=[], requested_output_names=[], parameters=None).parameters() == "{}"
 
 

@@ -75,10 +75,10 @@ def test_scalar_and_empty_arrays():
     assert empty._wire_payload()[2].nbytes == 0
 
 
-def test_lists_are_converted_like_the_original():
-    tensor = Tensor("l", [[1, 2], [3, 4]])
-    assert tensor.shape() == [2, 2]
-    assert tensor.as_numpy().dtype == np.int64
+def test_lists_are_refused_like_the_original():
+    with pytest.raises(TypeError) as exc:
+        Tensor("l", [[1, 2], [3, 4]])
+    assert str(exc.value).endswith("Invoked with: 'l', [[1, 2], [3, 4]]")
 
 
 def test_empty_name_is_refused():
