@@ -44,6 +44,20 @@ def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
+def wait_for_starts(record_dir: Path, wanted: set[str], timeout: float = 60, quiet: float = 2.0) -> int:
+    """How many of `wanted` started, once all did or none more did for `quiet` s (a stream runs a
+    bounded number of its requests at once: the rest wait, unread, until one ends)."""
+    deadline, count, changed = time.monotonic() + timeout, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now = len(notes(record_dir, "started") & wanted)
+        if now != count:
+            count, changed = now, time.monotonic()
+        if count == len(wanted) or time.monotonic() - changed > quiet:
+            break
+        time.sleep(0.05)
+    return count
+
+
 @dataclass
 class Wave:
     peak: Memory
@@ -71,8 +85,7 @@ def run_wave(server: Launcher, options: argparse.Namespace, record_dir: Path, wa
             clients.append(SseStream(server.http_url, names[0], record_dir, options.bytes))
         ids += names
     wanted = set(ids)
-    wait_for(lambda: len(notes(record_dir, "started") & wanted) == len(wanted), 60)
-    started = len(notes(record_dir, "started") & wanted)
+    started = wait_for_starts(record_dir, wanted)
     peak = Memory.of(server.pid)
     hold_end = time.monotonic() + options.hold
     while time.monotonic() < hold_end:

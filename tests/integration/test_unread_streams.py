@@ -7,7 +7,11 @@ full, the RSS growth of the backend, the stubs and the workers stays within a fe
 (before the windows counted bytes and the gRPC writer's queue was bounded in bytes, each stream
 held 64 responses in the stub and 64 more in the frontend: about 8 MiB). When the clients leave,
 every request is cancelled, the arenas are empty again and nothing stays in flight; a second wave
-costs next to nothing more."""
+costs next to nothing more.
+
+One client is bounded too, however many requests it sends: 200 requests on one unread stream run
+16 (`STREAM_MAX_REQUESTS`) at a time, the rest stay unread in the stream (before, each of the 200
+filled a send window of its own: 50 MiB), and a client that reads gets all 200 answered."""
 
 from __future__ import annotations
 
@@ -17,14 +21,22 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from harness import Backend, make_repository
 from stream_clients import GrpcStream, Memory, SseStream, flood_request, notes, wait_until
+from tritonclient.grpc import service_pb2
+
+from pystub_backend.backend.frontends.grpc.stream import STREAM_MAX_REQUESTS
 
 SHAPES = {"grpc": (40, 64 << 10), "sse": (20, 16 << 10)}  # streams, bytes per response
 WINDOW_BYTES = 256 << 10  # pystub_backend.stub.senders.WINDOW_BYTES
 PER_STREAM_MIB = {"backend": 2.0, "stubs": 1.0, "workers": 2.0}  # generous: the documented bound is below
 SECOND_WAVE_MIB = 24.0  # allocator noise; a leak of the first wave's windows would be ~40 MiB
+ONE_CLIENT_REQUESTS, ONE_CLIENT_SIZE = 200, 16 << 10
+# The stub's arena: a full window plus one response of each running request of the stream.
+ONE_CLIENT_ARENA = STREAM_MAX_REQUESTS * (WINDOW_BYTES + 2 * ONE_CLIENT_SIZE)
+ONE_CLIENT_MIB = 20.0  # per process, generous (the arena counts in the stub's and the backend's RSS)
 
 
 @pytest.fixture(params=[0, 2], ids=["in-process", "workers"])
@@ -98,3 +110,52 @@ def test_unread_streams_hold_a_bounded_window_each_and_give_it_back(backend: Bac
     for process in PER_STREAM_MIB:
         took = getattr(again, process)
         assert took <= SECOND_WAVE_MIB, f"{process}: a second wave took {took:.0f} MiB more"
+
+
+def test_an_unread_stream_of_many_requests_runs_a_bounded_number(backend: Backend, tmp_path: Path):
+    before = Memory.of(backend.pid)
+    requests = [flood_request(f"r{k}", tmp_path, ONE_CLIENT_SIZE) for k in range(ONE_CLIENT_REQUESTS)]
+    client = GrpcStream(backend.grpc_url, requests)
+    try:
+        wait_until(lambda: _flood_stub(backend)["s2p_used_bytes"] >= STREAM_MAX_REQUESTS * WINDOW_BYTES, 60,
+                   f"the send windows of {STREAM_MAX_REQUESTS} requests to fill")
+        peak = Memory.of(backend.pid)
+        held = _flood_stub(backend)["s2p_used_bytes"]
+        started = notes(tmp_path, "started")
+    finally:
+        client.leave()
+    grown = peak.growth(before)
+    print(f"one unread stream of {ONE_CLIENT_REQUESTS} requests: {len(started)} started, "
+          f"arena {held >> 10} KiB, grew {grown}")
+    assert len(started) == STREAM_MAX_REQUESTS, f"{len(started)} requests of one unread stream started"
+    assert held <= ONE_CLIENT_ARENA, f"the stream holds {held} bytes of the stub's arena"
+    for process in ("backend", "stubs", "workers"):
+        assert getattr(grown, process) <= ONE_CLIENT_MIB, f"{process} grew by {getattr(grown, process):.0f} MiB"
+    wait_until(lambda: len(notes(tmp_path, "cancelled") | notes(tmp_path, "refused")) == len(started), 20,
+               "every running request of the stream cancelled")
+    wait_until(lambda: _flood_stub(backend)["in_flight"] == 0, 20, "no request in flight")
+    wait_until(lambda: _flood_stub(backend)["s2p_used_bytes"] == 0 and _flood_stub(backend)["arena_used_bytes"] == 0,
+               20, "both arenas of the stub empty")
+    assert notes(tmp_path, "started") == started, "requests the client left unread were started after it left"
+
+
+def _is_final(message: service_pb2.ModelStreamInferResponse) -> bool:
+    assert not message.error_message, message.error_message
+    return message.infer_response.parameters["triton_final_response"].bool_param
+
+
+def test_a_reading_client_gets_every_pipelined_request_answered(backend: Backend, tmp_path: Path):
+    requests = [flood_request(f"p{k}", tmp_path, 1024, count=3) for k in range(ONE_CLIENT_REQUESTS)]
+    for request in requests:
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+    with grpc.insecure_channel(backend.grpc_url) as channel:
+        method = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
+        finals: set[str] = set()
+        for message in method(iter(requests), timeout=120):
+            if _is_final(message):
+                finals.add(message.infer_response.id)
+    assert finals == {request.id for request in requests}
+    assert notes(tmp_path, "done") == finals

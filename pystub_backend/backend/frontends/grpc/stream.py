@@ -18,7 +18,11 @@ Flow control: the messages waiting for the stream's writer are bounded (`STREAM_
 most `_OUT_QUEUE` messages), and `context.write` waits for the connection. A client that does not
 read stops the writer, then the requests' tasks (each holds at most one encoded message), then the
 release of the model's responses, which keeps credits from the stub, whose sender then waits
-(stub/senders.py): what one stream holds is bounded (docs/hostile-input.md).
+(stub/senders.py). Each request has a window of its own in the stub, so the stream also bounds how
+many of its requests run at once (`STREAM_MAX_REQUESTS`): while that many run, the handler reads no
+further request from the client (HTTP/2 flow control then stops the client's sending), and the next
+one is read when one of them ends. What one client's stream holds is bounded whatever it sends
+(docs/hostile-input.md).
 """
 
 from __future__ import annotations
@@ -41,11 +45,13 @@ from pystub_backend.backend.frontends.grpc.codec import decode_infer_request, en
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 
-__all__ = ["stream_infer", "EMPTY_FINAL_KEY", "STREAM_WINDOW_BYTES"]
+__all__ = ["stream_infer", "EMPTY_FINAL_KEY", "STREAM_WINDOW_BYTES", "STREAM_MAX_REQUESTS"]
 
 log = logging.getLogger("pystub.grpc")
 EMPTY_FINAL_KEY = "triton_enable_empty_final_response"
 STREAM_WINDOW_BYTES = 256 << 10  # encoded messages waiting for one stream's writer (one always fits)
+# Requests of one stream running at once; more wait unread (each running one may hold its stub window).
+STREAM_MAX_REQUESTS = 16
 _DONE = object()
 _OUT_QUEUE = 64
 
@@ -108,6 +114,7 @@ class _StreamSession:
         # fail the request). Memory stays bounded at every step.
         self.out = _WriteQueue()
         self.tasks: set[asyncio.Task] = set()
+        self.admission = asyncio.Semaphore(STREAM_MAX_REQUESTS)  # one per running request
         self.streams: set[Any] = set()
         self._previous_in_order: asyncio.Future | None = None
 
@@ -117,7 +124,24 @@ class _StreamSession:
         self._previous_in_order = done
         task = asyncio.ensure_future(self._serve(message, order_turn, done))
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        self.admission.release()
+
+    async def next_request(self, requests: AsyncIterator[Any]) -> Any:
+        """The client's next request once fewer than `STREAM_MAX_REQUESTS` run (None: the client is
+        done sending). Until then the client's stream is not read."""
+        await self.admission.acquire()
+        try:
+            return await anext(requests)
+        except StopAsyncIteration:
+            self.admission.release()
+            return None
+        except BaseException:
+            self.admission.release()
+            raise
 
     async def _serve(self, message: service_pb2.ModelInferRequest, turn: asyncio.Future | None,
                      done: asyncio.Future) -> None:
@@ -210,8 +234,9 @@ async def stream_infer(core: ServerCore, request_iterator: AsyncIterator[Any], c
     link = client_link.open_link()  # pystub sequences: sequences left open on this stream end with it
 
     async def read() -> None:
+        requests = aiter(request_iterator)
         try:
-            async for message in request_iterator:
+            while (message := await session.next_request(requests)) is not None:
                 session.start(message)
             await asyncio.gather(*list(session.tasks), return_exceptions=True)
         finally:
