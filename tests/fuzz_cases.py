@@ -496,7 +496,8 @@ def _typed_value(annotation: Any) -> st.SearchStrategy[Any]:
     if origin is dict:
         return st.dictionaries(st.text(max_size=6), _msgpack_values, max_size=3)
     simple = {int: st.integers(-(2**63), 2**64 - 1), bool: st.booleans(), float: st.floats(),
-              str: st.text(max_size=12), type(None): st.none()}
+              str: st.text(max_size=12), type(None): st.none(), bytes: st.binary(max_size=16),
+              memoryview: st.binary(max_size=16)}  # a view travels as msgpack bytes
     return simple.get(annotation, _msgpack_values)
 
 

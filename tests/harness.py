@@ -95,7 +95,9 @@ class Backend:
             found = {m.group(1): int(m.group(3)) for m in _PORT_LINE.finditer(self.log())}
             if wanted <= set(found):
                 self.ports = {"http": found.get("HTTPService", 0), "grpc": found.get("GRPCInferenceService", 0),
-                              "metrics": found.get("Metrics Service", 0), "openai": found.get("OpenAIService", 0)}
+                              "metrics": found.get("Metrics Service", 0)}
+                if "OpenAIService" in found:  # only when asked for: port 0 would name no listener
+                    self.ports["openai"] = found["OpenAIService"]
                 return
             if self.process is not None and self.process.poll() is not None:
                 raise BackendError(f"backend exited with {self.process.returncode} before listening:\n{self.log()}")

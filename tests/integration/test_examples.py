@@ -191,9 +191,10 @@ def test_stubctl_lists_every_stub(examples_backend: Backend):
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split()[:5] == ["MODEL", "VER", "INSTANCE", "PID", "STATE"]
+    assert lines[0].split()[:6] == ["MODEL", "VER", "INSTANCE", "DEVICE", "PID", "STATE"]
+    assert {line.split()[3] for line in lines[1:]} == {"CPU"}  # no GPU here: every example runs on the CPU
     pids = {str(p.pid) for p in examples_backend.stub_processes()}
-    assert {line.split()[3] for line in lines[1:]} == pids
+    assert {line.split()[4] for line in lines[1:]} == pids
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "stubctl"), "--url", url, "--json"],
                             capture_output=True, text=True, timeout=30)
     rows = json.loads(result.stdout)
