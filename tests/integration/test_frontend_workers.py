@@ -21,7 +21,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -315,7 +317,17 @@ def test_shutdown_leaves_no_worker_and_no_socket_directory(repository: Path) -> 
 
 
 def test_workers_of_a_killed_core_exit_and_its_directory_is_swept(repository: Path) -> None:
-    server = Backend(repository, *_flags("--frontend-workers=1")).start()
+    # Every server with workers sweeps dead servers' directories from its temporary directory at
+    # start: a private one keeps the other servers on the machine from sweeping this core's first.
+    private = Path(tempfile.mkdtemp(prefix="pystub-t-"))
+    try:
+        _kill_a_core_then_start_a_successor(repository, {"TMPDIR": str(private)})
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _kill_a_core_then_start_a_successor(repository: Path, env: dict[str, str]) -> None:
+    server = Backend(repository, *_flags("--frontend-workers=1"), env=env).start()
     try:
         (worker,) = workers(server)
         directory = Path(worker.cmdline()[worker.cmdline().index("--directory") + 1])
@@ -324,7 +336,7 @@ def test_workers_of_a_killed_core_exit_and_its_directory_is_swept(repository: Pa
         assert directory.exists()  # nobody cleaned up...
     finally:
         server.stop(check=False)  # the rest of its process group (stubs)
-    with Backend(repository, *_flags("--frontend-workers=1")) as successor:
+    with Backend(repository, *_flags("--frontend-workers=1"), env=env) as successor:
         assert not directory.exists()  # ...until the next server swept it (its owner is dead)
         assert f"removed the frontend-worker directory {directory}" in successor.log()
 

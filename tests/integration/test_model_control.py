@@ -65,8 +65,11 @@ def add_sub(client: httpclient.InferenceServerClient, value: float = 1.0) -> np.
     return client.infer("add_sub", inputs).as_numpy("OUTPUT0")
 
 
-def override_dirs() -> set[str]:
-    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("pystub_override_")}
+def override_dirs(backend: Backend) -> set[str]:
+    """The override directories of this test's server (named after its pid): other servers on the
+    machine make and sweep their own in the same temporary directory."""
+    prefix = f"pystub_override_{backend.pid}_"
+    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith(prefix)}
 
 
 def raises(call: Callable[[], Any]) -> str:
@@ -173,11 +176,11 @@ def test_reload_with_a_config_override_keeps_serving(backend: Backend, http: htt
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_file_override_forms_a_private_model_directory(protocol: str, http: httpclient.InferenceServerClient,
-                                                       grpc: grpcclient.InferenceServerClient):
+                                                       grpc: grpcclient.InferenceServerClient, backend: Backend):
     client: Any = http if protocol == "http" else grpc
-    before = override_dirs()
+    before = override_dirs(backend)
     client.load_model("from_files", config=OVERRIDE_CONFIG, files={"file:1/model.py": OVERRIDE_MODEL})
-    created = override_dirs() - before
+    created = override_dirs(backend) - before
     assert len(created) == 1
     root = Path(tempfile.gettempdir()) / created.pop()
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
@@ -187,28 +190,29 @@ def test_file_override_forms_a_private_model_directory(protocol: str, http: http
     np.testing.assert_array_equal(http.infer("from_files", [tensor]).as_numpy("OUTPUT0"), np.ones(4))
     client.unload_model("from_files")
     assert not root.exists()
-    assert override_dirs() - before == set()
+    assert override_dirs(backend) - before == set()
 
 
 @pytest.mark.parametrize("key", ["file:../evil.py", "file:/../evil.py", "file:1/../../evil.py", "file:",
                                  "file:1//model.py", "file:./1/model.py", "file://1/model.py"])
 def test_bad_file_paths_are_refused(key: str, http: httpclient.InferenceServerClient,
-                                    grpc: grpcclient.InferenceServerClient):
-    before = override_dirs()
+                                    grpc: grpcclient.InferenceServerClient, backend: Backend):
+    before = override_dirs(backend)
     for client in (http, grpc):
         text = raises(lambda c=client: c.load_model("evil", config=OVERRIDE_CONFIG, files={key: b"x = 1\n"}))
         assert f"Invalid file override '{key}'" in text
-    assert override_dirs() == before
+    assert override_dirs(backend) == before
     assert "evil" not in index(http)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_leading_slash_in_a_file_key_is_relative_to_the_model_directory(
-        protocol: str, http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient):
+        protocol: str, http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient,
+        backend: Backend):
     client: Any = http if protocol == "http" else grpc
-    before = override_dirs()
+    before = override_dirs(backend)
     client.load_model("from_files", config=OVERRIDE_CONFIG, files={"file:/1/model.py": OVERRIDE_MODEL})
-    created = override_dirs() - before
+    created = override_dirs(backend) - before
     assert len(created) == 1
     assert (Path(tempfile.gettempdir()) / created.pop() / "from_files" / "1" / "model.py").read_bytes() == \
         OVERRIDE_MODEL
@@ -216,7 +220,7 @@ def test_a_leading_slash_in_a_file_key_is_relative_to_the_model_directory(
     tensor.set_data_from_numpy(np.zeros(4, np.float32))
     np.testing.assert_array_equal(http.infer("from_files", [tensor]).as_numpy("OUTPUT0"), np.ones(4))
     client.unload_model("from_files")
-    assert override_dirs() == before
+    assert override_dirs(backend) == before
 
 
 @pytest.mark.parametrize("config", ["name: \"someone_else\"\nbackend: \"python\"\n", "not_a_field: 1\n"],
