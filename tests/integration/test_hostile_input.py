@@ -145,8 +145,13 @@ def test_health_answers_during_the_largest_allowed_load(backend: Backend):
     per_file = MAX_OVERRIDE_BYTES // MAX_OVERRIDE_FILES
     files = {f"file:1/data/f{i}.bin": b"\1" * per_file for i in range(MAX_OVERRIDE_FILES - 1)}
     files["file:1/model.py"] = OVERRIDE_MODEL
-    reference = _health_p99_during_load(backend, {"file:1/model.py": OVERRIDE_MODEL})
-    largest = _health_p99_during_load(backend, files)
+    # One-file and largest loads alternate, three rounds each, and their medians are compared: the
+    # machine's own load then weighs on both alike instead of on whichever ran at a worse moment.
+    references, largests = [], []
+    for _ in range(3):
+        references.append(_health_p99_during_load(backend, {"file:1/model.py": OVERRIDE_MODEL}))
+        largests.append(_health_p99_during_load(backend, files))
+    reference, largest = statistics.median(references), statistics.median(largests)
     # 50 ms p99 on a quiet machine. On a machine so loaded that a one-file load already
     # passes 25 ms, the largest load may at most double the one-file figure (before the fix: 20-70x).
-    assert largest < max(0.050, 2 * reference), (largest, reference)
+    assert largest < max(0.050, 2 * reference), (largests, references)
