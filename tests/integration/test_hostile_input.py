@@ -152,6 +152,9 @@ def test_health_answers_during_the_largest_allowed_load(backend: Backend):
         references.append(_health_p99_during_load(backend, {"file:1/model.py": OVERRIDE_MODEL}))
         largests.append(_health_p99_during_load(backend, files))
     reference, largest = statistics.median(references), statistics.median(largests)
-    # 50 ms p99 on a quiet machine. On a machine so loaded that a one-file load already
-    # passes 25 ms, the largest load may at most double the one-file figure (before the fix: 20-70x).
-    assert largest < max(0.050, 2 * reference), (largests, references)
+    # Measured on 2 cores: quiet, the one-file load's p99 is 5-8 ms and the largest's 14-34 ms (the
+    # code before this test's fix: 50 ms and more); while the rest of the suite runs beside it the
+    # largest reaches 67 ms. Parsing the upload on the event loop, the regression this guards, gave
+    # 574 ms (20-70x the one-file figure). 150 ms, or 4x a one-file figure the machine has already
+    # inflated, separates the two.
+    assert largest < max(0.150, 4 * reference), (largests, references)
