@@ -152,12 +152,17 @@ class Chaos:
     def _freeze(self) -> str:
         row = self._victim(self._killed)
         os.kill(row["pid"], signal.SIGSTOP)
-        time.sleep(self.options.heartbeat_timeout * 2)
+        # Stopped until the supervisor kills it: on a loaded machine the hang judge discounts its own
+        # scheduling delay, so the kill can come later than twice the heartbeat timeout.
+        started = time.monotonic()
+        deadline = started + self.options.heartbeat_timeout * 2 + 30
+        while time.monotonic() < deadline and _alive(row["pid"]):
+            time.sleep(0.1)
         try:
             os.kill(row["pid"], signal.SIGCONT)
         except ProcessLookupError:
             pass
-        return f"SIGSTOP {row['instance']} (pid {row['pid']}) for {self.options.heartbeat_timeout * 2:g} s"
+        return f"SIGSTOP {row['instance']} (pid {row['pid']}) for {time.monotonic() - started:.1f} s"
 
     def _fill_shm(self) -> str:
         directory = self.shm_dir or f"/proc/{self.pid}/root/dev/shm"
@@ -405,3 +410,11 @@ class Chaos:
         finally:
             client.close()  # the sequence never gets its END: the server evicts it
 
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False

@@ -1,5 +1,5 @@
 """Chaos under load: while tools/soak.py's mixed traffic runs, kill -9 three stubs,
-SIGSTOP one for twice the heartbeat timeout, fill /dev/shm (which, since arenas are anonymous
+SIGSTOP one until the supervisor kills it, fill /dev/shm (which, since arenas are anonymous
 memfds, must fail nothing), truncate a client's registered shm region under the server
 (its requests fail with INVALID_ARGUMENT, the backend lives), open 50 streams that never
 read and leave (every request cancelled), SIGKILL clients mid-stream (every request cancelled),
