@@ -38,10 +38,24 @@ __all__ = [
     "ParameterValue",
     "tensor_to_numpy",
     "buffer_view",
+    "DeviceRef",
 ]
 
 Buffer = Union[bytes, bytearray, memoryview, np.ndarray]
 ParameterValue = Union[bool, int, float, str]
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """A model's output left in GPU memory and exported by CUDA IPC (a BLS caller asked for it
+    there): which export of which stub (`key`), on which device, and where in the IPC handle's
+    allocation. Its lifetime is owned by the device-export registry (features.bls.device_exports)."""
+
+    key: tuple[str, int]
+    device_id: int
+    offset: int
+    nbytes: int
+    ipc_handle: bytes
 
 
 @dataclass
@@ -57,6 +71,7 @@ class Tensor:
     shape: tuple[int, ...]
     data: Buffer
     parameters: dict[str, ParameterValue] = field(default_factory=dict)
+    device: DeviceRef | None = None  # set only for BLS requests' GPU outputs (`data` is then empty)
 
     @property
     def nbytes(self) -> int:
@@ -86,6 +101,8 @@ class InferRequest:
     # The request's trace when it was sampled (telemetry/tracing): the frontend or the BLS
     # handler sets it; the scheduler records queue and compute times on it.
     trace: RequestTrace | None = None
+    # A BLS call that prefers its outputs on this GPU: outputs the model left on it stay there.
+    device_outputs: int | None = None
 
 
 def _no_release() -> None:

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names, for type checkers; at run time each loads with its module, on first use
     from pystub_backend.devices.discovery import NoDevices, device_memory, discover
-    from pystub_backend.devices.fake import FAKE_VARIABLE, FakeMemory, FakeSystem, fake_cuda_capsule
+    from pystub_backend.devices.fake import (
+        FAKE_VARIABLE,
+        FakeMemory,
+        FakeSystem,
+        fake_cuda_capsule,
+        fake_device_array,
+    )
     from pystub_backend.devices.interface import (
         IPC_HANDLE_SIZE,
         DeviceError,
@@ -26,14 +32,15 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each loads with i
 
 __all__ = ["DeviceError", "DeviceMemory", "DeviceSystem", "GpuInfo", "GpuReading", "IPC_HANDLE_SIZE",
            "NoDevices", "discover", "device_memory", "FAKE_VARIABLE", "FakeMemory", "FakeSystem",
-           "fake_cuda_capsule"]
+           "fake_cuda_capsule", "fake_device_array"]
 
 # Every stub imports this package (its tensors may be GPU tensors), so importing it costs nothing
 # until a name is used (PEP 562).
 _MODULE_OF = {"DeviceError": "interface", "DeviceMemory": "interface", "DeviceSystem": "interface",
               "GpuInfo": "interface", "GpuReading": "interface", "IPC_HANDLE_SIZE": "interface",
               "NoDevices": "discovery", "discover": "discovery", "device_memory": "discovery",
-              "FAKE_VARIABLE": "fake", "FakeMemory": "fake", "FakeSystem": "fake", "fake_cuda_capsule": "fake"}
+              "FAKE_VARIABLE": "fake", "FakeMemory": "fake", "FakeSystem": "fake", "fake_cuda_capsule": "fake",
+              "fake_device_array": "fake"}
 
 
 def __getattr__(name: str) -> Any:  # noqa: ANN401 - whichever public name is asked for

@@ -20,15 +20,22 @@ __all__ = ["CudaMemory", "open_cuda"]
 class CudaMemory:
     """DeviceMemory on the CUDA runtime bindings."""
 
-    def __init__(self, runtime: Any) -> None:  # noqa: ANN401 - cuda.bindings.runtime
+    def __init__(self, runtime: Any, driver: Any) -> None:  # noqa: ANN401 - cuda.bindings.runtime, .driver
         self._rt = runtime
+        self._driver = driver
 
     def _check(self, what: str, result: tuple[Any, ...]) -> Any:  # noqa: ANN401 - the call's value
         error, *values = result
-        if error != self._rt.cudaError_t.cudaSuccess:
-            _, text = self._rt.cudaGetErrorString(error)
-            raise DeviceError(f"{what} failed: {text.decode() if isinstance(text, bytes) else text}")
+        if int(error) != 0:  # cudaSuccess and CUDA_SUCCESS
+            raise DeviceError(f"{what} failed: {self._reason(int(error))}")
         return values[0] if values else None
+
+    def _reason(self, code: int) -> str:
+        try:  # runtime and driver codes agree for the errors these calls return
+            _, text = self._rt.cudaGetErrorString(self._rt.cudaError_t(code))
+        except ValueError:
+            return f"CUDA error {code}"
+        return text.decode() if isinstance(text, bytes) else str(text)
 
     def _on(self, device_id: int) -> None:
         self._check(f"cudaSetDevice({device_id})", self._rt.cudaSetDevice(device_id))
@@ -55,10 +62,13 @@ class CudaMemory:
         self._on(device_id)
         self._check("cudaMemcpy", self._rt.cudaMemcpy(destination, source, size, kind))
 
-    def export_handle(self, device_id: int, pointer: int) -> bytes:
+    def export_handle(self, device_id: int, pointer: int) -> tuple[bytes, int]:
+        # A handle names a whole cudaMalloc block, and caching allocators (PyTorch's) hand out
+        # tensors inside blocks: the offset comes from the block's start (as Triton's python backend).
         self._on(device_id)
-        handle = self._check("cudaIpcGetMemHandle", self._rt.cudaIpcGetMemHandle(pointer))
-        return bytes(handle.reserved)
+        base = int(self._check("cuMemGetAddressRange", self._driver.cuMemGetAddressRange(pointer)))
+        handle = self._check("cudaIpcGetMemHandle", self._rt.cudaIpcGetMemHandle(base))
+        return bytes(handle.reserved), pointer - base
 
     def open_handle(self, device_id: int, handle: bytes) -> int:
         if len(handle) != IPC_HANDLE_SIZE:
@@ -77,11 +87,12 @@ class CudaMemory:
 def open_cuda() -> CudaMemory:
     """The CUDA runtime. Raises DeviceError when cuda-python is not installed (the `gpu` extra)."""
     try:
-        from cuda.bindings import runtime
+        from cuda.bindings import driver, runtime
     except ImportError:
         try:
-            from cuda import cudart as runtime  # cuda-python before 12.6
+            from cuda import cuda as driver  # cuda-python before 12.6
+            from cuda import cudart as runtime
         except ImportError:
             raise DeviceError("GPU tensors need the CUDA runtime bindings: pip install 'pystub-backend[gpu]'") \
                 from None
-    return CudaMemory(runtime)
+    return CudaMemory(runtime, driver)

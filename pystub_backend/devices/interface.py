@@ -87,12 +87,14 @@ class DeviceMemory(Protocol):
         """Copy `source` to the device memory at `pointer` (synchronous)."""
         ...
 
-    def export_handle(self, device_id: int, pointer: int) -> bytes:
-        """An IPC handle (IPC_HANDLE_SIZE bytes) of the allocation that starts at `pointer`."""
+    def export_handle(self, device_id: int, pointer: int) -> tuple[bytes, int]:
+        """(IPC handle, offset): the handle (IPC_HANDLE_SIZE bytes) of the allocation that holds
+        `pointer`, and `pointer`'s offset in it (a tensor may start inside a cached block)."""
         ...
 
     def open_handle(self, device_id: int, handle: bytes) -> int:
-        """Map another process's allocation; returns its pointer here."""
+        """Map another process's allocation; returns its base pointer here. Fails once the
+        exporter freed it or exited."""
         ...
 
     def close_handle(self, device_id: int, pointer: int) -> None:

@@ -7,12 +7,17 @@ these from the arrays of a frame, checking arity and field types the way it chec
     WireTensor   = [name, datatype, shape, handle]
                    handle: arena handle [segment, offset, nbytes] (pystub_backend.ipc.arena) or a
                    client-region handle [generation, offset, nbytes, key, inode] (ipc.tensors)
+                   or GPU memory by CUDA IPC [-2, device id, export or claim id, offset, nbytes,
+                   IPC handle bytes] (BLS outputs; backend.features.bls.device_exports)
     WireRequest  = [rid, id, inputs: [WireTensor], requested_outputs: [name], parameters_json,
-                    correlation_id, flags, timeout_us, output_regions | nil, trace_context | nil]
+                    correlation_id, flags, timeout_us, output_regions | nil, trace_context | nil,
+                    device_outputs | nil]
                    output_regions {output name: region handle}: outputs the stub writes straight
                    into client regions; trace_context: the request's trace context as JSON
                    (`{"traceparent": ...}`) when it is traced, which `request.trace()` returns in
-                   the stub and a BLS call carries back; 8- and 9-element arrays are accepted
+                   the stub and a BLS call carries back; device_outputs: the GPU id on which
+                   the model's GPU outputs may stay (exported by CUDA IPC) rather than being
+                   copied to the host; 8- to 11-element arrays are accepted
     WireResponse = [rid, flags, error: WireError | nil, outputs: [WireTensor], parameters_json | nil]
                    parameters nil marks a flags-only final (no response object)
     WireError    = [code (pystub_backend.ipc.status.Status), message]
@@ -22,7 +27,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["WireTensor", "WireRequest", "WireResponse", "WireError", "RECORDS", "error_to_wire"]
+__all__ = ["WireTensor", "WireRequest", "WireResponse", "WireError", "RECORDS", "error_to_wire", "DEVICE_HANDLE_TAG"]
+
+DEVICE_HANDLE_TAG = -2  # first item of a WireTensor handle that names GPU memory by CUDA IPC handle
 
 
 class WireTensor(NamedTuple):
@@ -58,6 +65,7 @@ class WireRequest(NamedTuple):
     timeout_us: int
     output_regions: dict[str, list[Any]] | None = None
     trace_context: str | None = None
+    device_outputs: int | None = None
 
 
 class WireResponse(NamedTuple):

@@ -2,8 +2,9 @@
 
 Inputs become `pb_utils.Tensor`s over read-only views of the p2s arena, or of a client's shared
 memory region (no copy either way); a response's outputs are written once into the s2p arena, or
-straight into the client's region when the request asked for that, pruned to the outputs the
-client asked for.
+straight into the client's region when the request asked for that, or exported by CUDA IPC when
+a BLS caller asked for GPU outputs on their device (features.device_ipc), pruned to the outputs
+the client asked for.
 
 Requests arrive as `WireRequest`s and responses leave as `WireResponse`s (pystub_backend.ipc.records);
 a request's `output_regions` is set only when some output goes to a client region.
@@ -15,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from pystub_backend.ipc import tensors
 from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
-from pystub_backend.ipc.records import WireRequest, WireResponse, WireTensor, error_to_wire
+from pystub_backend.ipc.records import DEVICE_HANDLE_TAG, WireRequest, WireResponse, WireTensor, error_to_wire
 from pystub_backend.ipc.status import Status
 from pystub_backend.ipc.tensors import RegionTooSmallError
 from pystub_backend.stub import device_outputs, output_buffers, pb_utils
-from pystub_backend.stub.features import client_shm
+from pystub_backend.stub.features import client_shm, device_ipc
 
 if TYPE_CHECKING:
     from pystub_backend.stub.senders import RequestState  # senders imports this module
@@ -32,6 +33,8 @@ def build_request(wire: WireRequest, reader: ArenaReader, model_name: str, model
     model first asks for it. Raises ValueError for a corrupt one."""
     if wire.output_regions:
         client_shm.expect_outputs(wire.rid, state, wire.output_regions)
+    if wire.device_outputs is not None:  # a BLS caller that prefers its outputs on this GPU
+        device_ipc.expect(wire.rid, state, wire.device_outputs)
     # BF16 arrives as its raw uint16 bits; the datatype keeps it BF16 (as_numpy refuses it, DLPack
     # exports bfloat16), as on Triton.
     inputs = [pb_utils.Tensor._from_array(t.name, tensors.to_array(reader, t, client_shm.REGIONS),
@@ -50,8 +53,10 @@ def _response_parameters(response: Any) -> str:
     return parameters if isinstance(parameters, str) else "{}"
 
 
-def _place_device(writer: ArenaWriter, name: str, datatype: str, shape: list[int],
+def _place_device(rid: int, writer: ArenaWriter, name: str, datatype: str, shape: list[int],
                   buffer: device_outputs.DeviceBuffer, target: list[Any] | None) -> WireTensor:
+    if target is None and device_ipc.export_device(rid) == buffer.device_id:  # stays on the GPU
+        return device_ipc.export(name, datatype, shape, buffer)
     if target is not None:
         return device_outputs.place_in_region(client_shm.REGIONS, name, datatype, shape, buffer, target)
     return device_outputs.place(writer, name, datatype, shape, buffer)
@@ -82,7 +87,7 @@ def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
             datatype, shape, buffer = tensor._wire_payload()
             target = targets.get(name) if targets else None
             if isinstance(buffer, device_outputs.DeviceBuffer):  # a GPU tensor: copied once, to where it goes
-                outputs.append(_place_device(writer, name, datatype, shape, buffer, target))
+                outputs.append(_place_device(rid, writer, name, datatype, shape, buffer, target))
             elif target is not None:
                 outputs.append(tensors.place_in_region(client_shm.REGIONS, name, datatype, shape, buffer, target))
             elif (handle := output_buffers.claim(buffer)) is not None:  # already in the arena: no copy
@@ -91,7 +96,10 @@ def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
                 outputs.append(tensors.place(writer, name, datatype, shape, buffer))
     except (ArenaFullError, RegionTooSmallError, client_shm.RegionError, device_outputs.DeviceError) as exc:
         for placed in outputs:
-            writer.free(tensors.wire_handle(placed))  # region outputs carry the empty handle: a no-op
+            if placed.handle[0] == DEVICE_HANDLE_TAG:
+                device_ipc.unexport(placed.handle)
+            else:
+                writer.free(tensors.wire_handle(placed))  # region outputs carry the empty handle: a no-op
         internal = isinstance(exc, (ArenaFullError, device_outputs.DeviceError))
         status = Status.INTERNAL if internal else Status.INVALID_ARG
         return WireResponse(rid, flags, error_to_wire(status, str(exc)), [], "{}")

@@ -41,4 +41,5 @@ def feature_services(core: ServerCore | None) -> StubServices:
     if _handlers is None:  # the handlers are plain functions: one table serves every server
         _handlers = install_features(BackendHandlers())
     return StubServices(handlers=_handlers, custom_metrics=custom_metrics.registry_for(core),
-                        bls_payloads=REGISTRY, client_regions=client_shm, core=core)
+                        bls_payloads=REGISTRY, client_regions=client_shm,
+                        device_exports=bls.DEVICE_EXPORTS, core=core)

@@ -31,7 +31,7 @@ from pystub_backend.ipc import tensors
 from pystub_backend.ipc.arena import ArenaFullError
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg
-from pystub_backend.ipc.records import WireRequest, WireResponse, WireTensor
+from pystub_backend.ipc.records import DEVICE_HANDLE_TAG, WireRequest, WireResponse, WireTensor
 from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
@@ -256,7 +256,8 @@ class RequestExchange:
         record.wire = WireRequest(rid, request.id, wire_inputs, [o.name for o in request.outputs],
                                   _parameters_json(request), request.correlation_id, request.flags,
                                   int(request.parameters.get("timeout", 0) or 0), output_regions,
-                                  request.trace.context() if request.trace is not None else None)
+                                  request.trace.context() if request.trace is not None else None,
+                                  request.device_outputs)
         self._records[rid] = record
         return record
 
@@ -313,9 +314,21 @@ class RequestExchange:
                                  error=ServerError(error.message, Status.coerce(error.code)))
         s2p = self._stub.s2p
         assert s2p is not None
-        outputs = [Tensor(name, datatype, tuple(shape), s2p.view(handle))
-                   for name, datatype, shape, handle in outputs_wire]
-        handles = [t.handle for t in outputs_wire]
+        exports = self._stub.services.device_exports
+        outputs: list[Tensor] = []
+        try:
+            for name, datatype, shape, handle in outputs_wire:
+                if handle and handle[0] == DEVICE_HANDLE_TAG:  # GPU memory a BLS caller asked for
+                    device = exports.received(self._stub, handle)
+                    outputs.append(Tensor(name, datatype, tuple(shape), b"", device=device))
+                else:
+                    outputs.append(Tensor(name, datatype, tuple(shape), s2p.view(handle)))
+        except Exception:
+            for tensor in outputs:
+                if tensor.device is not None:
+                    exports.drop_hold(tensor.device.key)
+            raise
+        handles = [t.handle for t in outputs_wire if not t.handle or t.handle[0] != DEVICE_HANDLE_TAG]
         released = False
 
         def release() -> None:
@@ -325,6 +338,8 @@ class RequestExchange:
                 for tensor in outputs:
                     if isinstance(tensor.data, memoryview):
                         tensor.data.release()
+                    elif tensor.device is not None:  # the export lives on while a BLS caller maps it
+                        exports.drop_hold(tensor.device.key)
                 self.outbox.release(handles, credit)  # frees the bytes (and returns a send credit)
 
         return InferResponse(request.model_name, "", request.id, outputs, parameters, release)

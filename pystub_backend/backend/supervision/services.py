@@ -7,6 +7,7 @@
         custom_metrics  CustomMetrics   pb_utils.MetricFamily / Metric of this server's models
         bls_payloads    PayloadRegistry the BLS calls in flight, by (caller base, call id)
         client_regions  ClientRegions   inputs and outputs in clients' shared-memory regions
+        device_exports  DeviceExports   GPU outputs exported by CUDA IPC to BLS callers, and who maps them
 
 Per-stub feature state (multiplex holdings, the sequence batcher that owns a stub, the client shm
 regions a stub maps) is kept by its feature keyed by the StubProcess, since it dies with the stub.
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from pystub_backend.backend.config.model_config import ModelConfig
+    from pystub_backend.backend.features.bls.device_exports import DeviceExports
     from pystub_backend.backend.features.bls.payloads import PayloadRegistry
     from pystub_backend.backend.features.custom_metrics import CustomMetrics
     from pystub_backend.backend.inference import InferRequest, Tensor
@@ -92,4 +94,5 @@ class StubServices:
     custom_metrics: CustomMetrics
     bls_payloads: PayloadRegistry
     client_regions: ClientRegions
+    device_exports: DeviceExports
     core: ServerCore | None = None

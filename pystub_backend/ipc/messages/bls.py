@@ -7,6 +7,7 @@
     BlsCleanup (p2s handles, credits)
     ModelControl (token, operation, arguments)   ModelControlDone (token, result, error)
     BlsInspect (token)                           BlsInspectDone (token, facts)
+    DeviceCleanup (claim ids)                    DeviceRelease (export ids)
 
 A BLS call's inputs are in the calling stub's s2p arena (the stub writes them); the backend reads
 them in place and copies them once, into the target stub's p2s arena. Every response's outputs
@@ -17,6 +18,11 @@ the call's inputs: the stub frees its input handles then.
 BlsCleanup is the original's cleanup message made general: the p2s handles of BLS outputs the
 stub no longer references (the backend frees them) and one credit per response a decoupled call's
 iterator has taken (the backend forwards at most `BLS_CREDIT_WINDOW` responses ahead of them).
+
+GPU outputs of a BLS call whose caller asked for them on that GPU (`PreferredMemory`) travel by
+CUDA IPC handle instead (a WireTensor handle tagged -2, see backend.features.bls.device_exports):
+the caller sends DeviceCleanup with the claim ids of the mappings it closed, and the producing
+stub gets DeviceRelease once nobody maps an export any more, and only then drops the tensor.
 
 Records are the core ones (pystub_backend.ipc.records): `request` is a WireRequest with the call id as
 its rid, `response` a WireResponse with the call id as its rid.
@@ -31,7 +37,7 @@ from pystub_backend.ipc.wire import message
 
 __all__ = [
     "BlsRequest", "BlsResponse", "BlsCancel", "BlsCleanup", "ModelControl", "ModelControlDone",
-    "BlsInspect", "BlsInspectDone", "BLS_CREDIT_WINDOW",
+    "BlsInspect", "BlsInspectDone", "DeviceCleanup", "DeviceRelease", "BLS_CREDIT_WINDOW",
 ]
 
 # Responses of one decoupled BLS call the backend may have forwarded and the iterator not taken.
@@ -88,3 +94,13 @@ class BlsInspect(NamedTuple):
 class BlsInspectDone(NamedTuple):
     token: int
     facts: dict[str, Any]
+
+
+@message(28)
+class DeviceCleanup(NamedTuple):
+    claims: list[int]  # claim ids of GPU outputs whose mapping the stub closed
+
+
+@message(29)
+class DeviceRelease(NamedTuple):
+    exports: list[int]  # export ids of this stub's GPU outputs that nobody maps any more

@@ -61,6 +61,8 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry(25, "ModelControlDone", _S, "model_control"),
     Entry(26, "BlsInspect", _B, "bls"),
     Entry(27, "BlsInspectDone", _S, "bls"),
+    Entry(28, "DeviceCleanup", _B, "bls"),  # GPU outputs by CUDA IPC: mappings a caller closed
+    Entry(29, "DeviceRelease", _S, "bls"),  # ... and exports nobody maps any more
     Entry(30, "MetricFamilyCreate", _B, "metrics"),
     Entry(31, "MetricOps", _B, "metrics"),
     Entry(32, "MetricValueQuery", _B, "metrics"),

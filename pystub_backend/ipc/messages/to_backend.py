@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from typing import TypeGuard, Union, get_args
 
-from pystub_backend.ipc.messages.bls import BlsCancel, BlsCleanup, BlsInspect, BlsRequest, ModelControl
+from pystub_backend.ipc.messages.bls import (
+    BlsCancel,
+    BlsCleanup,
+    BlsInspect,
+    BlsRequest,
+    DeviceCleanup,
+    ModelControl,
+)
 from pystub_backend.ipc.messages.core import (
     AutoCompleteDone,
     ExecuteDone,
@@ -40,7 +47,7 @@ ToBackend = Union[
     # core: the request exchange, the stub's log, big frames, the replies to the backend's calls
     Response, ExecuteDone, Release, Log, Spilled, AutoCompleteDone, InitDone, FinalizeDone, IsReadyDone,
     # features
-    BlsRequest, BlsCancel, BlsCleanup, BlsInspect, ModelControl,
+    BlsRequest, BlsCancel, BlsCleanup, BlsInspect, ModelControl, DeviceCleanup,
     MetricFamilyCreate, MetricOps, MetricValueQuery,
     SequenceRescheduled,
     MultiplexLoaded, MultiplexLoadFailed, MultiplexUnloaded, MultiplexUsage,

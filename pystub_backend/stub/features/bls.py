@@ -33,6 +33,7 @@ from pystub_backend.ipc.messages.bls import BlsInspect, BlsInspectDone, BlsReque
 from pystub_backend.ipc.records import WireError, WireRequest, WireResponse, WireTensor
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import device_outputs, pb_utils
+from pystub_backend.stub.features import device_ipc
 from pystub_backend.stub.features.bls_outputs import Cleanup, error_response, response_from_wire
 from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.pb_utils import _runtime
@@ -46,7 +47,7 @@ class _Call:
     """One call as the stub sees it: responses queue up here as the receiver thread gets them."""
 
     __slots__ = ("id", "model_name", "decoupled", "timeout", "timeout_is_requests", "inputs", "responses",
-                 "notify", "wake_on_first", "abandoned", "done")
+                 "notify", "wake_on_first", "abandoned", "done", "device")
 
     def __init__(self, call_id: int, model_name: str, decoupled: bool, timeout: float,
                  timeout_is_requests: bool) -> None:
@@ -61,6 +62,7 @@ class _Call:
         self.wake_on_first = False  # notify on the first response (decoupled), else on the final
         self.abandoned = False  # the model stopped waiting; responses are dropped on arrival
         self.done = False  # the model has taken the final response
+        self.device: int | None = None  # PreferredMemory(GPU, id): outputs are delivered on that GPU
 
 
 class BlsClient:
@@ -114,6 +116,7 @@ class BlsClient:
         call = _Call(next(self._ids), request._model_name, decoupled,
                      timeout_us / 1e6 if timeout_us else stub.options.send_timeout, bool(timeout_us))
         call.notify, call.wake_on_first = notify, wake_on_first
+        call.device = _preferred_device(request)
         try:
             wire_inputs = self._place_inputs(request, call)
         except (ArenaFullError, pb_utils.TritonModelException) as exc:
@@ -121,7 +124,8 @@ class BlsClient:
         version = request._model_version
         wire = WireRequest(call.id, request.request_id(), wire_inputs, sorted(request.requested_output_names()),
                            request.parameters(), request.correlation_id(), request.flags(), timeout_us, None,
-                           request.trace().get_context())  # a traced caller's context: the call is its child
+                           request.trace().get_context(),  # a traced caller's context: the call is its child
+                           call.device)
         with self._lock:
             self._calls[call.id] = call
         try:
@@ -182,7 +186,7 @@ class BlsClient:
                 wire = call.responses.get(timeout=max(0.0, deadline - time.monotonic()) if wait else 0)
             except queue.Empty:
                 return self._timed_out(call)
-            response = response_from_wire(self.cleanup, self._stub.p2s, wire)
+            response = response_from_wire(self.cleanup, self._stub.p2s, wire, call.device)
             if first is None and response is not None:
                 first = response
             if wire[1] & _FINAL:
@@ -200,7 +204,7 @@ class BlsClient:
                 call.done = True
             else:
                 self.cleanup.credit(call.id)
-            response = response_from_wire(self.cleanup, self._stub.p2s, wire)
+            response = response_from_wire(self.cleanup, self._stub.p2s, wire, call.device)
             return (response if response is not None else pb_utils.InferenceResponse._create([])), final
 
         def cancel() -> None:
@@ -265,8 +269,7 @@ class BlsClient:
 
     def _release_outputs(self, wire: WireResponse) -> None:
         for wire_tensor in wire[3]:
-            if wire_tensor[3][0] >= 0:
-                self.cleanup.release(wire_tensor[3])
+            self.cleanup.release_output(wire_tensor)
 
     def _free_inputs(self, call: _Call) -> None:
         inputs, call.inputs = call.inputs, []
@@ -279,6 +282,14 @@ class BlsClient:
     def in_flight(self) -> int:
         with self._lock:
             return len(self._calls)
+
+
+def _preferred_device(request: Any) -> int | None:  # noqa: ANN401 - pb_utils.InferenceRequest
+    """The GPU a call's outputs should be delivered on, or None for the CPU (Triton's default)."""
+    preferred = request._preferred_memory
+    if preferred.preferred_memory_type == int(pb_utils.TRITONSERVER_MEMORY_GPU):
+        return int(preferred.preferred_device_id)
+    return None
 
 
 # -- wiring into the stub --------------------------------------------------------------------------
@@ -314,7 +325,9 @@ def inspect(timeout: float = 10.0) -> dict[str, Any]:
 
     `calls_in_flight`, `outputs_held` (BLS outputs the model still references), `s2p_used` and
     `s2p_allocations` (this stub's arena), and from the backend: `registry_size` (every stub's calls),
-    `caller_calls`, `p2s_used`, `p2s_allocations`. Raises TimeoutError when the backend does not answer.
+    `caller_calls`, `p2s_used`, `p2s_allocations`; GPU outputs by CUDA IPC: `device_exports` and
+    `device_claims` (backend), `device_exports_held` and `device_mappings` (this stub), and `pid`.
+    Raises TimeoutError when the backend does not answer.
     """
     client = _client
     if client is None:
@@ -332,7 +345,7 @@ def inspect(timeout: float = 10.0) -> dict[str, Any]:
     finally:
         _inspections.pop(token, None)
     facts.update(calls_in_flight=client.in_flight(), outputs_held=client.cleanup.leased,
-                 s2p_used=stub.s2p.used, s2p_allocations=stub.s2p.allocation_count)
+                 s2p_used=stub.s2p.used, s2p_allocations=stub.s2p.allocation_count, **device_ipc.facts())
     return facts
 
 

@@ -22,14 +22,16 @@ from typing import Any
 
 import numpy as np
 
+from pystub_backend.devices.interface import DeviceError
 from pystub_backend.ipc import tensors
 from pystub_backend.ipc.arena import ArenaReader
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.dtypes import numpy_dtype
-from pystub_backend.ipc.messages.bls import BlsCancel, BlsCleanup
-from pystub_backend.ipc.records import WireResponse, WireTensor
+from pystub_backend.ipc.messages.bls import BlsCancel, BlsCleanup, DeviceCleanup
+from pystub_backend.ipc.records import DEVICE_HANDLE_TAG, WireResponse, WireTensor
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
+from pystub_backend.stub.features import device_ipc
 
 __all__ = ["Cleanup", "response_from_wire", "error_response"]
 
@@ -58,6 +60,7 @@ class Cleanup:
         self._handles: list[list[int]] = []
         self._credits: list[int] = []
         self._cancels: list[int] = []
+        self._claims: list[int] = []  # GPU outputs by CUDA IPC whose mapping was closed
         self._thread: threading.Thread | None = None
         self._closed = False
         self.leased = 0  # outputs whose memory the model still holds (diagnostics)
@@ -69,6 +72,17 @@ class Cleanup:
         with self._lock:
             self.leased -= 1
         self.release(handle)
+
+    def release_claim(self, claim_id: int) -> None:
+        self._queue(self._claims, claim_id)
+
+    def release_output(self, wire_tensor: WireTensor) -> None:
+        """Give back an output the model never saw: its p2s bytes, or its claim on a GPU export."""
+        handle = wire_tensor[3]
+        if handle[0] == DEVICE_HANDLE_TAG:
+            self.release_claim(handle[2])
+        elif handle[0] >= 0:
+            self.release(handle)
 
     def credit(self, call_id: int) -> None:
         self._queue(self._credits, call_id)
@@ -94,7 +108,10 @@ class Cleanup:
                 handles, self._handles = self._handles, []
                 credits, self._credits = self._credits, []
                 cancels, self._cancels = self._cancels, []
+                claims, self._claims = self._claims, []
             try:
+                for start in range(0, len(claims), _CHUNK):
+                    self._send(DeviceCleanup(claims[start:start + _CHUNK]))
                 if cancels:
                     self._send(BlsCancel(cancels))
                 for start in range(0, max(len(handles), len(credits)), _CHUNK):
@@ -121,7 +138,15 @@ class Cleanup:
         return np.asarray(owner)
 
 
-def _output(cleanup: Cleanup, reader: ArenaReader, wire_tensor: WireTensor) -> Any:
+def _output(cleanup: Cleanup, reader: ArenaReader, wire_tensor: WireTensor, device: int | None) -> Any:
+    name, datatype, shape, handle = wire_tensor
+    if handle[0] == DEVICE_HANDLE_TAG:  # the target's GPU memory, mapped here (no copy)
+        return device_ipc.open_output(wire_tensor, cleanup.release_claim)
+    tensor = _host_output(cleanup, reader, wire_tensor)
+    return tensor if device is None else device_ipc.to_device(tensor, device)
+
+
+def _host_output(cleanup: Cleanup, reader: ArenaReader, wire_tensor: WireTensor) -> Any:
     name, datatype, shape, handle = wire_tensor
     if handle[0] < 0:  # empty tensor: nothing stored
         dtype = np.object_ if datatype == "BYTES" else ("<u2" if datatype == "BF16" else numpy_dtype(datatype))
@@ -140,8 +165,10 @@ def error_response(code: int, message: str) -> Any:
     return pb_utils.InferenceResponse._create([], pb_utils.TritonError(message, Status.coerce(code)))
 
 
-def response_from_wire(cleanup: Cleanup, reader: ArenaReader, wire: WireResponse) -> Any | None:
-    """The pb_utils response of a wire response, or None for a flags-only final."""
+def response_from_wire(cleanup: Cleanup, reader: ArenaReader, wire: WireResponse,
+                       device: int | None = None) -> Any | None:
+    """The pb_utils response of a wire response, or None for a flags-only final. `device`: the GPU
+    the caller prefers its outputs on (host outputs are copied there), None for the CPU."""
     _, _, error, outputs, parameters_json = wire
     if parameters_json is None:
         return None
@@ -151,10 +178,10 @@ def response_from_wire(cleanup: Cleanup, reader: ArenaReader, wire: WireResponse
     tensors_out: list[Any] = []
     try:
         for wire_tensor in outputs:
-            tensors_out.append(_output(cleanup, reader, wire_tensor))
-    except (ValueError, OSError) as exc:
+            tensors_out.append(_output(cleanup, reader, wire_tensor, device))
+    except (ValueError, OSError, DeviceError) as exc:
         for wire_tensor in outputs[len(tensors_out) + 1:]:  # the failed one released its own handle
-            if wire_tensor[3][0] >= 0:
-                cleanup.release(wire_tensor[3])
-        return error_response(Status.INTERNAL, f"corrupt BLS output: {exc}")
+            cleanup.release_output(wire_tensor)
+        text = str(exc) if isinstance(exc, DeviceError) else f"corrupt BLS output: {exc}"
+        return error_response(Status.INTERNAL, text)
     return pb_utils.InferenceResponse._create(tensors_out, None, parameters_json or "{}")

@@ -81,6 +81,16 @@ class Tensor(PybindRepr):
         tensor._setup(name, wire, array)
         return tensor
 
+    @classmethod
+    def _on_device(cls, name: str, wire: str, shape: list[int], device_id: int, pointer: int, owner: object) -> Tensor:
+        """A GPU tensor over `pointer` on CUDA device `device_id`, kept valid by `owner` (stub-side)."""
+        tensor = cls.__new__(cls)
+        tensor._setup(name, wire, None, shape)
+        tensor._device = (_dlpack.KDL_CUDA, device_id)
+        tensor._pointer = pointer
+        tensor._owner = owner
+        return tensor
+
     @staticmethod
     @binding(f"(self: str, arg0: object) -> {MODULE}.Tensor", Arg("self", STR), Arg("arg0", OBJECT), method=False)
     def from_dlpack(name: str, dlpack_tensor: object) -> Tensor:

@@ -34,7 +34,7 @@ def test_every_registered_kind_is_in_the_catalogue_exactly_once() -> None:
     assert [k for k, n in numbers.items() if n > 1] == [], "a kind number is reused"
     assert [k for k, n in names.items() if n > 1] == [], "a message name is listed twice"
     assert {entry.kind: entry.name for entry in CATALOGUE} == {k: cls.__name__ for k, cls in registered.items()}
-    assert len(CATALOGUE) == 41
+    assert len(CATALOGUE) == 43
 
 
 def test_each_kind_lies_in_its_features_range_and_module() -> None:
@@ -87,7 +87,7 @@ def test_an_eight_field_request_array_is_a_request_without_regions() -> None:
 
 
 @pytest.mark.parametrize("request_array, why", [
-    ([7, "", [], [], "{}", 0, 0], "WireRequest record must be an array of 8-10 fields"),
+    ([7, "", [], [], "{}", 0, 0], "WireRequest record must be an array of 8-11 fields"),
     ([7, "", [["I", "FP32", [1]]], [], "{}", 0, 0, 0], "WireTensor record must be an array of 4-4 fields"),
     ([7, "", [["I", 5, [1], [0, 0, 4]]], [], "{}", 0, 0, 0], "record WireTensor has a field 'datatype' of type int"),
     ([7, "", {}, [], "{}", 0, 0, 0], "record WireRequest has a field 'inputs' of type dict"),

@@ -27,11 +27,11 @@ from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.bls.payloads import PayloadKey
 from pystub_backend.backend.inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from pystub_backend.backend.response_stream import ResponseStream
-from pystub_backend.ipc.arena import ArenaFullError
+from pystub_backend.ipc.arena import ArenaFullError, ArenaWriter
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.bls import BLS_CREDIT_WINDOW, BlsRequest, BlsResponse
-from pystub_backend.ipc.records import WireError, WireResponse, WireTensor
+from pystub_backend.ipc.records import DEVICE_HANDLE_TAG, WireError, WireResponse, WireTensor
 from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
@@ -41,12 +41,16 @@ if TYPE_CHECKING:
 
 Checks = Callable[[], "ServerError | None"]
 
-__all__ = ["BlsCall", "build_request", "CANCELLED_TEXT"]
+__all__ = ["BlsCall", "build_request", "CANCELLED_TEXT", "ExportGoneError"]
 
 log = logging.getLogger("pystub.bls")
 
 CANCELLED_TEXT = "Request was cancelled"
 _FINAL = msg.RESPONSE_FINAL
+
+
+class ExportGoneError(Exception):
+    """A target's GPU output cannot reach the caller: the stub that exported it died."""
 
 
 def build_request(caller: StubProcess, message: BlsRequest) -> InferRequest:
@@ -69,7 +73,7 @@ def build_request(caller: StubProcess, message: BlsRequest) -> InferRequest:
         parameters["timeout"] = int(timeout_us)  # the server's queue policies read it; the model too
     return InferRequest(message.model_name, message.model_version, request_id, inputs,
                         [RequestedOutput(name) for name in requested], parameters,
-                        correlation_id=correlation_id, flags=flags)
+                        correlation_id=correlation_id, flags=flags, device_outputs=request.device_outputs)
 
 
 class BlsCall:
@@ -262,10 +266,9 @@ class BlsCall:
                     if p2s is None:
                         raise ArenaFullError(f"stub '{self.caller.instance_name}' has no p2s arena")
                     for tensor in response.outputs:  # a fresh allocation each: the stub frees each one
-                        handle = list(p2s.write(tensor.data))
-                        placed.append(WireTensor(tensor.name, tensor.datatype, list(tensor.shape), handle))
+                        placed.append(self._place(p2s, tensor))
                     wire = WireResponse(self.call_id, flags, None, placed, _parameters_json(response))
-                except ArenaFullError as exc:
+                except (ArenaFullError, ExportGoneError) as exc:
                     self._free(placed)
                     placed = []
                     wire = WireResponse(self.call_id, flags, WireError(int(Status.INTERNAL), str(exc)), [], "{}")
@@ -278,6 +281,23 @@ class BlsCall:
                 self._release_hold()
         else:
             self._free(placed)
+
+    def _place(self, p2s: ArenaWriter, tensor: Tensor) -> WireTensor:
+        """The output as the caller gets it: copied into its p2s, or, for GPU memory the target
+        exported, a claim on the export (the caller maps it; no copy). Raises ArenaFullError,
+        ExportGoneError."""
+        shape = list(tensor.shape)
+        device = tensor.device
+        if device is None:
+            return WireTensor(tensor.name, tensor.datatype, shape, list(p2s.write(tensor.data)))
+        exports = self.caller.services.device_exports
+        claim_id = exports.claim(device.key, self.caller) if exports.exporter_alive(device.key) else None
+        if claim_id is None:
+            raise ExportGoneError(f"the GPU output '{tensor.name}' of model '{self.request.model_name}' is gone: "
+                                  f"the stub that produced it exited before the caller could map it")
+        return WireTensor(tensor.name, tensor.datatype, shape,
+                          [DEVICE_HANDLE_TAG, device.device_id, claim_id, device.offset, device.nbytes,
+                           device.ipc_handle])
 
     async def _send_final_error(self, error: ServerError) -> None:
         if self.finished or self._caller_dead:
@@ -302,6 +322,9 @@ class BlsCall:
     def _free(self, placed: list[WireTensor]) -> None:
         p2s = self.caller.p2s
         for wire in placed:
+            if wire.handle[0] == DEVICE_HANDLE_TAG:  # a claim the caller never got
+                self.caller.services.device_exports.release(self.caller, [wire.handle[2]])
+                continue
             try:
                 if p2s is not None:
                     p2s.free(wire.handle)

@@ -4,6 +4,8 @@
     in the payload registry BlsCancel        → BlsCall.cancel BlsCleanup       → free the caller's p2s bytes of BLS
     outputs; credits to decoupled calls ModelControl     → Core.load_model / unload_model / model_ready →
     ModelControlDone BlsInspect       → BlsInspectDone (registry size, arena bytes; diagnostics and leak tests)
+    DeviceCleanup    → DEVICE_EXPORTS.release (mappings of GPU outputs the caller closed); exports nobody
+    holds any more → DeviceRelease to their producing stub
 
 Target checks, in Triton's order and with its texts:
     unknown model or version   `Model <m> - Error when running inference: Request for unknown model: ...`
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.bls.call import BlsCall, build_request
 from pystub_backend.backend.features.bls.deadlock import deadlock_reason
+from pystub_backend.backend.features.bls.device_exports import DeviceExports
 from pystub_backend.backend.inference import InferRequest
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages.bls import (
@@ -31,6 +34,8 @@ from pystub_backend.ipc.messages.bls import (
     BlsInspect,
     BlsInspectDone,
     BlsRequest,
+    DeviceCleanup,
+    DeviceRelease,
     ModelControl,
     ModelControlDone,
 )
@@ -41,7 +46,7 @@ if TYPE_CHECKING:
     from pystub_backend.backend.supervision.services import ServerCore
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
-__all__ = ["register", "target_error", "DECOUPLED_TEXT"]
+__all__ = ["register", "target_error", "DECOUPLED_TEXT", "DEVICE_EXPORTS"]
 
 log = logging.getLogger("pystub.bls")
 
@@ -55,6 +60,13 @@ def _spawn(coroutine: Awaitable[Any]) -> None:
     task = asyncio.ensure_future(coroutine)
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
+
+
+def _tell_exporter(exporter: StubProcess, export_ids: list[int]) -> None:
+    _spawn(_reply(exporter, DeviceRelease(export_ids)))
+
+
+DEVICE_EXPORTS = DeviceExports(_tell_exporter)
 
 
 def target_error(core: ServerCore, call: BlsCall) -> ServerError | None:
@@ -122,6 +134,11 @@ def _on_cleanup(stub: StubProcess, message: BlsCleanup) -> None:
             call.credit(count)
 
 
+def _on_device_cleanup(stub: StubProcess, message: DeviceCleanup) -> None:
+    # Claims of an exporter that died were dropped with its exports: nothing to do for them.
+    stub.services.device_exports.release(stub, list(message.claims))
+
+
 async def _reply(stub: StubProcess, message: NamedTuple) -> None:
     if not stub.alive:
         return
@@ -138,6 +155,8 @@ def _on_inspect(stub: StubProcess, message: BlsInspect) -> None:
         "caller_calls": sum(1 for _ in payloads.of_caller(stub)),
         "p2s_used": stub.p2s.used if stub.p2s is not None else 0,
         "p2s_allocations": stub.p2s.allocation_count if stub.p2s is not None else 0,
+        "device_exports": len(stub.services.device_exports),
+        "device_claims": stub.services.device_exports.claims(),
     }
     _spawn(_reply(stub, BlsInspectDone(message.token, facts)))
 
@@ -178,5 +197,6 @@ def register(handlers: BackendHandlers) -> None:
     handlers.on_frame(BlsRequest, _on_request)
     handlers.on_frame(BlsCancel, _on_cancel)
     handlers.on_frame(BlsCleanup, _on_cleanup)
+    handlers.on_frame(DeviceCleanup, _on_device_cleanup)
     handlers.on_frame(BlsInspect, _on_inspect)
     handlers.on_frame(ModelControl, _on_model_control)

@@ -1,0 +1,156 @@
+"""GPU tensors between stubs by CUDA IPC: a BLS callee exports its GPU outputs, the caller maps them.
+
+    callee (exporter)                                   caller (consumer)
+    response_to_wire: GPU output on the device the
+    request prefers ─▶ export(): cudaIpcGetMemHandle
+    + offset; the tensor is held ─▶ [-2, dev, export id, offset, nbytes, handle] ─▶ backend
+                                      backend ─▶ [-2, dev, claim id, ...] ─▶ open_output():
+                                                 cudaIpcOpenMemHandle, a GPU pb_utils.Tensor
+                                                 whose owner closes the mapping when collected
+                                                 and queues DeviceCleanup(claim id)
+    DeviceRelease(export ids) ◀─ backend, once no response holds and no caller maps the export:
+    the tensor is dropped (its producer may free or reuse the memory)
+
+Which requests may keep their GPU outputs on a device is per request (`expect`), like client
+regions: the caller's `PreferredMemory(TRITONSERVER_MEMORY_GPU, id)`. Outputs on another device,
+or on the CPU, are copied to the host as before; a caller that prefers a GPU gets host outputs
+copied onto it (`to_device`), as Triton's response allocator does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from pystub_backend.devices.interface import DeviceError, DeviceMemory
+from pystub_backend.ipc.messages.bls import DeviceRelease
+from pystub_backend.ipc.records import DEVICE_HANDLE_TAG, WireTensor
+from pystub_backend.stub.device_outputs import DeviceBuffer
+from pystub_backend.stub.handlers import StubHandlers
+
+__all__ = ["expect", "export_device", "export", "unexport", "open_output", "to_device", "facts", "register"]
+
+_lock = threading.Lock()
+_export_ids = itertools.count(1)
+_exports: dict[int, DeviceBuffer] = {}  # export id -> the buffer (its owner keeps the memory alive)
+_device_of_request: dict[int, tuple[object, int]] = {}  # rid -> (token, device id)
+_mappings = 0  # GPU outputs of other stubs this stub maps now
+
+
+def _memory() -> DeviceMemory:
+    from pystub_backend.stub import device_outputs  # the stub's one DeviceMemory, opened on first use
+
+    return device_outputs._device_memory()
+
+
+# -- exporter ---------------------------------------------------------------------------------------
+def expect(rid: int, owner: Any, device_id: int) -> None:  # noqa: ANN401 - the request's state
+    """Request `rid` lets GPU outputs on `device_id` stay there, until `owner` is collected."""
+    token = object()
+    _device_of_request[rid] = (token, device_id)
+    weakref.finalize(owner, _forget, rid, token).atexit = False
+
+
+def _forget(rid: int, token: object) -> None:
+    entry = _device_of_request.get(rid)
+    if entry is not None and entry[0] is token:
+        del _device_of_request[rid]
+
+
+def export_device(rid: int) -> int | None:
+    entry = _device_of_request.get(rid)
+    return None if entry is None else entry[1]
+
+
+def export(name: str, datatype: str, shape: list[int], buffer: DeviceBuffer) -> WireTensor:
+    """The output as an IPC export; the buffer is held until DeviceRelease. Raises DeviceError."""
+    handle, offset = _memory().export_handle(buffer.device_id, buffer.pointer)
+    with _lock:
+        export_id = next(_export_ids)
+        _exports[export_id] = buffer
+    return WireTensor(name, datatype, list(shape),
+                      [DEVICE_HANDLE_TAG, buffer.device_id, export_id, offset, buffer.nbytes, handle])
+
+
+def unexport(handle: list[Any]) -> None:
+    """Drop an export that never left this stub (its response failed)."""
+    with _lock:
+        _exports.pop(handle[2], None)
+
+
+def _on_release(stub: Any, message: DeviceRelease) -> None:  # noqa: ANN401 - the stub
+    with _lock:
+        for export_id in message.exports:
+            _exports.pop(export_id, None)
+
+
+# -- consumer ---------------------------------------------------------------------------------------
+class _Mapping:
+    """Owns one opened IPC handle: the GPU tensor's owner; collected, it closes the mapping."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _close(device_id: int, base: int, claim_id: int, release: Any) -> None:  # noqa: ANN401 - Cleanup.release_claim
+    global _mappings
+    try:
+        _memory().close_handle(device_id, base)
+    finally:
+        with _lock:
+            _mappings -= 1
+        release(claim_id)  # only now may the exporter let go of the memory
+
+
+def open_output(wire_tensor: WireTensor, release_claim: Any) -> Any:  # noqa: ANN401 - a pb_utils.Tensor
+    """A GPU pb_utils.Tensor over the mapped export. Raises DeviceError (the claim released) when
+    the handle cannot be opened, e.g. because the exporter exited."""
+    from pystub_backend.stub import pb_utils
+
+    global _mappings
+    name, datatype, shape, handle = wire_tensor
+    _, device_id, claim_id, offset, _nbytes, ipc_handle = handle
+    try:
+        base = _memory().open_handle(device_id, bytes(ipc_handle))
+    except DeviceError as exc:
+        release_claim(claim_id)
+        raise DeviceError(f"the GPU output '{name}' could not be mapped: {exc}") from None
+    owner = _Mapping()
+    with _lock:
+        _mappings += 1
+    weakref.finalize(owner, _close, device_id, base, claim_id, release_claim).atexit = False
+    return pb_utils.Tensor._on_device(name, datatype, list(shape), device_id, base + offset, owner)
+
+
+def to_device(tensor: Any, device_id: int) -> Any:  # noqa: ANN401 - pb_utils.Tensor in and out
+    """A host output copied into a new allocation on `device_id` (freed when the tensor is collected)."""
+    from pystub_backend.stub import pb_utils
+
+    if tensor._wire == "BYTES":
+        return tensor  # strings stay on the CPU, as on Triton
+    host = np.ascontiguousarray(tensor._storage())
+    memory = _memory()
+    pointer = memory.alloc(device_id, host.nbytes)
+    try:
+        memory.from_host(device_id, pointer, host.reshape(-1).view(np.uint8).data)
+    except BaseException:
+        memory.free(device_id, pointer)
+        raise
+    owner = _Mapping()
+    weakref.finalize(owner, memory.free, device_id, pointer).atexit = False
+    return pb_utils.Tensor._on_device(tensor.name(), tensor._wire, tensor.shape(), device_id, pointer, owner)
+
+
+def facts() -> dict[str, int]:
+    """This stub's side, for BLS inspection: exports held for others, and mappings of others' outputs."""
+    with _lock:
+        return {"device_exports_held": len(_exports), "device_mappings": _mappings, "pid": os.getpid()}
+
+
+def register(handlers: StubHandlers) -> None:
+    """Drop exports the backend says nobody maps any more."""
+    handlers.on_receiver(DeviceRelease, _on_release)
