@@ -1,0 +1,188 @@
+"""GPU tensors between models by CUDA IPC, with real stubs on the fake machine (PYSTUB_FAKE_GPUS=2).
+
+The producer returns its output in fake device memory (a memfd whose IPC handle crosses processes,
+pystub_backend.devices.fake_memory); a consumer that asks for its BLS outputs on that GPU maps the
+producer's very memory, and returns the mapped tensor to the HTTP client (its stub copies it to
+the host, reading through the mapping). The export registry in the backend and both stubs' counts
+are read with `bls.inspect()` from inside the models: they empty after normal use, after the
+consumer is killed while it maps an export, and after the producer is killed while mapped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from harness import Backend, module_backend
+
+from pystub_backend.devices import FAKE_VARIABLE
+
+_MODEL = '''
+import gc, json, os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from pystub_backend.devices import fake_cuda_capsule, fake_device_array
+from pystub_backend.devices.fake_memory import freed_while_mapped
+from pystub_backend.stub.features import bls
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.device = int(args["model_instance_device_id"])
+        self.kept = None
+
+    def execute(self, requests):
+        return [self._one(request) for request in requests]
+
+    def _one(self, request):
+        params = json.loads(request.parameters())
+        data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+        info = {"pid": os.getpid()}
+        out = pb_utils.Tensor("OUT", data)
+        mode = params.get("mode", "produce")
+        if mode == "produce":
+            doubled = fake_device_array(data * 2, self.device)
+            out = pb_utils.Tensor.from_dlpack("OUT", fake_cuda_capsule(doubled, self.device))
+        elif mode == "call":
+            kwargs = {}
+            if "device" in params:
+                kwargs["preferred_memory"] = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU,
+                                                                      params["device"])
+            answer = pb_utils.InferenceRequest(model_name="producer", inputs=[pb_utils.Tensor("IN", data)],
+                                               requested_output_names=["OUT", "INFO"], **kwargs).exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            got = pb_utils.get_output_tensor_by_name(answer, "OUT")
+            info.update(is_cpu=got.is_cpu(), device=got.__dlpack_device__()[1], during=bls.inspect())
+            out = got  # a GPU tensor: its stub copies it to the host, through the mapping
+            if params.get("keep"):
+                self.kept = got
+        elif mode == "drop":
+            self.kept = None
+            gc.collect()
+        elif mode == "inspect":
+            gc.collect()
+            info.update(bls.inspect(), freed_while_mapped=freed_while_mapped())
+        info_tensor = pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_))
+        return pb_utils.InferenceResponse([out, info_tensor])
+'''
+
+
+def _config(gpu: int) -> str:
+    return f'''backend: "python"
+max_batch_size: 0
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }}, {{ name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_GPU count: 1 gpus: [ {gpu} ] }} ]
+'''
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    root = Path(tmp_path_factory.mktemp("gpu_bls"))
+    for name, gpu in (("producer", 0), ("consumer", 1)):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(_MODEL)
+        (root / name / "config.pbtxt").write_text(_config(gpu))
+    with module_backend(Backend(root, "--backend-config=python,stub-timeout-seconds=5",
+                                env={FAKE_VARIABLE: "2"})) as started:
+        yield started
+
+
+def _infer(backend: Backend, model: str, params: dict[str, Any],
+           data: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    data = np.arange(6, dtype=np.float32) if data is None else data
+    client = httpclient.InferenceServerClient(backend.http_url, network_timeout=60)
+    try:
+        tensor = httpclient.InferInput("IN", list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data, binary_data=True)
+        result = client.infer(model, [tensor], parameters=params)
+        return result.as_numpy("OUT"), json.loads(result.as_numpy("INFO")[0])
+    finally:
+        client.close()
+
+
+def _until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Poll `check()` until truthy (exports are given back asynchronously); fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _idle(facts: dict[str, Any]) -> bool:
+    assert facts["freed_while_mapped"] == 0, "a stub freed device memory another process still mapped"
+    return facts["device_exports"] == 0 and facts["device_claims"] == 0 and facts["device_mappings"] == 0 \
+        and facts["device_exports_held"] == 0
+
+
+def _all_idle(backend: Backend) -> bool:
+    return _idle(_infer(backend, "producer", {"mode": "inspect"})[1]) \
+        and _idle(_infer(backend, "consumer", {"mode": "inspect"})[1])
+
+
+def _kill_and_wait_for_restart(backend: Backend, model: str, pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    _until(f"a new stub of '{model}'", lambda: _try_pid(backend, model) not in (None, pid))
+
+
+def _try_pid(backend: Backend, model: str) -> int | None:
+    try:
+        return int(_infer(backend, model, {"mode": "inspect"})[1]["pid"])
+    except Exception:  # noqa: BLE001 - restarting: not ready yet
+        return None
+
+
+def test_a_gpu_output_reaches_the_caller_mapped_without_a_copy_and_is_given_back(backend: Backend) -> None:
+    data = np.linspace(-1, 1, 1 << 16, dtype=np.float32)
+    out, info = _infer(backend, "consumer", {"mode": "call", "device": 0}, data)
+    np.testing.assert_array_equal(out, data * 2)  # read through the consumer's mapping
+    assert (info["is_cpu"], info["device"]) == (False, 0)
+    during = info["during"]
+    assert (during["device_exports"], during["device_claims"], during["device_mappings"]) == (1, 1, 1)
+    _until("every export given back", lambda: _all_idle(backend))
+
+
+def test_without_a_preferred_gpu_the_output_arrives_on_the_cpu(backend: Backend) -> None:
+    out, info = _infer(backend, "consumer", {"mode": "call"})
+    np.testing.assert_array_equal(out, np.arange(6, dtype=np.float32) * 2)
+    assert info["is_cpu"] and info["during"]["device_exports"] == 0
+
+
+def test_another_gpu_gets_a_copy_through_the_host_and_nothing_is_exported(backend: Backend) -> None:
+    out, info = _infer(backend, "consumer", {"mode": "call", "device": 1})
+    np.testing.assert_array_equal(out, np.arange(6, dtype=np.float32) * 2)
+    assert (info["is_cpu"], info["device"], info["during"]["device_exports"]) == (False, 1, 0)
+
+
+def test_a_consumer_killed_while_it_maps_an_export_releases_it(backend: Backend) -> None:
+    _, info = _infer(backend, "consumer", {"mode": "call", "device": 0, "keep": True})
+    held = _infer(backend, "producer", {"mode": "inspect"})[1]
+    assert (held["device_exports_held"], held["device_claims"]) == (1, 1)
+    _kill_and_wait_for_restart(backend, "consumer", info["pid"])
+    _until("the dead consumer's claim released", lambda: _all_idle(backend))
+
+
+def test_a_producer_killed_while_its_export_is_mapped_takes_its_exports_along(backend: Backend) -> None:
+    _, info = _infer(backend, "consumer", {"mode": "call", "device": 0, "keep": True})
+    producer = _infer(backend, "producer", {"mode": "inspect"})[1]["pid"]
+    _kill_and_wait_for_restart(backend, "producer", producer)
+    consumer = _until("the dead producer's export dropped",
+                      lambda: (f := _infer(backend, "consumer", {"mode": "inspect"})[1])["device_exports"] == 0 and f)
+    assert consumer["device_mappings"] == 1  # the consumer still maps it, as a CUDA importer would
+    _infer(backend, "consumer", {"mode": "drop"})
+    _until("every export given back", lambda: _all_idle(backend))
+    out, _ = _infer(backend, "consumer", {"mode": "call", "device": 0})  # and the pair works again
+    np.testing.assert_array_equal(out, np.arange(6, dtype=np.float32) * 2)
