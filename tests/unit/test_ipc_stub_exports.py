@@ -15,7 +15,7 @@ FACES = {
         "CATALOGUE", "Direction", "Entry", "entry_of", "bls", "client_shm", "core", "metrics", "multiplex",
         "sequences", "to_backend", "workers"},
     "pystub_backend.ipc.records": {"WireTensor", "WireRequest", "WireResponse", "WireError", "RECORDS",
-                                   "error_to_wire"},
+                                   "error_to_wire", "DEVICE_HANDLE_TAG"},
     "pystub_backend.stub": {"pb_utils"},
     "pystub_backend.stub.features": {"FEATURES", "install_features"},
     "pystub_backend.stub.handlers": {"StubHandlers", "Handler", "PhaseHook", "PHASES"},

@@ -36,7 +36,7 @@ def test_every_backend_feature_frame_kind_has_exactly_one_handler() -> None:
     from pystub_backend.ipc.messages import bls, metrics, multiplex, sequences
 
     handlers = install_features(BackendHandlers())
-    expected = {bls.BlsRequest, bls.BlsCancel, bls.BlsCleanup, bls.BlsInspect, bls.ModelControl,
+    expected = {bls.BlsRequest, bls.BlsCancel, bls.BlsCleanup, bls.BlsInspect, bls.ModelControl, bls.DeviceCleanup,
                 metrics.MetricFamilyCreate, metrics.MetricOps, metrics.MetricValueQuery,
                 sequences.SequenceRescheduled, multiplex.MultiplexLoaded, multiplex.MultiplexLoadFailed,
                 multiplex.MultiplexUnloaded, multiplex.MultiplexUsage}
