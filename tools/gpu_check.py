@@ -72,29 +72,33 @@ class TritonPythonModel:
             "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2 + 1)]) for r in requests]
 """
 # BLS: calls `{callee}` with IN, then once more with its output: OUT = (IN * 2 + 1) * 2 + 1. The
-# response parameter "on_gpu" says whether the callee's answer arrived as a GPU tensor.
+# GPU variant asks for the answers on GPU 0 (`{preferred}`): the callee's CUDA output is mapped by
+# CUDA IPC, not copied; the response parameters say whether the answers arrived as GPU tensors
+# ("on_gpu") and how many of the callee's buffers this stub mapped meanwhile ("mapped").
 _BLS_MODEL = """
 import triton_python_backend_utils as pb_utils
+from pystub_backend.stub.features import bls
 
 class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
             tensor = pb_utils.get_input_tensor_by_name(request, "IN")
-            on_gpu = True
+            on_gpu, mapped = True, 0
             for _ in range(2):
                 call = pb_utils.InferenceRequest(model_name="{callee}", inputs=[pb_utils.Tensor.from_dlpack(
-                    "IN", tensor.to_dlpack())], requested_output_names=["OUT"],
-                    preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU, 0))
+                    "IN", tensor.to_dlpack())], requested_output_names=["OUT"]{preferred})
                 answer = call.exec()
                 if answer.has_error():
                     raise pb_utils.TritonModelException(answer.error().message())
                 tensor = pb_utils.get_output_tensor_by_name(answer, "OUT")
                 on_gpu = on_gpu and not tensor.is_cpu()
+                mapped = max(mapped, bls.inspect()["device_mappings"])
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("OUT", tensor.to_dlpack())],
-                                                        parameters={"on_gpu": on_gpu}))
+                                                        parameters={"on_gpu": on_gpu, "mapped": mapped}))
         return responses
 """
+_ON_GPU_0 = ",\n                    preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU, 0)"
 
 
 def no_gpu_reason() -> str | None:
@@ -121,8 +125,8 @@ def write_repository(root: Path, only: tuple[str, ...] = ()) -> Path:
     models = {
         "torch_gpu": (_TORCH_MODEL, "KIND_GPU", 1), "torch_gpu_two": (_TORCH_MODEL, "KIND_GPU", 2),
         "numpy_cpu": (_CPU_MODEL, "KIND_CPU", 1),
-        "bls_gpu": (_BLS_MODEL.replace("{callee}", "torch_gpu"), "KIND_GPU", 1),
-        "bls_cpu": (_BLS_MODEL.replace("{callee}", "numpy_cpu"), "KIND_CPU", 1),
+        "bls_gpu": (_BLS_MODEL.replace("{callee}", "torch_gpu").replace("{preferred}", _ON_GPU_0), "KIND_GPU", 1),
+        "bls_cpu": (_BLS_MODEL.replace("{callee}", "numpy_cpu").replace("{preferred}", ""), "KIND_CPU", 1),
     }
     for name, (code, kind, count) in models.items():
         if only and name not in only:
@@ -255,8 +259,9 @@ def _two_instances(ports: dict[str, int], data: object) -> object:
 def _bls_on_gpu(ports: dict[str, int], data: object) -> object:
     parameters: dict[str, object] = {}
     result = _http_infer(ports, "bls_gpu", data, parameters)
-    if parameters.get("on_gpu") is not True:
-        raise AssertionError(f"the BLS answers did not arrive as GPU tensors (response parameters {parameters})")
+    if parameters.get("on_gpu") is not True or not parameters.get("mapped"):
+        raise AssertionError(f"the BLS answers did not arrive as GPU tensors mapped by CUDA IPC "
+                             f"(response parameters {parameters})")
     return result
 
 
