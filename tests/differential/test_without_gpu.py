@@ -62,6 +62,18 @@ def test_placement_without_a_gpu(pair: Pair, case: str) -> None:
     agree(triton, pystub)
 
 
+@pytest.mark.parametrize("value", ["yes", "no", "maybe", ""])
+def test_force_cpu_only_input_tensors_values(pair: Pair, value: str) -> None:
+    """The python backend's FORCE_CPU_ONLY_INPUT_TENSORS: "yes" and "no" load, anything else is refused."""
+    def load(endpoint: Endpoint) -> list[object]:
+        config = json.dumps({**_IO, "instance_group": [{"kind": "KIND_CPU"}],
+                             "parameters": {"FORCE_CPU_ONLY_INPUT_TENSORS": {"string_value": value}}})
+        answer = raw(endpoint, "POST", "/v2/repository/models/placed/load", {"parameters": {"config": config}})
+        raw(endpoint, "POST", "/v2/repository/models/placed/unload", {})
+        return [answer.status, answer.json()]
+    agree(load(pair.triton), load(pair.pystub))
+
+
 # -- CUDA shared memory on a server without a GPU -----------------------------------------------------
 _HANDLE = base64.b64encode(bytes(range(64))).decode()  # well-formed, but no process exported it
 HTTP_CUDA_SHM = {

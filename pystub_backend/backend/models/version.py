@@ -77,11 +77,12 @@ class ModelLoadError(Exception):
 
 # Triton's status names a version's failure carries; "Internal" unless the reason names its own.
 INVALID_ARGUMENT = "Invalid argument: "
+UNSUPPORTED = "Unsupported: "
 
 
 def failure_with_status(reason: str) -> str:
     """A version's failure reason as Triton prints it after "UNAVAILABLE state: "."""
-    return reason if reason.startswith(INVALID_ARGUMENT) else f"Internal: {reason}"
+    return reason if reason.startswith((INVALID_ARGUMENT, UNSUPPORTED)) else f"Internal: {reason}"
 
 
 def instance_args(config: ModelConfig, config_json: str, placement: Placement,
@@ -107,6 +108,15 @@ def _parameter_number(parameters: dict[str, str], name: str, kind: type[_Number]
         return positive_number(value, kind)
     except ValueError as exc:
         raise ModelLoadError(f"config parameter {name} {exc}") from None
+
+
+def _check_force_cpu_only(parameters: dict[str, str]) -> None:
+    """`FORCE_CPU_ONLY_INPUT_TENSORS` is "yes" (the default) or "no", as Triton's python backend
+    reads it. Every input a pystub model gets arrives on the CPU either way (BLS GPU inputs are
+    copied to the host by the caller), so only the value is checked. Raises ModelLoadError."""
+    value = parameters.get("FORCE_CPU_ONLY_INPUT_TENSORS")
+    if value is not None and value not in ("yes", "no"):
+        raise ModelLoadError(f"{UNSUPPORTED}Incorrect value for FORCE_CPU_ONLY_INPUT_TENSORS: {value}'")
 
 
 class ModelVersion:
@@ -192,6 +202,7 @@ class ModelVersion:
             if not os.path.isfile(self.model_path):
                 raise ModelLoadError(f"Failed to preinitialize Python stub: Python model file not found in "
                                      f"'{os.path.abspath(self.model_path)}'")
+            _check_force_cpu_only(config_parameters(self.config))
             try:
                 check_placement(self.config, self.settings.gpus)
             except PlacementError as exc:
