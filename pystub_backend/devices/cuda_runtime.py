@@ -56,6 +56,9 @@ class CudaMemory:
         kind = self._rt.cudaMemcpyKind.cudaMemcpyHostToDevice
         self._copy(device_id, pointer, host_address(source), source.nbytes, kind)
 
+    def device_copy(self, device_id: int, destination: int, source: int, nbytes: int) -> None:
+        self._copy(device_id, destination, source, nbytes, self._rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice)
+
     def _copy(self, device_id: int, destination: int, source: int, size: int, kind: Any) -> None:  # noqa: ANN401
         if size == 0:
             return

@@ -147,6 +147,10 @@ class FakeMemory:
         if source.nbytes:
             ctypes.memmove(pointer, host_address(source), source.nbytes)
 
+    def device_copy(self, device_id: int, destination: int, source: int, nbytes: int) -> None:
+        if nbytes:
+            ctypes.memmove(destination, source, nbytes)
+
     def export_handle(self, device_id: int, pointer: int) -> tuple[bytes, int]:
         allocation = _containing(pointer)
         if allocation is None or allocation.device_id != device_id:

@@ -87,6 +87,10 @@ class DeviceMemory(Protocol):
         """Copy `source` to the device memory at `pointer` (synchronous)."""
         ...
 
+    def device_copy(self, device_id: int, destination: int, source: int, nbytes: int) -> None:
+        """Copy `nbytes` between two device addresses (synchronous)."""
+        ...
+
     def export_handle(self, device_id: int, pointer: int) -> tuple[bytes, int]:
         """(IPC handle, offset): the handle (IPC_HANDLE_SIZE bytes) of the allocation that holds
         `pointer`, and `pointer`'s offset in it (a tensor may start inside a cached block)."""

@@ -4,6 +4,7 @@ viewing one back.
     wire tensor   = WireTensor(name, datatype, shape, handle)            pystub_backend.ipc.records
     arena handle  = [segment, offset, nbytes]                       pystub_backend.ipc.arena.Handle
     region handle = [generation, offset, nbytes, key, inode]        bytes in a client's region
+                    [generation, offset, nbytes, "cuda:<device>", IPC handle]   ... in its CUDA memory
 
 A region handle names bytes in a system shared memory region a client registered
 (docs/reference/protocol.md#system-shared-memory-extension), so that a tensor the client already put in shared
@@ -34,7 +35,7 @@ from pystub_backend.ipc.dtypes import numpy_dtype
 from pystub_backend.ipc.records import WireTensor
 
 __all__ = ["place", "to_array", "wire_handle", "region_handle", "is_region_handle", "place_in_region",
-           "RegionViews", "RegionTooSmallError"]
+           "RegionViews", "RegionTooSmallError", "cuda_region_handle", "cuda_region_device"]
 
 _REGION_HANDLE_LENGTH = 5
 
@@ -57,6 +58,21 @@ def region_handle(generation: int, offset: int, nbytes: int, key: str, inode: in
 
 def is_region_handle(handle: list[Any]) -> bool:
     return len(handle) == _REGION_HANDLE_LENGTH
+
+
+_CUDA_KEY = "cuda:"
+
+
+def cuda_region_handle(generation: int, offset: int, nbytes: int, device_id: int, ipc_handle: bytes) -> list[Any]:
+    """A region handle into a client's CUDA shared memory: the key names the device, the last item
+    is the client's CUDA IPC handle (which the stub opens; the backend never does)."""
+    return [generation, offset, nbytes, f"{_CUDA_KEY}{device_id}", ipc_handle]
+
+
+def cuda_region_device(handle: list[Any]) -> int | None:
+    """The device of a CUDA region handle; None for a system region's handle."""
+    key = handle[3]
+    return int(key[len(_CUDA_KEY):]) if isinstance(key, str) and key.startswith(_CUDA_KEY) else None
 
 
 def place(writer: ArenaWriter, name: str, datatype: str, shape: list[int] | tuple[int, ...],

@@ -20,7 +20,7 @@ from pystub_backend.ipc.records import DEVICE_HANDLE_TAG, WireRequest, WireRespo
 from pystub_backend.ipc.status import Status
 from pystub_backend.ipc.tensors import RegionTooSmallError
 from pystub_backend.stub import device_outputs, output_buffers, pb_utils
-from pystub_backend.stub.features import client_shm, device_ipc
+from pystub_backend.stub.features import client_shm, cuda_regions, device_ipc
 
 if TYPE_CHECKING:
     from pystub_backend.stub.senders import RequestState  # senders imports this module
@@ -86,7 +86,9 @@ def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
                 continue
             datatype, shape, buffer = tensor._wire_payload()
             target = targets.get(name) if targets else None
-            if isinstance(buffer, device_outputs.DeviceBuffer):  # a GPU tensor: copied once, to where it goes
+            if target is not None and tensors.cuda_region_device(target) is not None:  # a client's CUDA region
+                outputs.append(cuda_regions.write(name, datatype, shape, buffer, target))
+            elif isinstance(buffer, device_outputs.DeviceBuffer):  # a GPU tensor: copied once, to where it goes
                 outputs.append(_place_device(rid, writer, name, datatype, shape, buffer, target))
             elif target is not None:
                 outputs.append(tensors.place_in_region(client_shm.REGIONS, name, datatype, shape, buffer, target))
@@ -94,7 +96,8 @@ def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
                 outputs.append(WireTensor(name, datatype, list(shape), list(handle)))
             else:
                 outputs.append(tensors.place(writer, name, datatype, shape, buffer))
-    except (ArenaFullError, RegionTooSmallError, client_shm.RegionError, device_outputs.DeviceError) as exc:
+    except (ArenaFullError, RegionTooSmallError, client_shm.RegionError, cuda_regions.CudaRegionError,
+            device_outputs.DeviceError) as exc:
         for placed in outputs:
             if placed.handle[0] == DEVICE_HANDLE_TAG:
                 device_ipc.unexport(placed.handle)

@@ -14,6 +14,7 @@ from typing import Any
 
 from pystub_backend.backend.core.control import ModelControl
 from pystub_backend.backend.core.options import (
+    CUDA_SHARED_MEMORY,
     EXTENSIONS,
     MODEL_CONTROL_MODES,
     SERVER_NAME,
@@ -41,7 +42,7 @@ class Core(Serving):
         # Server-wide services the model versions find on the core they receive (response cache and
         # rate limiter hooks): the cache is None without --cache-config, the limiter None when off.
         self.response_cache = cache_from_config(options.cache_config)
-        client_shm = ClientShmRegistry(options.allow_client_shm, options.settings.shm_prefix)
+        client_shm = ClientShmRegistry(options.allow_client_shm, options.settings.shm_prefix, options.settings.gpus)
         in_flight = InFlight()
         self.models = ModelTable()
         super().__init__(self.models, client_shm, in_flight)
@@ -57,6 +58,8 @@ class Core(Serving):
         self.tracer = Tracer()
         if client_shm.enabled:
             self.extensions.append(SYSTEM_SHARED_MEMORY)
+            if client_shm.gpus:  # a server without a GPU does not list it (as Triton)
+                self.extensions.append(CUDA_SHARED_MEMORY)
         self._live = True
 
     # -- health ----------------------------------------------------------------------------------

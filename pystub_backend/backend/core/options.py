@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pystub_backend.backend.scheduling.rate_limiter import ResourceLimit
 from pystub_backend.backend.supervision.settings import StubSettings
 
-__all__ = ["CoreOptions", "SERVER_NAME", "SERVER_VERSION", "EXTENSIONS", "SYSTEM_SHARED_MEMORY",
+__all__ = ["CoreOptions", "SERVER_NAME", "SERVER_VERSION", "EXTENSIONS", "SYSTEM_SHARED_MEMORY", "CUDA_SHARED_MEMORY",
            "MODEL_CONTROL_MODES"]
 
 SERVER_NAME = "pystub"
@@ -17,6 +17,7 @@ EXTENSIONS = ["binary_tensor_data", "parameters", "statistics", "model_configura
               "model_repository(unload_dependents)", "logging", "schedule_policy", "sequence",
               "classification", "trace"]
 SYSTEM_SHARED_MEMORY = "system_shared_memory"  # listed only with --allow-client-shm=true
+CUDA_SHARED_MEMORY = "cuda_shared_memory"  # ... and a visible GPU
 MODEL_CONTROL_MODES = ("none", "poll", "explicit")
 
 

@@ -26,7 +26,7 @@ from pystub_backend.ipc.status import Status
 if TYPE_CHECKING:
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
-__all__ = ["Region", "ShmTensor"]
+__all__ = ["Region", "CudaRegion", "ShmTensor"]
 
 
 def _invalid(text: str) -> ServerError:
@@ -42,7 +42,7 @@ class Region:
     """
 
     def __init__(self, name: str, key: str, offset: int, byte_size: int, generation: int, inode: int,
-                 fd: int, retire: Callable[[Region], None]) -> None:
+                 fd: int | None, retire: Callable[[Region], None]) -> None:
         self.name = name
         self.key = key
         self.offset = offset
@@ -54,7 +54,8 @@ class Region:
         self.stubs: weakref.WeakSet[StubProcess] = weakref.WeakSet()
         self._fd: int | None = fd
         self._lock = threading.Lock()  # a read on a worker thread (cache hashing) vs. close()
-        self._close_fd = weakref.finalize(self, os.close, fd)  # a region dropped unclosed closes too
+        # a region dropped unclosed closes too
+        self._close_fd = weakref.finalize(self, os.close, fd) if fd is not None else None
         self._retire = retire
 
     def status(self) -> dict[str, Any]:
@@ -95,7 +96,30 @@ class Region:
         """Close the fd (a later read raises ServerError). Idempotent."""
         with self._lock:
             self._fd = None
-            self._close_fd()  # once only
+            if self._close_fd is not None:
+                self._close_fd()  # once only
+
+
+class CudaRegion(Region):
+    """A client's CUDA shared memory region: its CUDA IPC handle, kept as bytes. The backend holds no
+    CUDA context and never opens it; the stub that serves a request does, and reads or writes the
+    device memory itself. Holding, retiring and the stubs to tell are a system region's."""
+
+    def __init__(self, name: str, device_id: int, byte_size: int, ipc_handle: bytes, generation: int,
+                 retire: Callable[[Region], None]) -> None:
+        super().__init__(name, "", 0, byte_size, generation, 0, None, retire)
+        self.device_id = device_id
+        self.ipc_handle = ipc_handle
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
+
+    def handle(self, offset: int, nbytes: int) -> list[Any]:
+        return tensors.cuda_region_handle(self.generation, offset, nbytes, self.device_id, self.ipc_handle)
+
+    def read(self, offset: int, nbytes: int) -> bytearray:
+        raise _invalid(f"the data in CUDA shared memory region '{self.name}' are read only by the model's "
+                       f"stub: a BYTES input, a cached model or an ensemble cannot take its inputs from it")
 
 
 class ShmTensor(Tensor):

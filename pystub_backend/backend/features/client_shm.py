@@ -22,8 +22,9 @@ under it is restarted as any dead stub.
 
 The server never creates, resizes or unlinks a client's object, and never uses
 `multiprocessing.shared_memory` (its resource tracker unlinks segments it did not create).
-Region names share one namespace with CUDA regions; a CPU-only server registers no CUDA region,
-reports none, and lets perf_analyzer unregister them all.
+Region names share one namespace with CUDA regions (`CudaRegion`: a client's CUDA IPC handle,
+which only the stubs open). A server without a GPU registers no CUDA region, reports none, and
+lets perf_analyzer unregister them all.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.features.client_regions import Region, ShmTensor
+from pystub_backend.backend.features.client_regions import CudaRegion, Region, ShmTensor
 from pystub_backend.backend.inference import InferRequest, RequestedOutput, Tensor
+from pystub_backend.devices.interface import IPC_HANDLE_SIZE
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages.client_shm import ClientShmForget
 from pystub_backend.ipc.posix_shm import open_client_object, shm_name
@@ -120,8 +122,9 @@ def _hold_all(regions: list[Region], inputs: list[ShmTensor] | None = None) -> L
 class ClientShmRegistry:
     """The regions of this server. Runs on the event loop; nothing here blocks."""
 
-    def __init__(self, enabled: bool, internal_prefix: str = "pystub") -> None:
+    def __init__(self, enabled: bool, internal_prefix: str = "pystub", gpus: tuple[int, ...] = ()) -> None:
         self.enabled = enabled
+        self.gpus = gpus  # the visible GPUs' ids: CUDA regions can be registered only with one
         self._internal_prefix = internal_prefix + "_"
         self._regions: dict[str, Region] = {}
         self._retiring: set[Region] = set()  # unregistered, still held by requests
@@ -184,7 +187,10 @@ class ClientShmRegistry:
         Triton). Regions in use stay mapped until their requests end. Raises ServerError
         UNSUPPORTED when the extension is off."""
         self._check_enabled()
-        names = [name] if name else list(self._regions)
+        names = [name] if name else [n for n, r in self._regions.items() if not isinstance(r, CudaRegion)]
+        self._unregister([n for n in names if not isinstance(self._regions.get(n), CudaRegion)])
+
+    def _unregister(self, names: list[str]) -> None:
         for region_name in names:
             region = self._regions.pop(region_name, None)
             if region is None:
@@ -202,28 +208,51 @@ class ClientShmRegistry:
         NOT_FOUND for an unknown name, UNSUPPORTED when the extension is off."""
         self._check_enabled()
         if not name:
-            return [region.status() for region in self._regions.values()]
+            return [region.status() for region in self._regions.values() if not isinstance(region, CudaRegion)]
         region = self._regions.get(name)
-        if region is None:
+        if region is None or isinstance(region, CudaRegion):
             raise ServerError(f"Unable to find system shared memory region: '{name}'", Status.NOT_FOUND)
         return [region.status()]
 
-    # CUDA shared memory on a CPU-only server (docs/reference/protocol.md#system-shared-memory-extension,
-    # docs/reference/protocol.md#compatibility-with-perf_analyzer).
-    @staticmethod
-    def cuda_status(name: str = "") -> list[dict[str, Any]]:
-        if name:
+    # CUDA shared memory (docs/gpu.md#client-cuda-shared-memory); on a server without a GPU, as Triton
+    # 2.51 built without one (docs/reference/protocol.md#compatibility-with-perf_analyzer).
+    def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
+        """`[{"name", "device_id", "byte_size"}]` of one CUDA region or all. Raises ServerError
+        NOT_FOUND for an unknown name."""
+        regions = {n: r for n, r in self._regions.items() if isinstance(r, CudaRegion)}
+        if not name:
+            return [region.status() for region in regions.values()]
+        if name not in regions:
             raise ServerError(f"Unable to find cuda shared memory region: '{name}'", Status.NOT_FOUND)
-        return []
+        return [regions[name].status()]
 
-    @staticmethod
-    def cuda_register(name: str) -> None:
-        """Refused with the answer of Triton 2.51 without a GPU (pystub maps no CUDA IPC handles)."""
-        raise ServerError("failed to register shared memory region: invalid args", Status.INVALID_ARG)
+    def cuda_register(self, name: str, ipc_handle: bytes = b"", device_id: int = 0, byte_size: int = 0) -> None:
+        """Keep a client's CUDA IPC handle as region `name` (the stubs open it, on first use). Raises
+        ServerError: INVALID_ARG without a GPU (Triton's answer), for an unknown device, a handle that
+        is not a cudaIpcMemHandle_t or a bad size; ALREADY_EXISTS for a name in use; UNSUPPORTED
+        when client shared memory is off."""
+        if not self.gpus:
+            raise ServerError("failed to register shared memory region: invalid args", Status.INVALID_ARG)
+        self._check_enabled()
+        if not isinstance(name, str) or not name:
+            raise _invalid("a shared memory region needs a non-empty name")
+        if name in self._regions:
+            raise ServerError(f"shared memory region '{name}' already in manager", Status.ALREADY_EXISTS)
+        if not isinstance(ipc_handle, bytes) or len(ipc_handle) != IPC_HANDLE_SIZE:
+            raise _invalid("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+        if not _is_int(device_id) or device_id not in self.gpus:
+            raise _invalid(f"failed to register CUDA shared memory region '{name}': invalid device id {device_id} "
+                           f"(visible GPUs: {', '.join(map(str, self.gpus))})")
+        if not _is_int(byte_size) or byte_size < 0:
+            raise _invalid(f"failed to register CUDA shared memory region '{name}': invalid byte_size {byte_size}")
+        self._regions[name] = CudaRegion(name, device_id, byte_size, ipc_handle, next(self._generations),
+                                         self._retire)
+        log.info("registered CUDA shared memory region '%s' (device %d, %d bytes)", name, device_id, byte_size)
 
-    @staticmethod
-    def cuda_unregister(name: str = "") -> None:
-        """Nothing is registered, so there is nothing to do (perf_analyzer calls it regardless)."""
+    def cuda_unregister(self, name: str = "") -> None:
+        """Forget one CUDA region, or all of them; an unknown name is not an error (as in Triton)."""
+        names = [name] if name else [n for n, r in self._regions.items() if isinstance(r, CudaRegion)]
+        self._unregister([n for n in names if isinstance(self._regions.get(n), CudaRegion)])
 
     # -- requests ---------------------------------------------------------------------------------
     def resolve(self, request: InferRequest) -> Lease:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor, model_parameters
+from pystub_backend.backend.inference import InferRequest, InferResponse, model_parameters
 from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.supervision.outbox import StubOutbox
 from pystub_backend.backend.telemetry.statistics import BatchTiming
@@ -314,20 +314,8 @@ class RequestExchange:
                                  error=ServerError(error.message, Status.coerce(error.code)))
         s2p = self._stub.s2p
         assert s2p is not None
-        exports = self._stub.services.device_exports
-        outputs: list[Tensor] = []
-        try:
-            for name, datatype, shape, handle in outputs_wire:
-                if handle and handle[0] == DEVICE_HANDLE_TAG:  # GPU memory a BLS caller asked for
-                    device = exports.received(self._stub, handle)
-                    outputs.append(Tensor(name, datatype, tuple(shape), b"", device=device))
-                else:
-                    outputs.append(Tensor(name, datatype, tuple(shape), s2p.view(handle)))
-        except Exception:
-            for tensor in outputs:
-                if tensor.device is not None:
-                    exports.drop_hold(tensor.device.key)
-            raise
+        exports = self._stub.services.device_exports  # GPU outputs a BLS caller asked for stay on the GPU
+        outputs = exports.outputs(self._stub, outputs_wire, s2p.view)
         handles = [t.handle for t in outputs_wire if not t.handle or t.handle[0] != DEVICE_HANDLE_TAG]
         released = False
 

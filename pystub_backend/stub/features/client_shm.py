@@ -30,8 +30,11 @@ import threading
 import weakref
 from typing import Any
 
+from pystub_backend.devices.interface import DeviceError
 from pystub_backend.ipc.messages.client_shm import ClientShmForget
 from pystub_backend.ipc.posix_shm import open_client_object
+from pystub_backend.ipc.tensors import cuda_region_device
+from pystub_backend.stub.features import cuda_regions
 from pystub_backend.stub.handlers import StubHandlers
 
 __all__ = ["ClientRegions", "RegionError", "REGIONS", "expect_outputs", "output_targets", "register"]
@@ -72,7 +75,14 @@ class ClientRegions:
         self._lock = threading.Lock()
 
     def view(self, handle: list[Any], writable: bool = False) -> memoryview:
-        """The bytes a region handle names. Raises RegionError."""
+        """The bytes a region handle names (a host copy for a CUDA region's input). Raises RegionError."""
+        if cuda_region_device(handle) is not None:
+            if writable:  # outputs to CUDA regions go through cuda_regions.write
+                raise RegionError("a CUDA shared memory region has no host view")
+            try:
+                return cuda_regions.read(handle)
+            except DeviceError as exc:
+                raise RegionError(str(exc)) from None
         generation, offset, nbytes, key, inode = handle
         with self._lock:
             if generation in self._forgotten:
@@ -150,6 +160,7 @@ def output_targets(rid: int) -> dict[str, list[Any]] | None:
 
 def _on_forget(stub: Any, message: ClientShmForget) -> None:
     REGIONS.forget(message.generations)
+    cuda_regions.forget(message.generations)
 
 
 def register(handlers: StubHandlers) -> None:

@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pystub_backend.backend.inference import DeviceRef
+from pystub_backend.backend.inference import DeviceRef, Tensor
+from pystub_backend.ipc.records import DEVICE_HANDLE_TAG, WireTensor
 
 if TYPE_CHECKING:
     from pystub_backend.backend.supervision.stub_process import StubProcess
@@ -76,6 +77,25 @@ class DeviceExports:
             raise ValueError(f"malformed GPU output handle {handle!r}")
         _, device_id, export_id, offset, nbytes, ipc_handle = handle
         return DeviceRef(self.add(exporter, export_id), device_id, offset, nbytes, ipc_handle)
+
+    def outputs(self, exporter: StubProcess, wire_outputs: list[WireTensor],
+                view: Callable[[list[Any]], memoryview]) -> list[Tensor]:
+        """A stub's response outputs as Tensors: arena bytes through `view`, GPU exports registered
+        and held (all dropped again when one output is malformed). Raises what `view` and
+        `received` raise."""
+        outputs: list[Tensor] = []
+        try:
+            for name, datatype, shape, handle in wire_outputs:
+                if handle and handle[0] == DEVICE_HANDLE_TAG:
+                    outputs.append(Tensor(name, datatype, tuple(shape), b"", device=self.received(exporter, handle)))
+                else:
+                    outputs.append(Tensor(name, datatype, tuple(shape), view(handle)))
+        except Exception:
+            for tensor in outputs:
+                if tensor.device is not None:
+                    self.drop_hold(tensor.device.key)
+            raise
+        return outputs
 
     def claim(self, key: ExportKey, consumer: StubProcess) -> int | None:
         """A claim of `consumer` on the export (its id goes to the consumer), or None when the

@@ -6,9 +6,9 @@
     SystemSharedMemoryStatus{name}     -> {regions: map<name, {name, key, offset, byte_size}>}
     SystemSharedMemoryRegister{name, key, offset, byte_size}
     SystemSharedMemoryUnregister{name}    ("" means all)
-    CudaSharedMemoryStatus{name}       -> {regions: {}} (CPU only)
-    CudaSharedMemoryRegister{...}      -> refused
-    CudaSharedMemoryUnregister{name}   -> ok
+    CudaSharedMemoryStatus{name}       -> {regions: map<name, {name, device_id, byte_size}>}
+    CudaSharedMemoryRegister{name, raw_handle, device_id, byte_size}   (refused without a GPU)
+    CudaSharedMemoryUnregister{name}      ("" means all)
 """
 
 from __future__ import annotations
@@ -45,13 +45,16 @@ def system_unregister(registry: ClientShmRegistry,
 
 def cuda_status(registry: ClientShmRegistry,
                 request: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:
-    registry.cuda_status(request.name)  # raises for a named region: none exists
-    return pb.CudaSharedMemoryStatusResponse()
+    response = pb.CudaSharedMemoryStatusResponse()
+    for region in registry.cuda_status(request.name):
+        entry = response.regions[region["name"]]
+        entry.name, entry.device_id, entry.byte_size = region["name"], region["device_id"], region["byte_size"]
+    return response
 
 
 def cuda_register(registry: ClientShmRegistry,
                   request: pb.CudaSharedMemoryRegisterRequest) -> pb.CudaSharedMemoryRegisterResponse:
-    registry.cuda_register(request.name)
+    registry.cuda_register(request.name, bytes(request.raw_handle), request.device_id, request.byte_size)
     return pb.CudaSharedMemoryRegisterResponse()
 
 

@@ -4,9 +4,10 @@
     GET  /v2/systemsharedmemory[/region/{r}]/status    -> [{"name", "key", "offset", "byte_size"}]
     POST /v2/systemsharedmemory/region/{r}/register    {"key", "offset", "byte_size"}
     POST /v2/systemsharedmemory[/region/{r}]/unregister   (no region: all)
-    GET  /v2/cudasharedmemory[/region/{r}]/status      -> [] (CPU only)
-    POST /v2/cudasharedmemory/region/{r}/register      -> refused, after Triton's body checks
-    POST /v2/cudasharedmemory[/region/{r}]/unregister  -> 200
+    GET  /v2/cudasharedmemory[/region/{r}]/status      -> [{"name", "device_id", "byte_size"}]
+    POST /v2/cudasharedmemory/region/{r}/register      {"raw_handle": {"b64"}, "device_id", "byte_size"}
+                                                          (refused without a GPU, after Triton's body checks)
+    POST /v2/cudasharedmemory[/region/{r}]/unregister   (no region: all)
 
 The calls go to the core's `pystub_backend.backend.features.client_shm.ClientShmRegistry`; errors
 are `ServerError`s that the app's error middleware renders as `{"error": msg}`.
@@ -41,22 +42,23 @@ def _register_body(body: bytes) -> dict[str, Any]:
     return document
 
 
-def _check_cuda_register_body(body: bytes) -> None:
-    """Triton's checks of a CUDA register body, in its order and with its texts (the JSON reader's
-    for a missing member). Raises ServerError."""
+def _check_cuda_register_body(body: bytes) -> tuple[bytes, Any, Any]:
+    """(raw handle, device_id, byte_size) of a CUDA register body, after Triton's checks in its
+    order and with its texts (the JSON reader's for a missing member). Raises ServerError."""
     document = _register_body(body)
     if "raw_handle" not in document:
         raise ServerError("Shared memory register request has no 'raw_handle' field", Status.INVALID_ARG)
     if not isinstance(document["raw_handle"], dict) or "b64" not in document["raw_handle"]:
         raise ServerError("attempt to access non-existing object member 'b64'", Status.INTERNAL)
     try:
-        base64.b64decode(str(document["raw_handle"]["b64"]), validate=True)
+        raw_handle = base64.b64decode(str(document["raw_handle"]["b64"]), validate=True)
     except (binascii.Error, ValueError):
         raise ServerError("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t", Status.INVALID_ARG) \
             from None
     for member in ("byte_size", "device_id"):
         if member not in document:
             raise ServerError(f"attempt to access non-existing object member '{member}'", Status.INTERNAL)
+    return raw_handle, document["device_id"], document["byte_size"]
 
 
 def shm_routes(core: Any) -> list[web.RouteDef]:
@@ -82,8 +84,8 @@ def shm_routes(core: Any) -> list[web.RouteDef]:
         return _json(registry.cuda_status(region(request)))
 
     async def cuda_register(request: web.Request) -> web.Response:
-        _check_cuda_register_body(await request.read())
-        registry.cuda_register(region(request))
+        raw_handle, device_id, byte_size = _check_cuda_register_body(await request.read())
+        registry.cuda_register(region(request), raw_handle, device_id, byte_size)
         return web.Response(status=200)
 
     async def cuda_unregister(request: web.Request) -> web.Response:

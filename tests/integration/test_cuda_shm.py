@@ -1,0 +1,195 @@
+"""Client CUDA shared memory on the fake machine (PYSTUB_FAKE_GPUS=2): the test plays the client, with
+"device" buffers of the fake device (memfd allocations whose IPC handles real processes open), and
+registers them with tritonclient over HTTP and gRPC. The stub opens the handle (the backend never
+does), reads inputs from it and writes outputs into it: a CPU model's output host-to-device, a GPU
+model's device-to-device. Bounds, unknown devices and bad handles get Triton's texts; after
+unregistering, the stubs close their mappings (the client can free its buffers again)."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from harness import Backend, module_backend
+from tritonclient.utils import InferenceServerException
+
+from pystub_backend.devices import FAKE_VARIABLE, DeviceError, FakeMemory
+
+_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from pystub_backend.devices import fake_cuda_capsule, fake_device_array
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.gpu = args["model_instance_kind"] == "GPU"
+        self.device = int(args["model_instance_device_id"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy() * 2
+            out = pb_utils.Tensor("OUT", data)
+            if self.gpu:
+                out = pb_utils.Tensor.from_dlpack("OUT", fake_cuda_capsule(fake_device_array(data, self.device),
+                                                                           self.device))
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+'''
+_CONFIG = '''backend: "python"
+max_batch_size: 0
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+instance_group [ {{ kind: {kind} count: 1 {gpus} }} ]
+'''
+_N = 256
+_NBYTES = _N * 4
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    root = Path(tmp_path_factory.mktemp("cuda_shm"))
+    for name, kind, gpus in (("cpu_double", "KIND_CPU", ""), ("gpu_double", "KIND_GPU", "gpus: [ 1 ]")):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(_MODEL)
+        (root / name / "config.pbtxt").write_text(_CONFIG.format(kind=kind, gpus=gpus))
+    with module_backend(Backend(root, "--allow-client-shm=true", env={FAKE_VARIABLE: "2"})) as started:
+        yield started
+
+
+class _ClientBuffers:
+    """The client's device buffers (input, output) on one fake GPU, freed at the end: a free that
+    fails while a stub still maps one is retried until the deadline, then reported."""
+
+    def __init__(self, device: int) -> None:
+        self.memory, self.device = FakeMemory(), device
+        self.input, self.output = self.memory.alloc(device, _NBYTES), self.memory.alloc(device, _NBYTES)
+
+    def handle(self, pointer: int) -> str:
+        raw, offset = self.memory.export_handle(self.device, pointer)
+        assert offset == 0
+        return base64.b64encode(raw).decode()
+
+    def write_input(self, data: np.ndarray) -> None:
+        self.memory.from_host(self.device, self.input, memoryview(data).cast("B"))
+
+    def read_output(self) -> np.ndarray:
+        out = np.empty(_N, dtype=np.float32)
+        self.memory.to_host(self.device, self.output, memoryview(out).cast("B"))
+        return out
+
+    def free(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        for pointer in (self.input, self.output):
+            while True:
+                try:
+                    self.memory.free(self.device, pointer)
+                    break
+                except DeviceError:
+                    if time.monotonic() > deadline:
+                        raise AssertionError("a stub still maps the client's CUDA buffer after unregistering "
+                                             f"(waited {timeout:g} s)") from None
+                    time.sleep(0.1)
+
+
+@pytest.fixture
+def buffers() -> Iterator[_ClientBuffers]:
+    client = _ClientBuffers(1)
+    yield client
+    client.free()
+
+
+def _http_round_trip(backend: Backend, buffers: _ClientBuffers, model: str) -> np.ndarray:
+    client = httpclient.InferenceServerClient(backend.http_url)
+    try:
+        client.register_cuda_shared_memory("cin", buffers.handle(buffers.input), buffers.device, _NBYTES)
+        client.register_cuda_shared_memory("cout", buffers.handle(buffers.output), buffers.device, _NBYTES)
+        status = client.get_cuda_shared_memory_status()
+        assert sorted((r["name"], r["device_id"], r["byte_size"]) for r in status) == [
+            ("cin", 1, _NBYTES), ("cout", 1, _NBYTES)]
+        tensor = httpclient.InferInput("IN", [_N], "FP32")
+        tensor.set_shared_memory("cin", _NBYTES)
+        output = httpclient.InferRequestedOutput("OUT", binary_data=True)
+        output.set_shared_memory("cout", _NBYTES)
+        client.infer(model, [tensor], outputs=[output])
+        return buffers.read_output()
+    finally:
+        client.unregister_cuda_shared_memory()
+        assert client.get_cuda_shared_memory_status() == []
+        client.close()
+
+
+@pytest.mark.parametrize("model", ["cpu_double", "gpu_double"])
+def test_inputs_are_read_from_and_outputs_written_to_the_clients_device_buffer(
+        backend: Backend, buffers: _ClientBuffers, model: str) -> None:
+    data = np.random.default_rng(3).random(_N, dtype=np.float32)
+    buffers.write_input(data)
+    np.testing.assert_array_equal(_http_round_trip(backend, buffers, model), data * 2)
+
+
+def test_grpc_registers_reports_and_serves_a_cuda_region(backend: Backend, buffers: _ClientBuffers) -> None:
+    data = np.arange(_N, dtype=np.float32)
+    buffers.write_input(data)
+    client = grpcclient.InferenceServerClient(backend.grpc_url)
+    try:
+        client.register_cuda_shared_memory("gin", buffers.handle(buffers.input), buffers.device, _NBYTES)
+        client.register_cuda_shared_memory("gout", buffers.handle(buffers.output), buffers.device, _NBYTES)
+        regions = client.get_cuda_shared_memory_status(as_json=True)["regions"]
+        assert {name: (int(r["device_id"]), int(r["byte_size"])) for name, r in regions.items()} == {
+            "gin": (1, _NBYTES), "gout": (1, _NBYTES)}
+        tensor = grpcclient.InferInput("IN", [_N], "FP32")
+        tensor.set_shared_memory("gin", _NBYTES)
+        output = grpcclient.InferRequestedOutput("OUT")
+        output.set_shared_memory("gout", _NBYTES)
+        client.infer("gpu_double", [tensor], outputs=[output])
+        np.testing.assert_array_equal(buffers.read_output(), data * 2)
+    finally:
+        client.unregister_cuda_shared_memory()
+        client.close()
+
+
+def _refusal(call: object) -> tuple[str, str]:
+    with pytest.raises(InferenceServerException) as caught:
+        call()  # type: ignore[operator]
+    return str(caught.value.status()), caught.value.message()
+
+
+def test_bad_registrations_and_requests_get_tritons_texts(backend: Backend, buffers: _ClientBuffers) -> None:
+    client = httpclient.InferenceServerClient(backend.http_url)
+    good = buffers.handle(buffers.input)
+    try:
+        assert "cuda_shared_memory" in client.get_server_metadata()["extensions"]
+        assert _refusal(lambda: client.register_cuda_shared_memory("r", good, 5, _NBYTES)) == (
+            "400", "failed to register CUDA shared memory region 'r': invalid device id 5 (visible GPUs: 0, 1)")
+        short = base64.b64encode(b"x" * 10).decode()
+        assert _refusal(lambda: client.register_cuda_shared_memory("r", short, 1, _NBYTES)) == (
+            "400", "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+        client.register_cuda_shared_memory("r", good, 1, _NBYTES)
+        assert _refusal(lambda: client.register_cuda_shared_memory("r", good, 1, _NBYTES)) == (
+            "400", "shared memory region 'r' already in manager")
+        tensor = httpclient.InferInput("IN", [_N + 1], "FP32")
+        tensor.set_shared_memory("r", _NBYTES + 4)  # one element past the region
+        assert _refusal(lambda: client.infer("cpu_double", [tensor])) == (
+            "400", "Invalid offset + byte size for shared memory region: 'r'")
+        tensor = httpclient.InferInput("IN", [_N], "FP32")
+        tensor.set_shared_memory("r", _NBYTES)
+        output = httpclient.InferRequestedOutput("OUT", binary_data=True)
+        output.set_shared_memory("r", 8)  # too small for the output
+        status, text = _refusal(lambda: client.infer("cpu_double", [tensor], outputs=[output]))
+        assert (status, text) == ("400", "shared memory size specified with the request for output 'OUT' "
+                                         f"(8 bytes) should be at least {_NBYTES} bytes to hold the results")
+        bogus = base64.b64encode(bytes(64)).decode()  # 64 bytes, but no process exported it
+        client.register_cuda_shared_memory("bogus", bogus, 1, _NBYTES)
+        tensor.set_shared_memory("bogus", _NBYTES)
+        status, text = _refusal(lambda: client.infer("cpu_double", [tensor]))
+        assert status == "400" and "failed to open CUDA IPC handle" in text, text
+    finally:
+        client.unregister_cuda_shared_memory()
+        client.close()
