@@ -254,6 +254,7 @@ class ModelVersion:
         scheduler = self._serving_scheduler()
         request.model_version = self._version_text  # responses name the version that served them
         if self.response_cache is not None:  # response cache hook (default-mode models only: one response)
+            request.device_outputs = None  # the cache keeps host bytes: a BLS caller gets a host copy on its GPU
             return await cached_stream(self.response_cache, self.stats, request,
                                        lambda: scheduler.schedule(request, batch_size))
         return await scheduler.schedule_stream(request, batch_size)
