@@ -56,7 +56,7 @@ class TritonPythonModel:
             if "device" in params:
                 kwargs["preferred_memory"] = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU,
                                                                       params["device"])
-            answer = pb_utils.InferenceRequest(model_name="producer", inputs=[pb_utils.Tensor("IN", data)],
+            answer = pb_utils.InferenceRequest(model_name=params.get("target", "producer"), inputs=[pb_utils.Tensor("IN", data)],
                                                requested_output_names=["OUT", "INFO"], **kwargs).exec()
             if answer.has_error():
                 raise pb_utils.TritonModelException(answer.error().message())
@@ -76,8 +76,9 @@ class TritonPythonModel:
 '''
 
 
-def _config(gpu: int) -> str:
+def _config(gpu: int, cached: bool = False) -> str:
     return f'''backend: "python"
+{"response_cache { enable: true }" if cached else ""}
 max_batch_size: 0
 input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }}, {{ name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }} ]
@@ -88,11 +89,11 @@ instance_group [ {{ kind: KIND_GPU count: 1 gpus: [ {gpu} ] }} ]
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     root = Path(tmp_path_factory.mktemp("gpu_bls"))
-    for name, gpu in (("producer", 0), ("consumer", 1)):
+    for name, gpu, cached in (("producer", 0, False), ("consumer", 1, False), ("cached_producer", 0, True)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(_MODEL)
-        (root / name / "config.pbtxt").write_text(_config(gpu))
-    with module_backend(Backend(root, "--backend-config=python,stub-timeout-seconds=5",
+        (root / name / "config.pbtxt").write_text(_config(gpu, cached))
+    with module_backend(Backend(root, "--backend-config=python,stub-timeout-seconds=5", "--cache-config=local,size=1048576",
                                 env={FAKE_VARIABLE: "2"})) as started:
         yield started
 
@@ -165,6 +166,14 @@ def test_another_gpu_gets_a_copy_through_the_host_and_nothing_is_exported(backen
     out, info = _infer(backend, "consumer", {"mode": "call", "device": 1})
     np.testing.assert_array_equal(out, np.arange(6, dtype=np.float32) * 2)
     assert (info["is_cpu"], info["device"], info["during"]["device_exports"]) == (False, 1, 0)
+
+
+def test_a_cached_producers_gpu_output_reaches_the_caller_as_a_copy_on_its_gpu(backend: Backend) -> None:
+    for _ in range(2):  # a miss, then a hit: the cache holds host bytes, never an export
+        out, info = _infer(backend, "consumer", {"mode": "call", "device": 0, "target": "cached_producer"})
+        np.testing.assert_array_equal(out, np.arange(6, dtype=np.float32) * 2)
+        assert (info["is_cpu"], info["device"], info["during"]["device_exports"]) == (False, 0, 0)
+    _until("every export given back", lambda: _all_idle(backend))
 
 
 def test_a_consumer_killed_while_it_maps_an_export_releases_it(backend: Backend) -> None:
