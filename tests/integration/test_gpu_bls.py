@@ -56,7 +56,8 @@ class TritonPythonModel:
             if "device" in params:
                 kwargs["preferred_memory"] = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU,
                                                                       params["device"])
-            answer = pb_utils.InferenceRequest(model_name=params.get("target", "producer"), inputs=[pb_utils.Tensor("IN", data)],
+            answer = pb_utils.InferenceRequest(model_name=params.get("target", "producer"),
+                                               inputs=[pb_utils.Tensor("IN", data)],
                                                requested_output_names=["OUT", "INFO"], **kwargs).exec()
             if answer.has_error():
                 raise pb_utils.TritonModelException(answer.error().message())
@@ -93,8 +94,8 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(_MODEL)
         (root / name / "config.pbtxt").write_text(_config(gpu, cached))
-    with module_backend(Backend(root, "--backend-config=python,stub-timeout-seconds=5", "--cache-config=local,size=1048576",
-                                env={FAKE_VARIABLE: "2"})) as started:
+    with module_backend(Backend(root, "--backend-config=python,stub-timeout-seconds=5",
+                                "--cache-config=local,size=1048576", env={FAKE_VARIABLE: "2"})) as started:
         yield started
 
 
