@@ -285,7 +285,9 @@ class RequestExchange:
         record = self._records.get(rid)
         if record is None or record.final:
             log.warning("stub '%s' answered unknown request %s", self._stub.instance_name, rid)
-            self.outbox.release([t.handle for t in outputs], rid if outputs else None)
+            self._stub.services.device_exports.discard(self._stub, outputs)  # GPU exports go back to it
+            arena = [t.handle for t in outputs if t.handle[0] != DEVICE_HANDLE_TAG]
+            self.outbox.release(arena, rid if outputs else None)
             return
         if final:
             record.final = True

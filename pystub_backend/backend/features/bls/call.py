@@ -5,6 +5,9 @@
     caller stub ◀─ BlsResponse ◀─ outputs copied into the caller's p2s (one copy) ◀┘
                                   then the target's response is released (its s2p, its credit)
 
+GPU outputs the target exported by CUDA IPC (the caller asked for them on that GPU) are not
+copied: the caller gets a claim on the export instead and maps it (features.bls.device_exports).
+
 Inputs are views of the caller's s2p arena for the whole call; the final BlsResponse is sent only
 when nothing reads them any more (the target request has been placed and has ended, or never ran),
 and the stub frees them when it sees that final. Exactly one final is sent per call, unless the

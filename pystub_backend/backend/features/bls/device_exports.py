@@ -97,6 +97,12 @@ class DeviceExports:
             raise
         return outputs
 
+    def discard(self, exporter: StubProcess, wire_outputs: list[WireTensor]) -> None:
+        """Outputs nobody will take (their request is gone): the exporter may drop its GPU exports."""
+        ids = [t.handle[2] for t in wire_outputs if t.handle and t.handle[0] == DEVICE_HANDLE_TAG]
+        if ids and exporter.alive:
+            self._notify(exporter, ids)
+
     def claim(self, key: ExportKey, consumer: StubProcess) -> int | None:
         """A claim of `consumer` on the export (its id goes to the consumer), or None when the
         export is gone (its exporter died)."""

@@ -94,3 +94,15 @@ def test_malformed_and_reused_exports_are_refused(released: _Released) -> None:
         registry.received(exporter, _handle(5))  # type: ignore[arg-type]
     registry.drop_hold(ref.key)
     assert len(registry) == 0
+
+
+def test_exports_in_a_response_nobody_takes_go_straight_back(released: _Released) -> None:
+    from pystub_backend.ipc.records import WireTensor
+
+    registry, exporter = DeviceExports(released), _Stub("e")
+    outputs = [WireTensor("A", "FP32", [4], _handle(11)), WireTensor("B", "FP32", [4], [0, 64, 16])]
+    registry.discard(exporter, outputs)  # type: ignore[arg-type]
+    assert released.calls == [("e", [11])] and len(registry) == 0
+    exporter.alive = False
+    registry.discard(exporter, outputs)  # type: ignore[arg-type]  # a dead exporter is told nothing
+    assert released.calls == [("e", [11])]
