@@ -112,22 +112,46 @@ def enum_of(cls: type) -> Callable[[object], bool]:
     return lambda value: isinstance(value, cls)
 
 
-def _bind(args: tuple[Arg, ...], given: tuple[Any, ...], keywords: dict[str, Any]) -> bool:
-    if len(given) > len(args):
-        return False
-    values = dict(zip((a.name for a in args), given, strict=False))
-    named = {a.name: a for a in args if not a.positional_only}
-    for name, value in keywords.items():
-        if name not in named or name in values:
+class _Parameters:
+    """A binding's parameters, with what each call would otherwise recompute: their names, which
+    are positional only, and those that may be given by keyword."""
+
+    __slots__ = ("args", "names", "positional_only", "named")
+
+    def __init__(self, args: tuple[Arg, ...]) -> None:
+        self.args = args
+        self.names = tuple(a.name for a in args)
+        self.positional_only = tuple(a.positional_only for a in args)
+        self.named = {a.name: a for a in args if not a.positional_only}
+
+    def accepts(self, given: tuple[Any, ...], keywords: dict[str, Any]) -> bool:
+        """Whether pybind11 would bind `given` and `keywords` to these parameters."""
+        args = self.args
+        if len(given) > len(args):
             return False
-        values[name] = value
-    for arg in args:
-        if arg.name not in values:
-            if arg.default is _REQUIRED:
+        if not keywords:  # the common call: positional arguments only
+            return all(arg.accepts(value) for arg, value in zip(args, given, strict=False)) and \
+                all(arg.default is not _REQUIRED for arg in args[len(given):])
+        values = dict(zip(self.names, given, strict=False))
+        for name, value in keywords.items():
+            if name not in self.named or name in values:
                 return False
-        elif not arg.accepts(values[arg.name]):
-            return False
-    return True
+            values[name] = value
+        for arg in args:
+            if arg.name not in values:
+                if arg.default is _REQUIRED:
+                    return False
+            elif not arg.accepts(values[arg.name]):
+                return False
+        return True
+
+    def split(self, given: tuple[Any, ...], keywords: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """The bound call as the function takes it: positional-only values, then the rest by name."""
+        positional = [v for only, v in zip(self.positional_only, given, strict=False) if only]
+        named = {n: v for n, only, v in zip(self.names, self.positional_only, given, strict=False) if not only}
+        if keywords:
+            named.update(keywords)  # never positional-only names: `accepts` refused those
+        return positional, named
 
 
 def incompatible(name: str, signature: str, shown: tuple[Any, ...], keywords: dict[str, Any],
@@ -149,18 +173,18 @@ def binding(signature: str | Callable[[], str], *args: Arg, method: bool = True)
     def wrap(function: F) -> F:
         constructor = function.__name__ == "__init__"
         skip = 1 if method else 0
+        parameters = _Parameters(args)
 
         @functools.wraps(function)
         def checked(*given: Any, **keywords: Any) -> Any:
             if not args and len(given) == skip and not keywords:   # the common call of a getter
                 return function(*given)
-            if not _bind(args, given[skip:], keywords):
+            values = given[skip:]
+            if not parameters.accepts(values, keywords):
                 text = signature() if callable(signature) else signature
-                shown = given[skip:] if constructor else given
+                shown = values if constructor else given
                 raise incompatible(function.__name__, text, shown, keywords, constructor)
-            positional = [v for a, v in zip(args, given[skip:], strict=False) if a.positional_only]
-            named = dict(zip((a.name for a in args), given[skip:], strict=False)) | keywords
-            named = {k: v for k, v in named.items() if not _POSITIONAL_ONLY.match(k)}
+            positional, named = parameters.split(values, keywords)
             return function(*given[:skip], *positional, **named)
         return checked  # type: ignore[return-value]
     return wrap
