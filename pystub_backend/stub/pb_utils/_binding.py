@@ -116,22 +116,27 @@ class _Parameters:
     """A binding's parameters, with what each call would otherwise recompute: their names, which
     are positional only, and those that may be given by keyword."""
 
-    __slots__ = ("args", "names", "positional_only", "named")
+    __slots__ = ("args", "names", "positional_only", "named", "any_positional_only", "least")
 
     def __init__(self, args: tuple[Arg, ...]) -> None:
         self.args = args
         self.names = tuple(a.name for a in args)
         self.positional_only = tuple(a.positional_only for a in args)
         self.named = {a.name: a for a in args if not a.positional_only}
+        self.any_positional_only = any(self.positional_only)
+        # positional arguments needed at least: up to the last parameter without a default
+        self.least = max((i + 1 for i, a in enumerate(args) if a.default is _REQUIRED), default=0)
 
     def accepts(self, given: tuple[Any, ...], keywords: dict[str, Any]) -> bool:
         """Whether pybind11 would bind `given` and `keywords` to these parameters."""
         args = self.args
         if len(given) > len(args):
             return False
-        if not keywords:  # the common call: positional arguments only
-            return all(arg.accepts(value) for arg, value in zip(args, given, strict=False)) and \
-                all(arg.default is not _REQUIRED for arg in args[len(given):])
+        if not keywords:  # the common call: positional arguments only (a loop: no generator per call)
+            for arg, value in zip(args, given, strict=False):
+                if not arg.accepts(value):
+                    return False
+            return len(given) >= self.least
         values = dict(zip(self.names, given, strict=False))
         for name, value in keywords.items():
             if name not in self.named or name in values:
@@ -147,6 +152,11 @@ class _Parameters:
 
     def split(self, given: tuple[Any, ...], keywords: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         """The bound call as the function takes it: positional-only values, then the rest by name."""
+        if not self.any_positional_only:
+            named = dict(zip(self.names, given, strict=False))
+            if keywords:
+                named.update(keywords)
+            return [], named
         positional = [v for only, v in zip(self.positional_only, given, strict=False) if only]
         named = {n: v for n, only, v in zip(self.names, self.positional_only, given, strict=False) if not only}
         if keywords:
