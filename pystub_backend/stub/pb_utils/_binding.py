@@ -21,6 +21,7 @@ texts show.
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -176,6 +177,17 @@ def incompatible(name: str, signature: str, shown: tuple[Any, ...], keywords: di
                      f"    1. {signature}\n\nInvoked with: {invoked}")
 
 
+def _same_order(function: Callable[..., Any], skip: int, names: tuple[str, ...]) -> bool:
+    """Whether `function` takes the binding's parameters under the same names, in the same order,
+    positionally or by keyword: then a checked call is passed on as it came (no rebinding)."""
+    try:
+        taken = list(inspect.signature(function).parameters.values())[skip:skip + len(names)]
+    except (TypeError, ValueError):
+        return False
+    return [p.name for p in taken] == list(names) and \
+        all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in taken)
+
+
 def binding(signature: str | Callable[[], str], *args: Arg, method: bool = True) -> Callable[[F], F]:
     """Check the decorated function's arguments as the pybind11 binding `signature` does
     (a callable: the text made on first use). `method`: the first argument is `self`, shown in
@@ -184,6 +196,7 @@ def binding(signature: str | Callable[[], str], *args: Arg, method: bool = True)
         constructor = function.__name__ == "__init__"
         skip = 1 if method else 0
         parameters = _Parameters(args)
+        direct = _same_order(function, skip, parameters.names)
 
         @functools.wraps(function)
         def checked(*given: Any, **keywords: Any) -> Any:
@@ -194,6 +207,8 @@ def binding(signature: str | Callable[[], str], *args: Arg, method: bool = True)
                 text = signature() if callable(signature) else signature
                 shown = values if constructor else given
                 raise incompatible(function.__name__, text, shown, keywords, constructor)
+            if direct:
+                return function(*given, **keywords)
             positional, named = parameters.split(values, keywords)
             return function(*given[:skip], *positional, **named)
         return checked  # type: ignore[return-value]
