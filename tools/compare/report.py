@@ -12,7 +12,7 @@ from compare.loadgen import Point, Sample
 
 LOADGEN_TITLES = {"asyncio": "tritonclient asyncio clients (Python)", "perf_analyzer": "perf_analyzer 2.50 (C++)",
                   "prebuilt": "pre-built JSON bodies over aiohttp (JSON tensors; the client does no JSON work)",
-                  "stream": "streamed responses of a decoupled model (grpc.aio / aiohttp readers, raw bytes)"}
+                  "stream": "streamed responses of a decoupled model (grpc threads / aiohttp readers, raw bytes)"}
 
 
 def size_text(nbytes: int) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import re
 import time
@@ -60,9 +61,10 @@ class _WriteQueue:
     """The items waiting for a stream's writer, bounded in count and bytes: `put` waits while the
     queue is full, except that an empty queue takes one item of any size.
 
-    Futures rather than an asyncio.Condition: the writer takes an item without a lock round when
-    one is there, and a producer is woken only when room was made (a streamed token costs one
-    `put` and one `get`, thousands of times a second)."""
+    Futures rather than an asyncio.Condition, as asyncio.Queue does: the writer takes an item
+    without a lock round when one is there, and each item taken wakes one waiting producer, not
+    all of them (a streamed token costs one `put` and one `get`, thousands of times a second, and
+    while the writer is the bottleneck every running request of the stream waits here)."""
 
     def __init__(self) -> None:
         self._items: collections.deque[tuple[Any, int]] = collections.deque()
@@ -79,9 +81,13 @@ class _WriteQueue:
             self._writers.append(waiter)
             try:
                 await waiter
-            finally:
-                if waiter in self._writers:
+            except BaseException:
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
                     self._writers.remove(waiter)
+                if not waiter.cancelled():  # woken, then cancelled: the wakeup goes to the next one
+                    self._wake_writer()
+                raise
         self._items.append((item, nbytes))
         self._bytes += nbytes
         if self._reader is not None and not self._reader.done():
@@ -93,11 +99,16 @@ class _WriteQueue:
             await self._reader
         item, nbytes = self._items.popleft()
         self._bytes -= nbytes
-        while self._writers:  # each rechecks the room; one that still finds none waits again
+        self._wake_writer()
+        return item
+
+    def _wake_writer(self) -> None:
+        """Wake the longest-waiting producer (it rechecks the room, and waits again if there is none)."""
+        while self._writers:
             waiter = self._writers.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-        return item
+                return
 
 
 class _Messages:
