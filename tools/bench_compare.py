@@ -13,6 +13,9 @@ Load generators:
                     time window; drives all three servers (MLServer's HTTP rows use JSON tensors)
     perf_analyzer   the C++ load generator from the tritonclient 2.50.0 wheel, time-window mode;
                     pystub and Triton only (it needs the model-config endpoint MLServer lacks)
+    stream          a decoupled model's 16 B responses (as an LLM sends tokens) over gRPC
+                    ModelStreamInfer and HTTP SSE (generate_stream), 1 and 8 streams: responses/s and
+                    CPU per response of the server and its stubs (compare/streaming.py); pystub, Triton
 
 Also measured: client system shared memory at the largest size (pystub when its server metadata
 lists `system_shared_memory`, Triton always), and health / metadata latency from a separate
@@ -21,6 +24,7 @@ process while 32 small gRPC inferences are in flight. Exits 0 whether targets ar
     .venv/bin/python tools/bench_compare.py                   # everything, 3 rounds (~45 min)
     .venv/bin/python tools/bench_compare.py --quick           # one short round
     .venv/bin/python tools/bench_compare.py --servers pystub,triton --sizes 16,1M --concurrency 8
+    .venv/bin/python tools/bench_compare.py --servers pystub,triton --loadgen stream --ceilings none --no-probe
 """
 
 from __future__ import annotations

@@ -96,6 +96,13 @@ class ResponseStream:
             await self._wakeup
         return self._queue.popleft()
 
+    def take_ready(self) -> list[InferResponse]:
+        """The responses queued now, without waiting: a consumer that writes several per wakeup
+        (one socket write for all the events a model sent while the last write was in flight)."""
+        ready = list(self._queue)
+        self._queue.clear()
+        return ready
+
     def __aiter__(self) -> AsyncIterator[InferResponse]:
         return self._iterate()
 

@@ -247,6 +247,16 @@ def test_generate_and_generate_stream(backend: Backend):
     assert status == 400 and "INPUT0" in json.loads(body)["error"]
 
 
+def test_generate_stream_keeps_every_event_in_order_when_the_model_outruns_the_writes(backend: Backend):
+    # 1,000 responses sent without pause: far past the stub's window of 64, and many queue while a
+    # write is in flight (several events then go in one write): each must still be its own event
+    status, body, _ = _post(backend, "/v2/models/repeat/generate_stream", {"COUNT": 1000, "DELAY_MS": 0})
+    assert status == 200
+    chunks = body.decode().split("\n\n")
+    assert chunks[-1] == "" and all(chunk.startswith("data: {") for chunk in chunks[:-1])
+    assert [json.loads(chunk[len("data: "):])["OUT"] for chunk in chunks[:-1]] == list(range(1000))
+
+
 def _cancel_time(backend: Backend, after: float) -> float:
     match = None
     deadline = time.monotonic() + 10

@@ -10,5 +10,7 @@ extension): throughput and p50/p99 latency, medians over rounds, and pystub's ra
     loadgen      the asyncio load generator (tritonclient aio clients), client shared memory
     perf_analyzer  the C++ load generator, where it runs (pystub, Triton)
     probe        health/metadata latency while inference saturates the server
+    streaming    a decoupled model's streamed 16 B responses over gRPC streams and SSE (responses/s,
+                 CPU per response of the server, its stubs and the load generator)
     runner       rounds and interleaving;  report / targets: the table and the issue's targets
 """

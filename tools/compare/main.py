@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from compare import environment, report, servers, stopping, targets
+from compare import environment, report, servers, stopping, streaming, targets
 from compare.runner import Plan, run_rounds
 
 SERVERS = ("pystub", "triton", "mlserver")
@@ -22,7 +22,7 @@ CEILINGS = ("bare-http", "bare-grpc-aio", "bare-grpc-sync", "bare-grpc-sync-hop"
 PYPI_CEILINGS = ("bare-grpc-native-aio", "bare-grpc-ngh2-asyncio", "bare-grpc-native-sync", "bare-grpc-native-front",
                  "bare-grpclib", "bare-grpc-hypercorn", "bare-grpc-h2corn", "bare-grpc-ngh2")
 DEFAULT_CEILINGS = (*CEILINGS, *PYPI_CEILINGS[:2])
-LOADGENS = ("asyncio", "perf_analyzer", "prebuilt")
+LOADGENS = ("asyncio", "perf_analyzer", "prebuilt", "stream")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20}
 
 
@@ -64,7 +64,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              f"default {', '.join(DEFAULT_CEILINGS)}")
     parser.add_argument("--loadgen", type=_list(LOADGENS), default=list(LOADGENS),
                         help="asyncio (all servers), perf_analyzer (pystub, triton; binary tensors), prebuilt (JSON "
-                             "tensors, the body serialised once: compare/prebuilt.py); default all three")
+                             "tensors, the body serialised once: compare/prebuilt.py), stream (a decoupled model's "
+                             "responses over gRPC streams and SSE: compare/streaming.py); default all four")
+    parser.add_argument("--streams", type=_list(convert=int), default=[1, 8],
+                        help="concurrent streams of the stream cells (default 1,8)")
+    parser.add_argument("--stream-protocols", type=_list(streaming.PROTOCOLS), default=list(streaming.PROTOCOLS),
+                        help="grpc (ModelStreamInfer), sse (generate_stream); default both")
+    parser.add_argument("--stream-responses", type=int, default=500,
+                        help="16 B responses per streamed request (default 500)")
     parser.add_argument("--models", type=_list(servers.MODELS), default=list(servers.MODELS),
                         help="identity_fp32 at every size; add_sub (fixed 4 x FP32) at 16 B only")
     parser.add_argument("--rounds", type=int, help="rounds; medians are reported (default 3, --quick 1)")
@@ -168,6 +175,7 @@ def main(argv: list[str]) -> int:
         workdir = Path(tempfile.mkdtemp(prefix="pystub-bench-compare-")) if args.keep else \
             Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pystub-bench-compare-")))
         repositories = servers.write_repositories(workdir)
+        streaming.write_model(repositories["models"])
         started: list[servers.Server] = []
         try:
             _start(args, env, repositories, workdir, started, candidates)
@@ -192,12 +200,14 @@ def main(argv: list[str]) -> int:
 
 def _print(results: report.Results, args: argparse.Namespace, elapsed: float) -> None:
     print(f"pystub vs {', '.join(s for s in args.servers if s != 'pystub') or 'nobody'}: identity_fp32 "
-          f"(FP32 [1, n]) and add_sub, one instance / worker each, loopback, {args.warmup:g} s warm-up + "
+          f"(FP32 [1, n]), add_sub and {streaming.MODEL} ({args.stream_responses} x 16 B responses per request), "
+          f"one instance / worker each, loopback, {args.warmup:g} s warm-up + "
           f"{args.seconds:g} s window per point, {results.rounds} round(s), {elapsed / 60:.1f} min")
     for loadgen in args.loadgen:
         if any(key[0] == loadgen for key in results.samples):
             print()
-            print("\n".join(report.table(results, loadgen)))
+            table = report.stream_table if loadgen == "stream" else report.table
+            print("\n".join(table(results, loadgen)))
     print()
     for note in results.notes:
         print(f"note: {note}")

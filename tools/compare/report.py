@@ -11,7 +11,8 @@ from typing import Any
 from compare.loadgen import Point, Sample
 
 LOADGEN_TITLES = {"asyncio": "tritonclient asyncio clients (Python)", "perf_analyzer": "perf_analyzer 2.50 (C++)",
-                  "prebuilt": "pre-built JSON bodies over aiohttp (JSON tensors; the client does no JSON work)"}
+                  "prebuilt": "pre-built JSON bodies over aiohttp (JSON tensors; the client does no JSON work)",
+                  "stream": "streamed responses of a decoupled model (grpc threads / aiohttp readers, raw bytes)"}
 
 
 def size_text(nbytes: int) -> str:
@@ -45,7 +46,10 @@ class Results:
         return Sample(throughput=statistics.median(s.throughput for s in samples),
                       p50_ms=statistics.median(s.p50_ms for s in samples),
                       p99_ms=statistics.median(s.p99_ms for s in samples),
-                      count=sum(s.count for s in samples), errors=sum(s.errors for s in samples))
+                      count=sum(s.count for s in samples), errors=sum(s.errors for s in samples),
+                      cpu_server_us=statistics.median(s.cpu_server_us for s in samples),
+                      cpu_children_us=statistics.median(s.cpu_children_us for s in samples),
+                      cpu_client_us=statistics.median(s.cpu_client_us for s in samples))
 
     def points(self, loadgen: str) -> list[Point]:
         seen = {_plain(key[2]) for key in list(self.samples) + list(self.failures) if key[0] == loadgen}
@@ -118,3 +122,32 @@ def table(results: Results, loadgen: str) -> list[str]:
     failed = sorted({(k[1], v) for k, v in results.failures.items() if k[0] == loadgen})
     lines += [f"  failed on {server}: {reason}" for server, reason in failed[:12]]
     return lines
+
+
+def stream_table(results: Results, loadgen: str = "stream") -> list[str]:
+    """The streaming cells: responses/s and CPU per response (server process, stubs), pystub / peer."""
+    servers = [s for s in results.servers if any(k[0] == loadgen and k[1] == s for k in results.samples)]
+    peers = [s for s in servers if s != "pystub"]
+    head = f"{'proto':5} {'streams':>7} |" + "".join(f" {s + ': resp/s srv-us stub-us cli-us':>36} |" for s in servers)
+    head += "".join(f" {'pystub/' + p:>15} |" for p in peers if "pystub" in servers)
+    lines = [f"== {LOADGEN_TITLES[loadgen]}; median of {results.rounds} round(s); responses/s and CPU "
+             "microseconds per response ==", head, "-" * len(head)]
+    for point in results.points(loadgen):
+        row = f"{point.protocol:5} {point.concurrency:>7} |"
+        medians = {server: results.median(loadgen, server, point) for server in servers}
+        for server, sample in medians.items():
+            if sample is None:
+                row += f" {'failed' if (loadgen, server, point) in results.failures else '-':>36} |"
+            else:
+                row += f" {_num(sample.throughput, 15)} {_num(sample.cpu_server_us, 6)} " \
+                       f"{_num(sample.cpu_children_us, 7)} {_num(sample.cpu_client_us, 6)} |"
+        if "pystub" in servers:
+            for peer in peers:
+                ours, theirs = medians["pystub"], medians[peer]
+                ratio = ours.throughput / theirs.throughput if ours and theirs and theirs.throughput else math.nan
+                row += f" {_num(ratio, 14)}x |"
+        lines.append(row)
+    lines.append("srv-us: CPU of the server's own process (pystub's backend, tritonserver); stub-us: of its "
+                 "descendants (the stubs); cli-us: of the load generator, which must stay below the servers' sum.")
+    failed = sorted({(k[1], v) for k, v in results.failures.items() if k[0] == loadgen})
+    return lines + [f"  failed on {server}: {reason}" for server, reason in failed[:12]]

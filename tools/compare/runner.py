@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from compare import loadgen, perf_analyzer, prebuilt, stopping
+from compare import loadgen, perf_analyzer, prebuilt, stopping, streaming
 from compare.environment import BenchEnv
 from compare.loadgen import Point
 from compare.report import Results, size_text
@@ -33,16 +33,20 @@ class Plan:
     warmup: float
     seconds: float
     probe: bool
+    stream_responses: int = 500
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, servers: dict[str, Server], env: BenchEnv | None,
                   results: Results) -> Plan:
+        unary = any(name != "stream" for name in args.loadgen)
         points = [Point("identity_fp32", size, c, proto)
                   for size in args.sizes for c in args.concurrency for proto in args.protocols
-                  if "identity_fp32" in args.models]
-        if "add_sub" in args.models:
+                  if "identity_fp32" in args.models and unary]
+        if "add_sub" in args.models and unary:
             points += [Point("add_sub", 16, c, proto) for c in args.concurrency for proto in args.protocols]
-        if not args.no_shm and args.sizes:
+        if "stream" in args.loadgen:
+            points += [Point(streaming.MODEL, 16, s, proto) for s in args.streams for proto in args.stream_protocols]
+        if not args.no_shm and args.sizes and unary:
             largest = max(args.sizes)
             points += [Point("identity_fp32", largest, c, proto, shm=True)
                        for c in args.concurrency for proto in args.protocols]
@@ -51,9 +55,14 @@ class Plan:
                 results.notes.append(f"pystub's server metadata does not list {SHM_EXTENSION}: its client "
                                      "shared-memory rows are skipped")
         return cls(servers=servers, env=env, results=results, points=points, loadgens=list(args.loadgen),
-                   rounds=args.rounds, warmup=args.warmup, seconds=args.seconds, probe=not args.no_probe)
+                   rounds=args.rounds, warmup=args.warmup, seconds=args.seconds, probe=not args.no_probe,
+                   stream_responses=args.stream_responses)
 
     def applies(self, loadgen_name: str, server: Server, point: Point) -> bool:
+        if (loadgen_name == "stream") != (point.model == streaming.MODEL):
+            return False
+        if loadgen_name == "stream":  # a decoupled Python-backend model: pystub and Triton serve it
+            return server.name in ("pystub", "pystub-base", "triton")
         if point.shm and SHM_EXTENSION not in server.extensions:
             return False
         if server.name.startswith("bare-"):  # identity_fp32 only, over the candidate's own protocol
@@ -83,6 +92,10 @@ def _measure(plan: Plan, loadgen_name: str, server: Server, point: Point) -> Non
         if loadgen_name == "perf_analyzer":
             window_ms = max(500, int(1000 * plan.seconds / 2))
             sample = perf_analyzer.measure(plan.env, server.url(point.protocol), point, window_ms)
+        elif loadgen_name == "stream":
+            url = server.url("grpc" if point.protocol == "grpc" else "http")
+            sample = asyncio.run(streaming.measure(url, server.process.pid, point, plan.stream_responses,
+                                                   plan.warmup, plan.seconds))
         elif loadgen_name == "prebuilt":
             sample = asyncio.run(prebuilt.measure(server.url(point.protocol), point, plan.warmup, plan.seconds))
         else:
@@ -95,8 +108,10 @@ def _measure(plan: Plan, loadgen_name: str, server: Server, point: Point) -> Non
         print(f"    {server.name:8} {loadgen_name:13} failed: {reason}", file=sys.stderr, flush=True)
         return
     plan.results.add(loadgen_name, server.name, point, sample)
+    cpu = f" cpu/resp server {sample.cpu_server_us:.0f} stubs {sample.cpu_children_us:.0f} client " \
+          f"{sample.cpu_client_us:.0f} us" if loadgen_name == "stream" else ""
     print(f"    {server.name:8} {loadgen_name:13} {sample.throughput:9.1f}/s p50 {sample.p50_ms:8.2f} ms "
-          f"p99 {sample.p99_ms:8.2f} ms", file=sys.stderr, flush=True)
+          f"p99 {sample.p99_ms:8.2f} ms{cpu}", file=sys.stderr, flush=True)
 
 
 def _probe(plan: Plan, server: Server) -> None:

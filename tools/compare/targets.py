@@ -157,9 +157,25 @@ def _issue_20(results: Results) -> list[str]:
     return lines + _ceilings(results)
 
 
+def _streaming(results: Results) -> list[str]:
+    """Performance III: streamed responses at least as fast as Triton's."""
+    lines = []
+    for point in results.points("stream"):
+        ours, theirs = results.median("stream", "pystub", point), results.median("stream", "triton", point)
+        label = f"  streamed 16 B responses, {point.concurrency} stream(s), {point.protocol}: responses/s >= 1x triton"
+        if ours is None or theirs is None:
+            lines.append(f"{label}: n/a (not measured)")
+            continue
+        ratio = ours.throughput / theirs.throughput
+        lines.append(f"{label}: {ours.throughput:.0f} vs {theirs.throughput:.0f} = {ratio:.2f}x: "
+                     f"{_verdict(ratio >= 1.0)}; CPU per response server + stubs {ours.cpu_server_us:.0f} + "
+                     f"{ours.cpu_children_us:.0f} us vs {theirs.cpu_server_us:.0f} + {theirs.cpu_children_us:.0f} us")
+    return ["Targets (streaming):", *lines] if lines else []
+
+
 def summary(results: Results) -> list[str]:
     """The targets of the issues, each with its measurement and verdict."""
     lines = ["Targets (medians of this run):"]
-    for part in (_throughput_16b, _p50_large, _shm, _p99_c32, _probes, _issue_20):
+    for part in (_throughput_16b, _p50_large, _shm, _p99_c32, _probes, _issue_20, _streaming):
         lines += part(results)
     return lines

@@ -21,6 +21,7 @@ texts show.
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,22 +113,56 @@ def enum_of(cls: type) -> Callable[[object], bool]:
     return lambda value: isinstance(value, cls)
 
 
-def _bind(args: tuple[Arg, ...], given: tuple[Any, ...], keywords: dict[str, Any]) -> bool:
-    if len(given) > len(args):
-        return False
-    values = dict(zip((a.name for a in args), given, strict=False))
-    named = {a.name: a for a in args if not a.positional_only}
-    for name, value in keywords.items():
-        if name not in named or name in values:
+class _Parameters:
+    """A binding's parameters, with what each call would otherwise recompute: their names, which
+    are positional only, and those that may be given by keyword."""
+
+    __slots__ = ("args", "names", "positional_only", "named", "any_positional_only", "least")
+
+    def __init__(self, args: tuple[Arg, ...]) -> None:
+        self.args = args
+        self.names = tuple(a.name for a in args)
+        self.positional_only = tuple(a.positional_only for a in args)
+        self.named = {a.name: a for a in args if not a.positional_only}
+        self.any_positional_only = any(self.positional_only)
+        # positional arguments needed at least: up to the last parameter without a default
+        self.least = max((i + 1 for i, a in enumerate(args) if a.default is _REQUIRED), default=0)
+
+    def accepts(self, given: tuple[Any, ...], keywords: dict[str, Any]) -> bool:
+        """Whether pybind11 would bind `given` and `keywords` to these parameters."""
+        args = self.args
+        if len(given) > len(args):
             return False
-        values[name] = value
-    for arg in args:
-        if arg.name not in values:
-            if arg.default is _REQUIRED:
+        if not keywords:  # the common call: positional arguments only (a loop: no generator per call)
+            for arg, value in zip(args, given, strict=False):
+                if not arg.accepts(value):
+                    return False
+            return len(given) >= self.least
+        values = dict(zip(self.names, given, strict=False))
+        for name, value in keywords.items():
+            if name not in self.named or name in values:
                 return False
-        elif not arg.accepts(values[arg.name]):
-            return False
-    return True
+            values[name] = value
+        for arg in args:
+            if arg.name not in values:
+                if arg.default is _REQUIRED:
+                    return False
+            elif not arg.accepts(values[arg.name]):
+                return False
+        return True
+
+    def split(self, given: tuple[Any, ...], keywords: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """The bound call as the function takes it: positional-only values, then the rest by name."""
+        if not self.any_positional_only:
+            named = dict(zip(self.names, given, strict=False))
+            if keywords:
+                named.update(keywords)
+            return [], named
+        positional = [v for only, v in zip(self.positional_only, given, strict=False) if only]
+        named = {n: v for n, only, v in zip(self.names, self.positional_only, given, strict=False) if not only}
+        if keywords:
+            named.update(keywords)  # never positional-only names: `accepts` refused those
+        return positional, named
 
 
 def incompatible(name: str, signature: str, shown: tuple[Any, ...], keywords: dict[str, Any],
@@ -142,6 +177,17 @@ def incompatible(name: str, signature: str, shown: tuple[Any, ...], keywords: di
                      f"    1. {signature}\n\nInvoked with: {invoked}")
 
 
+def _same_order(function: Callable[..., Any], skip: int, names: tuple[str, ...]) -> bool:
+    """Whether `function` takes the binding's parameters under the same names, in the same order,
+    positionally or by keyword: then a checked call is passed on as it came (no rebinding)."""
+    try:
+        taken = list(inspect.signature(function).parameters.values())[skip:skip + len(names)]
+    except (TypeError, ValueError):
+        return False
+    return [p.name for p in taken] == list(names) and \
+        all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in taken)
+
+
 def binding(signature: str | Callable[[], str], *args: Arg, method: bool = True) -> Callable[[F], F]:
     """Check the decorated function's arguments as the pybind11 binding `signature` does
     (a callable: the text made on first use). `method`: the first argument is `self`, shown in
@@ -149,18 +195,21 @@ def binding(signature: str | Callable[[], str], *args: Arg, method: bool = True)
     def wrap(function: F) -> F:
         constructor = function.__name__ == "__init__"
         skip = 1 if method else 0
+        parameters = _Parameters(args)
+        direct = _same_order(function, skip, parameters.names)
 
         @functools.wraps(function)
         def checked(*given: Any, **keywords: Any) -> Any:
             if not args and len(given) == skip and not keywords:   # the common call of a getter
                 return function(*given)
-            if not _bind(args, given[skip:], keywords):
+            values = given[skip:]
+            if not parameters.accepts(values, keywords):
                 text = signature() if callable(signature) else signature
-                shown = given[skip:] if constructor else given
+                shown = values if constructor else given
                 raise incompatible(function.__name__, text, shown, keywords, constructor)
-            positional = [v for a, v in zip(args, given[skip:], strict=False) if a.positional_only]
-            named = dict(zip((a.name for a in args), given[skip:], strict=False)) | keywords
-            named = {k: v for k, v in named.items() if not _POSITIONAL_ONLY.match(k)}
+            if direct:
+                return function(*given, **keywords)
+            positional, named = parameters.split(values, keywords)
             return function(*given[:skip], *positional, **named)
         return checked  # type: ignore[return-value]
     return wrap

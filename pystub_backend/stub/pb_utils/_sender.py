@@ -31,9 +31,17 @@ SendCallback = Callable[["InferenceResponse | None", int], None]
 
 
 def _is_response(value: object) -> bool:
-    from ._response import InferenceResponse  # it imports this module
+    if value is None:
+        return True
+    global _response_class
+    if _response_class is None:
+        from ._response import InferenceResponse  # it imports this module: looked up once, when first needed
 
-    return value is None or isinstance(value, InferenceResponse)
+        _response_class = InferenceResponse
+    return isinstance(value, _response_class)
+
+
+_response_class: type | None = None
 
 
 class InferenceResponseSender(PybindRepr):

@@ -38,6 +38,7 @@ __all__ = [
     "decode_infer_request",
     "encode_infer_response",
     "serialize_infer_response",
+    "output_bytes",
     "parameter_value",
     "parameters_from_proto",
     "parameters_to_proto",
@@ -321,8 +322,13 @@ def encode_infer_response(response: InferResponse) -> service_pb2.ModelInferResp
     Shared-memory parameters of outputs are not echoed (Triton's gRPC responses carry none).
     """
     msg = _response_head(response)
-    msg.raw_output_contents.extend(bytes(_output_view(tensor)) for tensor in response.outputs)
+    msg.raw_output_contents.extend(output_bytes(tensor) for tensor in response.outputs)
     return msg
+
+
+def output_bytes(tensor: Tensor) -> bytes:
+    """The output's data as a `raw_output_contents` entry (a copy; empty for client-shm outputs)."""
+    return bytes(_output_view(tensor))
 
 
 def serialize_infer_response(response: InferResponse) -> bytes:

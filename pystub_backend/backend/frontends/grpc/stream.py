@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import re
 import time
@@ -41,7 +42,7 @@ from tritonclient.grpc import service_pb2
 from pystub_backend.backend import client_link
 from pystub_backend.backend.errors import ServerError, forget_traceback, grpc_code, grpc_details
 from pystub_backend.backend.frontends.forwarding import forward_headers
-from pystub_backend.backend.frontends.grpc.codec import decode_infer_request, encode_infer_response
+from pystub_backend.backend.frontends.grpc.codec import decode_infer_request, encode_infer_response, output_bytes
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 
@@ -58,30 +59,85 @@ _OUT_QUEUE = 64
 
 class _WriteQueue:
     """The items waiting for a stream's writer, bounded in count and bytes: `put` waits while the
-    queue is full, except that an empty queue takes one item of any size."""
+    queue is full, except that an empty queue takes one item of any size.
+
+    Futures rather than an asyncio.Condition, as asyncio.Queue does: the writer takes an item
+    without a lock round when one is there, and each item taken wakes one waiting producer, not
+    all of them (a streamed token costs one `put` and one `get`, thousands of times a second, and
+    while the writer is the bottleneck every running request of the stream waits here)."""
 
     def __init__(self) -> None:
         self._items: collections.deque[tuple[Any, int]] = collections.deque()
         self._bytes = 0
-        self._changed = asyncio.Condition()
+        self._reader: asyncio.Future[None] | None = None
+        self._writers: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def _has_room(self, nbytes: int) -> bool:
         return not self._items or (len(self._items) < _OUT_QUEUE and self._bytes + nbytes <= STREAM_WINDOW_BYTES)
 
     async def put(self, item: Any, nbytes: int = 0) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._has_room(nbytes))
-            self._items.append((item, nbytes))
-            self._bytes += nbytes
-            self._changed.notify_all()
+        while not self._has_room(nbytes):
+            waiter = asyncio.get_running_loop().create_future()
+            self._writers.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._writers.remove(waiter)
+                if not waiter.cancelled():  # woken, then cancelled: the wakeup goes to the next one
+                    self._wake_writer()
+                raise
+        self._items.append((item, nbytes))
+        self._bytes += nbytes
+        if self._reader is not None and not self._reader.done():
+            self._reader.set_result(None)
 
     async def get(self) -> Any:
-        async with self._changed:
-            await self._changed.wait_for(lambda: bool(self._items))
-            item, nbytes = self._items.popleft()
-            self._bytes -= nbytes
-            self._changed.notify_all()
-            return item
+        while not self._items:
+            self._reader = asyncio.get_running_loop().create_future()
+            await self._reader
+        item, nbytes = self._items.popleft()
+        self._bytes -= nbytes
+        self._wake_writer()
+        return item
+
+    def _wake_writer(self) -> None:
+        """Wake the longest-waiting producer (it rechecks the room, and waits again if there is none)."""
+        while self._writers:
+            waiter = self._writers.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+
+class _Messages:
+    """The stream messages of one request's responses. A decoupled model's responses share all
+    but their data (model, id, output names, types, shapes; no parameters): the message without
+    its data is built once, and each response's message is a copy of it plus the output bytes,
+    several times cheaper than building it field by field. Anything else takes the general path."""
+
+    __slots__ = ("_key", "_templates")
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._templates: dict[bool, service_pb2.ModelStreamInferResponse] = {}
+
+    def message(self, response: InferResponse, final: bool) -> service_pb2.ModelStreamInferResponse:
+        if response.parameters or any(tensor.parameters for tensor in response.outputs):
+            return _message(response, final)
+        key = (response.model_name, response.model_version, response.id,
+               tuple((tensor.name, tensor.datatype, tensor.shape) for tensor in response.outputs))
+        if key != self._key:
+            self._key, self._templates = key, {}
+        template = self._templates.get(final)
+        if template is None:
+            template = self._templates[final] = _message(response, final)
+            del template.infer_response.raw_output_contents[:]
+        message = service_pb2.ModelStreamInferResponse()
+        message.CopyFrom(template)
+        message.infer_response.raw_output_contents.extend(output_bytes(tensor) for tensor in response.outputs)
+        return message
 
 
 def _wants_grpc_errors(context: grpc.aio.ServicerContext) -> bool:
@@ -171,15 +227,15 @@ class _StreamSession:
                 self.core.is_decoupled(request.model_name, request.model_version)
             if not decoupled:
                 await self._wait(turn)  # default-mode models answer in request order
-            answered = False
+            answered, messages = False, _Messages()
             async for response in stream:
                 if decoupled:
-                    await self._emit(response, empty_final, request)
+                    await self._emit(response, empty_final, request, messages)
                 elif answered:   # a default-mode request has one response: what follows the
                     response.release()   # first (a model's second send failing, ...) is dropped
                 else:
                     answered = True
-                    await self._emit(response, empty_final, request, final=True)
+                    await self._emit(response, empty_final, request, messages, final=True)
         finally:
             self.streams.discard(stream)
             if not done.done():
@@ -204,7 +260,7 @@ class _StreamSession:
         if turn is not None:
             await asyncio.shield(turn)
 
-    async def _emit(self, response: InferResponse, empty_final: bool, request: InferRequest,
+    async def _emit(self, response: InferResponse, empty_final: bool, request: InferRequest, messages: _Messages,
                     final: bool = False) -> None:
         """Queue `response` for the client (`final`: it ends its request whatever its flags say)."""
         try:  # encoding copies the outputs out of the arena: release before waiting for room
@@ -213,7 +269,7 @@ class _StreamSession:
             elif response.flags_only:
                 item = ("message", _message(response, True)) if empty_final else None
             else:
-                item = ("message", _message(response, final or response.final))
+                item = ("message", messages.message(response, final or response.final))
         finally:
             response.release()
         if item is not None:

@@ -27,6 +27,7 @@ from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.json_body import parse_json_body
 from pystub_backend.backend.frontends.http.json_tensors import json_to_tensor_bytes, tensor_to_json
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore, Tensor
+from pystub_backend.backend.response_stream import ResponseStream
 
 __all__ = ["generate_request", "response_object", "generate", "generate_stream"]
 
@@ -137,18 +138,34 @@ async def generate_stream(core: ServerCore, request: web.Request) -> web.StreamR
     return reply
 
 
-async def _write_events(reply: web.StreamResponse, stream: Any) -> None:
-    """One event per response; `write` waits while the client's connection is full, so what a
-    stream holds is its unread events in the socket buffers and the stub's send window."""
-    async for response in stream:
+async def _write_events(reply: web.StreamResponse, stream: ResponseStream) -> None:
+    """One event per response, and one write for all the responses that queued while the last
+    write was in flight (a model streaming tokens faster than one write each). `write` waits while
+    the client's connection is full and the responses are released only after it, so what a stream
+    holds is its unread events in the socket buffers and the stub's send window."""
+    while (first := await stream.next()) is not None:
+        batch = [first, *stream.take_ready()]
         try:
-            if response.error is not None:
-                await reply.write(_event({"error": response.error.message}))
-                break
-            if not response.flags_only:
-                await reply.write(_event(response_object(response)))
+            events, ended = _events(batch)
+            if events:
+                await reply.write(events)
         finally:
-            response.release()
+            for response in batch:
+                response.release()
+        if ended:
+            break
+
+
+def _events(batch: list[InferResponse]) -> tuple[bytes, bool]:
+    """The SSE bytes of `batch` and whether it ended the stream (an error event is the last)."""
+    events = []
+    for response in batch:
+        if response.error is not None:
+            events.append(_event({"error": response.error.message}))
+            return b"".join(events), True
+        if not response.flags_only:
+            events.append(_event(response_object(response)))
+    return b"".join(events), False
 
 
 def _event(document: dict[str, Any]) -> bytes:
