@@ -9,10 +9,12 @@ after, divided by the calls, is the figure. Servers are measured in turn, rounds
 Resolution: process CPU times tick every 10 ms, so 4000 calls read to about ±2.5 µs per call.
 
     .venv/bin/python tools/grpc_cpu_cost.py --servers triton,pystub,bare-grpc-aio,bare-grpc-ngh2-asyncio
+    .venv/bin/python tools/grpc_cpu_cost.py --servers triton,pystub-h2,pystub-aio   # the two gRPC stacks
 
-Servers: pystub, triton (from the peers' venv, as bench_compare installs it) and every bare gRPC
-ceiling of compare/bare.py (the PyPI ones from the candidates' venv). Nothing is installed here:
-run bench_compare once without --no-install first.
+Servers: pystub (its default gRPC stack), pystub-h2 and pystub-aio (--grpc-server=h2|aio), triton
+(tools/triton_env.py installs it) and every bare gRPC ceiling of compare/bare.py (the PyPI ones from
+the candidates' venv). Nothing is installed here: run tools/triton_env.py (Triton) or bench_compare
+once without --no-install (the candidates) first.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import triton_env
 import tritonclient.grpc as grpcclient
 from compare import environment, servers
 from compare.main import CEILINGS, PYPI_CEILINGS
 
 _THREADS = 8
+_PYSTUB_STACKS = {"pystub-h2": "h2", "pystub-aio": "aio"}
 _CALL_TIMEOUT = 30.0  # s per call: a server that stops answering fails the run, naming itself
 
 
@@ -82,14 +86,19 @@ def measure(server: servers.Server, calls: int, warmup: int) -> float:
 def _start(name: str, workdir: Path, repositories: dict[str, Path]) -> servers.Server:
     if name == "pystub":
         return servers.start_pystub(repositories, workdir, client_shm=False)
+    if name in _PYSTUB_STACKS:
+        return servers.start_pystub(repositories, workdir, client_shm=False, name=name,
+                                    extra=[f"--grpc-server={_PYSTUB_STACKS[name]}"])
     if name == "triton":
-        return servers.start_triton(environment.ensure(install=False), repositories, workdir)
+        # Triton alone (tools/triton_env.py installs it): the benchmark's other peers are not needed here
+        return servers.start_triton(triton_env.ensure_triton(install=False), repositories, workdir)
     python = environment.ensure_candidates(install=False) if name in PYPI_CEILINGS else None
     return servers.start_bare(name, workdir, python)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    choices = ("pystub", "triton", *(c for c in (*CEILINGS, *PYPI_CEILINGS) if c.startswith("bare-grpc")))
+    bare = (c for c in (*CEILINGS, *PYPI_CEILINGS) if c.startswith("bare-grpc"))
+    choices = ("pystub", *_PYSTUB_STACKS, "triton", *bare)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--servers", default="pystub,bare-grpc-aio",
                         help=f"comma-separated, from: {', '.join(choices)}")

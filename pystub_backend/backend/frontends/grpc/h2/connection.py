@@ -61,6 +61,7 @@ class H2Connection(asyncio.Protocol):
         self._peer = ""
         self.calls: dict[int, ServerCall] = {}
         self._batching = False
+        self._flush_pending = False
         self._paused = False
         self._writers: dict[int, asyncio.Future[None]] = {}
         self._pings = PingJudge(state.policy)
@@ -83,6 +84,7 @@ class H2Connection(asyncio.Protocol):
         self.timers.stop()
         for call in list(self.calls.values()):
             call.cancel()
+        self.calls.clear()
         self._wake_writers()
         self._transport = None
 
@@ -189,21 +191,32 @@ class H2Connection(asyncio.Protocol):
     # -- the calls' Link ------------------------------------------------------------------------------
     def submit_headers(self, stream_id: int, headers: list[Header], end: bool) -> None:
         self._h2.send_response(stream_id, headers, end_stream=end)
-        self.flush()
+        self._flush_soon()
 
     def submit_data(self, stream_id: int, data: bytes) -> None:
         self._h2.send_data(stream_id, data)
-        self.flush()
+        self._flush_soon()
 
     def submit_trailers(self, stream_id: int, headers: list[Header]) -> None:
         self._h2.send_trailers(stream_id, headers)
-        self.flush()
+        self._flush_soon()
 
     def acknowledge(self, stream_id: int, amount: int) -> None:
         try:
             self._h2.acknowledge_received_data(amount, stream_id)
         except ngh2.NGH2Error:  # the stream is gone: the connection's window still needs the bytes back
             self._h2.acknowledge_received_data(amount, 0)
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        """One flush for everything queued in this turn of the loop: a unary answer's headers,
+        message and trailers go out in one write."""
+        if not self._flush_pending and not self._batching:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_soon(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_pending = False
         self.flush()
 
     def queued(self, stream_id: int) -> int:
@@ -231,12 +244,12 @@ class H2Connection(asyncio.Protocol):
         self.calls.pop(call.stream_id, None)
         self.timers.call_ended(bool(self.calls))
         self._state.call_ended.set()
-        self.flush()
+        self._flush_soon()
 
     # -- connection limits (timers.py) ------------------------------------------------------------
     def ping(self) -> None:
         self._h2.ping()
-        self.flush()
+        self._flush_soon()
 
     def goaway(self, code: int = 0, debug: bytes = b"", close: bool = False) -> None:
         """Tell the client to open no new call here; `close`: now, else once the open calls end."""

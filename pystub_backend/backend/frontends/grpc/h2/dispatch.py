@@ -53,7 +53,7 @@ async def serve_call(call: ServerCall, lookup: Lookup) -> None:
             call.finish(grpc.StatusCode.CANCELLED, "the server is stopping")
     except Exception as exc:
         log.exception("gRPC %s: unexpected error in the method handler", call.method)
-        call.finish(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
+        call.finish(grpc.StatusCode.UNKNOWN, _unexpected(exc))
     finally:
         context.run_done_callbacks()
 
@@ -83,6 +83,11 @@ async def _run(handler: grpc.RpcMethodHandler, call: ServerCall, context: H2Serv
             await context.write(response)
 
 
+def _unexpected(exc: Exception) -> str:
+    """grpc.aio's details for an exception that escaped the handler."""
+    return f"Unexpected {type(exc)}: {exc}"
+
+
 async def _resolved(result: Any) -> Any:
     return await result if inspect.isawaitable(result) else result
 
@@ -92,8 +97,8 @@ def _deserialized(payload: bytes, deserialize: Callable[[bytes], Any] | None) ->
         return payload
     try:
         return deserialize(payload)
-    except Exception as exc:  # grpc's answer to a message that does not parse
-        raise WireError(grpc.StatusCode.INTERNAL, "Exception deserializing request!") from exc
+    except Exception as exc:  # grpc.aio's answer to a message that does not parse (not logged: the client's fault)
+        raise WireError(grpc.StatusCode.UNKNOWN, _unexpected(exc)) from exc
 
 
 async def _requests(call: ServerCall, deserialize: Callable[[bytes], Any] | None) -> AsyncIterator[Any]:

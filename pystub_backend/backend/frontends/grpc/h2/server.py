@@ -120,7 +120,7 @@ class H2Server:
                 sock.close()
                 raise
             self._unix_paths.append(path)
-            port = 0
+            port = 1  # no port, but grpc's "bound" (0 is grpcio's old "failed")
         else:
             host, _, port_text = address.rpartition(":")
             sock = _tcp_socket(host.strip("[]"), int(port_text), bool(self._options.get("grpc.so_reuseport", 0)))

@@ -5,6 +5,7 @@ disarmed as the connection's state changes, so an idle connection costs no wakeu
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Protocol
 
 from pystub_backend.backend.frontends.grpc.h2.policy import ConnectionPolicy
@@ -27,10 +28,20 @@ class Limited(Protocol):
 
 
 class ConnectionTimers:
+    """The connection is held weakly: a closed connection (and libnghttp2's buffers in it) is freed
+    at once by reference counting, not at the garbage collector's next full pass."""
+
     def __init__(self, connection: Limited, policy: ConnectionPolicy) -> None:
-        self._connection = connection
+        self._owner = weakref.ref(connection)
         self._policy = policy
         self._handles: dict[str, asyncio.TimerHandle] = {}
+
+    @property
+    def _connection(self) -> Limited:
+        connection = self._owner()
+        if connection is None:  # the timers stop with their connection; a callback cannot outlive it
+            raise RuntimeError("the connection of these timers is gone")
+        return connection
 
     def _arm(self, name: str, delay: float | None, action: object) -> None:
         self._disarm(name)
@@ -44,7 +55,7 @@ class ConnectionTimers:
 
     def start(self) -> None:
         policy = self._policy
-        self._arm("handshake", policy.handshake_timeout, self._connection.close)
+        self._arm("handshake", policy.handshake_timeout, self._handshake_late)
         self._arm("idle", policy.idle, self._idle)
         self._arm("age", policy.age, self._aged)
         self._arm("keepalive", policy.keepalive_time, self._ping)
@@ -52,6 +63,10 @@ class ConnectionTimers:
     def stop(self) -> None:
         for name in list(self._handles):
             self._disarm(name)
+
+    def _handshake_late(self) -> None:
+        self._handles.pop("handshake", None)
+        self._connection.close()
 
     def handshake_done(self) -> None:
         self._disarm("handshake")

@@ -59,7 +59,7 @@ def metadata_of(headers: Iterable[Header]) -> Metadata:
         key = name.decode("ascii", "replace")
         if key.endswith("-bin"):
             try:
-                items.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
+                items.append((key, base64.b64decode(value + b"=" * (-len(value) % 4), validate=True)))
             except (binascii.Error, ValueError) as exc:
                 raise WireError(grpc.StatusCode.INTERNAL, f"invalid base64 in metadata '{key}'") from exc
         else:
