@@ -10,6 +10,7 @@ Resolution: process CPU times tick every 10 ms, so 4000 calls read to about ±2.
 
     .venv/bin/python tools/grpc_cpu_cost.py --servers triton,pystub,bare-grpc-aio,bare-grpc-ngh2-asyncio
     .venv/bin/python tools/grpc_cpu_cost.py --servers triton,pystub-h2,pystub-aio   # the two gRPC stacks
+    .venv/bin/python tools/grpc_cpu_cost.py --servers triton,pystub-h2,pystub-aio --stream   # ModelStreamInfer
 
 Servers: pystub (its default gRPC stack), pystub-h2 and pystub-aio (--grpc-server=h2|aio), triton
 (tools/triton_env.py installs it) and every bare gRPC ceiling of compare/bare.py (the PyPI ones from
@@ -24,6 +25,7 @@ import os
 import statistics
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -66,20 +68,53 @@ def drive(url: str, calls: int) -> None:
             errors.append(error)
         finally:
             client.close()
+    _in_threads(worker, calls)
+    if errors:
+        raise RuntimeError(f"calls to {url} failed: {errors[0]}") from errors[0]
+
+
+def drive_stream(url: str, calls: int) -> None:
+    """`calls` 16 B identity_fp32 requests over ModelStreamInfer, one stream per thread, each
+    answered on its stream; raises what failed."""
+    errors: list[BaseException] = []
+
+    def worker(count: int) -> None:
+        client = grpcclient.InferenceServerClient(url)
+        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        answered: list[object] = []
+        try:
+            client.start_stream(callback=lambda result, error: answered.append(error or result),
+                                stream_timeout=_CALL_TIMEOUT * 10)
+            for _ in range(count):
+                client.async_stream_infer("identity_fp32", [tensor])
+            client.stop_stream()  # returns once the server has answered every request and closed
+            failed = [item for item in answered if isinstance(item, BaseException)]
+            if failed or len(answered) != count:
+                raise RuntimeError(f"{len(answered)} of {count} streamed requests answered: {failed[:1]}")
+        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+            errors.append(error)
+        finally:
+            client.close()
+    _in_threads(worker, calls)
+    if errors:
+        raise RuntimeError(f"streamed calls to {url} failed: {errors[0]}") from errors[0]
+
+
+def _in_threads(worker: Callable[[int], None], calls: int) -> None:
     threads = [threading.Thread(target=worker, args=(calls // _THREADS,)) for _ in range(_THREADS)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    if errors:
-        raise RuntimeError(f"calls to {url} failed: {errors[0]}") from errors[0]
 
 
-def measure(server: servers.Server, calls: int, warmup: int) -> float:
-    """CPU microseconds `server`'s process group spent per call."""
-    drive(server.url("grpc"), warmup)
+def measure(server: servers.Server, calls: int, warmup: int, stream: bool = False) -> float:
+    """CPU microseconds `server`'s process group spent per call (per streamed request: `stream`)."""
+    run = drive_stream if stream else drive
+    run(server.url("grpc"), warmup)
     before = group_cpu_seconds(server.process.pid)
-    drive(server.url("grpc"), calls)
+    run(server.url("grpc"), calls)
     return (group_cpu_seconds(server.process.pid) - before) / (calls // _THREADS * _THREADS) * 1e6
 
 
@@ -105,6 +140,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--calls", type=int, default=4000, help="calls measured per server per round")
     parser.add_argument("--warmup", type=int, default=400, help="calls before each measurement")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--stream", action="store_true",
+                        help="send the requests over ModelStreamInfer (one stream per thread) instead of ModelInfer")
     args = parser.parse_args(argv)
     args.servers = [s for s in args.servers.split(",") if s]
     bad = [s for s in args.servers if s not in choices]
@@ -127,14 +164,15 @@ def main(argv: list[str] | None = None) -> int:
             for index in range(args.rounds):
                 order = started[index % len(started):] + started[:index % len(started)]
                 for server in order:
-                    results[server.name].append(measure(server, args.calls, args.warmup))
+                    results[server.name].append(measure(server, args.calls, args.warmup, args.stream))
                     print(f"round {index + 1} {server.name:24} {results[server.name][-1]:7.1f} µs CPU/call",
                           flush=True)
         finally:
             for server in reversed(started):
                 servers.stop(server)
             servers.sweep_shm(started)
-    print(f"server CPU per 16 B gRPC call, {args.calls} calls x {args.rounds} rounds, median (rounds):")
+    what = "streamed request (ModelStreamInfer)" if args.stream else "call"
+    print(f"server CPU per 16 B gRPC {what}, {args.calls} calls x {args.rounds} rounds, median (rounds):")
     for name, values in results.items():
         print(f"  {name:24} {statistics.median(values):7.1f} µs  ({', '.join(f'{v:.0f}' for v in values)})")
     return 0

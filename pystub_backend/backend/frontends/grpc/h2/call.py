@@ -79,6 +79,7 @@ class ServerCall:
         self.expired = False  # the deadline passed
         self.task: asyncio.Task[None] | None = None
         self.deadline_timer: asyncio.TimerHandle | None = None
+        self.max_send = -1  # grpc.max_send_message_length (-1: no limit)
 
     # -- inbound ---------------------------------------------------------------------------------
     def feed(self, data: bytes, end: bool) -> None:
@@ -141,9 +142,11 @@ class ServerCall:
         self.link.submit_headers(self.stream_id, headers, False)
 
     async def send_message(self, payload: bytes) -> None:
-        """Queue one response message; waits while the stream's queue is over its high water."""
+        """Queue one response message; waits while the stream's queue is over its high water.
+        Raises WireError (RESOURCE_EXHAUSTED) for a message over the send limit."""
         if self.finished:
             raise asyncio.CancelledError("the call has ended")
+        self._check_size(payload)
         self.send_headers()
         self.link.submit_data(self.stream_id, frame(payload, self._encoding))
         while not self.finished and self.link.queued(self.stream_id) > _HIGH_WATER:
@@ -151,8 +154,14 @@ class ServerCall:
 
     def send_unary(self, payload: bytes) -> None:
         """A unary response's message, with no wait: the status follows at once."""
+        self._check_size(payload)
         self.send_headers()
         self.link.submit_data(self.stream_id, frame(payload, self._encoding))
+
+    def _check_size(self, payload: bytes) -> None:
+        if 0 <= self.max_send < len(payload):
+            raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"Sent message larger than max ({len(payload)} vs. {self.max_send})")
 
     def finish(self, code: grpc.StatusCode, details: str | None,
                trailing: Sequence[tuple[str, str | bytes]] = ()) -> None:

@@ -180,6 +180,7 @@ class H2Connection(asyncio.Protocol):
         call = ServerCall(self, stream_id, fields[b":path"].decode("ascii", "replace"), metadata, self._peer,
                           deadline, MessageReader(encoding, policy.max_receive),
                           response_encoding(policy.compression_level, fields.get(b"grpc-accept-encoding")))
+        call.max_send = policy.max_send
         self.calls[stream_id] = call
         self.timers.call_started()
         if end:

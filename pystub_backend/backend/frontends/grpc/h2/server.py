@@ -25,6 +25,7 @@ __all__ = ["H2Server", "ServerState"]
 
 _Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 _MAX_STREAMS = 1000
+_CANCELLED_HANDLERS_SECONDS = 5.0  # how long stop() waits for the handlers it cancelled to end
 
 
 class _CallDetails(NamedTuple):
@@ -148,9 +149,13 @@ class H2Server:
             connection.goaway()
         if grace:
             await _calls_ended(self._state, connections, grace)
+        handlers = [call.task for connection in self._state.connections for call in connection.calls.values()
+                    if call.task is not None]
         for connection in list(self._state.connections):
             connection.cancel_calls()
             connection.close()
+        if handlers:  # let the cancelled handlers run their cleanup before the loop moves on
+            await asyncio.wait(handlers, timeout=_CANCELLED_HANDLERS_SECONDS)
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
