@@ -53,8 +53,29 @@ def group_cpu_seconds(pgid: int) -> float:
     return total
 
 
-def drive(url: str, calls: int) -> None:
-    """`calls` 16 B identity_fp32 inferences over gRPC from `_THREADS` threads; raises what failed."""
+def _unary(client: grpcclient.InferenceServerClient, tensor: grpcclient.InferInput, count: int) -> None:
+    for _ in range(count):
+        client.infer("identity_fp32", [tensor], client_timeout=_CALL_TIMEOUT)
+
+
+def _streamed(client: grpcclient.InferenceServerClient, tensor: grpcclient.InferInput, count: int) -> None:
+    answered: list[object] = []
+    client.start_stream(callback=lambda result, error: answered.append(error or result),
+                        stream_timeout=_CALL_TIMEOUT * 10)
+    for _ in range(count):
+        client.async_stream_infer("identity_fp32", [tensor])
+    client.stop_stream()  # returns once the server has answered every request and closed
+    failed = [item for item in answered if isinstance(item, BaseException)]
+    if failed or len(answered) != count:
+        raise RuntimeError(f"{len(answered)} of {count} streamed requests answered: {failed[:1]}")
+
+
+_Calls = Callable[[grpcclient.InferenceServerClient, grpcclient.InferInput, int], None]
+
+
+def drive(url: str, calls: int, send: _Calls = _unary) -> None:
+    """`calls` 16 B identity_fp32 inferences over gRPC from `_THREADS` threads, each with its own
+    client (`_streamed`: each over one ModelStreamInfer stream); raises what failed."""
     errors: list[BaseException] = []
 
     def worker(count: int) -> None:
@@ -62,59 +83,26 @@ def drive(url: str, calls: int) -> None:
         tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
         try:
-            for _ in range(count):
-                client.infer("identity_fp32", [tensor], client_timeout=_CALL_TIMEOUT)
+            send(client, tensor, count)
         except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
             errors.append(error)
         finally:
             client.close()
-    _in_threads(worker, calls)
-    if errors:
-        raise RuntimeError(f"calls to {url} failed: {errors[0]}") from errors[0]
-
-
-def drive_stream(url: str, calls: int) -> None:
-    """`calls` 16 B identity_fp32 requests over ModelStreamInfer, one stream per thread, each
-    answered on its stream; raises what failed."""
-    errors: list[BaseException] = []
-
-    def worker(count: int) -> None:
-        client = grpcclient.InferenceServerClient(url)
-        tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
-        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
-        answered: list[object] = []
-        try:
-            client.start_stream(callback=lambda result, error: answered.append(error or result),
-                                stream_timeout=_CALL_TIMEOUT * 10)
-            for _ in range(count):
-                client.async_stream_infer("identity_fp32", [tensor])
-            client.stop_stream()  # returns once the server has answered every request and closed
-            failed = [item for item in answered if isinstance(item, BaseException)]
-            if failed or len(answered) != count:
-                raise RuntimeError(f"{len(answered)} of {count} streamed requests answered: {failed[:1]}")
-        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
-            errors.append(error)
-        finally:
-            client.close()
-    _in_threads(worker, calls)
-    if errors:
-        raise RuntimeError(f"streamed calls to {url} failed: {errors[0]}") from errors[0]
-
-
-def _in_threads(worker: Callable[[int], None], calls: int) -> None:
     threads = [threading.Thread(target=worker, args=(calls // _THREADS,)) for _ in range(_THREADS)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    if errors:
+        raise RuntimeError(f"calls to {url} failed: {errors[0]}") from errors[0]
 
 
 def measure(server: servers.Server, calls: int, warmup: int, stream: bool = False) -> float:
     """CPU microseconds `server`'s process group spent per call (per streamed request: `stream`)."""
-    run = drive_stream if stream else drive
-    run(server.url("grpc"), warmup)
+    send = _streamed if stream else _unary
+    drive(server.url("grpc"), warmup, send)
     before = group_cpu_seconds(server.process.pid)
-    run(server.url("grpc"), calls)
+    drive(server.url("grpc"), calls, send)
     return (group_cpu_seconds(server.process.pid) - before) / (calls // _THREADS * _THREADS) * 1e6
 
 
