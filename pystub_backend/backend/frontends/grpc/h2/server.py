@@ -135,8 +135,10 @@ class H2Server:
         loop = asyncio.get_running_loop()
         handshake = self._state.policy.handshake_timeout
         for sock, tls in self._sockets:
+            # backlog: asyncio accepts that many per wakeup (and re-listens with it): a burst of
+            # clients is taken at once, as grpc core's own poller does
             self._servers.append(await loop.create_server(
-                lambda: H2Connection(self._state), sock=sock, ssl=tls,
+                lambda: H2Connection(self._state), sock=sock, ssl=tls, backlog=socket.SOMAXCONN,
                 ssl_handshake_timeout=handshake if tls is not None else None))
 
     async def stop(self, grace: float | None) -> None:
