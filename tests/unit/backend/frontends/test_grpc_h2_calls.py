@@ -54,7 +54,14 @@ def _handlers(probe: _Probe) -> dict[str, grpc.RpcMethodHandler]:
         async for request in requests:
             yield request[::-1]
 
-    return {"Echo": grpc.unary_unary_rpc_method_handler(echo), "Sleep": grpc.unary_unary_rpc_method_handler(sleep),
+    async def first(requests: AsyncIterator[bytes], context: Any) -> bytes:
+        async for request in requests:  # take one message, let more arrive unread, answer
+            await asyncio.sleep(0.05)
+            return request[:1]
+        return b""
+
+    return {"First": grpc.stream_unary_rpc_method_handler(first), "Echo": grpc.unary_unary_rpc_method_handler(echo),
+            "Sleep": grpc.unary_unary_rpc_method_handler(sleep),
             "Abort": grpc.unary_unary_rpc_method_handler(abort),
             "Flood": grpc.unary_stream_rpc_method_handler(flood),
             "Chat": grpc.stream_stream_rpc_method_handler(chat)}
@@ -174,3 +181,14 @@ def test_unread_stream_stops_its_writer(channel: grpc.Channel, probe: _Probe) ->
         next(flood)
     assert probe.written > held
     flood.cancel()
+
+
+def test_calls_that_stop_reading_give_the_window_back(channel: grpc.Channel) -> None:
+    """Bytes held back from a handler that stopped reading return to the connection's window when
+    its call ends: 40 such calls hold far more than the connection's 16 MiB, and it still carries."""
+    first = channel.stream_unary(f"/{_SERVICE}/First")
+    chunk = bytes(256 << 10)
+    for _ in range(40):
+        assert first(iter([b"x" + chunk] * 8), timeout=_WAIT) == b"x"
+    payload = bytes(4 << 20)
+    assert _unary(channel, "Echo")(payload, timeout=_WAIT) == payload

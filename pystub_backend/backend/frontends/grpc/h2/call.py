@@ -169,6 +169,7 @@ class ServerCall:
         if self.finished:
             return
         self.finished = True
+        self._give_window_back()
         status = status_headers(code, details, trailing)
         if self.headers_sent:
             self.link.submit_trailers(self.stream_id, status)
@@ -182,10 +183,19 @@ class ServerCall:
         if self.finished:
             return
         self.cancelled = self.finished = True
+        self._give_window_back()
         self._wake()
         if self.task is not None:
             self.task.cancel()
         self.link.call_ended(self)
+
+    def _give_window_back(self) -> None:
+        """The call is over: bytes held back from a handler that stopped reading go back to the
+        connection's window (else every such call would shrink it for good)."""
+        if self._deferred:
+            self.link.acknowledge(self.stream_id, self._deferred)
+            self._deferred = 0
+        self._messages.clear()
 
     def expire(self) -> None:
         """The deadline passed: the handler is cancelled and the call ends DEADLINE_EXCEEDED."""
