@@ -38,6 +38,8 @@ LONG_LIVED_PIDS: set[int] = set()
 # entries of other processes on the machine (another test run, a developer's server) are not.
 STARTED_PIDS: set[int] = set()
 LONG_LIVED_FDS: set[int] = set()
+# The gRPC stack the tests run over (--grpc-server), empty: the server's default.
+GRPC_STACK = os.environ.get("PYSTUB_TEST_GRPC_SERVER", "")
 
 
 class BackendError(AssertionError):
@@ -68,6 +70,8 @@ class Backend:
         ports = [] if self.expect_exit else ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
         # PYSTUB_TEST_BACKEND_ARGS (e.g. "--frontend-workers=2") runs a test file's backends with more flags.
         extra = os.environ.get("PYSTUB_TEST_BACKEND_ARGS", "").split() if not self.expect_exit else []
+        if not self.expect_exit and GRPC_STACK:  # PYSTUB_TEST_GRPC_SERVER=h2|aio: the gRPC stack under test
+            extra.append(f"--grpc-server={GRPC_STACK}")
         return [*self.wrapper, sys.executable, "-m", "pystub_backend.backend", "--model-repository", self.repository,
                 *ports, *self.args, *extra]
 

@@ -13,7 +13,7 @@ from pystub_backend.backend import flag_values as values
 from pystub_backend.backend.completion import SHELLS, PrintCompletion
 from pystub_backend.backend.flags import FLAGS, Effect, flag_named
 from pystub_backend.backend.log import CLI_LOG_FORMATS, LogSettings
-from pystub_backend.backend.options import GrpcOptions, OpenAIOptions, ServerOptions, TlsFiles
+from pystub_backend.backend.options import GRPC_STACKS, GrpcOptions, OpenAIOptions, ServerOptions, TlsFiles
 from pystub_backend.backend.scheduling.rate_limiter import RATE_LIMIT_MODES
 from pystub_backend.backend.supervision.settings import BackendConfigError, StubSettings, parse_backend_config
 from pystub_backend.backend.telemetry import latency
@@ -104,6 +104,8 @@ def _add_listener_flags(add: _Adder) -> None:
     add("--reuse-http-port", type=values.parse_bool, default=False, metavar="BOOL")
     add("--http-restricted-api", action="append", default=[], metavar="API[,API...],KEY=VALUE")
     add("--reuse-grpc-port", type=values.parse_bool, default=False, metavar="BOOL")
+    add("--grpc-server", choices=GRPC_STACKS, default=GRPC_STACKS[0],
+        help="the gRPC serving stack: h2 (libnghttp2 on the event loop) or aio (grpc.aio)")
     add("--http-header-forward-pattern", type=values.regex, default=None, metavar="REGEX")
     add("--grpc-header-forward-pattern", type=values.regex, default=None, metavar="REGEX")
     add("--grpc-restricted-protocol", action="append", default=[], metavar="API[,API...],KEY=VALUE")
@@ -208,7 +210,7 @@ def _grpc_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error("--grpc-restricted-protocol: the API group 'openai' has no gRPC methods; restrict the "
                      "--openai-port endpoints with --http-restricted-api openai:<key>=<value>")
     return GrpcOptions(channel_args=channel_args, reuse_port=args.reuse_grpc_port, tls=tls, restrictions=restricted,
-                       header_forward_pattern=args.grpc_header_forward_pattern)
+                       header_forward_pattern=args.grpc_header_forward_pattern, stack=args.grpc_server)
 
 
 def _base_options(args: argparse.Namespace, settings: StubSettings) -> ServerOptions:

@@ -15,8 +15,8 @@ from pystub_backend.backend.scheduling.rate_limiter import ResourceLimit
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.telemetry.tracing.settings import TraceConfig
 
-__all__ = ["ServerOptions", "GrpcOptions", "OpenAIOptions", "TlsFiles", "Restriction", "Restrictions", "API_GROUPS",
-           "STATE_GROUPS", "OPEN_FLAG"]
+__all__ = ["ServerOptions", "GrpcOptions", "GRPC_STACKS", "OpenAIOptions", "TlsFiles", "Restriction", "Restrictions",
+           "API_GROUPS", "STATE_GROUPS", "OPEN_FLAG"]
 
 # Triton's API groups of --http-restricted-api / --grpc-restricted-protocol. pystub's admin
 # endpoint (/v2/pystub/stubs) belongs to "model-repository": it restarts models; "openai" (pystub's)
@@ -51,6 +51,10 @@ class TlsFiles:
     mutual: bool = False
 
 
+# --grpc-server's choices, the default first.
+GRPC_STACKS = ("h2", "aio")
+
+
 @dataclass
 class GrpcOptions:
     """The gRPC listener: channel arguments (grpc core names), TLS, restrictions."""
@@ -62,6 +66,7 @@ class GrpcOptions:
     header_forward_pattern: re.Pattern[str] | None = None  # metadata forwarded as request parameters
     remote_control: frozenset[str] = frozenset()  # --allow-remote-control: groups any peer may change
     trust_internal_peer: bool = False  # the core's private socket behind frontend workers (access.INTERNAL_PEER)
+    stack: str = "h2"  # --grpc-server: "h2" (libnghttp2 on the event loop) or "aio" (grpc.aio)
 
 
 @dataclass(frozen=True)

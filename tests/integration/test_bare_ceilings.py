@@ -134,13 +134,25 @@ def test_bench_measures_the_hop_and_skips_candidates_it_cannot_install(tmp_path:
 def test_cpu_cost_reads_each_servers_cpu_per_call() -> None:
     """tools/grpc_cpu_cost.py: a positive CPU time per call for pystub and a bare ceiling (pystub,
     with a core and a stub behind its grpc.aio frontend, spends more), and nothing left running."""
-    run = subprocess.run([sys.executable, str(ROOT / "tools" / "grpc_cpu_cost.py"), "--servers",
-                          "pystub,bare-grpc-aio", "--calls", "800", "--warmup", "80", "--rounds", "1"],
-                         capture_output=True, text=True, timeout=120, cwd="/")
+    medians, output = _cpu_cost("pystub,bare-grpc-aio", "--calls", "800", "--warmup", "80")
+    assert set(medians) == {"pystub", "bare-grpc-aio"}, output
+    assert medians["pystub"] > medians["bare-grpc-aio"] > 0, output
+
+
+def test_cpu_cost_of_streamed_requests_on_either_grpc_stack() -> None:
+    """--stream: the CPU per request sent over ModelStreamInfer, for pystub on each gRPC stack."""
+    medians, output = _cpu_cost("pystub-h2,pystub-aio", "--stream", "--calls", "400", "--warmup", "40")
+    assert set(medians) == {"pystub-h2", "pystub-aio"}, output
+    assert min(medians.values()) > 0, output
+
+
+def _cpu_cost(servers: str, *args: str) -> tuple[dict[str, float], str]:
+    """tools/grpc_cpu_cost.py's medians per server, and its output; checks that nothing is left running."""
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "grpc_cpu_cost.py"), "--servers", servers, *args,
+                          "--rounds", "1"], capture_output=True, text=True, timeout=120, cwd="/")
     assert run.returncode == 0, run.stderr[-3000:]
-    medians = dict(re.findall(r"^  (\S+) +([\d.]+) µs", run.stdout, re.MULTILINE))
-    assert set(medians) == {"pystub", "bare-grpc-aio"}, run.stdout
-    assert float(medians["pystub"]) > float(medians["bare-grpc-aio"]) > 0, run.stdout
     leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
                  if p.info["cmdline"] and any("pystub-cpu-cost-" in part for part in p.info["cmdline"])]
     assert not leftovers, leftovers
+    medians = re.findall(r"^  (\S+) +([\d.]+) µs", run.stdout, re.MULTILINE)
+    return {name: float(value) for name, value in medians}, run.stdout

@@ -1,23 +1,28 @@
-"""The gRPC listener: a `grpc.aio` server with the inference service, health and reflection.
+"""The gRPC listener: a server with the inference service, health and reflection.
 
-What the command line decides arrives as `GrpcOptions`: grpc core channel arguments (keepalive,
-HTTP/2 ping policy, connection age, compression level), SO_REUSEPORT, TLS (server-only or mutual)
-and the restricted protocol groups.
+The server is the h2 stack (`grpc/h2`: libnghttp2 on pystub's event loop) or grpc.aio
+(`--grpc-server=aio`); both host the same servicers, interceptors and handlers. What the command
+line decides arrives as `GrpcOptions`: grpc core channel arguments (keepalive, HTTP/2 ping policy,
+connection age, compression level), SO_REUSEPORT, TLS (server-only or mutual) and the restricted
+protocol groups.
 """
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from tritonclient.grpc import service_pb2_grpc
 
 from pystub_backend.backend.frontends.access import AccessPolicy
 from pystub_backend.backend.frontends.grpc.access_log import GrpcAccessInterceptor
 from pystub_backend.backend.frontends.grpc.codec import parse_infer_request
+from pystub_backend.backend.frontends.grpc.h2 import H2Server, tls_context
 from pystub_backend.backend.frontends.grpc.health import SERVICE_NAME as HEALTH_SERVICE
 from pystub_backend.backend.frontends.grpc.health import HealthService
 from pystub_backend.backend.frontends.grpc.restrict import RestrictionInterceptor
@@ -27,7 +32,9 @@ from pystub_backend.backend.options import GrpcOptions, TlsFiles
 from pystub_backend.backend.telemetry.tracing import Tracer
 
 __all__ = ["GrpcListener", "create_grpc_listener", "create_grpc_server", "INFERENCE_SERVICE", "bind_listener",
-           "channel_arguments"]
+           "channel_arguments", "GrpcServer", "new_server", "enable_reflection"]
+
+GrpcServer: TypeAlias = grpc.aio.Server | H2Server
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
@@ -58,7 +65,7 @@ class _HandlerCapture:
         self.handlers = dict(handlers)
 
 
-def register(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+def register(servicer: InferenceServicer, server: GrpcServer) -> None:
     """The generated registration, except that ModelInfer parses and serializes its own messages
     (`codec.parse_infer_request` / `serialize_infer_response`): protobuf's bytes fields cost
     50-130 ms per 16 MiB tensor."""
@@ -73,7 +80,7 @@ def register(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
 
 @dataclass
 class GrpcListener:
-    server: grpc.aio.Server
+    server: GrpcServer
     port: int
     health: HealthService
 
@@ -94,7 +101,19 @@ def _credentials(tls: TlsFiles) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([pair], root_certificates=root, require_client_auth=tls.mutual)
 
 
-def bind_listener(server: grpc.aio.Server, address: str, port: int, tls: TlsFiles | None) -> int:
+def _add_port(server: GrpcServer, target: str, tls: TlsFiles | None) -> int:
+    if tls is None:
+        return server.add_insecure_port(target)
+    if isinstance(server, H2Server):
+        try:
+            context = tls_context(tls.server_key, tls.server_cert, tls.root_cert or None, tls.mutual)
+        except ssl.SSLError as exc:
+            raise OSError(f"cannot use the TLS files of the gRPC listener: {exc}") from exc
+        return server.add_secure_port(target, context)
+    return server.add_secure_port(target, _credentials(tls))
+
+
+def bind_listener(server: GrpcServer, address: str, port: int, tls: TlsFiles | None) -> int:
     """Bind `server` to address:port (or a `unix:` address); the bound port. Raises OSError."""
     if address.startswith("unix:"):  # the core's private socket behind frontend workers
         target = address
@@ -102,8 +121,8 @@ def bind_listener(server: grpc.aio.Server, address: str, port: int, tls: TlsFile
         host = f"[{address}]" if ":" in address and not address.startswith("[") else address
         target = f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(target) if tls is None else server.add_secure_port(target, _credentials(tls))
-    except RuntimeError as exc:  # grpcio reports a failed bind as RuntimeError
+        bound = _add_port(server, target, tls)
+    except (RuntimeError, OSError) as exc:  # grpcio reports a failed bind as RuntimeError
         raise OSError(f"cannot bind gRPC listener to {target}: {exc}") from exc
     if bound == 0:  # older grpcio returned 0 instead of raising
         raise OSError(f"cannot bind gRPC listener to {target}")
@@ -126,12 +145,26 @@ def create_grpc_listener(core: ServerCore, address: str, port: int,
         RestrictionInterceptor(AccessPolicy.of(options.restrictions, options.remote_control),
                                options.trust_internal_peer),
     ]
-    server = grpc.aio.server(options=list(channel_args.items()), interceptors=interceptors)
+    server = new_server(options.stack, channel_args, interceptors)
     register(InferenceServicer(core, options.header_forward_pattern, tracer), server)
     health = HealthService(core)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection((INFERENCE_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server)
+    enable_reflection((INFERENCE_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server)
     return GrpcListener(server, bind_listener(server, address, port, options.tls), health)
+
+
+def new_server(stack: str, channel_args: dict[str, int],
+               interceptors: list[grpc.aio.ServerInterceptor]) -> GrpcServer:
+    """An unbound server of `stack` ("h2" or "aio", `--grpc-server`)."""
+    if stack == "aio":
+        return grpc.aio.server(options=list(channel_args.items()), interceptors=interceptors)
+    return H2Server(channel_args, interceptors)
+
+
+def enable_reflection(service_names: tuple[str, ...], server: GrpcServer) -> None:
+    """The reflection service, its asyncio servicer on either stack."""
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+        reflection.aio.ReflectionServicer(service_names), server)
 
 
 def channel_arguments(options: GrpcOptions, reuse_port: bool = False) -> dict[str, int]:
@@ -141,7 +174,7 @@ def channel_arguments(options: GrpcOptions, reuse_port: bool = False) -> dict[st
 
 
 def create_grpc_server(core: ServerCore, address: str, port: int,
-                       options: GrpcOptions | None = None) -> tuple[grpc.aio.Server, int]:
+                       options: GrpcOptions | None = None) -> tuple[GrpcServer, int]:
     """`create_grpc_listener` for callers that stop the server themselves: (server, bound port)."""
     listener = create_grpc_listener(core, address, port, options)
     return listener.server, listener.port

@@ -20,10 +20,10 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+import pystub_backend.backend.frontends.grpc.shm as grpc_shm
 from pystub_backend.backend import log as backend_log
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, grpc_code, grpc_details
 from pystub_backend.backend.frontends.forwarding import forward_headers
-from pystub_backend.backend.frontends.grpc import shm as grpc_shm
 from pystub_backend.backend.frontends.grpc.codec import (
     ParsedInferRequest,
     decode_infer_request,

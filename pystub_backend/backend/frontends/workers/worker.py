@@ -33,7 +33,12 @@ from pystub_backend.backend.arguments import parse_args
 from pystub_backend.backend.frontends.access import AccessPolicy
 from pystub_backend.backend.frontends.grpc.access_log import GrpcAccessInterceptor
 from pystub_backend.backend.frontends.grpc.codec import parse_infer_request
-from pystub_backend.backend.frontends.grpc.listener import INFERENCE_SERVICE, bind_listener, channel_arguments
+from pystub_backend.backend.frontends.grpc.listener import (
+    INFERENCE_SERVICE,
+    bind_listener,
+    channel_arguments,
+    new_server,
+)
 from pystub_backend.backend.frontends.grpc.restrict import RestrictionInterceptor
 from pystub_backend.backend.frontends.grpc.servicer import InferenceServicer
 from pystub_backend.backend.frontends.http.access_log import HttpAccessLogger
@@ -109,8 +114,8 @@ class _InferenceAccessLog(GrpcAccessInterceptor):
 async def _serve_grpc(options: ServerOptions, remote: RemoteCore, directory: Path) -> _Stop:
     grpc_options = options.grpc
     policy = AccessPolicy.of(grpc_options.restrictions, grpc_options.remote_control)
-    server = grpc.aio.server(options=list(channel_arguments(grpc_options, reuse_port=True).items()),
-                             interceptors=[_InferenceAccessLog(), RestrictionInterceptor(policy)])
+    server = new_server(grpc_options.stack, channel_arguments(grpc_options, reuse_port=True),
+                        [_InferenceAccessLog(), RestrictionInterceptor(policy)])
     # The core starts traces (core_side.py): the worker's own tracer stays off.
     servicer = InferenceServicer(remote.as_server_core(), grpc_options.header_forward_pattern, Tracer())
 

@@ -17,12 +17,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from google.protobuf import text_format
+from harness import GRPC_STACK
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.grpc.listener import create_grpc_server
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
+from pystub_backend.backend.options import GRPC_STACKS, GrpcOptions
 
 MODEL = "identity"
 BROKEN = "broken"  # answers with an output buffer the encoder cannot read
@@ -129,7 +131,7 @@ class _ServerThread:
 
     @staticmethod
     async def _start(core: EchoCore) -> tuple[Any, int]:
-        server, port = create_grpc_server(core, "127.0.0.1", 0)
+        server, port = create_grpc_server(core, "127.0.0.1", 0, GrpcOptions(stack=GRPC_STACK or GRPC_STACKS[0]))
         await server.start()
         return server, port
 

@@ -1,0 +1,89 @@
+"""The connection policy of the h2 stack, from the same grpc core channel arguments as grpc.aio's
+(`listener.channel_arguments`), with grpc core's defaults where a flag leaves one unset.
+
+    keepalive        grpc.keepalive_time_ms (the server pings an idle... any connection that often),
+                     grpc.keepalive_timeout_ms (no ack by then: the connection is closed)
+    ping abuse       a client ping sooner than grpc.http2.min_ping_interval_without_data_ms after
+                     the last (2 h while no call is open, unless grpc.keepalive_permit_without_calls)
+                     is a strike; more than grpc.http2.max_ping_strikes strikes: GOAWAY
+                     ENHANCE_YOUR_CALM "too_many_pings". Sending data clears the strikes.
+    limits           grpc.max_connection_idle_ms (no call for that long: GOAWAY),
+                     grpc.max_connection_age_ms (GOAWAY) then grpc.max_connection_age_grace_ms (closed),
+                     grpc.server_handshake_timeout_ms (TLS and the HTTP/2 preface must be done by then),
+                     grpc.max_receive_message_length / grpc.max_send_message_length (-1: none)
+    compression      grpc.default_compression_level (0..3) for the responses
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ConnectionPolicy", "PingJudge"]
+
+_HOUR_MS = 3_600_000
+
+
+def _seconds(milliseconds: int | None) -> float | None:
+    """A duration in seconds; None for grpc's "infinite" (unset, or INT_MAX)."""
+    if milliseconds is None or milliseconds <= 0 or milliseconds >= 2**31 - 1:
+        return None
+    return milliseconds / 1000
+
+
+@dataclass(frozen=True)
+class ConnectionPolicy:
+    keepalive_time: float | None = 2 * _HOUR_MS / 1000
+    keepalive_timeout: float = 20.0
+    min_ping_interval: float = 300.0
+    max_ping_strikes: int = 2
+    permit_without_calls: bool = False
+    idle: float | None = None
+    age: float | None = None
+    age_grace: float | None = None
+    handshake_timeout: float | None = 120.0
+    max_receive: int = 4 << 20
+    max_send: int = -1
+    compression_level: int = 0
+
+    @classmethod
+    def of(cls, args: dict[str, int]) -> ConnectionPolicy:
+        """The policy of grpc core channel arguments (unknown ones are grpc.aio's alone: ignored)."""
+        def get(name: str, default: int) -> int:
+            return int(args.get(name, default))
+
+        return cls(
+            keepalive_time=_seconds(get("grpc.keepalive_time_ms", 2 * _HOUR_MS)),
+            keepalive_timeout=get("grpc.keepalive_timeout_ms", 20_000) / 1000,
+            min_ping_interval=get("grpc.http2.min_ping_interval_without_data_ms", 300_000) / 1000,
+            max_ping_strikes=get("grpc.http2.max_ping_strikes", 2),
+            permit_without_calls=bool(get("grpc.keepalive_permit_without_calls", 0)),
+            idle=_seconds(args.get("grpc.max_connection_idle_ms")),
+            age=_seconds(args.get("grpc.max_connection_age_ms")),
+            age_grace=_seconds(args.get("grpc.max_connection_age_grace_ms")),
+            handshake_timeout=_seconds(get("grpc.server_handshake_timeout_ms", 120_000)),
+            max_receive=get("grpc.max_receive_message_length", 4 << 20),
+            max_send=get("grpc.max_send_message_length", -1),
+            compression_level=get("grpc.default_compression_level", 0),
+        )
+
+
+class PingJudge:
+    """grpc core's ping abuse policy for the pings one client sends."""
+
+    def __init__(self, policy: ConnectionPolicy) -> None:
+        self._policy = policy
+        self._last: float | None = None
+        self._strikes = 0
+
+    def data_sent(self) -> None:
+        self._strikes = 0
+        self._last = None
+
+    def too_many(self, now: float, calls_open: bool) -> bool:
+        """A ping came at `now`: whether the client has now pinged too often (GOAWAY)."""
+        policy = self._policy
+        interval = policy.min_ping_interval if calls_open or policy.permit_without_calls else 2 * _HOUR_MS / 1000
+        last, self._last = self._last, now
+        if last is not None and now - last < interval:
+            self._strikes += 1
+        return policy.max_ping_strikes > 0 and self._strikes > policy.max_ping_strikes

@@ -1,0 +1,195 @@
+"""gRPC's HTTP/2 wire (the "gRPC over HTTP2" protocol), none of it tied to a connection.
+
+    message   1 byte compressed flag | 4 bytes big-endian length | the message (maybe compressed)
+    request   HEADERS (:path /package.Service/Method, content-type application/grpc..., grpc-timeout,
+              grpc-encoding, metadata; `-bin` keys carry base64) then DATA: messages
+    response  HEADERS (:status 200, content-type, initial metadata) DATA: messages,
+              then trailers: grpc-status, grpc-message (percent-encoded), trailing metadata;
+              a response without messages may be "trailers-only": one HEADERS with both.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import zlib
+from collections.abc import Iterable, Sequence
+
+import grpc
+
+__all__ = ["Header", "Metadata", "MessageReader", "WireError", "parse_timeout", "metadata_of", "metadata_headers",
+           "status_headers", "frame", "compress", "response_encoding", "ACCEPT_ENCODING", "SUPPORTED_ENCODINGS"]
+
+Header = tuple[bytes, bytes]
+Metadata = tuple[tuple[str, str | bytes], ...]
+
+ACCEPT_ENCODING = b"identity,deflate,gzip"
+SUPPORTED_ENCODINGS = frozenset({"identity", "deflate", "gzip"})
+# Headers of the protocol itself, not the call's metadata (grpc core keeps them out of it too).
+_PROTOCOL_HEADERS = frozenset({b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding",
+                               b"grpc-message-type"})
+_TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
+_PREFIX = 5
+
+
+class WireError(Exception):
+    """A request that breaks the protocol: `code` is the status the call ends with."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+def parse_timeout(value: bytes) -> float | None:
+    """`grpc-timeout` (at most 8 digits and a unit) in seconds; None when malformed."""
+    if not 2 <= len(value) <= 9 or not value[:-1].isdigit():
+        return None
+    unit = _TIMEOUT_UNITS.get(value[-1])
+    return None if unit is None else int(value[:-1]) * unit
+
+
+def metadata_of(headers: Iterable[Header]) -> Metadata:
+    """The call's metadata: every header but pseudo-headers and the protocol's own, `-bin` values
+    decoded from base64 (padded or not) to bytes. Raises WireError on a bad `-bin` value."""
+    items: list[tuple[str, str | bytes]] = []
+    for name, value in headers:
+        if name[:1] == b":" or name in _PROTOCOL_HEADERS:
+            continue
+        key = name.decode("ascii", "replace")
+        if key.endswith("-bin"):
+            try:
+                items.append((key, base64.b64decode(value + b"=" * (-len(value) % 4), validate=True)))
+            except (binascii.Error, ValueError) as exc:
+                raise WireError(grpc.StatusCode.INTERNAL, f"invalid base64 in metadata '{key}'") from exc
+        else:
+            items.append((key, value.decode("latin-1")))
+    return tuple(items)
+
+
+def metadata_headers(metadata: Iterable[tuple[str, str | bytes]] | None) -> list[Header]:
+    """Metadata as headers (`-bin` values base64-encoded, unpadded as grpc core sends them).
+    Raises ValueError for a key grpc would refuse (upper case, reserved, or not a token)."""
+    headers: list[Header] = []
+    for key, value in metadata or ():
+        name = key.encode("ascii")
+        if name != name.lower() or name[:1] == b":" or name.startswith(b"grpc-") or not name:
+            raise ValueError(f"metadata key '{key}' is not allowed")
+        if key.endswith("-bin"):
+            raw = value if isinstance(value, bytes) else value.encode()
+            headers.append((name, base64.b64encode(raw).rstrip(b"=")))
+        else:
+            headers.append((name, value.encode("latin-1") if isinstance(value, str) else value))
+    return headers
+
+
+def _percent_encode(text: str) -> bytes:
+    """grpc-message's encoding: bytes outside printable ASCII, and '%', as %XX."""
+    raw = text.encode("utf-8", "replace")
+    if all(0x20 <= byte <= 0x7E and byte != 0x25 for byte in raw):
+        return raw
+    return b"".join(bytes((byte,)) if 0x20 <= byte <= 0x7E and byte != 0x25 else b"%%%02X" % byte for byte in raw)
+
+
+def status_headers(code: grpc.StatusCode, details: str | None, trailing: Sequence[tuple[str, str | bytes]]
+                   ) -> list[Header]:
+    """The status trailers: grpc-status, grpc-message when there are details, trailing metadata."""
+    headers = [(b"grpc-status", b"%d" % code.value[0])]
+    if details:
+        headers.append((b"grpc-message", _percent_encode(details)))
+    headers.extend(metadata_headers(trailing))
+    return headers
+
+
+def _decompressor(encoding: str) -> zlib._Decompress:
+    # grpc's "deflate" is the zlib format (RFC 1950), "gzip" the gzip format
+    return zlib.decompressobj(zlib.MAX_WBITS | 16 if encoding == "gzip" else zlib.MAX_WBITS)
+
+
+def _inflate(payload: bytes, encoding: str, limit: int) -> bytes:
+    """Decompress one message, refusing more than `limit` bytes (a zip bomb stops there)."""
+    inflater = _decompressor(encoding)
+    try:
+        data = inflater.decompress(payload, limit + 1 if limit >= 0 else 0)
+    except zlib.error as exc:
+        raise WireError(grpc.StatusCode.INTERNAL, f"cannot decompress a {encoding} message: {exc}") from exc
+    if 0 <= limit < len(data):
+        raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"Received message larger than max ({len(data)} vs. {limit})")
+    return data
+
+
+def compress(payload: bytes, encoding: str, level: int = 6) -> bytes:
+    if encoding == "gzip":
+        packer = zlib.compressobj(level, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    else:
+        packer = zlib.compressobj(level, zlib.DEFLATED, zlib.MAX_WBITS)
+    return packer.compress(payload) + packer.flush()
+
+
+def frame(payload: bytes, encoding: str | None = None) -> bytes:
+    """One message on the wire, compressed with `encoding` when that makes it smaller."""
+    if encoding is not None:
+        packed = compress(payload, encoding)
+        if len(packed) < len(payload):
+            return b"\x01" + len(packed).to_bytes(4, "big") + packed
+    return b"\x00" + len(payload).to_bytes(4, "big") + payload
+
+
+# grpc core's choice for a compression level: the accepted algorithms in its "ratio" order
+# (deflate, gzip); low takes the first, medium the middle one, high the last.
+_LEVEL_ORDER = ("deflate", "gzip")
+
+
+def response_encoding(level: int, accepted: bytes | None) -> str | None:
+    """The response messages' encoding for `--grpc-infer-response-compression-level` (0..3) and
+    the client's grpc-accept-encoding; None: uncompressed."""
+    if level <= 0 or not accepted:
+        return None
+    offered = {name.strip() for name in accepted.decode("ascii", "replace").split(",")}
+    algorithms = [name for name in _LEVEL_ORDER if name in offered]
+    if not algorithms:
+        return None
+    return algorithms[{1: 0, 2: len(algorithms) // 2}.get(level, len(algorithms) - 1)]
+
+
+class MessageReader:
+    """Cuts a stream's DATA into messages, decompressing those flagged compressed."""
+
+    def __init__(self, encoding: str | None, max_length: int) -> None:
+        self._buffer = bytearray()
+        self._encoding = encoding
+        self._max = max_length  # -1: no limit
+
+    @property
+    def partial(self) -> bool:
+        """Whether bytes of an unfinished message are waiting."""
+        return bool(self._buffer)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The messages `data` completes. Raises WireError."""
+        if not self._buffer and len(data) >= _PREFIX and len(data) == _PREFIX + int.from_bytes(data[1:5], "big"):
+            return [self._message(data[0], data[_PREFIX:])]  # the usual case: one whole message
+        self._buffer += data
+        messages = []
+        while len(self._buffer) >= _PREFIX:
+            length = int.from_bytes(self._buffer[1:5], "big")
+            if 0 <= self._max < length:
+                raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"Received message larger than max ({length} vs. {self._max})")
+            if len(self._buffer) < _PREFIX + length:
+                break
+            flag = self._buffer[0]
+            messages.append(self._message(flag, bytes(self._buffer[_PREFIX:_PREFIX + length])))
+            del self._buffer[:_PREFIX + length]
+        return messages
+
+    def _message(self, flag: int, payload: bytes) -> bytes:
+        if 0 <= self._max < len(payload):
+            raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"Received message larger than max ({len(payload)} vs. {self._max})")
+        if flag == 0:
+            return payload
+        if flag != 1 or self._encoding is None or self._encoding == "identity":
+            raise WireError(grpc.StatusCode.INTERNAL, "a compressed message without a grpc-encoding")
+        return _inflate(payload, self._encoding, self._max)

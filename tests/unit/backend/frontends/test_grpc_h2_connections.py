@@ -1,0 +1,159 @@
+"""The h2 gRPC stack's connection policy on real sockets, seen by an HTTP/2 client written with
+ngh2: the ping abuse policy, keepalive pings without an ack, the idle limit, the handshake limit."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import ngh2
+import pytest
+
+from pystub_backend.backend.frontends.grpc.h2 import H2Server
+
+_WAIT = 10.0
+
+
+class _Running:
+    def __init__(self, options: dict[str, int]) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="h2-policy-server")
+        self.thread.start()
+        self.server = H2Server(options)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self._run(self.server.start())
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=_WAIT)
+
+    def close(self) -> None:
+        try:
+            self._run(self.server.stop(None))
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=_WAIT)
+            self.loop.close()
+
+
+@pytest.fixture
+def started() -> Iterator[list[_Running]]:
+    servers: list[_Running] = []
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.close()
+
+
+class _Client:
+    """A raw HTTP/2 client connection: what it sends, and the events and end of what it reads."""
+
+    def __init__(self, port: int, preface: bool = True) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=_WAIT)
+        self.h2 = ngh2.Connection(ngh2.Role.CLIENT)
+        if preface:
+            self.h2.initiate_connection()
+            self.flush()
+
+    def flush(self) -> None:
+        self.sock.sendall(self.h2.data_to_send())
+
+    def events_until_closed(self, answer: bool = True) -> tuple[list[ngh2.Event], float]:
+        """Read until the server closes the connection: the events, and when it closed.
+        `answer`: acknowledge what needs it (pings); otherwise read the bytes and answer nothing."""
+        events: list[ngh2.Event] = []
+        deadline = time.monotonic() + _WAIT
+        while time.monotonic() < deadline:
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                return events, time.monotonic()
+            if answer:
+                self.h2.receive_data(data)
+                events += self.h2.events()
+                self.flush()
+        raise AssertionError("the server did not close the connection")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_too_many_pings_get_goaway(started: list[_Running]) -> None:
+    started.append(_Running({"grpc.http2.max_ping_strikes": 2}))
+    client = _Client(started[0].port)
+    try:
+        for _ in range(4):  # the default minimum interval is 5 minutes: each ping after the first is a strike
+            client.h2.ping()
+        client.flush()
+        events, _ = client.events_until_closed()
+    finally:
+        client.close()
+    goaway = [event for event in events if isinstance(event, ngh2.GoAwayReceived)]
+    assert goaway and goaway[0].error_code == ngh2.ErrorCode.ENHANCE_YOUR_CALM
+    assert goaway[0].debug_data == b"too_many_pings"
+
+
+def test_pings_within_the_policy_are_answered(started: list[_Running]) -> None:
+    started.append(_Running({"grpc.http2.max_ping_strikes": 0, "grpc.max_connection_idle_ms": 1000}))
+    client = _Client(started[0].port)
+    try:
+        for _ in range(5):  # 0 strikes: no limit
+            client.h2.ping()
+        client.flush()
+        events, _ = client.events_until_closed()  # the idle limit ends it
+    finally:
+        client.close()
+    assert sum(isinstance(event, ngh2.PingAcknowledged) for event in events) == 5
+    assert not any(isinstance(event, ngh2.GoAwayReceived) and event.error_code for event in events)
+
+
+def test_idle_connection_gets_goaway_and_closes(started: list[_Running]) -> None:
+    started.append(_Running({"grpc.max_connection_idle_ms": 300}))
+    opened = time.monotonic()
+    client = _Client(started[0].port)
+    try:
+        events, closed = client.events_until_closed()
+    finally:
+        client.close()
+    assert closed - opened >= 0.3
+    assert any(isinstance(event, ngh2.GoAwayReceived) and event.error_code == 0 for event in events)
+
+
+def test_keepalive_ping_without_ack_closes_the_connection(started: list[_Running]) -> None:
+    started.append(_Running({"grpc.keepalive_time_ms": 200, "grpc.keepalive_timeout_ms": 300}))
+    opened = time.monotonic()
+    client = _Client(started[0].port)
+    try:
+        _, closed = client.events_until_closed(answer=False)  # the server's ping is never acknowledged
+    finally:
+        client.close()
+    assert closed - opened >= 0.5  # the ping after 0.2 s, then 0.3 s for its ack
+
+
+def test_keepalive_ping_with_ack_keeps_the_connection(started: list[_Running]) -> None:
+    started.append(_Running({"grpc.keepalive_time_ms": 100, "grpc.keepalive_timeout_ms": 300,
+                             "grpc.max_connection_idle_ms": 1000}))
+    client = _Client(started[0].port)
+    try:
+        events, _ = client.events_until_closed()  # acknowledged pings; the idle limit ends it
+    finally:
+        client.close()
+    assert sum(isinstance(event, ngh2.PingReceived) for event in events) >= 3
+    assert any(isinstance(event, ngh2.GoAwayReceived) for event in events)  # closed by idleness, not keepalive
+
+
+def test_a_connection_without_the_preface_is_closed_at_the_handshake_limit(started: list[_Running]) -> None:
+    started.append(_Running({"grpc.server_handshake_timeout_ms": 300}))
+    opened = time.monotonic()
+    client = _Client(started[0].port, preface=False)
+    try:
+        _, closed = client.events_until_closed(answer=False)
+    finally:
+        client.close()
+    assert closed - opened >= 0.3
