@@ -2,7 +2,9 @@
 
 Every test runs twice: against pystub as one process, and against pystub with
 `--frontend-workers 2` (protocol work in worker processes, inference over the core link), which
-must answer as the single process does.
+must answer as the single process does. A file whose cases never reach the frontends' code (a
+model's own pb_utils calls) names the variants it needs in `PYSTUB_VARIANTS_RUN`; the others are
+deselected.
 
 Known differences live in known.py, keyed by test id (without the pystub variant); this conftest
 marks those tests `xfail(strict=True)` with the difference as the reason, so a fix shows up as an
@@ -25,6 +27,7 @@ _HERE = Path(__file__).resolve().parent
 def _module_pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
     # One pair per file and variant, not per process: each file then sees servers in the same
     # state whatever ran before it (pytest-xdist --dist loadfile starts one pair per file anyway).
+    # Not one Triton for both variants: its state (custom metrics, a BLS callee's) carries over.
     with running_pair(*PYSTUB_VARIANTS[request.param]) as started:
         yield started
 
@@ -43,7 +46,17 @@ def pair(_module_pair: Pair) -> Iterator[Pair]:
         pytest.fail(f"the oracle died during this test: {death}", pytrace=False)
 
 
+def _variant_not_needed(item: pytest.Item) -> bool:
+    wanted = getattr(item.module, "PYSTUB_VARIANTS_RUN", None) if isinstance(item, pytest.Function) else None
+    callspec = getattr(item, "callspec", None)
+    return wanted is not None and callspec is not None and callspec.params.get("_module_pair") not in wanted
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unneeded = [item for item in items if Path(str(item.fspath)).parent == _HERE and _variant_not_needed(item)]
+    if unneeded:
+        config.hook.pytest_deselected(items=unneeded)
+        items[:] = [item for item in items if item not in set(unneeded)]
     for item in items:
         if Path(str(item.fspath)).parent != _HERE:
             continue

@@ -127,6 +127,12 @@ class TritonServer:
         self.endpoint = Endpoint("triton", http, grpc, metrics)
 
     def start(self) -> Endpoint:
+        self.launch()
+        self.wait_ready()
+        return self.endpoint
+
+    def launch(self) -> None:
+        """Start tritonserver without waiting for it (wait_ready waits)."""
         env = self.env
         command = [str(env.tritonserver), f"--model-repository={self.repository}",
                    f"--backend-directory={env.triton_backends}",
@@ -139,8 +145,6 @@ class TritonServer:
                                             cwd=str(self.log_path.parent), env=env.triton_env(),
                                             start_new_session=True)
         LONG_LIVED_PIDS.add(self.process.pid)
-        self._wait_ready()
-        return self.endpoint
 
     def died(self) -> str | None:
         """None while Triton runs; else its exit status and the tail of its log."""
@@ -158,7 +162,7 @@ class TritonServer:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
         """Raises RuntimeError with the log tail when Triton exits or is not ready in time."""
         assert self.process is not None
         deadline = time.monotonic() + _START_TIMEOUT
@@ -220,8 +224,10 @@ def running_pair(*pystub_flags: str) -> Iterator[Pair]:
         triton = TritonServer(copy_models(workdir / "triton"), workdir)
         backend = Backend(copy_models(workdir / "pystub"), *COMMON_FLAGS, "--allow-client-shm=true", *pystub_flags)
         try:
-            triton_endpoint = triton.start()
+            triton.launch()   # both load their models at once: the pair is up in the slower one's time
             with module_backend(backend):
+                triton.wait_ready()
+                triton_endpoint = triton.endpoint
                 pystub = Endpoint("pystub", backend.ports["http"], backend.ports["grpc"], backend.ports["metrics"])
                 yield Pair(triton_endpoint, pystub, backend, triton)
         finally:

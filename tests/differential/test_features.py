@@ -21,6 +21,10 @@ from oracle import Endpoint, Pair
 
 ADD_SUB = [("INPUT0", np.arange(4, dtype=np.float32), "FP32"), ("INPUT1", np.ones(4, np.float32), "FP32")]
 
+# The features (BLS, decoupled models, sequences, custom metrics, ...) live in the core and the
+# stubs; the frontend workers' own protocol work is compared in test_infer.py and test_endpoints.py.
+PYSTUB_VARIANTS_RUN = ("single-process",)
+
 
 def _int(name: str, value: int) -> tuple[str, np.ndarray, str]:
     return (name, np.array([value], np.int32), "INT32")

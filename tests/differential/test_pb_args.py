@@ -24,6 +24,10 @@ from oracle import MODELS, Endpoint, Pair
 
 from pystub_backend.stub import pb_utils
 
+# Every case runs inside a model and answers through the same request path: the frontend
+# workers variant would repeat the stub's work, not test the frontends (see conftest.py).
+PYSTUB_VARIANTS_RUN = ("single-process",)
+
 
 def _table() -> ModuleType:
     spec = importlib.util.spec_from_file_location("argument_cases", MODELS / "pb_args" / "1" / "argument_cases.py")

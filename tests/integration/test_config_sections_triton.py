@@ -109,7 +109,8 @@ def _load_results(log: Path) -> dict[str, str]:
 def _triton_loads(repository: Path, backends: Path, log: Path, names: list[str]) -> dict[str, str]:
     """Start Triton on `repository` and read how each model's load ended from its log. Triton
     2.51 (this CPU-only build) sometimes crashes with SIGSEGV while it warms several models up at
-    once (less often with verbose logging): a crashed attempt is retried, three at most."""
+    once (less often with verbose logging), so it loads them one at a time; a crashed attempt is
+    still retried, three at most."""
     for attempt in range(1, 4):
         command, prefix = _triton_command(repository, backends)
         with open(log, "wb") as out:
@@ -137,7 +138,8 @@ def _triton_command(repository: Path, backends: Path) -> tuple[list[str], str]:
             f"--metrics-port={metrics}", "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
             "--metrics-address=127.0.0.1", "--exit-on-error=false", "--strict-readiness=false",
             f"--backend-config=python,shm-region-prefix-name={prefix}",
-            "--log-verbose=1"], prefix
+            # One model loads (and warms up) at a time: the crashes came with several warmups at once
+            "--model-load-thread-count=1", "--log-verbose=1"], prefix
 
 
 def _stop(process: subprocess.Popen, prefix: str) -> None:
