@@ -44,8 +44,9 @@ class TritonPythonModel:
 
     def _one(self, request):
         params = json.loads(request.parameters())
-        data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-        info = {"pid": os.getpid()}
+        given = pb_utils.get_input_tensor_by_name(request, "IN")
+        data = given.as_numpy()
+        info = {"pid": os.getpid(), "input_is_cpu": given.is_cpu()}
         out = pb_utils.Tensor("OUT", data)
         mode = params.get("mode", "produce")
         if mode == "produce":
@@ -56,13 +57,18 @@ class TritonPythonModel:
             if "device" in params:
                 kwargs["preferred_memory"] = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU,
                                                                       params["device"])
-            answer = pb_utils.InferenceRequest(model_name=params.get("target", "producer"),
-                                               inputs=[pb_utils.Tensor("IN", data)],
+            given = pb_utils.Tensor("IN", data)
+            if params.get("gpu_input"):  # the input on this instance's GPU
+                given = pb_utils.Tensor.from_dlpack(
+                    "IN", fake_cuda_capsule(fake_device_array(data, self.device), self.device))
+            answer = pb_utils.InferenceRequest(model_name=params.get("target", "producer"), inputs=[given],
                                                requested_output_names=["OUT", "INFO"], **kwargs).exec()
             if answer.has_error():
                 raise pb_utils.TritonModelException(answer.error().message())
             got = pb_utils.get_output_tensor_by_name(answer, "OUT")
-            info.update(is_cpu=got.is_cpu(), device=got.__dlpack_device__()[1], during=bls.inspect())
+            callee = json.loads(pb_utils.get_output_tensor_by_name(answer, "INFO").as_numpy()[0])
+            info.update(is_cpu=got.is_cpu(), device=got.__dlpack_device__()[1], during=bls.inspect(),
+                        callee=callee)
             out = got  # a GPU tensor: its stub copies it to the host, through the mapping
             if params.get("keep"):
                 self.kept = got
@@ -77,9 +83,13 @@ class TritonPythonModel:
 '''
 
 
-def _config(gpu: int, cached: bool = False) -> str:
+_GPU_INPUTS_ALLOWED = 'parameters { key: "FORCE_CPU_ONLY_INPUT_TENSORS" value { string_value: "no" } }'
+
+
+def _config(gpu: int, cached: bool = False, force_cpu_inputs: bool = True) -> str:
     return f'''backend: "python"
 {"response_cache { enable: true }" if cached else ""}
+{"" if force_cpu_inputs else _GPU_INPUTS_ALLOWED}
 max_batch_size: 0
 input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }}, {{ name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }} ]
@@ -90,10 +100,11 @@ instance_group [ {{ kind: KIND_GPU count: 1 gpus: [ {gpu} ] }} ]
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     root = Path(tmp_path_factory.mktemp("gpu_bls"))
-    for name, gpu, cached in (("producer", 0, False), ("consumer", 1, False), ("cached_producer", 0, True)):
+    for name, gpu, cached, forced in (("producer", 0, False, True), ("consumer", 1, False, True),
+                                      ("cached_producer", 0, True, True), ("unforced", 0, False, False)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(_MODEL)
-        (root / name / "config.pbtxt").write_text(_config(gpu, cached))
+        (root / name / "config.pbtxt").write_text(_config(gpu, cached, forced))
     with module_backend(Backend(root, "--backend-config=python,stub-timeout-seconds=5",
                                 "--cache-config=local,size=1048576", env={FAKE_VARIABLE: "2"})) as started:
         yield started
@@ -196,3 +207,18 @@ def test_a_producer_killed_while_its_export_is_mapped_takes_its_exports_along(ba
     _until("every export given back", lambda: _all_idle(backend))
     out, _ = _infer(backend, "consumer", {"mode": "call", "device": 0})  # and the pair works again
     np.testing.assert_array_equal(out, np.arange(6, dtype=np.float32) * 2)
+
+
+@pytest.mark.parametrize(("caller", "target"), [
+    ("consumer", "producer"),  # GPU 1 to a callee on GPU 0 with FORCE_CPU_ONLY_INPUT_TENSORS "yes" (the default)
+    ("producer", "unforced"),  # GPU 0 to a callee on GPU 0 with "no": still a host copy (not yet mapped)
+])
+def test_a_gpu_input_reaches_the_callee_on_the_cpu_copied_by_the_caller(backend: Backend, caller: str,
+                                                                        target: str) -> None:
+    data = np.linspace(-1, 1, 1 << 12, dtype=np.float32)
+    out, info = _infer(backend, caller, {"mode": "call", "target": target, "gpu_input": True}, data)
+    np.testing.assert_array_equal(out, data * 2)  # the callee read the caller's GPU data from the host copy
+    assert info["callee"]["input_is_cpu"] is True
+    during = info["during"]
+    assert (during["device_exports"], during["device_exports_held"]) == (0, 0)  # nothing was exported
+    _until("every export given back", lambda: _all_idle(backend))

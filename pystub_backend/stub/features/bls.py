@@ -144,7 +144,11 @@ class BlsClient:
                 datatype, shape, buffer = tensor._wire_payload()
                 # Always a fresh allocation (never `tensors.place`, which reuses one the data may
                 # already live in): the call frees its input handles when its final arrives. A GPU
-                # input is copied to the host once, into that allocation.
+                # input is copied to the host once, into that allocation, whatever the target: this
+                # stub does not know whether the target takes GPU inputs (its
+                # FORCE_CPU_ONLY_INPUT_TENSORS, its devices, server paths that read input bytes:
+                # batching, the response cache, ensembles), and the server has no CUDA context to
+                # copy it later.
                 if isinstance(buffer, device_outputs.DeviceBuffer):
                     handle = list(device_outputs.place(self._stub.s2p, "", datatype, shape, buffer).handle)
                 else:
