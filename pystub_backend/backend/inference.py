@@ -39,6 +39,7 @@ __all__ = [
     "tensor_to_numpy",
     "buffer_view",
     "DeviceRef",
+    "ExportGoneError",
 ]
 
 Buffer = Union[bytes, bytearray, memoryview, np.ndarray]
@@ -58,6 +59,10 @@ class DeviceRef:
     ipc_handle: bytes
 
 
+class ExportGoneError(Exception):
+    """A GPU tensor (a BLS output or input) cannot reach its consumer: the stub that exported it died."""
+
+
 @dataclass
 class Tensor:
     """A named tensor: wire datatype (`FP32`, `BYTES`, ...), shape, and its raw bytes.
@@ -71,11 +76,11 @@ class Tensor:
     shape: tuple[int, ...]
     data: Buffer
     parameters: dict[str, ParameterValue] = field(default_factory=dict)
-    device: DeviceRef | None = None  # set only for BLS requests' GPU outputs (`data` is then empty)
+    device: DeviceRef | None = None  # set only for BLS GPU outputs and inputs (`data` is then empty)
 
     @property
     def nbytes(self) -> int:
-        return buffer_view(self.data).nbytes
+        return self.device.nbytes if self.device is not None else buffer_view(self.data).nbytes
 
 
 @dataclass

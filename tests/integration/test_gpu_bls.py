@@ -45,8 +45,14 @@ class TritonPythonModel:
     def _one(self, request):
         params = json.loads(request.parameters())
         given = pb_utils.get_input_tensor_by_name(request, "IN")
-        data = given.as_numpy()
         info = {"pid": os.getpid(), "input_is_cpu": given.is_cpu()}
+        if not given.is_cpu():  # a caller's GPU input, mapped: answered as it came (read through the mapping)
+            if params.get("keep_input"):
+                self.kept = given
+            info.update(during=bls.inspect(), device=given.__dlpack_device__()[1])
+            return pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("OUT", given.to_dlpack()),
+                                               _info(info)])
+        data = given.as_numpy()
         out = pb_utils.Tensor("OUT", data)
         mode = params.get("mode", "produce")
         if mode == "produce":
@@ -62,6 +68,7 @@ class TritonPythonModel:
                 given = pb_utils.Tensor.from_dlpack(
                     "IN", fake_cuda_capsule(fake_device_array(data, self.device), self.device))
             answer = pb_utils.InferenceRequest(model_name=params.get("target", "producer"), inputs=[given],
+                                               parameters={"keep_input": True} if params.get("callee_keep") else {},
                                                requested_output_names=["OUT", "INFO"], **kwargs).exec()
             if answer.has_error():
                 raise pb_utils.TritonModelException(answer.error().message())
@@ -78,8 +85,11 @@ class TritonPythonModel:
         elif mode == "inspect":
             gc.collect()
             info.update(bls.inspect(), freed_while_mapped=freed_while_mapped())
-        info_tensor = pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_))
-        return pb_utils.InferenceResponse([out, info_tensor])
+        return pb_utils.InferenceResponse([out, _info(info)])
+
+
+def _info(info):
+    return pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_))
 '''
 
 
@@ -101,7 +111,8 @@ instance_group [ {{ kind: KIND_GPU count: 1 gpus: [ {gpu} ] }} ]
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     root = Path(tmp_path_factory.mktemp("gpu_bls"))
     for name, gpu, cached, forced in (("producer", 0, False, True), ("consumer", 1, False, True),
-                                      ("cached_producer", 0, True, True), ("unforced", 0, False, False)):
+                                      ("cached_producer", 0, True, True), ("unforced", 0, False, False),
+                                      ("unforced_cached", 0, True, False)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(_MODEL)
         (root / name / "config.pbtxt").write_text(_config(gpu, cached, forced))
@@ -142,8 +153,7 @@ def _idle(facts: dict[str, Any]) -> bool:
 
 
 def _all_idle(backend: Backend) -> bool:
-    return _idle(_infer(backend, "producer", {"mode": "inspect"})[1]) \
-        and _idle(_infer(backend, "consumer", {"mode": "inspect"})[1])
+    return all(_idle(_infer(backend, model, {"mode": "inspect"})[1]) for model in ("producer", "consumer", "unforced"))
 
 
 def _kill_and_wait_for_restart(backend: Backend, model: str, pid: int) -> None:
@@ -209,9 +219,21 @@ def test_a_producer_killed_while_its_export_is_mapped_takes_its_exports_along(ba
     np.testing.assert_array_equal(out, np.arange(6, dtype=np.float32) * 2)
 
 
+def test_a_gpu_input_to_a_callee_that_takes_it_on_that_gpu_is_mapped_not_copied(backend: Backend) -> None:
+    data = np.linspace(-1, 1, 1 << 16, dtype=np.float32)
+    out, info = _infer(backend, "producer", {"mode": "call", "target": "unforced", "gpu_input": True}, data)
+    np.testing.assert_array_equal(out, data)  # the callee answered with its input, read through its mapping
+    callee = info["callee"]
+    assert (callee["input_is_cpu"], callee["device"]) == (False, 0)
+    during = callee["during"]  # inside the callee: the caller's export, the callee's claim and mapping
+    assert (during["device_exports"], during["device_claims"], during["device_mappings"]) == (1, 1, 1)
+    _until("every export given back", lambda: _all_idle(backend))
+
+
 @pytest.mark.parametrize(("caller", "target"), [
-    ("consumer", "producer"),  # GPU 1 to a callee on GPU 0 with FORCE_CPU_ONLY_INPUT_TENSORS "yes" (the default)
-    ("producer", "unforced"),  # GPU 0 to a callee on GPU 0 with "no": still a host copy (not yet mapped)
+    ("consumer", "producer"),  # GPU 1 to a callee with FORCE_CPU_ONLY_INPUT_TENSORS "yes" (the default)
+    ("consumer", "unforced"),  # GPU 1 to a callee that takes GPU inputs on GPU 0 only
+    ("producer", "unforced_cached"),  # the response cache hashes the input bytes in the server
 ])
 def test_a_gpu_input_reaches_the_callee_on_the_cpu_copied_by_the_caller(backend: Backend, caller: str,
                                                                         target: str) -> None:
@@ -222,3 +244,25 @@ def test_a_gpu_input_reaches_the_callee_on_the_cpu_copied_by_the_caller(backend:
     during = info["during"]
     assert (during["device_exports"], during["device_exports_held"]) == (0, 0)  # nothing was exported
     _until("every export given back", lambda: _all_idle(backend))
+
+
+def test_a_caller_killed_while_the_callee_maps_its_gpu_input_takes_its_export_along(backend: Backend) -> None:
+    _, info = _infer(backend, "producer", {"mode": "call", "target": "unforced", "gpu_input": True,
+                                           "callee_keep": True})
+    held = _infer(backend, "unforced", {"mode": "inspect"})[1]
+    assert (held["device_exports"], held["device_claims"], held["device_mappings"]) == (1, 1, 1)
+    _kill_and_wait_for_restart(backend, "producer", info["pid"])
+    callee = _until("the dead caller's export dropped",
+                    lambda: (f := _infer(backend, "unforced", {"mode": "inspect"})[1])["device_exports"] == 0 and f)
+    assert callee["device_mappings"] == 1  # the callee still maps it, as a CUDA importer would
+    _infer(backend, "unforced", {"mode": "drop"})
+    _until("every export given back", lambda: _all_idle(backend))
+
+
+def test_a_callee_killed_while_it_maps_a_gpu_input_releases_it(backend: Backend) -> None:
+    _infer(backend, "producer", {"mode": "call", "target": "unforced", "gpu_input": True,
+                                 "callee_keep": True})
+    caller = _infer(backend, "producer", {"mode": "inspect"})[1]
+    assert (caller["device_exports_held"], caller["device_claims"]) == (1, 1)  # held for the callee's mapping
+    _kill_and_wait_for_restart(backend, "unforced", _infer(backend, "unforced", {"mode": "inspect"})[1]["pid"])
+    _until("the dead callee's claim released", lambda: _all_idle(backend))
