@@ -77,6 +77,12 @@ class TritonPythonModel:
             info.update(is_cpu=got.is_cpu(), device=got.__dlpack_device__()[1], during=bls.inspect(),
                         callee=callee)
             out = got  # a GPU tensor: its stub copies it to the host, through the mapping
+            if params.get("pass_on"):  # the mapped answer as the input of a second call
+                again = pb_utils.InferenceRequest(
+                    model_name=params["target"], inputs=[pb_utils.Tensor.from_dlpack("IN", got.to_dlpack())],
+                    requested_output_names=["OUT", "INFO"]).exec()
+                out = pb_utils.get_output_tensor_by_name(again, "OUT")
+                info["callee"] = json.loads(pb_utils.get_output_tensor_by_name(again, "INFO").as_numpy()[0])
             if params.get("keep"):
                 self.kept = got
         elif mode == "drop":
@@ -266,3 +272,13 @@ def test_a_callee_killed_while_it_maps_a_gpu_input_releases_it(backend: Backend)
     assert (caller["device_exports_held"], caller["device_claims"]) == (1, 1)  # held for the callee's mapping
     _kill_and_wait_for_restart(backend, "unforced", _infer(backend, "unforced", {"mode": "inspect"})[1]["pid"])
     _until("the dead callee's claim released", lambda: _all_idle(backend))
+
+
+def test_a_mapped_gpu_tensor_given_on_as_an_input_is_copied_since_cuda_cannot_export_it_again(
+        backend: Backend) -> None:
+    data = np.arange(6, dtype=np.float32)
+    out, info = _infer(backend, "producer", {"mode": "call", "target": "unforced", "device": 0, "pass_on": True},
+                       data)
+    np.testing.assert_array_equal(out, data * 4)  # doubled by each call; the second read the host copy
+    assert (info["is_cpu"], info["callee"]["input_is_cpu"]) == (False, True)
+    _until("every export given back", lambda: _all_idle(backend))

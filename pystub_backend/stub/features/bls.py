@@ -149,9 +149,11 @@ class BlsClient:
                 if isinstance(buffer, device_outputs.DeviceBuffer):
                     if accepts is None:
                         accepts = _accepts_device_inputs(request, buffer.device_id)
-                    if accepts == buffer.device_id:  # the target maps it: exported, held until DeviceRelease
-                        placed.append(device_ipc.export(tensor.name(), datatype, shape, buffer))
-                        call.exports.append(placed[-1].handle)
+                    exported = self._export_input(tensor.name(), datatype, shape, buffer) \
+                        if accepts == buffer.device_id else None
+                    if exported is not None:  # the target maps it: held until DeviceRelease
+                        placed.append(exported)
+                        call.exports.append(exported.handle)
                         continue
                     # Otherwise copied to the host once, into that allocation: the target wants its
                     # inputs on the CPU (FORCE_CPU_ONLY_INPUT_TENSORS "yes", Triton's default), runs
@@ -167,6 +169,16 @@ class BlsClient:
             self._unexport(call)
             raise
         return placed
+
+    @staticmethod
+    def _export_input(name: str, datatype: str, shape: Any, buffer: device_outputs.DeviceBuffer
+                      ) -> WireTensor | None:  # noqa: ANN401 - the tensor's shape as it came
+        """The GPU input as an IPC export, or None when CUDA cannot export its memory (e.g. it is
+        itself another stub's tensor mapped here, or not from cudaMalloc): then it is copied."""
+        try:
+            return device_ipc.export(name, datatype, shape, buffer)
+        except device_outputs.DeviceError:
+            return None
 
     @staticmethod
     def _unexport(call: _Call) -> None:
