@@ -11,6 +11,7 @@ Tensor data are raw little-endian bytes in C order; BYTES tensors carry the leng
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RESERVED_PARAMETERS",
     "model_parameters",
+    "model_parameters_json",
     "Buffer",
     "Tensor",
     "RequestedOutput",
@@ -232,3 +234,11 @@ def model_parameters(request: InferRequest) -> dict[str, ParameterValue]:
         key: value for key, value in request.parameters.items()
         if key not in RESERVED_PARAMETERS and not key.startswith("triton_")
     }
+
+
+def model_parameters_json(request: InferRequest) -> str:
+    """`model_parameters` as the JSON a stub gets with the request."""
+    if not request.parameters:  # the common request: nothing to filter or encode
+        return "{}"
+    parameters = model_parameters(request)
+    return json.dumps(parameters) if parameters else "{}"

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import ExportGoneError, InferRequest, InferResponse, model_parameters
+from pystub_backend.backend.inference import ExportGoneError, InferRequest, InferResponse, model_parameters_json
 from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.supervision.outbox import StubOutbox
 from pystub_backend.backend.telemetry.statistics import BatchTiming
@@ -47,15 +47,13 @@ StreamOrError = ResponseStream | ServerError
 class _InFlight:
     """One request sent to the stub: its stream, the p2s memory of its inputs, its wire form."""
 
-    __slots__ = ("rid", "request", "stream", "input_handles", "input_claims", "executed", "final", "rescheduled",
-                 "wire")
+    __slots__ = ("rid", "request", "stream", "input_handles", "executed", "final", "rescheduled", "wire")
 
     def __init__(self, rid: int, request: InferRequest, stream: ResponseStream) -> None:
         self.rid = rid
         self.request = request
         self.stream = stream
         self.input_handles: list[list[int]] = []
-        self.input_claims: list[int] = []  # BLS GPU inputs this stub maps (it releases them itself)
         self.executed = False  # the `execute` call of its batch has returned
         self.final = False  # its final response is in
         self.rescheduled = False  # pystub sequences: runs again as itself in a later batch
@@ -211,17 +209,17 @@ class RequestExchange:
             except (TypeError, ValueError, OverflowError) as error:
                 refused[rid] = str(error)
         for rid, text in refused.items():
-            self._fail_unsent([rid], ServerError(f"the request could not be sent to stub '{self._stub.instance_name}'"
-                                          f": {text}", Status.INVALID_ARG))
+            self._fail([rid], ServerError(f"the request could not be sent to stub '{self._stub.instance_name}'"
+                                          f": {text}", Status.INVALID_ARG), unsent=True)
         if refused:
             return [rid for rid in rids if rid not in refused]
         if isinstance(exc, ArenaFullError) and sizes:
             largest = max(sizes, key=sizes.__getitem__)
-            self._fail_unsent([largest], ServerError(str(exc), Status.INTERNAL))
+            self._fail([largest], ServerError(str(exc), Status.INTERNAL), unsent=True)
             return [rid for rid in rids if rid != largest]
         # the batch frame itself failed although each request encodes: nothing can be singled out
-        self._fail_unsent(rids, ServerError(f"the batch could not be sent to stub '{self._stub.instance_name}'"
-                                     f": {exc}", Status.INTERNAL))
+        self._fail(rids, ServerError(f"the batch could not be sent to stub '{self._stub.instance_name}'"
+                                     f": {exc}", Status.INTERNAL), unsent=True)
         return []
 
     def _take_rescheduled(self, request: InferRequest) -> _InFlight | None:
@@ -244,9 +242,7 @@ class RequestExchange:
         try:
             for tensor in request.inputs:
                 if tensor.device is not None:  # a BLS caller's GPU input: the stub maps it (no copy)
-                    claimed = stub.services.device_exports.claim_tensor(tensor, stub, "input")
-                    wire_inputs.append(claimed)
-                    record.input_claims.append(claimed.handle[2])
+                    wire_inputs.append(stub.services.device_exports.claim_tensor(tensor, stub, "input"))
                     continue
                 region = stub.services.client_regions.region_handle(tensor)
                 if region is not None:  # in a client's shm region: the stub maps it, nothing is copied
@@ -257,12 +253,12 @@ class RequestExchange:
                 record.input_handles.append(placed.handle)
         except (ArenaFullError, ExportGoneError):
             self.free_p2s(record.input_handles)
-            self._release_claims(record)
+            stub.services.device_exports.release_unsent(stub, wire_inputs)
             raise
         # output_regions: outputs the stub writes straight into client regions
         output_regions = stub.services.client_regions.attach_regions(request, stub, stream) or None
         record.wire = WireRequest(rid, request.id, wire_inputs, [o.name for o in request.outputs],
-                                  _parameters_json(request), request.correlation_id, request.flags,
+                                  model_parameters_json(request), request.correlation_id, request.flags,
                                   int(request.parameters.get("timeout", 0) or 0), output_regions,
                                   request.trace.context() if request.trace is not None else None,
                                   request.device_outputs)
@@ -370,25 +366,15 @@ class RequestExchange:
         self.free_p2s(record.input_handles)
         record.input_handles = []
 
-    def _fail(self, rids: list[int], error: ServerError) -> None:
+    def _fail(self, rids: list[int], error: ServerError, unsent: bool = False) -> None:
         for rid in rids:
             record = self._records.get(rid)
             if record is not None:
+                if unsent and record.wire is not None:  # the stub never got (nor will release) its claims
+                    self._stub.services.device_exports.release_unsent(self._stub, record.wire.inputs)
                 self._retire(record)
                 record.stream.fail(error)
 
-    def _fail_unsent(self, rids: list[int], error: ServerError) -> None:
-        """`_fail` for requests the stub never got: the claims on their GPU inputs go back here."""
-        for rid in rids:
-            record = self._records.get(rid)
-            if record is not None:
-                self._release_claims(record)
-        self._fail(rids, error)
-
-    def _release_claims(self, record: _InFlight) -> None:
-        claims, record.input_claims = record.input_claims, []
-        if claims:
-            self._stub.services.device_exports.release(self._stub, claims)
 
     def fail_all(self, error: ServerError) -> None:
         """Every request in flight fails with `error`; every batch waiter wakes up."""
@@ -407,10 +393,3 @@ class RequestExchange:
                 p2s.free(handle)
             except (KeyError, IndexError, TypeError, ValueError):
                 log.error("stub '%s' released an unknown p2s handle %s", self._stub.instance_name, handle)
-
-
-def _parameters_json(request: InferRequest) -> str:
-    if not request.parameters:  # the common request: nothing to filter or encode
-        return "{}"
-    parameters = model_parameters(request)
-    return json.dumps(parameters) if parameters else "{}"

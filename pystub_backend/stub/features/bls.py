@@ -33,7 +33,7 @@ from pystub_backend.ipc.messages.bls import BlsInspect, BlsInspectDone, BlsReque
 from pystub_backend.ipc.records import WireError, WireRequest, WireResponse, WireTensor
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import device_outputs, pb_utils
-from pystub_backend.stub.features import device_ipc, model_control
+from pystub_backend.stub.features import device_ipc
 from pystub_backend.stub.features.bls_outputs import Cleanup, error_response, response_from_wire
 from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.pb_utils import _runtime
@@ -140,7 +140,7 @@ class BlsClient:
 
     def _place_inputs(self, request: Any, call: _Call) -> list[WireTensor]:
         placed: list[WireTensor] = []
-        accepts: int | None = None  # the device whose GPU inputs the target takes, asked on the first
+        accepts: int | None = None  # the device whose GPU inputs the target takes (-1: none), asked once
         try:
             for tensor in request.inputs():
                 datatype, shape, buffer = tensor._wire_payload()
@@ -148,8 +148,8 @@ class BlsClient:
                 # already live in): the call frees its input handles when its final arrives.
                 if isinstance(buffer, device_outputs.DeviceBuffer):
                     if accepts is None:
-                        accepts = _accepts_device_inputs(request, buffer.device_id)
-                    exported = self._export_input(tensor.name(), datatype, shape, buffer) \
+                        accepts = device_ipc.device_taking_inputs(request, buffer.device_id)
+                    exported = device_ipc.export_input(tensor.name(), datatype, shape, buffer) \
                         if accepts == buffer.device_id else None
                     if exported is not None:  # the target maps it: held until DeviceRelease
                         placed.append(exported)
@@ -169,16 +169,6 @@ class BlsClient:
             self._unexport(call)
             raise
         return placed
-
-    @staticmethod
-    def _export_input(name: str, datatype: str, shape: Any, buffer: device_outputs.DeviceBuffer
-                      ) -> WireTensor | None:  # noqa: ANN401 - the tensor's shape as it came
-        """The GPU input as an IPC export, or None when CUDA cannot export its memory (e.g. it is
-        itself another stub's tensor mapped here, or not from cudaMalloc): then it is copied."""
-        try:
-            return device_ipc.export(name, datatype, shape, buffer)
-        except device_outputs.DeviceError:
-            return None
 
     @staticmethod
     def _unexport(call: _Call) -> None:
@@ -314,14 +304,6 @@ class BlsClient:
     def in_flight(self) -> int:
         with self._lock:
             return len(self._calls)
-
-
-def _accepts_device_inputs(request: Any, device_id: int) -> int | None:  # noqa: ANN401 - pb_utils.InferenceRequest
-    """`device_id` when the call's target takes GPU inputs on it as they are (the server says,
-    features.bls.device_inputs in the backend), else None."""
-    version = request._model_version
-    accepts = model_control.takes_device_inputs(request._model_name, "" if version < 0 else str(version), device_id)
-    return device_id if accepts else None
 
 
 def _preferred_device(request: Any) -> int | None:  # noqa: ANN401 - pb_utils.InferenceRequest

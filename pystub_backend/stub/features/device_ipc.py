@@ -38,7 +38,7 @@ from pystub_backend.stub.device_outputs import DeviceBuffer
 from pystub_backend.stub.handlers import StubHandlers
 
 __all__ = ["expect", "export_device", "export", "unexport", "open_output", "open_input", "to_device", "facts",
-           "register"]
+           "register", "device_taking_inputs", "export_input"]
 
 _lock = threading.Lock()
 _export_ids = itertools.count(1)
@@ -80,6 +80,25 @@ def export(name: str, datatype: str, shape: list[int], buffer: DeviceBuffer) -> 
         _exports[export_id] = buffer
     return WireTensor(name, datatype, list(shape),
                       [DEVICE_HANDLE_TAG, buffer.device_id, export_id, offset, buffer.nbytes, handle])
+
+
+def device_taking_inputs(request: Any, device_id: int) -> int:  # noqa: ANN401 - pb_utils.InferenceRequest
+    """`device_id` when the BLS call's target takes GPU inputs on it as they are (the server says,
+    backend.features.bls.device_inputs), else -1: then the caller copies them to the host."""
+    from pystub_backend.stub.features import model_control
+
+    version = request._model_version
+    accepts = model_control.takes_device_inputs(request._model_name, "" if version < 0 else str(version), device_id)
+    return device_id if accepts else -1
+
+
+def export_input(name: str, datatype: str, shape: Any, buffer: DeviceBuffer) -> WireTensor | None:  # noqa: ANN401
+    """A BLS call's GPU input as an IPC export, or None when CUDA cannot export its memory (it is
+    itself another stub's tensor mapped here, or not from cudaMalloc): then it is copied."""
+    try:
+        return export(name, datatype, list(shape), buffer)
+    except DeviceError:
+        return None
 
 
 def unexport(handle: list[Any]) -> None:

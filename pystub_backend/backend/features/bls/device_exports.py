@@ -159,6 +159,12 @@ class DeviceExports:
             self._settle(key)
         return unknown
 
+    def release_unsent(self, consumer: StubProcess, tensors: list[WireTensor]) -> None:
+        """The claims among `tensors` (GPU inputs placed for `consumer`) that never reached it."""
+        claims = [t.handle[2] for t in tensors if t.handle and t.handle[0] == DEVICE_HANDLE_TAG]
+        if claims:
+            self.release(consumer, claims)
+
     def exporter_alive(self, key: ExportKey) -> bool:
         with self._lock:
             export = self._exports.get(key)
