@@ -6,6 +6,11 @@ producer's very memory, and returns the mapped tensor to the HTTP client (its st
 the host, reading through the mapping). The export registry in the backend and both stubs' counts
 are read with `bls.inspect()` from inside the models: they empty after normal use, after the
 consumer is killed while it maps an export, and after the producer is killed while mapped.
+
+GPU inputs go the other way: a caller's fake-GPU input to `unforced` (FORCE_CPU_ONLY_INPUT_TENSORS
+"no", on that GPU) is mapped by the callee, with the same bookkeeping and deaths; every other
+target (the default, another GPU, a response cache, an ensemble, a dynamic batcher), and memory
+CUDA cannot export again, gets the caller's host copy.
 """
 
 from __future__ import annotations
@@ -63,10 +68,11 @@ class TritonPythonModel:
             if "device" in params:
                 kwargs["preferred_memory"] = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU,
                                                                       params["device"])
-            given = pb_utils.Tensor("IN", data)
+            sent = data.reshape(1, -1) if params.get("batched") else data  # a batch of one for a batcher
+            given = pb_utils.Tensor("IN", sent)
             if params.get("gpu_input"):  # the input on this instance's GPU
                 given = pb_utils.Tensor.from_dlpack(
-                    "IN", fake_cuda_capsule(fake_device_array(data, self.device), self.device))
+                    "IN", fake_cuda_capsule(fake_device_array(sent, self.device), self.device))
             answer = pb_utils.InferenceRequest(model_name=params.get("target", "producer"), inputs=[given],
                                                parameters={"keep_input": True} if params.get("callee_keep") else {},
                                                requested_output_names=["OUT", "INFO"], **kwargs).exec()
@@ -77,6 +83,8 @@ class TritonPythonModel:
             info.update(is_cpu=got.is_cpu(), device=got.__dlpack_device__()[1], during=bls.inspect(),
                         callee=callee)
             out = got  # a GPU tensor: its stub copies it to the host, through the mapping
+            if params.get("batched"):
+                out = pb_utils.Tensor("OUT", got.as_numpy().reshape(-1))
             if params.get("pass_on"):  # the mapped answer as the input of a second call
                 again = pb_utils.InferenceRequest(
                     model_name=params["target"], inputs=[pb_utils.Tensor.from_dlpack("IN", got.to_dlpack())],
@@ -102,14 +110,26 @@ def _info(info):
 _GPU_INPUTS_ALLOWED = 'parameters { key: "FORCE_CPU_ONLY_INPUT_TENSORS" value { string_value: "no" } }'
 
 
-def _config(gpu: int, cached: bool = False, force_cpu_inputs: bool = True) -> str:
+def _config(gpu: int, cached: bool = False, force_cpu_inputs: bool = True, batched: bool = False) -> str:
     return f'''backend: "python"
 {"response_cache { enable: true }" if cached else ""}
 {"" if force_cpu_inputs else _GPU_INPUTS_ALLOWED}
-max_batch_size: 0
+{"max_batch_size: 4 dynamic_batching { }" if batched else "max_batch_size: 0"}
 input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }}, {{ name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }} ]
 instance_group [ {{ kind: KIND_GPU count: 1 gpus: [ {gpu} ] }} ]
+'''
+
+
+# An ensemble over `unforced` that asks for GPU inputs too: the server reads its inputs, so a BLS
+# caller's GPU input reaches it (and its step) as a host copy.
+_ENSEMBLE = f'''platform: "ensemble"
+max_batch_size: 0
+{_GPU_INPUTS_ALLOWED}
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }}, {{ name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "unforced" model_version: -1 input_map {{ key: "IN" value: "IN" }}
+  output_map {{ key: "OUT" value: "OUT" }} output_map {{ key: "INFO" value: "INFO" }} }} ] }}
 '''
 
 
@@ -122,6 +142,11 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(_MODEL)
         (root / name / "config.pbtxt").write_text(_config(gpu, cached, forced))
+    (root / "unforced_batched" / "1").mkdir(parents=True)
+    (root / "unforced_batched" / "1" / "model.py").write_text(_MODEL)
+    (root / "unforced_batched" / "config.pbtxt").write_text(_config(0, force_cpu_inputs=False, batched=True))
+    (root / "unforced_ensemble" / "1").mkdir(parents=True)
+    (root / "unforced_ensemble" / "config.pbtxt").write_text(_ENSEMBLE)
     with module_backend(Backend(root, "--backend-config=python,stub-timeout-seconds=5",
                                 "--cache-config=local,size=1048576", env={FAKE_VARIABLE: "2"})) as started:
         yield started
@@ -240,11 +265,14 @@ def test_a_gpu_input_to_a_callee_that_takes_it_on_that_gpu_is_mapped_not_copied(
     ("consumer", "producer"),  # GPU 1 to a callee with FORCE_CPU_ONLY_INPUT_TENSORS "yes" (the default)
     ("consumer", "unforced"),  # GPU 1 to a callee that takes GPU inputs on GPU 0 only
     ("producer", "unforced_cached"),  # the response cache hashes the input bytes in the server
+    ("producer", "unforced_ensemble"),  # an ensemble's steps get their inputs from the server
+    ("producer", "unforced_batched"),  # the dynamic batcher gathers inputs in the server
 ])
 def test_a_gpu_input_reaches_the_callee_on_the_cpu_copied_by_the_caller(backend: Backend, caller: str,
                                                                         target: str) -> None:
     data = np.linspace(-1, 1, 1 << 12, dtype=np.float32)
-    out, info = _infer(backend, caller, {"mode": "call", "target": target, "gpu_input": True}, data)
+    params = {"mode": "call", "target": target, "gpu_input": True, "batched": target.endswith("batched")}
+    out, info = _infer(backend, caller, params, data)
     np.testing.assert_array_equal(out, data * 2)  # the callee read the caller's GPU data from the host copy
     assert info["callee"]["input_is_cpu"] is True
     during = info["during"]
