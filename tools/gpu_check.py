@@ -7,7 +7,8 @@ and pystub's other dependencies installed from wheels prepared beforehand (docs/
     python tools/gpu_check.py            # one PASS/FAIL line per case, then the latencies
 
 It writes its models into a temporary repository, starts pystub on free loopback ports, and checks:
-a PyTorch model's CUDA output over HTTP and gRPC, BLS passing a GPU tensor between two models, a
+a PyTorch model's CUDA output over HTTP and gRPC, BLS passing GPU tensors between two models (answers
+mapped by the caller; inputs, to a callee with `FORCE_CPU_ONLY_INPUT_TENSORS: no`, by the callee), a
 client CUDA shared-memory round trip (tritonclient.utils.cuda_shared_memory), a KIND_GPU model
 with two instances, and the GPU metrics. It then prints the latency of a 64 MiB CUDA output to an
 HTTP client and of a BLS GPU-to-GPU call, each beside the same tensor on the CPU path.
@@ -40,9 +41,12 @@ _CONFIG = """backend: "python"
 max_batch_size: 0
 input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-instance_group [ {{ kind: {kind} count: {count} }} ]
-"""
-# OUT = IN * 2 + 1, computed on the instance's GPU and returned as a CUDA tensor.
+instance_group [ {{ kind: {kind} count: {count}{gpus} }} ]
+{parameters}"""
+# Inputs on the GPU, as they are (BLS callers on GPU 0 hand them over by CUDA IPC).
+_GPU_INPUTS = 'parameters { key: "FORCE_CPU_ONLY_INPUT_TENSORS" value { string_value: "no" } }'
+# OUT = IN * 2 + 1, computed on the instance's GPU and returned as a CUDA tensor; the response
+# parameter "input_on_gpu" says where IN arrived.
 _TORCH_MODEL = """
 import torch
 import triton_python_backend_utils as pb_utils
@@ -59,7 +63,8 @@ class TritonPythonModel:
             out = (x * 2 + 1).contiguous()
             torch.cuda.synchronize(self.device)
             responses.append(pb_utils.InferenceResponse(
-                [pb_utils.Tensor.from_dlpack("OUT", torch.utils.dlpack.to_dlpack(out))]))
+                [pb_utils.Tensor.from_dlpack("OUT", torch.utils.dlpack.to_dlpack(out))],
+                parameters={"input_on_gpu": not inp.is_cpu()}))
         return responses
 """
 # The same on the CPU path: a numpy output.
@@ -74,28 +79,42 @@ class TritonPythonModel:
 # BLS: calls `{callee}` with IN, then once more with its output: OUT = (IN * 2 + 1) * 2 + 1. The
 # GPU variant asks for the answers on GPU 0 (`{preferred}`): the callee's CUDA output is mapped by
 # CUDA IPC, not copied; the response parameters say whether the answers arrived as GPU tensors
-# ("on_gpu") and how many of the callee's buffers this stub mapped meanwhile ("mapped").
+# ("on_gpu") and how many of the callee's buffers this stub mapped meanwhile ("mapped"). With
+# `{fresh}` each input is first copied into a new CUDA tensor on GPU 0 (a mapped answer cannot be
+# exported again), and "inputs_on_gpu" says whether the callee got every input on the GPU.
 _BLS_MODEL = """
+import json
 import triton_python_backend_utils as pb_utils
 from pystub_backend.stub.features import bls
+
+
+def _given(tensor, fresh):
+    if not fresh:
+        return tensor.to_dlpack()
+    import torch
+    copy = torch.from_dlpack(tensor.to_dlpack()).to("cuda:0").clone()
+    torch.cuda.synchronize(copy.device)  # the callee reads it on its own streams
+    return torch.utils.dlpack.to_dlpack(copy)
+
 
 class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
             tensor = pb_utils.get_input_tensor_by_name(request, "IN")
-            on_gpu, mapped = True, 0
+            on_gpu, inputs_on_gpu, mapped = True, True, 0
             for _ in range(2):
                 call = pb_utils.InferenceRequest(model_name="{callee}", inputs=[pb_utils.Tensor.from_dlpack(
-                    "IN", tensor.to_dlpack())], requested_output_names=["OUT"]{preferred})
+                    "IN", _given(tensor, {fresh}))], requested_output_names=["OUT"]{preferred})
                 answer = call.exec()
                 if answer.has_error():
                     raise pb_utils.TritonModelException(answer.error().message())
                 tensor = pb_utils.get_output_tensor_by_name(answer, "OUT")
                 on_gpu = on_gpu and not tensor.is_cpu()
+                inputs_on_gpu = inputs_on_gpu and json.loads(answer.parameters() or "{}").get("input_on_gpu", False)
                 mapped = max(mapped, bls.inspect()["device_mappings"])
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("OUT", tensor.to_dlpack())],
-                                                        parameters={"on_gpu": on_gpu, "mapped": mapped}))
+                parameters={"on_gpu": on_gpu, "inputs_on_gpu": inputs_on_gpu, "mapped": mapped}))
         return responses
 """
 _ON_GPU_0 = ",\n                    preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU, 0)"
@@ -122,19 +141,27 @@ def no_gpu_reason() -> str | None:
 
 def write_repository(root: Path, only: tuple[str, ...] = ()) -> Path:
     """The check's models under `root` (all, or those named in `only`)."""
+    on_gpu_0 = (" gpus: [ 0 ]", _GPU_INPUTS)  # every instance on GPU 0, inputs on the GPU
     models = {
-        "torch_gpu": (_TORCH_MODEL, "KIND_GPU", 1), "torch_gpu_two": (_TORCH_MODEL, "KIND_GPU", 2),
-        "numpy_cpu": (_CPU_MODEL, "KIND_CPU", 1),
-        "bls_gpu": (_BLS_MODEL.replace("{callee}", "torch_gpu").replace("{preferred}", _ON_GPU_0), "KIND_GPU", 1),
-        "bls_cpu": (_BLS_MODEL.replace("{callee}", "numpy_cpu").replace("{preferred}", ""), "KIND_CPU", 1),
+        "torch_gpu": (_TORCH_MODEL, "KIND_GPU", 1, ("", "")), "torch_gpu_two": (_TORCH_MODEL, "KIND_GPU", 2, ("", "")),
+        "torch_gpu_inputs": (_TORCH_MODEL, "KIND_GPU", 1, on_gpu_0),
+        "numpy_cpu": (_CPU_MODEL, "KIND_CPU", 1, ("", "")),
+        "bls_gpu": (_bls("torch_gpu", _ON_GPU_0, fresh=False), "KIND_GPU", 1, ("", "")),
+        "bls_gpu_inputs": (_bls("torch_gpu_inputs", _ON_GPU_0, fresh=True), "KIND_GPU", 1, (" gpus: [ 0 ]", "")),
+        "bls_cpu": (_bls("numpy_cpu", "", fresh=False), "KIND_CPU", 1, ("", "")),
     }
-    for name, (code, kind, count) in models.items():
+    for name, (code, kind, count, (gpus, parameters)) in models.items():
         if only and name not in only:
             continue
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(code)
-        (root / name / "config.pbtxt").write_text(_CONFIG.format(kind=kind, count=count))
+        (root / name / "config.pbtxt").write_text(_CONFIG.format(kind=kind, count=count, gpus=gpus,
+                                                                 parameters=parameters))
     return root
+
+
+def _bls(callee: str, preferred: str, fresh: bool) -> str:
+    return _BLS_MODEL.replace("{callee}", callee).replace("{preferred}", preferred).replace("{fresh}", str(fresh))
 
 
 def _free_ports(count: int) -> list[int]:
@@ -256,12 +283,21 @@ def _two_instances(ports: dict[str, int], data: object) -> object:
     return result
 
 
-def _bls_on_gpu(ports: dict[str, int], data: object) -> object:
+def _bls_on_gpu(ports: dict[str, int], data: object, model: str = "bls_gpu") -> object:
     parameters: dict[str, object] = {}
-    result = _http_infer(ports, "bls_gpu", data, parameters)
+    result = _http_infer(ports, model, data, parameters)
     if parameters.get("on_gpu") is not True or not parameters.get("mapped"):
         raise AssertionError(f"the BLS answers did not arrive as GPU tensors mapped by CUDA IPC "
                              f"(response parameters {parameters})")
+    return result
+
+
+def _bls_gpu_inputs(ports: dict[str, int], data: object) -> object:
+    """GPU inputs to a FORCE_CPU_ONLY_INPUT_TENSORS "no" callee on the same GPU arrive there."""
+    parameters: dict[str, object] = {}
+    result = _http_infer(ports, "bls_gpu_inputs", data, parameters)
+    if parameters.get("inputs_on_gpu") is not True or parameters.get("on_gpu") is not True:
+        raise AssertionError(f"the callee did not get its BLS inputs on the GPU (response parameters {parameters})")
     return result
 
 
@@ -288,6 +324,8 @@ def run_cases(ports: dict[str, int]) -> bool:
         ("PyTorch CUDA output over HTTP", lambda: _http_infer(ports, "torch_gpu", data), _expected(data)),
         ("PyTorch CUDA output over gRPC", lambda: _grpc_infer(ports, "torch_gpu", data), _expected(data)),
         ("BLS passing GPU tensors between two models", lambda: _bls_on_gpu(ports, data), _expected(data, 2)),
+        ("BLS GPU inputs to a FORCE_CPU_ONLY_INPUT_TENSORS: no model", lambda: _bls_gpu_inputs(ports, data),
+         _expected(data, 2)),
         ("client CUDA shared memory round trip", lambda: _cuda_shm_round_trip(ports, data), _expected(data)),
         ("KIND_GPU model with two instances", lambda: _two_instances(ports, data), _expected(data)),
         ("GPU metrics scrape", lambda: _metrics(ports), None),

@@ -11,6 +11,7 @@ Tensor data are raw little-endian bytes in C order; BYTES tensors carry the leng
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RESERVED_PARAMETERS",
     "model_parameters",
+    "model_parameters_json",
     "Buffer",
     "Tensor",
     "RequestedOutput",
@@ -39,6 +41,7 @@ __all__ = [
     "tensor_to_numpy",
     "buffer_view",
     "DeviceRef",
+    "ExportGoneError",
 ]
 
 Buffer = Union[bytes, bytearray, memoryview, np.ndarray]
@@ -58,6 +61,10 @@ class DeviceRef:
     ipc_handle: bytes
 
 
+class ExportGoneError(Exception):
+    """A GPU tensor (a BLS output or input) cannot reach its consumer: the stub that exported it died."""
+
+
 @dataclass
 class Tensor:
     """A named tensor: wire datatype (`FP32`, `BYTES`, ...), shape, and its raw bytes.
@@ -71,11 +78,11 @@ class Tensor:
     shape: tuple[int, ...]
     data: Buffer
     parameters: dict[str, ParameterValue] = field(default_factory=dict)
-    device: DeviceRef | None = None  # set only for BLS requests' GPU outputs (`data` is then empty)
+    device: DeviceRef | None = None  # set only for BLS GPU outputs and inputs (`data` is then empty)
 
     @property
     def nbytes(self) -> int:
-        return buffer_view(self.data).nbytes
+        return self.device.nbytes if self.device is not None else buffer_view(self.data).nbytes
 
 
 @dataclass
@@ -227,3 +234,11 @@ def model_parameters(request: InferRequest) -> dict[str, ParameterValue]:
         key: value for key, value in request.parameters.items()
         if key not in RESERVED_PARAMETERS and not key.startswith("triton_")
     }
+
+
+def model_parameters_json(request: InferRequest) -> str:
+    """`model_parameters` as the JSON a stub gets with the request."""
+    if not request.parameters:  # the common request: nothing to filter or encode
+        return "{}"
+    parameters = model_parameters(request)
+    return json.dumps(parameters) if parameters else "{}"

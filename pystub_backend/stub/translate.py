@@ -37,8 +37,9 @@ def build_request(wire: WireRequest, reader: ArenaReader, model_name: str, model
         device_ipc.expect(wire.rid, state, wire.device_outputs)
     # BF16 arrives as its raw uint16 bits; the datatype keeps it BF16 (as_numpy refuses it, DLPack
     # exports bfloat16), as on Triton.
-    inputs = [pb_utils.Tensor._from_array(t.name, tensors.to_array(reader, t, client_shm.REGIONS),
-                                          "BF16" if t.datatype == "BF16" else None)
+    inputs = [device_ipc.open_input(t) if t.handle and t.handle[0] == DEVICE_HANDLE_TAG  # a BLS GPU input
+              else pb_utils.Tensor._from_array(t.name, tensors.to_array(reader, t, client_shm.REGIONS),
+                                               "BF16" if t.datatype == "BF16" else None)
               for t in wire.inputs]
     return pb_utils.InferenceRequest._from_server(
         inputs=inputs, request_id=wire.id, correlation_id=wire.correlation_id, flags=wire.flags,

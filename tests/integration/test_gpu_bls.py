@@ -6,6 +6,11 @@ producer's very memory, and returns the mapped tensor to the HTTP client (its st
 the host, reading through the mapping). The export registry in the backend and both stubs' counts
 are read with `bls.inspect()` from inside the models: they empty after normal use, after the
 consumer is killed while it maps an export, and after the producer is killed while mapped.
+
+GPU inputs go the other way: a caller's fake-GPU input to `unforced` (FORCE_CPU_ONLY_INPUT_TENSORS
+"no", on that GPU) is mapped by the callee, with the same bookkeeping and deaths; every other
+target (the default, another GPU, a response cache, an ensemble, a dynamic batcher), and memory
+CUDA cannot export again, gets the caller's host copy.
 """
 
 from __future__ import annotations
@@ -44,8 +49,15 @@ class TritonPythonModel:
 
     def _one(self, request):
         params = json.loads(request.parameters())
-        data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-        info = {"pid": os.getpid()}
+        given = pb_utils.get_input_tensor_by_name(request, "IN")
+        info = {"pid": os.getpid(), "input_is_cpu": given.is_cpu()}
+        if not given.is_cpu():  # a caller's GPU input, mapped: answered as it came (read through the mapping)
+            if params.get("keep_input"):
+                self.kept = given
+            info.update(during=bls.inspect(), device=given.__dlpack_device__()[1])
+            return pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("OUT", given.to_dlpack()),
+                                               _info(info)])
+        data = given.as_numpy()
         out = pb_utils.Tensor("OUT", data)
         mode = params.get("mode", "produce")
         if mode == "produce":
@@ -56,14 +68,29 @@ class TritonPythonModel:
             if "device" in params:
                 kwargs["preferred_memory"] = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU,
                                                                       params["device"])
-            answer = pb_utils.InferenceRequest(model_name=params.get("target", "producer"),
-                                               inputs=[pb_utils.Tensor("IN", data)],
+            sent = data.reshape(1, -1) if params.get("batched") else data  # a batch of one for a batcher
+            given = pb_utils.Tensor("IN", sent)
+            if params.get("gpu_input"):  # the input on this instance's GPU
+                given = pb_utils.Tensor.from_dlpack(
+                    "IN", fake_cuda_capsule(fake_device_array(sent, self.device), self.device))
+            answer = pb_utils.InferenceRequest(model_name=params.get("target", "producer"), inputs=[given],
+                                               parameters={"keep_input": True} if params.get("callee_keep") else {},
                                                requested_output_names=["OUT", "INFO"], **kwargs).exec()
             if answer.has_error():
                 raise pb_utils.TritonModelException(answer.error().message())
             got = pb_utils.get_output_tensor_by_name(answer, "OUT")
-            info.update(is_cpu=got.is_cpu(), device=got.__dlpack_device__()[1], during=bls.inspect())
+            callee = json.loads(pb_utils.get_output_tensor_by_name(answer, "INFO").as_numpy()[0])
+            info.update(is_cpu=got.is_cpu(), device=got.__dlpack_device__()[1], during=bls.inspect(),
+                        callee=callee)
             out = got  # a GPU tensor: its stub copies it to the host, through the mapping
+            if params.get("batched"):
+                out = pb_utils.Tensor("OUT", got.as_numpy().reshape(-1))
+            if params.get("pass_on"):  # the mapped answer as the input of a second call
+                again = pb_utils.InferenceRequest(
+                    model_name=params["target"], inputs=[pb_utils.Tensor.from_dlpack("IN", got.to_dlpack())],
+                    requested_output_names=["OUT", "INFO"]).exec()
+                out = pb_utils.get_output_tensor_by_name(again, "OUT")
+                info["callee"] = json.loads(pb_utils.get_output_tensor_by_name(again, "INFO").as_numpy()[0])
             if params.get("keep"):
                 self.kept = got
         elif mode == "drop":
@@ -72,28 +99,54 @@ class TritonPythonModel:
         elif mode == "inspect":
             gc.collect()
             info.update(bls.inspect(), freed_while_mapped=freed_while_mapped())
-        info_tensor = pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_))
-        return pb_utils.InferenceResponse([out, info_tensor])
+        return pb_utils.InferenceResponse([out, _info(info)])
+
+
+def _info(info):
+    return pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_))
 '''
 
 
-def _config(gpu: int, cached: bool = False) -> str:
+_GPU_INPUTS_ALLOWED = 'parameters { key: "FORCE_CPU_ONLY_INPUT_TENSORS" value { string_value: "no" } }'
+
+
+def _config(gpu: int, cached: bool = False, force_cpu_inputs: bool = True, batched: bool = False) -> str:
     return f'''backend: "python"
 {"response_cache { enable: true }" if cached else ""}
-max_batch_size: 0
+{"" if force_cpu_inputs else _GPU_INPUTS_ALLOWED}
+{"max_batch_size: 4 dynamic_batching { }" if batched else "max_batch_size: 0"}
 input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }}, {{ name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }} ]
 instance_group [ {{ kind: KIND_GPU count: 1 gpus: [ {gpu} ] }} ]
 '''
 
 
+# An ensemble over `unforced` that asks for GPU inputs too: the server reads its inputs, so a BLS
+# caller's GPU input reaches it (and its step) as a host copy.
+_ENSEMBLE = f'''platform: "ensemble"
+max_batch_size: 0
+{_GPU_INPUTS_ALLOWED}
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }}, {{ name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "unforced" model_version: -1 input_map {{ key: "IN" value: "IN" }}
+  output_map {{ key: "OUT" value: "OUT" }} output_map {{ key: "INFO" value: "INFO" }} }} ] }}
+'''
+
+
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     root = Path(tmp_path_factory.mktemp("gpu_bls"))
-    for name, gpu, cached in (("producer", 0, False), ("consumer", 1, False), ("cached_producer", 0, True)):
+    for name, gpu, cached, forced in (("producer", 0, False, True), ("consumer", 1, False, True),
+                                      ("cached_producer", 0, True, True), ("unforced", 0, False, False),
+                                      ("unforced_cached", 0, True, False)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(_MODEL)
-        (root / name / "config.pbtxt").write_text(_config(gpu, cached))
+        (root / name / "config.pbtxt").write_text(_config(gpu, cached, forced))
+    (root / "unforced_batched" / "1").mkdir(parents=True)
+    (root / "unforced_batched" / "1" / "model.py").write_text(_MODEL)
+    (root / "unforced_batched" / "config.pbtxt").write_text(_config(0, force_cpu_inputs=False, batched=True))
+    (root / "unforced_ensemble" / "1").mkdir(parents=True)
+    (root / "unforced_ensemble" / "config.pbtxt").write_text(_ENSEMBLE)
     with module_backend(Backend(root, "--backend-config=python,stub-timeout-seconds=5",
                                 "--cache-config=local,size=1048576", env={FAKE_VARIABLE: "2"})) as started:
         yield started
@@ -131,8 +184,7 @@ def _idle(facts: dict[str, Any]) -> bool:
 
 
 def _all_idle(backend: Backend) -> bool:
-    return _idle(_infer(backend, "producer", {"mode": "inspect"})[1]) \
-        and _idle(_infer(backend, "consumer", {"mode": "inspect"})[1])
+    return all(_idle(_infer(backend, model, {"mode": "inspect"})[1]) for model in ("producer", "consumer", "unforced"))
 
 
 def _kill_and_wait_for_restart(backend: Backend, model: str, pid: int) -> None:
@@ -196,3 +248,65 @@ def test_a_producer_killed_while_its_export_is_mapped_takes_its_exports_along(ba
     _until("every export given back", lambda: _all_idle(backend))
     out, _ = _infer(backend, "consumer", {"mode": "call", "device": 0})  # and the pair works again
     np.testing.assert_array_equal(out, np.arange(6, dtype=np.float32) * 2)
+
+
+def test_a_gpu_input_to_a_callee_that_takes_it_on_that_gpu_is_mapped_not_copied(backend: Backend) -> None:
+    data = np.linspace(-1, 1, 1 << 16, dtype=np.float32)
+    out, info = _infer(backend, "producer", {"mode": "call", "target": "unforced", "gpu_input": True}, data)
+    np.testing.assert_array_equal(out, data)  # the callee answered with its input, read through its mapping
+    callee = info["callee"]
+    assert (callee["input_is_cpu"], callee["device"]) == (False, 0)
+    during = callee["during"]  # inside the callee: the caller's export, the callee's claim and mapping
+    assert (during["device_exports"], during["device_claims"], during["device_mappings"]) == (1, 1, 1)
+    _until("every export given back", lambda: _all_idle(backend))
+
+
+@pytest.mark.parametrize(("caller", "target"), [
+    ("consumer", "producer"),  # GPU 1 to a callee with FORCE_CPU_ONLY_INPUT_TENSORS "yes" (the default)
+    ("consumer", "unforced"),  # GPU 1 to a callee that takes GPU inputs on GPU 0 only
+    ("producer", "unforced_cached"),  # the response cache hashes the input bytes in the server
+    ("producer", "unforced_ensemble"),  # an ensemble's steps get their inputs from the server
+    ("producer", "unforced_batched"),  # the dynamic batcher gathers inputs in the server
+])
+def test_a_gpu_input_reaches_the_callee_on_the_cpu_copied_by_the_caller(backend: Backend, caller: str,
+                                                                        target: str) -> None:
+    data = np.linspace(-1, 1, 1 << 12, dtype=np.float32)
+    params = {"mode": "call", "target": target, "gpu_input": True, "batched": target.endswith("batched")}
+    out, info = _infer(backend, caller, params, data)
+    np.testing.assert_array_equal(out, data * 2)  # the callee read the caller's GPU data from the host copy
+    assert info["callee"]["input_is_cpu"] is True
+    during = info["during"]
+    assert (during["device_exports"], during["device_exports_held"]) == (0, 0)  # nothing was exported
+    _until("every export given back", lambda: _all_idle(backend))
+
+
+def test_a_caller_killed_while_the_callee_maps_its_gpu_input_takes_its_export_along(backend: Backend) -> None:
+    _, info = _infer(backend, "producer", {"mode": "call", "target": "unforced", "gpu_input": True,
+                                           "callee_keep": True})
+    held = _infer(backend, "unforced", {"mode": "inspect"})[1]
+    assert (held["device_exports"], held["device_claims"], held["device_mappings"]) == (1, 1, 1)
+    _kill_and_wait_for_restart(backend, "producer", info["pid"])
+    callee = _until("the dead caller's export dropped",
+                    lambda: (f := _infer(backend, "unforced", {"mode": "inspect"})[1])["device_exports"] == 0 and f)
+    assert callee["device_mappings"] == 1  # the callee still maps it, as a CUDA importer would
+    _infer(backend, "unforced", {"mode": "drop"})
+    _until("every export given back", lambda: _all_idle(backend))
+
+
+def test_a_callee_killed_while_it_maps_a_gpu_input_releases_it(backend: Backend) -> None:
+    _infer(backend, "producer", {"mode": "call", "target": "unforced", "gpu_input": True,
+                                 "callee_keep": True})
+    caller = _infer(backend, "producer", {"mode": "inspect"})[1]
+    assert (caller["device_exports_held"], caller["device_claims"]) == (1, 1)  # held for the callee's mapping
+    _kill_and_wait_for_restart(backend, "unforced", _infer(backend, "unforced", {"mode": "inspect"})[1]["pid"])
+    _until("the dead callee's claim released", lambda: _all_idle(backend))
+
+
+def test_a_mapped_gpu_tensor_given_on_as_an_input_is_copied_since_cuda_cannot_export_it_again(
+        backend: Backend) -> None:
+    data = np.arange(6, dtype=np.float32)
+    out, info = _infer(backend, "producer", {"mode": "call", "target": "unforced", "device": 0, "pass_on": True},
+                       data)
+    np.testing.assert_array_equal(out, data * 4)  # doubled by each call; the second read the host copy
+    assert (info["is_cpu"], info["callee"]["input_is_cpu"]) == (False, True)
+    _until("every export given back", lambda: _all_idle(backend))

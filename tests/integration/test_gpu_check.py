@@ -31,4 +31,5 @@ def test_the_checks_harness_serves_its_cpu_models(tmp_path: Path) -> None:
         direct = gpu_check._http_infer(ports, "numpy_cpu", data)
     np.testing.assert_array_equal(direct, data * 2 + 1)
     np.testing.assert_array_equal(bls, (data * 2 + 1) * 2 + 1)
-    assert parameters == {"on_gpu": False, "mapped": 0}  # the CPU callee's answers are CPU tensors, nothing mapped
+    # the CPU callee's answers are CPU tensors, its inputs were CPU tensors, nothing mapped
+    assert parameters == {"on_gpu": False, "inputs_on_gpu": False, "mapped": 0}

@@ -24,6 +24,7 @@ from typing import Any, TypeVar, cast
 from pystub_backend.backend.config.model_config import ModelConfig, model_metadata
 from pystub_backend.backend.core.table import ModelTable, check_model_name
 from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.features.bls.device_inputs import check_device_inputs
 from pystub_backend.backend.features.classification import class_counts, classify
 from pystub_backend.backend.features.client_shm import REGION, ClientShmRegistry
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServingTarget
@@ -179,6 +180,8 @@ class Serving:
     async def infer_stream(self, request: InferRequest, target: ServingTarget | None = None) -> ResponseStream:
         """The request's responses, as they come (decoupled models, streaming frontends)."""
         model_version = self._serving(request, target)
+        if any(tensor.device is not None for tensor in request.inputs):
+            check_device_inputs(request, model_version.config)  # BLS GPU inputs: before anything reads them
         lease = self.client_shm.resolve(request) if _names_a_region(request) else None
         try:
             batch_size = self._validate(model_version, request)

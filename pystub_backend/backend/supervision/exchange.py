@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import InferRequest, InferResponse, model_parameters
+from pystub_backend.backend.inference import ExportGoneError, InferRequest, InferResponse, model_parameters_json
 from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.supervision.outbox import StubOutbox
 from pystub_backend.backend.telemetry.statistics import BatchTiming
@@ -132,7 +132,7 @@ class RequestExchange:
             record = self._take_rescheduled(request) if self._rescheduled else None
             try:
                 record = record or self.place_request(request)
-            except ArenaFullError as exc:
+            except (ArenaFullError, ExportGoneError) as exc:
                 results.append(ServerError(str(exc), Status.INTERNAL))
                 continue
             rids.append(record.rid)
@@ -210,16 +210,16 @@ class RequestExchange:
                 refused[rid] = str(error)
         for rid, text in refused.items():
             self._fail([rid], ServerError(f"the request could not be sent to stub '{self._stub.instance_name}'"
-                                          f": {text}", Status.INVALID_ARG))
+                                          f": {text}", Status.INVALID_ARG), unsent=True)
         if refused:
             return [rid for rid in rids if rid not in refused]
         if isinstance(exc, ArenaFullError) and sizes:
             largest = max(sizes, key=sizes.__getitem__)
-            self._fail([largest], ServerError(str(exc), Status.INTERNAL))
+            self._fail([largest], ServerError(str(exc), Status.INTERNAL), unsent=True)
             return [rid for rid in rids if rid != largest]
         # the batch frame itself failed although each request encodes: nothing can be singled out
         self._fail(rids, ServerError(f"the batch could not be sent to stub '{self._stub.instance_name}'"
-                                     f": {exc}", Status.INTERNAL))
+                                     f": {exc}", Status.INTERNAL), unsent=True)
         return []
 
     def _take_rescheduled(self, request: InferRequest) -> _InFlight | None:
@@ -241,6 +241,9 @@ class RequestExchange:
         wire_inputs: list[WireTensor] = []
         try:
             for tensor in request.inputs:
+                if tensor.device is not None:  # a BLS caller's GPU input: the stub maps it (no copy)
+                    wire_inputs.append(stub.services.device_exports.claim_tensor(tensor, stub, "input"))
+                    continue
                 region = stub.services.client_regions.region_handle(tensor)
                 if region is not None:  # in a client's shm region: the stub maps it, nothing is copied
                     wire_inputs.append(WireTensor(tensor.name, tensor.datatype, list(tensor.shape), region))
@@ -248,13 +251,14 @@ class RequestExchange:
                 placed = tensors.place(stub.p2s, tensor.name, tensor.datatype, tensor.shape, tensor.data)
                 wire_inputs.append(placed)
                 record.input_handles.append(placed.handle)
-        except ArenaFullError:
+        except (ArenaFullError, ExportGoneError):
             self.free_p2s(record.input_handles)
+            stub.services.device_exports.release_unsent(stub, wire_inputs)
             raise
         # output_regions: outputs the stub writes straight into client regions
         output_regions = stub.services.client_regions.attach_regions(request, stub, stream) or None
         record.wire = WireRequest(rid, request.id, wire_inputs, [o.name for o in request.outputs],
-                                  _parameters_json(request), request.correlation_id, request.flags,
+                                  model_parameters_json(request), request.correlation_id, request.flags,
                                   int(request.parameters.get("timeout", 0) or 0), output_regions,
                                   request.trace.context() if request.trace is not None else None,
                                   request.device_outputs)
@@ -362,12 +366,15 @@ class RequestExchange:
         self.free_p2s(record.input_handles)
         record.input_handles = []
 
-    def _fail(self, rids: list[int], error: ServerError) -> None:
+    def _fail(self, rids: list[int], error: ServerError, unsent: bool = False) -> None:
         for rid in rids:
             record = self._records.get(rid)
             if record is not None:
+                if unsent and record.wire is not None:  # the stub never got (nor will release) its claims
+                    self._stub.services.device_exports.release_unsent(self._stub, record.wire.inputs)
                 self._retire(record)
                 record.stream.fail(error)
+
 
     def fail_all(self, error: ServerError) -> None:
         """Every request in flight fails with `error`; every batch waiter wakes up."""
@@ -386,10 +393,3 @@ class RequestExchange:
                 p2s.free(handle)
             except (KeyError, IndexError, TypeError, ValueError):
                 log.error("stub '%s' released an unknown p2s handle %s", self._stub.instance_name, handle)
-
-
-def _parameters_json(request: InferRequest) -> str:
-    if not request.parameters:  # the common request: nothing to filter or encode
-        return "{}"
-    parameters = model_parameters(request)
-    return json.dumps(parameters) if parameters else "{}"

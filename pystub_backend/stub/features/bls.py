@@ -38,7 +38,7 @@ from pystub_backend.stub.features.bls_outputs import Cleanup, error_response, re
 from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.pb_utils import _runtime
 
-__all__ = ["BlsClient", "inspect", "register"]
+__all__ = ["BlsClient", "inspect", "register", "release_claim"]
 
 _FINAL = msg.RESPONSE_FINAL
 
@@ -47,7 +47,7 @@ class _Call:
     """One call as the stub sees it: responses queue up here as the receiver thread gets them."""
 
     __slots__ = ("id", "model_name", "decoupled", "timeout", "timeout_is_requests", "inputs", "responses",
-                 "notify", "wake_on_first", "abandoned", "done", "device")
+                 "notify", "wake_on_first", "abandoned", "done", "device", "exports")
 
     def __init__(self, call_id: int, model_name: str, decoupled: bool, timeout: float,
                  timeout_is_requests: bool) -> None:
@@ -57,6 +57,7 @@ class _Call:
         self.timeout = timeout  # seconds each wait for a response may take
         self.timeout_is_requests = timeout_is_requests  # else the stub timeout
         self.inputs: list[list[int]] = []
+        self.exports: list[list[Any]] = []  # GPU inputs exported (the backend releases them once sent)
         self.responses: queue.SimpleQueue[WireResponse] = queue.SimpleQueue()
         self.notify: Callable[[], None] | None = None  # async callers: wakes the awaiting coroutine
         self.wake_on_first = False  # notify on the first response (decoupled), else on the final
@@ -139,13 +140,25 @@ class BlsClient:
 
     def _place_inputs(self, request: Any, call: _Call) -> list[WireTensor]:
         placed: list[WireTensor] = []
+        accepts: int | None = None  # the device whose GPU inputs the target takes (-1: none), asked once
         try:
             for tensor in request.inputs():
                 datatype, shape, buffer = tensor._wire_payload()
                 # Always a fresh allocation (never `tensors.place`, which reuses one the data may
-                # already live in): the call frees its input handles when its final arrives. A GPU
-                # input is copied to the host once, into that allocation.
+                # already live in): the call frees its input handles when its final arrives.
                 if isinstance(buffer, device_outputs.DeviceBuffer):
+                    if accepts is None:
+                        accepts = device_ipc.device_taking_inputs(request, buffer.device_id)
+                    exported = device_ipc.export_input(tensor.name(), datatype, shape, buffer) \
+                        if accepts == buffer.device_id else None
+                    if exported is not None:  # the target maps it: held until DeviceRelease
+                        placed.append(exported)
+                        call.exports.append(exported.handle)
+                        continue
+                    # Otherwise copied to the host once, into that allocation: the target wants its
+                    # inputs on the CPU (FORCE_CPU_ONLY_INPUT_TENSORS "yes", Triton's default), runs
+                    # on another device, or the server reads the bytes on the way (batching, the
+                    # response cache, ensembles); the server has no CUDA context to copy later.
                     handle = list(device_outputs.place(self._stub.s2p, "", datatype, shape, buffer).handle)
                 else:
                     handle = list(self._stub.s2p.write(buffer))
@@ -153,12 +166,21 @@ class BlsClient:
                 placed.append(WireTensor(tensor.name(), datatype, list(shape), handle))
         except BaseException:
             self._free_inputs(call)
+            self._unexport(call)
             raise
         return placed
+
+    @staticmethod
+    def _unexport(call: _Call) -> None:
+        """GPU inputs of a call that never reached the backend: nobody else will release them."""
+        exports, call.exports = call.exports, []
+        for handle in exports:
+            device_ipc.unexport(handle)
 
     def _fail_locally(self, call: _Call, text: str) -> _Call:
         """A call that never reached the backend: its answer is an error response, already final."""
         self._free_inputs(call)
+        self._unexport(call)
         call.responses.put(WireResponse(call.id, _FINAL, WireError(int(Status.INTERNAL), text), [], "{}"))
         if call.notify is not None:
             call.notify()
@@ -296,6 +318,12 @@ def _preferred_device(request: Any) -> int | None:  # noqa: ANN401 - pb_utils.In
 _client: BlsClient | None = None
 _inspections: dict[int, queue.SimpleQueue[dict[str, Any]]] = {}
 _inspection_ids = itertools.count(1)
+
+
+def release_claim(claim_id: int) -> None:
+    """A mapping of another stub's GPU tensor closed (features.device_ipc): tell the backend."""
+    if _client is not None:
+        _client.cleanup.release_claim(claim_id)
 
 
 def _enable(stub: Any) -> None:

@@ -15,6 +15,10 @@ Which requests may keep their GPU outputs on a device is per request (`expect`),
 regions: the caller's `PreferredMemory(TRITONSERVER_MEMORY_GPU, id)`. Outputs on another device,
 or on the CPU, are copied to the host as before; a caller that prefers a GPU gets host outputs
 copied onto it (`to_device`), as Triton's response allocator does.
+
+GPU inputs of a BLS call go the same way the other way round: the caller exports them (when the
+server says the target takes them, features.bls.device_inputs in the backend) and the target's
+stub maps them (`open_input`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from pystub_backend.ipc.records import DEVICE_HANDLE_TAG, WireTensor
 from pystub_backend.stub.device_outputs import DeviceBuffer
 from pystub_backend.stub.handlers import StubHandlers
 
-__all__ = ["expect", "export_device", "export", "unexport", "open_output", "to_device", "facts", "register"]
+__all__ = ["expect", "export_device", "export", "unexport", "open_output", "open_input", "to_device", "facts",
+           "register", "device_taking_inputs", "export_input"]
 
 _lock = threading.Lock()
 _export_ids = itertools.count(1)
@@ -77,6 +82,25 @@ def export(name: str, datatype: str, shape: list[int], buffer: DeviceBuffer) -> 
                       [DEVICE_HANDLE_TAG, buffer.device_id, export_id, offset, buffer.nbytes, handle])
 
 
+def device_taking_inputs(request: Any, device_id: int) -> int:  # noqa: ANN401 - pb_utils.InferenceRequest
+    """`device_id` when the BLS call's target takes GPU inputs on it as they are (the server says,
+    backend.features.bls.device_inputs), else -1: then the caller copies them to the host."""
+    from pystub_backend.stub.features import model_control
+
+    version = request._model_version
+    accepts = model_control.takes_device_inputs(request._model_name, "" if version < 0 else str(version), device_id)
+    return device_id if accepts else -1
+
+
+def export_input(name: str, datatype: str, shape: Any, buffer: DeviceBuffer) -> WireTensor | None:  # noqa: ANN401
+    """A BLS call's GPU input as an IPC export, or None when CUDA cannot export its memory (it is
+    itself another stub's tensor mapped here, or not from cudaMalloc): then it is copied."""
+    try:
+        return export(name, datatype, list(shape), buffer)
+    except DeviceError:
+        return None
+
+
 def unexport(handle: list[Any]) -> None:
     """Drop an export that never left this stub (its response failed)."""
     with _lock:
@@ -106,7 +130,7 @@ def _close(device_id: int, base: int, claim_id: int, release: Any) -> None:  # n
         release(claim_id)  # only now may the exporter let go of the memory
 
 
-def open_output(wire_tensor: WireTensor, release_claim: Any) -> Any:  # noqa: ANN401 - a pb_utils.Tensor
+def open_output(wire_tensor: WireTensor, release_claim: Any, what: str = "output") -> Any:  # noqa: ANN401
     """A GPU pb_utils.Tensor over the mapped export. Raises DeviceError (the claim released) when
     the handle cannot be opened, e.g. because the exporter exited."""
     from pystub_backend.stub import pb_utils
@@ -118,12 +142,23 @@ def open_output(wire_tensor: WireTensor, release_claim: Any) -> Any:  # noqa: AN
         base = _memory().open_handle(device_id, bytes(ipc_handle))
     except DeviceError as exc:
         release_claim(claim_id)
-        raise DeviceError(f"the GPU output '{name}' could not be mapped: {exc}") from None
+        raise DeviceError(f"the GPU {what} '{name}' could not be mapped: {exc}") from None
     owner = _Mapping()
     with _lock:
         _mappings += 1
     weakref.finalize(owner, _close, device_id, base, claim_id, release_claim).atexit = False
     return pb_utils.Tensor._on_device(name, datatype, list(shape), device_id, base + offset, owner)
+
+
+def open_input(wire_tensor: WireTensor) -> Any:  # noqa: ANN401 - a pb_utils.Tensor
+    """A BLS caller's GPU input, mapped (its claim goes back when the tensor is collected).
+    Raises ValueError when it cannot be mapped (the request fails)."""
+    from pystub_backend.stub.features import bls  # bls imports this module
+
+    try:
+        return open_output(wire_tensor, bls.release_claim, "input")
+    except DeviceError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def to_device(tensor: Any, device_id: int) -> Any:  # noqa: ANN401 - pb_utils.Tensor in and out

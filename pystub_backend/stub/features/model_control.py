@@ -20,7 +20,7 @@ from pystub_backend.ipc.messages.bls import ModelControl, ModelControlDone
 from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.pb_utils import _runtime
 
-__all__ = ["ModelControlClient", "LOAD_TIMEOUT_SECONDS", "register"]
+__all__ = ["ModelControlClient", "LOAD_TIMEOUT_SECONDS", "register", "takes_device_inputs"]
 
 LOAD_TIMEOUT_SECONDS = 600.0
 
@@ -47,6 +47,15 @@ class ModelControlClient:
     def is_model_ready(self, name: str, version: str) -> bool:
         return bool(self._call("ready", {"name": name, "version": version}, self._stub.options.send_timeout,
                                f"the readiness of model '{name}'"))
+
+    def takes_device_inputs(self, name: str, version: str, device_id: int) -> bool:
+        """Whether a BLS call may hand model `name` its GPU inputs on `device_id` as they are
+        (False when the server cannot say, e.g. for an unknown model)."""
+        try:
+            return bool(self._call("device_inputs", {"name": name, "version": version, "device": device_id},
+                                   self._stub.options.send_timeout, f"whether model '{name}' takes GPU inputs"))
+        except (ModelControlError, TimeoutError):
+            return False
 
     def _long_timeout(self) -> float:
         return max(LOAD_TIMEOUT_SECONDS, self._stub.options.send_timeout)
@@ -79,6 +88,11 @@ class ModelControlClient:
 
 
 _client: ModelControlClient | None = None
+
+
+def takes_device_inputs(name: str, version: str, device_id: int) -> bool:
+    """`ModelControlClient.takes_device_inputs` of this stub's client (False before it exists)."""
+    return _client is not None and _client.takes_device_inputs(name, version, device_id)
 
 
 def _enable(stub: Any) -> None:

@@ -1,7 +1,8 @@
 """GPU outputs by CUDA IPC at the two ends of a BLS call, on the fake device: the callee exports a
 GPU output only for a request that prefers that device and holds it until DeviceRelease; a caller
 that cannot map an output gets an error naming it and gives its claim back at once; a mapped output
-gives its claim back when collected."""
+gives its claim back when collected. GPU inputs: exported when CUDA can (else copied), an input
+that cannot be mapped fails its request naming it and gives its claim back."""
 
 from __future__ import annotations
 
@@ -101,3 +102,40 @@ def test_a_mapped_output_gives_its_claim_back_when_collected() -> None:
     _until_sent(sent, [9])
     assert device_ipc.facts()["device_mappings"] == 0
     memory.free(0, pointer)
+
+
+# -- GPU inputs of a BLS call: the caller exports them, the callee maps them ----------------------
+def test_a_gpu_input_is_exported_when_cuda_can_and_copied_when_it_cannot() -> None:
+    tensor = Tensor.from_dlpack("IN", fake_cuda_capsule(fake_device_array(np.arange(4, dtype=np.int32), 0), 0))
+    wire = device_ipc.export_input("IN", "INT32", (4,), tensor._wire_payload()[2])  # type: ignore[arg-type]
+    assert wire is not None and wire.handle[:2] == [DEVICE_HANDLE_TAG, 0] and wire.shape == [4]
+    assert device_ipc.facts()["device_exports_held"] == 1  # held for the callee until DeviceRelease
+    device_ipc._on_release(None, DeviceRelease([wire.handle[2]]))
+    memory = FakeMemory()
+    base = memory.open_handle(0, wire.handle[5])  # a tensor mapped here, as a BLS answer would be
+    mapped = Tensor._on_device("IN", "INT32", [4], 0, base, object())
+    try:
+        assert device_ipc.export_input("IN", "INT32", [4], mapped._wire_payload()[2]) is None  # type: ignore[arg-type]
+        assert device_ipc.facts()["device_exports_held"] == 0
+    finally:
+        del mapped
+        memory.close_handle(0, base)
+
+
+def test_without_the_servers_answer_a_gpu_input_is_copied() -> None:
+    request = type("Request", (), {"_model_name": "callee", "_model_version": -1})()
+    assert device_ipc.device_taking_inputs(request, 0) == -1  # no model-control client in this process
+
+
+def test_a_gpu_input_that_cannot_be_mapped_fails_the_request_naming_it_and_its_claim_goes_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from pystub_backend.stub.features import bls
+
+    sent: list[Any] = []
+    monkeypatch.setattr(bls, "_client", SimpleNamespace(cleanup=Cleanup(sent.append)))
+    bogus = WireTensor("IN", "FP32", [4], [DEVICE_HANDLE_TAG, 0, 5, 0, 16, bytes(64)])
+    with pytest.raises(ValueError, match="the GPU input 'IN' could not be mapped"):
+        device_ipc.open_input(bogus)
+    _until_sent(sent, [5])

@@ -7,6 +7,8 @@
 
 GPU outputs the target exported by CUDA IPC (the caller asked for them on that GPU) are not
 copied: the caller gets a claim on the export instead and maps it (features.bls.device_exports).
+GPU inputs the caller exported (a target that takes them, features.bls.device_inputs) are held
+by the call until it ends; the target's stub claims them with its request.
 
 Inputs are views of the caller's s2p arena for the whole call; the final BlsResponse is sent only
 when nothing reads them any more (the target request has been placed and has ended, or never ran),
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.bls.payloads import PayloadKey
-from pystub_backend.backend.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from pystub_backend.backend.inference import ExportGoneError, InferRequest, InferResponse, RequestedOutput, Tensor
 from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.ipc.arena import ArenaFullError, ArenaWriter
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
@@ -44,16 +46,12 @@ if TYPE_CHECKING:
 
 Checks = Callable[[], "ServerError | None"]
 
-__all__ = ["BlsCall", "build_request", "CANCELLED_TEXT", "ExportGoneError"]
+__all__ = ["BlsCall", "build_request", "CANCELLED_TEXT"]
 
 log = logging.getLogger("pystub.bls")
 
 CANCELLED_TEXT = "Request was cancelled"
 _FINAL = msg.RESPONSE_FINAL
-
-
-class ExportGoneError(Exception):
-    """A target's GPU output cannot reach the caller: the stub that exported it died."""
 
 
 def build_request(caller: StubProcess, message: BlsRequest) -> InferRequest:
@@ -67,11 +65,11 @@ def build_request(caller: StubProcess, message: BlsRequest) -> InferRequest:
                                                           request.flags, request.timeout_us)
     if caller.s2p is None:
         raise ValueError(f"stub '{caller.instance_name}' has no s2p arena")
-    inputs = [Tensor(name, datatype, tuple(shape), caller.s2p.view(handle))
-              for name, datatype, shape, handle in wire_inputs]
     parameters = json.loads(parameters_json) if parameters_json and parameters_json != "{}" else {}
     if not isinstance(parameters, dict):
         raise ValueError("BLS request parameters must be a JSON object")
+    # Last: the caller's GPU inputs are registered and held here (BlsCall drops them when it ends).
+    inputs = caller.services.device_exports.outputs(caller, wire_inputs, caller.s2p.view)
     if timeout_us:
         parameters["timeout"] = int(timeout_us)  # the server's queue policies read it; the model too
     return InferRequest(message.model_name, message.model_version, request_id, inputs,
@@ -104,6 +102,7 @@ class BlsCall:
         self._unconsumed = 0
         self._credit = asyncio.Event()
         self._timeout = caller.settings.stub_timeout_seconds
+        self._device_inputs = [t.device.key for t in request.inputs if t.device is not None]
 
     @property
     def holding(self) -> bool:
@@ -124,6 +123,12 @@ class BlsCall:
         held, self._held = self._held, None
         if held is not None:
             held.release_hold(self.caller)
+
+    def drop_device_inputs(self) -> None:
+        """The call ended: its GPU inputs live on only while the target's stub maps them."""
+        keys, self._device_inputs = self._device_inputs, []
+        for key in keys:
+            self.caller.services.device_exports.drop_hold(key)
 
     # -- the stub's requests -------------------------------------------------------------------------
     def cancel(self) -> None:
@@ -154,6 +159,7 @@ class BlsCall:
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
         self._release_hold()
+        self.drop_device_inputs()
         self._registry.remove(self.key, self)
 
     # -- running -------------------------------------------------------------------------------------
@@ -177,6 +183,7 @@ class BlsCall:
                 trace.finish()
             self.finished = True
             self._release_hold()
+            self.drop_device_inputs()
             self._registry.remove(self.key, self)
 
     async def _schedule(self, checks: Checks) -> ResponseStream | None:
@@ -293,14 +300,8 @@ class BlsCall:
         device = tensor.device
         if device is None:
             return WireTensor(tensor.name, tensor.datatype, shape, list(p2s.write(tensor.data)))
-        exports = self.caller.services.device_exports
-        claim_id = exports.claim(device.key, self.caller) if exports.exporter_alive(device.key) else None
-        if claim_id is None:
-            raise ExportGoneError(f"the GPU output '{tensor.name}' of model '{self.request.model_name}' is gone: "
-                                  f"the stub that produced it exited before the caller could map it")
-        return WireTensor(tensor.name, tensor.datatype, shape,
-                          [DEVICE_HANDLE_TAG, device.device_id, claim_id, device.offset, device.nbytes,
-                           device.ipc_handle])
+        return self.caller.services.device_exports.claim_tensor(
+            tensor, self.caller, f"output of model '{self.request.model_name}'")
 
     async def _send_final_error(self, error: ServerError) -> None:
         if self.finished or self._caller_dead:

@@ -6,6 +6,10 @@
     caller stub ──DeviceCleanup(claim ids)──▶ release()          (its mapping is closed)
     no hold and no claim left ──▶ DeviceRelease(export ids) ──▶ callee stub drops its reference
 
+GPU inputs of a BLS call go the other way with the same table (features.bls.device_inputs): the
+caller exports them in its BlsRequest, the BlsCall holds them until it ends, the target's stub
+gets a claim with its request (exchange.place_request) and releases it when its mapping closes.
+
 The exporter keeps the tensor (and so its device memory) alive until it gets DeviceRelease, which
 is sent only when the response that carried the export is released and every consumer has closed
 its mapping: nothing is freed while mapped. A consumer that dies releases its claims (its mappings
@@ -24,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pystub_backend.backend.inference import DeviceRef, Tensor
+from pystub_backend.backend.inference import DeviceRef, ExportGoneError, Tensor
 from pystub_backend.ipc.records import DEVICE_HANDLE_TAG, WireTensor
 
 if TYPE_CHECKING:
@@ -80,9 +84,9 @@ class DeviceExports:
 
     def outputs(self, exporter: StubProcess, wire_outputs: list[WireTensor],
                 view: Callable[[list[Any]], memoryview]) -> list[Tensor]:
-        """A stub's response outputs as Tensors: arena bytes through `view`, GPU exports registered
-        and held (all dropped again when one output is malformed). Raises what `view` and
-        `received` raise."""
+        """A stub's tensors (response outputs, BLS inputs) as Tensors: arena bytes through `view`,
+        GPU exports registered and held (all dropped again when one is malformed). Raises what
+        `view` and `received` raise."""
         outputs: list[Tensor] = []
         try:
             for name, datatype, shape, handle in wire_outputs:
@@ -115,6 +119,19 @@ class DeviceExports:
             self._claims[claim_id] = key
             return claim_id
 
+    def claim_tensor(self, tensor: Tensor, consumer: StubProcess, what: str) -> WireTensor:
+        """The GPU tensor as `consumer` gets it: a claim on its export, to map. Raises
+        ExportGoneError (naming `what`) when its exporter died."""
+        device = tensor.device
+        assert device is not None
+        claim_id = self.claim(device.key, consumer) if self.exporter_alive(device.key) else None
+        if claim_id is None:
+            raise ExportGoneError(f"the GPU {what} '{tensor.name}' is gone: the stub that exported it exited "
+                                  f"before it could be mapped")
+        return WireTensor(tensor.name, tensor.datatype, list(tensor.shape),
+                          [DEVICE_HANDLE_TAG, device.device_id, claim_id, device.offset, device.nbytes,
+                           device.ipc_handle])
+
     def drop_hold(self, key: ExportKey) -> None:
         """The response that carried the export was released (forwarded or dropped)."""
         with self._lock:
@@ -141,6 +158,12 @@ class DeviceExports:
         for key in touched:
             self._settle(key)
         return unknown
+
+    def release_unsent(self, consumer: StubProcess, tensors: list[WireTensor]) -> None:
+        """The claims among `tensors` (GPU inputs placed for `consumer`) that never reached it."""
+        claims = [t.handle[2] for t in tensors if t.handle and t.handle[0] == DEVICE_HANDLE_TAG]
+        if claims:
+            self.release(consumer, claims)
 
     def exporter_alive(self, key: ExportKey) -> bool:
         with self._lock:

@@ -26,6 +26,7 @@ from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.bls.call import BlsCall, build_request
 from pystub_backend.backend.features.bls.deadlock import deadlock_reason
 from pystub_backend.backend.features.bls.device_exports import DeviceExports
+from pystub_backend.backend.features.bls.device_inputs import accepts_device_inputs
 from pystub_backend.backend.inference import InferRequest
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages.bls import (
@@ -108,6 +109,7 @@ def _on_request(stub: StubProcess, message: BlsRequest) -> None:
         call.start(checks)
     except KeyError as exc:
         log.error("%s", exc.args[0])
+        call.drop_device_inputs()
 
 
 def _on_cancel(stub: StubProcess, message: BlsCancel) -> None:
@@ -182,6 +184,9 @@ async def _model_control(stub: StubProcess, message: ModelControl) -> None:
             await core.unload_model(name, {"unload_dependents": bool(arguments.get("unload_dependents"))})
         elif message.operation == "ready":
             result = bool(await core.model_ready(name, str(arguments.get("version") or "")))
+        elif message.operation == "device_inputs":  # may a BLS call hand this model GPU inputs as they are
+            config = core.model_config(name, str(arguments.get("version") or ""))
+            result = accepts_device_inputs(config, int(arguments["device"]))
         else:
             error = f"unknown model control operation '{message.operation}'"
     except ServerError as exc:  # Triton's Python backend wraps the server's answer so
