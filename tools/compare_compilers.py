@@ -66,10 +66,13 @@ def variant(scratch: Path, name: str) -> Path:
     copy = scratch / name
     shutil.copytree(ROOT / "pystub_backend", copy / "pystub_backend",
                     ignore=shutil.ignore_patterns("_native", "__pycache__", "pystub-native-*"))
+    shutil.copy(ROOT / "setup.cfg", copy / "setup.cfg")  # mypyc reads the project's [mypy] settings
     if name != "pure":
-        (copy / "setup.py").write_text(_SETUP.format(modules=MODULES, cflags=list(CFLAGS), directives=DIRECTIVES))
+        (copy / "setup.py").write_text(_SETUP.format(modules=list(MODULES), cflags=list(CFLAGS), directives=DIRECTIVES))
         started = time.monotonic()
-        subprocess.run([sys.executable, "setup.py", name], cwd=copy, check=True, capture_output=True)
+        built = subprocess.run([sys.executable, "setup.py", name], cwd=copy, capture_output=True, text=True)
+        if built.returncode != 0:
+            raise SystemExit(f"{name} build failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}")
         print(f"{name}: built {len(MODULES)} modules in {time.monotonic() - started:.0f} s", flush=True)
     return copy
 

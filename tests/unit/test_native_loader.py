@@ -85,3 +85,27 @@ def test_no_tree_or_a_broken_manifest_is_pure_and_says_why(tree: Path):
     shutil.rmtree(tree)
     state, served = decide({}, tree)
     assert (state.mode, served) == ("pure", {}) and "no compiled modules were built" in state.reason
+
+
+def test_objects_of_the_hot_modules_pickle_as_they_run():
+    """Whatever mode this process runs in (compiled after ./dev.sh test), the hot modules' objects
+    survive pickle: classes stay Python classes under Cython."""
+    import pickle
+
+    import numpy as np
+
+    from pystub_backend.backend.errors import ServerError, Status
+    from pystub_backend.backend.inference import InferRequest, Tensor
+    from pystub_backend.ipc.messages.core import Execute
+    from pystub_backend.ipc.records import WireRequest, WireTensor
+    from pystub_backend.stub import pb_utils
+
+    wire = WireTensor("A", "FP32", [1], [0, 1, 2])
+    execute = Execute(1, [WireRequest(1, "x", [wire], [], "{}", 0, 0, 0)], [])
+    assert pickle.loads(pickle.dumps(execute)) == execute
+    error = pickle.loads(pickle.dumps(ServerError("bad input", Status.INVALID_ARG)))
+    assert (type(error), error.status, error.message) == (ServerError, Status.INVALID_ARG, "bad input")
+    request = pickle.loads(pickle.dumps(InferRequest("m", inputs=[Tensor("A", "INT32", (1,), b"\0" * 4)])))
+    assert (request.model_name, request.inputs[0].name, bytes(request.inputs[0].data)) == ("m", "A", b"\0" * 4)
+    tensor = pickle.loads(pickle.dumps(pb_utils.Tensor("x", np.arange(3, dtype=np.float32))))
+    np.testing.assert_array_equal(tensor.as_numpy(), np.arange(3, dtype=np.float32))
