@@ -4,7 +4,8 @@
 Starts this checkout's pystub twice, one as built (the compiled modules of tools/build_compiled.py)
 and one with PYSTUB_PURE_PYTHON=1, checks each reports the mode it should (`GET /v2/pystub/build`),
 then for each cell sends a fixed number of requests from 8 client threads and reads the CPU time
-the backend process and its stubs spent (/proc, every thread), per request. Rounds alternate which
+the backend process and its stubs spent (/proc, every thread), per request, less their idle CPU
+rate (read once per server, with no requests) over the same time. Rounds alternate which
 server goes first; medians of the rounds are printed with the ratio pure ÷ compiled (> 1: the
 compiled path spends less). CPU time per request does not depend on the load other processes put
 on the machine the way throughput does.
@@ -128,13 +129,24 @@ def drive_stream(server: servers.Server, count: int) -> int:
 DRIVERS = {"http": drive_http, "grpc": drive_grpc, "stream": drive_stream}
 
 
-def measure(server: servers.Server, cell: str, requests: int, warmup: int) -> tuple[float, float]:
-    """(backend, stubs) CPU microseconds per request (per response for `stream`)."""
+def idle_rate(server: servers.Server, seconds: float) -> tuple[float, float]:
+    """(backend, stubs) CPU seconds per second with no request: heartbeats, samplers, pollers."""
+    before, start = cpu_seconds(server.process.pid), time.monotonic()
+    time.sleep(seconds)
+    after, elapsed = cpu_seconds(server.process.pid), time.monotonic() - start
+    return (after[0] - before[0]) / elapsed, (after[1] - before[1]) / elapsed
+
+
+def measure(server: servers.Server, cell: str, requests: int, warmup: int, idle: tuple[float, float],
+            ) -> tuple[float, float]:
+    """(backend, stubs) CPU microseconds per request (per response for `stream`), less what the
+    processes spend idle over the same time (on a loaded machine requests are slow, and the idle
+    cost per second would otherwise be charged to them)."""
     DRIVERS[cell](server, warmup)
-    before = cpu_seconds(server.process.pid)
+    before, start = cpu_seconds(server.process.pid), time.monotonic()
     done = DRIVERS[cell](server, requests)
-    after = cpu_seconds(server.process.pid)
-    return (after[0] - before[0]) / done * 1e6, (after[1] - before[1]) / done * 1e6
+    after, elapsed = cpu_seconds(server.process.pid), time.monotonic() - start
+    return tuple((after[i] - before[i] - idle[i] * elapsed) / done * 1e6 for i in (0, 1))  # type: ignore[return-value]
 
 
 def build_mode(server: servers.Server) -> dict[str, object]:
@@ -188,6 +200,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=4000, help="requests (stream: responses) per measure")
     parser.add_argument("--warmup", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--idle-seconds", type=float, default=5.0,
+                        help="how long each server's idle CPU rate is read (subtracted from each measure)")
     args = parser.parse_args(argv)
     args.cells = [c for c in args.cells.split(",") if c]
     if not args.cells or set(args.cells) - set(CELLS):
@@ -202,11 +216,14 @@ def main(argv: list[str] | None = None) -> int:
         started: list[servers.Server] = []
         try:
             started = start(Path(tmp))
+            idle = {server.name: idle_rate(server, args.idle_seconds) for server in started}
+            print("idle CPU s/s (backend, stubs): " + ", ".join(
+                f"{name} {rate[0]:.3f} {rate[1]:.3f}" for name, rate in idle.items()), flush=True)
             for index in range(args.rounds):
                 order = started if index % 2 == 0 else started[::-1]
                 for cell in args.cells:
                     for server in order:
-                        figures = measure(server, cell, args.requests, args.warmup)
+                        figures = measure(server, cell, args.requests, args.warmup, idle[server.name])
                         results.setdefault((server.name, cell), []).append(figures)
                         print(f"round {index + 1} {cell:6} {server.name:8} backend {figures[0]:7.1f} "
                               f"stub {figures[1]:7.1f} µs CPU/request", flush=True)

@@ -92,7 +92,7 @@ def test_pure_backend_runs_bls(pure: Backend):
     finally:
         client.close()
     assert json.loads(result.as_numpy("INFO")[0]) == {"path": ["bls_driver", "bls_leaf"]}
-    np.testing.assert_array_equal(result.as_numpy("OUT"), np.arange(4, dtype=np.float32) + 1)
+    np.testing.assert_array_equal(result.as_numpy("OUT"), np.arange(4, dtype=np.float32) + 2)  # a hop each
 
 
 def test_pure_backend_streams_a_decoupled_models_responses(pure: Backend):
