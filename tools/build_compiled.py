@@ -18,6 +18,7 @@ failed, saying why on stderr (the package then runs pure Python, as it says at s
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import importlib.machinery
 import json
@@ -76,6 +77,24 @@ def source_path(module: str) -> Path:
     return ROOT.joinpath(*module.split(".")).with_suffix(".py")
 
 
+def is_synchronous(module: str) -> bool:
+    """True when the module has no coroutine (`async def`, `await`, `async for/with`): CPython 3.11
+    resumes its own coroutines inline, a compiled coroutine goes through the generic send path."""
+    tree = ast.parse(source_path(module).read_text())
+    coroutine = (ast.AsyncFunctionDef, ast.AsyncFor, ast.AsyncWith, ast.Await)
+    return not any(isinstance(node, coroutine) for node in ast.walk(tree))
+
+
+# Which of HOT_MODULES a build compiles: `all`, or `sync` (the modules with no coroutine).
+MODULE_SETS = ("all", "sync")
+
+
+def selected_modules(module_set: str) -> tuple[str, ...]:
+    if module_set == "sync":
+        return tuple(m for m in HOT_MODULES if is_synchronous(m))
+    return HOT_MODULES
+
+
 def source_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -89,20 +108,20 @@ def compiler_version() -> str | None:
     return f"cython {Cython.__version__}"
 
 
-def wanted_manifest(compiler: str) -> dict[str, object]:
+def wanted_manifest(compiler: str, modules: tuple[str, ...] = HOT_MODULES) -> dict[str, object]:
     """The manifest a fresh build of this checkout would write (what the stamp compares)."""
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     return {"compiler": compiler, "directives": DIRECTIVES, "cflags": list(CFLAGS), "suffix": suffix,
-            "modules": {m: source_hash(source_path(m)) for m in HOT_MODULES}}
+            "modules": {m: source_hash(source_path(m)) for m in modules}}
 
 
-def build_due(compiler: str) -> str | None:
+def build_due(compiler: str, hot: tuple[str, ...] = HOT_MODULES) -> str | None:
     """Why a build is due (None: the compiled tree matches every source and the compiler)."""
     try:
         current = json.loads(MANIFEST.read_text())
     except (OSError, ValueError):
         return "no compiled tree yet"
-    wanted = wanted_manifest(compiler)
+    wanted = wanted_manifest(compiler, hot)
     for key in ("compiler", "directives", "cflags", "suffix"):
         if current.get(key) != wanted[key]:
             return f"{key} changed: {current.get(key)} -> {wanted[key]}"
@@ -113,12 +132,12 @@ def build_due(compiler: str) -> str | None:
     return None
 
 
-def _compile(staging: Path, jobs: int) -> None:
+def _compile(staging: Path, jobs: int, hot: tuple[str, ...]) -> None:
     """Cythonize and compile every hot module into `staging` (raises what failed)."""
     from Cython.Build import cythonize
     from setuptools import Distribution, Extension
     extensions = [Extension(m, [str(source_path(m).relative_to(ROOT))], extra_compile_args=list(CFLAGS))
-                  for m in HOT_MODULES]
+                  for m in hot]
     cwd = os.getcwd()
     os.chdir(ROOT)  # relative sources: tracebacks name `pystub_backend/...py`, wherever it is built
     try:
@@ -134,13 +153,13 @@ def _compile(staging: Path, jobs: int) -> None:
         os.chdir(cwd)
 
 
-def build(compiler: str, jobs: int) -> None:
+def build(compiler: str, jobs: int, modules: tuple[str, ...]) -> None:
     """Compile into a staging directory, then swap it in whole: an interrupted build leaves the
     previous tree (or none), never a mix; the manifest is written last."""
-    wanted = wanted_manifest(compiler)
+    wanted = wanted_manifest(compiler, modules)
     with tempfile.TemporaryDirectory(prefix="pystub-native-", dir=PACKAGE) as tmp:
         staging = Path(tmp)
-        _compile(staging, jobs)
+        _compile(staging, jobs, modules)
         tree = staging / "lib"
         (tree / "manifest.json").write_text(json.dumps(wanted, indent=1, sort_keys=True) + "\n")
         clean()
@@ -161,6 +180,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a build is due; build nothing")
     parser.add_argument("--clean", action="store_true", help="remove the compiled tree")
+    parser.add_argument("--modules", choices=MODULE_SETS, default="all",
+                        help="all hot modules, or only those with no coroutine")
     parser.add_argument("--force", action="store_true", help="build even when up to date")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiler jobs")
     return parser.parse_args(argv)
@@ -176,14 +197,15 @@ def main(argv: list[str] | None = None) -> int:
         print("build_compiled: Cython is not installed (pip install -e '.[compiled]'): "
               "pystub runs pure Python", file=sys.stderr)
         return 1
-    due = "--force" if args.force else build_due(compiler)
+    modules = selected_modules(args.modules)
+    due = "--force" if args.force else build_due(compiler, modules)
     if due is None or args.check:
-        print(f"build_compiled: {'build due: ' + due if due else 'up to date'} ({len(HOT_MODULES)} modules)")
+        print(f"build_compiled: {'build due: ' + due if due else 'up to date'} ({len(modules)} modules)")
         return 1 if due and args.check else 0
     started = time.monotonic()
-    print(f"build_compiled: building {len(HOT_MODULES)} modules with {compiler} ({due})", flush=True)
+    print(f"build_compiled: building {len(modules)} {args.modules} modules with {compiler} ({due})", flush=True)
     try:
-        build(compiler, args.jobs)
+        build(compiler, args.jobs, modules)
     except Exception as error:  # noqa: BLE001 - any compiler failure: say it, run pure Python
         clean()
         print(f"build_compiled: BUILD FAILED ({type(error).__name__}: {error}): pystub runs pure Python",
