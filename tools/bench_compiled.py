@@ -154,17 +154,23 @@ def build_mode(server: servers.Server) -> dict[str, object]:
         return dict(json.load(response))
 
 
-def start(workdir: Path) -> list[servers.Server]:
+def start(workdir: Path, control: bool, compiled_root: Path | None) -> list[servers.Server]:
+    """The `compiled` and `pure` servers. With `control`, the `compiled` one runs pure Python too (an
+    A/A run: what the harness itself makes of two identical servers); with `compiled_root`, it runs
+    from that copy of the checkout, whose extensions sit beside their sources (an in-place build by
+    another compiler, e.g. mypyc), with the Cython tree's hook off."""
     repositories = servers.write_repositories(workdir)
     shutil.copytree(_STREAM_MODEL, repositories["models"] / "repeat")
-    started = [servers.start_pystub(repositories, workdir, client_shm=False, name="compiled"),
-               servers.start_pystub(repositories, workdir, client_shm=False, name="pure",
-                                    env_extra={"PYSTUB_PURE_PYTHON": "1"})]
+    pure = {"PYSTUB_PURE_PYTHON": "1"}
+    started = [servers.start_pystub(repositories, workdir, client_shm=False, name="compiled",
+                                    root=compiled_root or ROOT,
+                                    env_extra=pure if control or compiled_root else None),
+               servers.start_pystub(repositories, workdir, client_shm=False, name="pure", env_extra=pure)]
     servers.wait_ready(started)
     for server in started:
         _wait_model(server, "repeat")
         mode = build_mode(server)
-        if mode["mode"] != server.name:
+        if mode["mode"] != ("pure" if control or compiled_root else server.name):
             raise SystemExit(f"the {server.name} server runs {mode['mode']}: {mode['reason']}"
                              " (build first: tools/build_compiled.py)")
     return started
@@ -202,6 +208,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--idle-seconds", type=float, default=5.0,
                         help="how long each server's idle CPU rate is read (subtracted from each measure)")
+    parser.add_argument("--control", action="store_true",
+                        help="A/A: both servers pure Python (the harness's own bias and noise)")
+    parser.add_argument("--compiled-root", type=Path,
+                        help="run the compiled server from this checkout copy (extensions built in place)")
     args = parser.parse_args(argv)
     args.cells = [c for c in args.cells.split(",") if c]
     if not args.cells or set(args.cells) - set(CELLS):
@@ -215,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="pystub-bench-compiled-") as tmp:
         started: list[servers.Server] = []
         try:
-            started = start(Path(tmp))
+            started = start(Path(tmp), args.control, args.compiled_root)
             idle = {server.name: idle_rate(server, args.idle_seconds) for server in started}
             print("idle CPU s/s (backend, stubs): " + ", ".join(
                 f"{name} {rate[0]:.3f} {rate[1]:.3f}" for name, rate in idle.items()), flush=True)
