@@ -5,9 +5,10 @@ Off by default: measured end to end, no compiled set spends less CPU per request
 (docs/compiled.md); this is the opt-in. The sources stay plain typed Python; each module of the
 chosen set (`--modules`: by default the modules of `HOT_MODULES` with no coroutine) becomes one
 extension module, written beside its siblings in a separate tree,
-`pystub_backend/_native/pystub_backend/...`, with a manifest naming the compiler and each source's SHA-256. `pystub_backend/_native_loader.py` loads an
-extension only when its source still has that hash (a stale one is reported and its `.py` runs) and
-never when PYSTUB_PURE_PYTHON=1 (docs/compiled.md). The `.py` files are never shadowed in place.
+`pystub_backend/_native/pystub_backend/...`, with a manifest naming the compiler and each source's
+SHA-256. `pystub_backend/_native_loader.py` loads an extension only when its source still has that
+hash (a stale one is reported and its `.py` runs) and never when PYSTUB_PURE_PYTHON=1. The `.py`
+files are never shadowed in place.
 
     .venv/bin/python tools/build_compiled.py            # build when a source or the compiler changed
     .venv/bin/python tools/build_compiled.py --check    # exit 1 when a build is due, build nothing

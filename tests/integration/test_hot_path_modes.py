@@ -1,11 +1,11 @@
 """The compiled hot path and its pure-Python fallback, end to end (docs/compiled.md).
 
-The rest of the suite runs the package as built (compiled, when tools/build_compiled.py built it;
-./dev.sh test builds it first, or says loudly that it could not and sets PYSTUB_PURE_PYTHON=1).
-Here one backend runs with PYSTUB_PURE_PYTHON=1 and serves what a request crosses: HTTP and gRPC
-unary calls, a stub, BLS and a decoupled model's stream. Each backend says its mode at
-`GET /v2/pystub/build` and in its log, and the `module_files` model shows which of pystub's
-modules its stub imported from an extension.
+The rest of the suite runs the package as built: pure Python by default, compiled after an opt-in
+build (PYSTUB_BUILD_COMPILED=1 ./dev.sh test builds it first, or says loudly that it could not and
+sets PYSTUB_PURE_PYTHON=1). Here one backend runs with PYSTUB_PURE_PYTHON=1 and serves what a
+request crosses: HTTP and gRPC unary calls, a stub, BLS and a decoupled model's stream. Each
+backend says its mode at `GET /v2/pystub/build` and in its log, and the `module_files` model shows
+which of pystub's modules its stub imported from an extension.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import tritonclient.http as httpclient
 from harness import ROOT, Backend, make_repository, module_backend
 
 sys.path.insert(0, str(ROOT / "tools"))
-from build_compiled import HOT_MODULES, build_due, compiler_version  # noqa: E402
+from build_compiled import MANIFEST, build_due, compiler_version  # noqa: E402
 
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 MODELS = ("identity_fp32", "bls_driver", "bls_leaf", "repeat", "module_files")
@@ -115,20 +115,45 @@ def test_pure_backend_streams_a_decoupled_models_responses(pure: Backend):
     assert values == [0, 1, 2, 3, 4]
 
 
-@pytest.mark.skipif(SUITE_PURE, reason="the suite runs pure Python (PYSTUB_PURE_PYTHON is set: ./dev.sh "
-                                       "said why above, e.g. the compiled build failed)")
+def built_modules() -> list[str] | None:
+    """The modules the compiled tree was built from (None: nothing built, the default)."""
+    try:
+        return sorted(json.loads(MANIFEST.read_text())["modules"])
+    except FileNotFoundError:
+        return None
+
+
+@pytest.mark.skipif(SUITE_PURE or built_modules() is not None,
+                    reason="PYSTUB_PURE_PYTHON is set, or a compiled tree was built")
+def test_without_a_build_the_default_backend_runs_pure(repository: Path):
+    """Off by default: with nothing built, the backend says so and its stub imports no extension."""
+    with Backend(repository) as backend:
+        state = build_state(backend)
+        assert (state["mode"], state["compiled_modules"]) == ("pure", []), state
+        assert "no compiled modules were built" in state["reason"], state
+        files = stub_module_files(backend)
+    assert [name for name, file in files.items() if file and file.endswith(SUFFIX)] == []
+
+
+@pytest.mark.skipif(SUITE_PURE or built_modules() is None,
+                    reason="nothing compiled (the default; PYSTUB_BUILD_COMPILED=1 ./dev.sh test builds it), "
+                           "or PYSTUB_PURE_PYTHON is set")
 def test_the_suite_runs_the_current_compiled_build(repository: Path):
-    """The default backend and its stub run every hot module compiled, from a build of these sources."""
+    """After an opt-in build, the default backend and its stub run every module of that build compiled,
+    from a build of these sources."""
+    built = built_modules()
+    assert built is not None
     compiler = compiler_version()
     assert compiler is not None, "Cython is not installed: pip install -e '.[compiled]'"
-    assert build_due(compiler) is None, "the compiled modules are not current: run tools/build_compiled.py"
+    due = build_due(compiler, tuple(built))
+    assert due is None, f"the compiled modules are not current ({due}): run tools/build_compiled.py"
     with Backend(repository) as backend:
         state = build_state(backend)
         assert state["mode"] == "compiled" and state["stale_modules"] == [], state
-        assert sorted(state["compiled_modules"]) == sorted(HOT_MODULES)
+        assert sorted(state["compiled_modules"]) == built
         assert "hot path: compiled (every compiled module is current" in backend.log()
         files = stub_module_files(backend)
-    for name in ("pystub_backend.stub.stub", "pystub_backend.stub.pb_utils._tensor", "pystub_backend.ipc.wire"):
+    for name in ("pystub_backend.stub.pb_utils._tensor", "pystub_backend.ipc.wire"):
         assert files[name].endswith(SUFFIX) and "_native" in Path(files[name]).parts, (name, files[name])
-    uncompiled = [name for name, file in files.items() if name in HOT_MODULES and not file.endswith(SUFFIX)]
+    uncompiled = [name for name, file in files.items() if name in built and not file.endswith(SUFFIX)]
     assert uncompiled == []

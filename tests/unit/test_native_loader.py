@@ -88,7 +88,7 @@ def test_no_tree_or_a_broken_manifest_is_pure_and_says_why(tree: Path):
 
 
 def test_objects_of_the_hot_modules_pickle_as_they_run():
-    """Whatever mode this process runs in (compiled after ./dev.sh test), the hot modules' objects
+    """Whatever mode this process runs in (compiled after an opt-in build), the hot modules' objects
     survive pickle: classes stay Python classes under Cython."""
     import pickle
 
