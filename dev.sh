@@ -19,7 +19,7 @@ setup() {
     fi
 }
 # build_compiled: the compiled hot path is off by default (docs/compiled.md: measured end to end it
-# spends more CPU per request than pure Python). PYSTUB_BUILD_COMPILED=1 opts in: compile it
+# spends no less CPU per request than pure Python). PYSTUB_BUILD_COMPILED=1 opts in: compile it
 # (tools/build_compiled.py, a no-op while its manifest of source hashes matches); a missing
 # compiler or a failed build is said loudly, and the run goes on in pure Python.
 build_compiled() {
@@ -36,7 +36,7 @@ cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
     serve)
-        setup serve '.'
+        setup serve .
         build_compiled
         exec "$VENV/bin/pystub-backend" --model-repository examples/models "$@"
         ;;
