@@ -18,15 +18,31 @@ setup() {
         touch "$stamp"
     fi
 }
+# build_compiled: the compiled hot path is off by default (docs/compiled.md: measured end to end it
+# spends no less CPU per request than pure Python). PYSTUB_BUILD_COMPILED=1 opts in: compile it
+# (tools/build_compiled.py, a no-op while its manifest of source hashes matches); a missing
+# compiler or a failed build is said loudly, and the run goes on in pure Python.
+build_compiled() {
+    [ "${PYSTUB_BUILD_COMPILED:-0}" = 1 ] || return 0
+    "$VENV/bin/pip" install --quiet -e '.[compiled]'
+    if ! "$VENV/bin/python" tools/build_compiled.py; then
+        echo "******************************************************************************" >&2
+        echo "* the compiled hot path could not be built (above): running PURE PYTHON       *" >&2
+        echo "******************************************************************************" >&2
+        export PYSTUB_PURE_PYTHON=1
+    fi
+}
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
     serve)
         setup serve .
+        build_compiled
         exec "$VENV/bin/pystub-backend" --model-repository examples/models "$@"
         ;;
     test)
         setup test '.[test,dev,docs]'
+        build_compiled
         # Real Triton 2.51 is the oracle of tests/differential: install it into .bench/venv (once).
         # Offline, the tier fails under CI=true and skips with the reason elsewhere.
         # The reason travels to the tier in DIFFERENTIAL_TRITON_ERROR, so test workers do not retry.
@@ -62,6 +78,7 @@ from compare.environment import ensure_candidates; ensure_candidates()' >/dev/nu
         [ $lint -ne 0 ] && { echo "ruff reported findings (above)"; [ $rc -eq 0 ] && rc=1; }
         [ $types -ne 0 ] && { echo "mypy reported errors (above)"; [ $rc -eq 0 ] && rc=1; }
         [ $docs -ne 0 ] && { echo "mkdocs build --strict failed (above)"; [ $rc -eq 0 ] && rc=1; }
+        [ -n "${PYSTUB_PURE_PYTHON:-}" ] && echo "NOTE: this run was PURE PYTHON (PYSTUB_PURE_PYTHON=$PYSTUB_PURE_PYTHON)" >&2
         exit $rc
         ;;
     *)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from pystub_backend._native_loader import STATE as NATIVE_STATE
 from pystub_backend.backend.core import Core, CoreOptions
 from pystub_backend.backend.features.response_cache import CacheConfigError
 from pystub_backend.backend.frontends.http.access_log import HttpAccessLogger
@@ -175,6 +176,7 @@ async def serve(options: ServerOptions) -> int:
         for problem in busy:
             log.error("failed to start a listener: %s", problem)
         return 1
+    _log_native_state()
     stop = asyncio.Event()
     _install_signal_handlers(stop)
     forbid_inspection()  # models (same uid) cannot read the arenas through /proc/<backend pid>
@@ -188,6 +190,15 @@ async def serve(options: ServerOptions) -> int:
         return await _serve_with(options, devices, stop, template)
     finally:
         devices.close()
+
+
+def _log_native_state() -> None:
+    """Say whether the hot path runs compiled: a compiled module older than its source is a warning."""
+    state = NATIVE_STATE
+    if state.stale:
+        log.warning("hot path: %s; stale: %s", state.reason, ", ".join(state.stale))
+    else:
+        log.info("hot path: %s (%s)", state.mode, state.reason)
 
 
 def _discover_gpus(options: ServerOptions) -> DeviceSystem:

@@ -17,6 +17,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import pystub_backend
 from pystub_backend.ipc.status import Status
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.event_loop import EscapedExit, InstanceLoop, unwrap
@@ -70,7 +71,10 @@ def failure_text(instance_name: str, exc: BaseException) -> str:
     return f"Failed to process the request(s) for model '{instance_name}', message: {detail}"
 
 
-_PYSTUB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# pystub's own frames: from its source files, and from its compiled modules, whose frames name their
+# source relative to the package's parent (this module's __file__ may be its compiled extension's).
+_PYSTUB_DIR = os.path.dirname(os.path.abspath(pystub_backend.__file__))
+_PYSTUB_FRAMES = (_PYSTUB_DIR, "pystub_backend" + os.sep, "<frozen ")
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"]
 
 
@@ -86,7 +90,7 @@ def model_frames(exc: BaseException) -> str:
     tb = exc.__traceback__
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
-        ours = filename.startswith((_PYSTUB_DIR, "<frozen "))
+        ours = filename.startswith(_PYSTUB_FRAMES)
         wrapper = ours or (not frames and filename.startswith(_STDLIB_DIR))
         if not wrapper:
             frames.append(f"  {filename}({tb.tb_lineno}): {tb.tb_frame.f_code.co_name}\n")

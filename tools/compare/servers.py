@@ -118,12 +118,14 @@ def _wait_ready(server: Server) -> None:
 
 def start_pystub(repositories: dict[str, Path], workdir: Path, client_shm: bool = True, *,
                  name: str = "pystub", root: Path = ROOT, cpus: str | None = None,
-                 extra: list[str] | None = None) -> Server:
+                 extra: list[str] | None = None, env_extra: dict[str, str] | None = None) -> Server:
     """pystub-backend from checkout `root` (default: this one); with `client_shm` it is asked for the
     system shared memory extension; with `cpus` it runs pinned to them (`taskset -c`, which its
-    children inherit); `extra` flags are appended (--pystub-args)."""
+    children inherit); `extra` flags are appended (--pystub-args); `env_extra` is added to its
+    environment."""
     http, grpc, metrics = free_ports(3)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p))
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, **(env_extra or {}), PYTHONPATH=path)
     pin = ["taskset", "-c", cpus] if cpus else []
     command = [*pin, sys.executable, "-m", "pystub_backend.backend", "--model-repository", str(repositories["models"]),
                "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]

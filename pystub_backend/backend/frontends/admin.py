@@ -1,6 +1,7 @@
 """The admin endpoint behind `stubctl`: per-stub facts, read from the supervisor and the OS.
 
     GET  /v2/pystub/stubs                          -> {"stubs": [row, ...]}   (read-only)
+    GET  /v2/pystub/build                          -> whether the hot path runs compiled (read-only)
     POST /v2/pystub/stubs/{model}/restart          restart every instance of the model
     POST /v2/pystub/stubs/{model}/{instance}/restart
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pystub_backend._native_loader import STATE as NATIVE_STATE
 from pystub_backend.backend.core import Core
 from pystub_backend.backend.core.table import check_model_name
 from pystub_backend.backend.errors import ServerError
@@ -110,6 +112,10 @@ def admin_routes(core: Core) -> list[web.RouteDef]:
     async def restart(request: web.Request) -> web.Response:
         return await _restart(core, request)
 
+    async def build(_: web.Request) -> web.Response:
+        return web.json_response(NATIVE_STATE.as_dict())
+
     return [web.get("/v2/pystub/stubs", stubs),
+            web.get("/v2/pystub/build", build),
             web.post("/v2/pystub/stubs/{model}/restart", restart),
             web.post("/v2/pystub/stubs/{model}/{instance}/restart", restart)]
