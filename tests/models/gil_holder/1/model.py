@@ -13,13 +13,16 @@ _BACKTRACKS = re.compile(r"(a+)+$")  # on "a" * n + "b": about 2**n steps, and `
 
 
 def _backtrack(n: int) -> float:
-    started = time.monotonic()
+    # CPU time, not wall time: on a loaded machine wall time would overstate a step's cost and the
+    # call sized from it would hold the GIL for less than asked
+    started = time.thread_time()
     _BACKTRACKS.match("a" * n + "b")
-    return time.monotonic() - started
+    return time.thread_time() - started
 
 
 def _work(seconds: float) -> None:
-    """One regular expression call of at least about `seconds` (each extra character doubles it)."""
+    """One regular expression call of at least about `seconds` of CPU (each extra character doubles
+    it), so at least as long in wall time, however loaded the machine is."""
     n = 14
     while (took := _backtrack(n)) < 0.2:
         n += 1
