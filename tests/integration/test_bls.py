@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from bls_calls import drive as drive_at
 from harness import TEST_MODELS, Backend, make_repository, module_backend
 
 STUB_TIMEOUT = 4
@@ -44,15 +45,7 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
 
 def drive(backend: Backend, params: dict[str, Any], data: np.ndarray | None = None, model: str = "bls_driver",
           ) -> tuple[np.ndarray, dict[str, Any]]:
-    data = np.arange(4, dtype=np.float32) if data is None else data
-    client = httpclient.InferenceServerClient(backend.http_url, network_timeout=300)
-    try:
-        tensor = httpclient.InferInput("IN", list(data.shape), "FP32")
-        tensor.set_data_from_numpy(data, binary_data=True)
-        result = client.infer(model, [tensor], parameters=params)
-        return result.as_numpy("OUT"), json.loads(result.as_numpy("INFO")[0])
-    finally:
-        client.close()
+    return drive_at(backend.http_url, params, data, model)
 
 
 def stream_drive(backend: Backend, model: str, params: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:

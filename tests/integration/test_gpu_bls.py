@@ -15,7 +15,6 @@ CUDA cannot export again, gets the caller's host copy.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tritonclient.http as httpclient
+from bls_calls import drive
 from harness import Backend, module_backend
 
 from pystub_backend.devices import FAKE_VARIABLE
@@ -155,14 +154,7 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
 def _infer(backend: Backend, model: str, params: dict[str, Any],
            data: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, Any]]:
     data = np.arange(6, dtype=np.float32) if data is None else data
-    client = httpclient.InferenceServerClient(backend.http_url, network_timeout=60)
-    try:
-        tensor = httpclient.InferInput("IN", list(data.shape), "FP32")
-        tensor.set_data_from_numpy(data, binary_data=True)
-        result = client.infer(model, [tensor], parameters=params)
-        return result.as_numpy("OUT"), json.loads(result.as_numpy("INFO")[0])
-    finally:
-        client.close()
+    return drive(backend.http_url, params, data, model, network_timeout=60)
 
 
 def _until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
