@@ -146,9 +146,14 @@ class TritonServer:
                                             start_new_session=True)
         LONG_LIVED_PIDS.add(self.process.pid)
 
-    def died(self) -> str | None:
-        """None while Triton runs; else its exit status and the tail of its log."""
-        if self.process is None or self.process.poll() is None:
+    def died(self, within: float = 0.0) -> str | None:
+        """None while Triton runs (after waiting up to `within` s for it to exit); else its exit
+        status and the tail of its log."""
+        if self.process is None:
+            return None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(within)
+        if self.process.poll() is None:
             return None
         return f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}"
 
