@@ -179,6 +179,7 @@ def test_reporter_sees_every_change():
         def metric_deleted(self, family, labels):
             events.append(("deleted", family, labels))
 
+    gc.collect()  # metrics earlier tests left unreachable would report their deletion here
     _runtime.set_metric_reporter(Reporter())
     family = _family(MetricFamily.HISTOGRAM, "reported")
     name = family._record.name
