@@ -6,6 +6,9 @@ must answer as the single process does. A file whose cases never reach the front
 model's own pb_utils calls) names the variants it needs in `PYSTUB_VARIANTS_RUN`; the others are
 deselected.
 
+Both servers load the models of oracle.STARTUP_MODELS at start-up, or those a file names in
+`PAIR_MODELS` (the others stay in the repository, unloaded, for the repository API).
+
 Known differences live in known.py, keyed by test id (without the pystub variant); this conftest
 marks those tests `xfail(strict=True)` with the difference as the reason, so a fix shows up as an
 XPASS failure and the entry must then be removed.
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from known import KNOWN
-from oracle import PYSTUB_VARIANTS, Pair, running_pair, without_variant
+from oracle import PYSTUB_VARIANTS, STARTUP_MODELS, Pair, running_pair, without_variant
 
 _HERE = Path(__file__).resolve().parent
 
@@ -28,7 +31,10 @@ def _module_pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
     # One pair per file and variant, not per process: each file then sees servers in the same
     # state whatever ran before it (pytest-xdist --dist loadfile starts one pair per file anyway).
     # Not one Triton for both variants: its state (custom metrics, a BLS callee's) carries over.
-    with running_pair(*PYSTUB_VARIANTS[request.param]) as started:
+    # A file that needs few of the models names them in PAIR_MODELS: each server then boots only
+    # those stubs (every one of the tier's pairs boots about 40 of them otherwise).
+    models = getattr(request.module, "PAIR_MODELS", STARTUP_MODELS)
+    with running_pair(models, *PYSTUB_VARIANTS[request.param]) as started:
         yield started
 
 

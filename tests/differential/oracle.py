@@ -25,7 +25,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +37,14 @@ MODELS = Path(__file__).resolve().parent / "models"
 STARTUP_MODELS = ("add_sub", "batched", "bytes_echo", "bf16_echo", "dyn_batch", "repeat", "bls_caller",
                   "bls_stream", "seq_acc", "params_echo", "counter", "controller", "raiser", "gen", "gen_stream",
                   "pb_args", "send_twice", "metric_maker")
-COMMON_FLAGS = ("--model-control-mode=explicit", *(f"--load-model={name}" for name in STARTUP_MODELS))
+
+
+def control_flags(models: Sequence[str]) -> tuple[str, ...]:
+    """Both servers' model control: explicit, with `models` loaded at start-up."""
+    return ("--model-control-mode=explicit", *(f"--load-model={name}" for name in models))
+
+
+COMMON_FLAGS = control_flags(STARTUP_MODELS)
 _START_TIMEOUT = 120.0
 _STOP_TIMEOUT = 30.0
 
@@ -117,9 +124,10 @@ def triton_or_skip() -> BenchEnv:
 class TritonServer:
     """tritonserver on free loopback ports, in its own process group."""
 
-    def __init__(self, repository: Path, workdir: Path) -> None:
+    def __init__(self, repository: Path, workdir: Path, flags: Sequence[str] = COMMON_FLAGS) -> None:
         self.env = triton_or_skip()
         self.repository = repository
+        self.flags = tuple(flags)
         self.log_path = workdir / "triton.log"
         self.prefix = f"difftriton_{os.getpid()}_{int(time.time() * 1000) % 100000}_"
         self.process: subprocess.Popen[bytes] | None = None
@@ -139,7 +147,7 @@ class TritonServer:
                    f"--http-port={self.endpoint.http_port}", f"--grpc-port={self.endpoint.grpc_port}",
                    f"--metrics-port={self.endpoint.metrics_port}", "--http-address=127.0.0.1",
                    "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1", "--exit-timeout-secs=5",
-                   f"--backend-config=python,shm-region-prefix-name={self.prefix}", *COMMON_FLAGS]
+                   f"--backend-config=python,shm-region-prefix-name={self.prefix}", *self.flags]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             cwd=str(self.log_path.parent), env=env.triton_env(),
@@ -221,13 +229,14 @@ def without_variant(name: str) -> str:
 
 
 @contextlib.contextmanager
-def running_pair(*pystub_flags: str) -> Iterator[Pair]:
+def running_pair(models: Sequence[str], *pystub_flags: str) -> Iterator[Pair]:
     """Start Triton and pystub (with `pystub_flags` besides the common ones) on copies of the
-    repository; stop both at the end."""
+    repository, with `models` loaded; stop both at the end."""
     workdir = Path(tempfile.mkdtemp(prefix="differential-"))
     try:
-        triton = TritonServer(copy_models(workdir / "triton"), workdir)
-        backend = Backend(copy_models(workdir / "pystub"), *COMMON_FLAGS, "--allow-client-shm=true", *pystub_flags)
+        flags = control_flags(models)
+        triton = TritonServer(copy_models(workdir / "triton"), workdir, flags)
+        backend = Backend(copy_models(workdir / "pystub"), *flags, "--allow-client-shm=true", *pystub_flags)
         try:
             triton.launch()   # both load their models at once: the pair is up in the slower one's time
             with module_backend(backend):

@@ -17,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 # What a model's pb_utils calls do lives in the core and the stubs; the frontend workers' own
 # protocol work is compared in test_infer.py and test_endpoints.py.
 PYSTUB_VARIANTS_RUN = ("single-process",)
+PAIR_MODELS = ("metric_maker", "send_twice")  # `loadable` is loaded through the repository API
 
 HANG = 5.0   # seconds: how long a request Triton never answers is waited for
 

@@ -27,6 +27,7 @@ from pystub_backend.stub import pb_utils
 # Every case runs inside a model and answers through the same request path: the frontend
 # workers variant would repeat the stub's work, not test the frontends (see conftest.py).
 PYSTUB_VARIANTS_RUN = ("single-process",)
+PAIR_MODELS = ("pb_args", "repeat")  # the cases' BLS calls go to `repeat`
 
 
 def _table() -> ModuleType:

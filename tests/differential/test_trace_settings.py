@@ -14,6 +14,8 @@ import tritonclient.grpc as grpcclient
 from calls import agree, both, raw
 from oracle import Endpoint, Pair
 
+PAIR_MODELS = ("add_sub",)
+
 _GLOBAL = "/v2/trace/setting"
 
 

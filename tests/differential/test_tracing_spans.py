@@ -14,8 +14,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import oracle
-import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from calls import agree
@@ -55,14 +53,13 @@ def _shape(spans: list[ReceivedSpan], client_spans: set[str]) -> list[Shape]:
     return sorted(shapes, key=repr)
 
 
-def test_spans_of_http_bls_and_grpc_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spans_of_http_bls_and_grpc_requests(tmp_path: Path) -> None:
     repository = make_repository(tmp_path, "trace_bls", "bls_leaf")
     trace_ids, span_ids = [os.urandom(16).hex() for _ in range(2)], [os.urandom(8).hex() for _ in range(2)]
     parents = [f"00-{trace}-{span}-01" for trace, span in zip(trace_ids, span_ids, strict=True)]
     shapes = []
     with Collector() as triton_collector, Collector() as pystub_collector:
-        monkeypatch.setattr(oracle, "COMMON_FLAGS", _flags(triton_collector.url))  # all models, traced
-        triton = TritonServer(repository, tmp_path)
+        triton = TritonServer(repository, tmp_path, _flags(triton_collector.url))  # all models, traced
         endpoint = triton.start()
         try:
             _send(endpoint.http_url, endpoint.grpc_url, *parents)

@@ -17,6 +17,8 @@ import tritonclient.grpc as grpcclient
 from calls import agree, raw
 from oracle import Endpoint, Pair
 
+PAIR_MODELS: tuple[str, ...] = ()  # `placed` is loaded, case by case, through the repository API
+
 _IO = {"backend": "python", "max_batch_size": 0,
        "input": [{"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [1]}],
        "output": [{"name": "OUTPUT0", "data_type": "TYPE_INT32", "dims": [1]}]}
