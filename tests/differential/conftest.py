@@ -44,7 +44,8 @@ def pair(_module_pair: Pair) -> Iterator[Pair]:
 
     A test after which Triton is no longer running fails with Triton's last log lines, and Triton
     is started again, so that one crash of the oracle is blamed on the request that caused it and
-    does not fail every later test."""
+    does not fail every later test. (Triton's abort on its own lock timeout under load is not
+    blamed on the request: calls.ask_triton restarts it and asks again.)"""
     yield _module_pair
     death = _module_pair.triton_server.died()
     if death is not None:
