@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import grpc
 
 __all__ = ["Header", "Metadata", "MessageReader", "WireError", "parse_timeout", "metadata_of", "metadata_headers",
-           "status_headers", "frame", "compress", "response_encoding", "ACCEPT_ENCODING", "SUPPORTED_ENCODINGS"]
+           "status_headers", "frame_parts", "compress", "response_encoding", "ACCEPT_ENCODING", "SUPPORTED_ENCODINGS"]
 
 Header = tuple[bytes, bytes]
 Metadata = tuple[tuple[str, str | bytes], ...]
@@ -127,13 +127,15 @@ def compress(payload: bytes, encoding: str, level: int = 6) -> bytes:
     return packer.compress(payload) + packer.flush()
 
 
-def frame(payload: bytes, encoding: str | None = None) -> bytes:
-    """One message on the wire, compressed with `encoding` when that makes it smaller."""
+def frame_parts(payload: bytes, encoding: str | None = None) -> tuple[bytes, bytes]:
+    """One message on the wire as (its 5-byte prefix, its body), compressed with `encoding` when that
+    makes it smaller. Two parts, not one: libnghttp2 packs them into the same DATA frame, and the
+    body (up to the whole message) is not copied to join them."""
     if encoding is not None:
         packed = compress(payload, encoding)
         if len(packed) < len(payload):
-            return b"\x01" + len(packed).to_bytes(4, "big") + packed
-    return b"\x00" + len(payload).to_bytes(4, "big") + payload
+            return b"\x01" + len(packed).to_bytes(4, "big"), packed
+    return b"\x00" + len(payload).to_bytes(4, "big"), payload
 
 
 # grpc core's choice for a compression level: the accepted algorithms in its "ratio" order
