@@ -116,3 +116,14 @@ def test_ping_strikes_follow_grpc_core() -> None:
     assert not judge.too_many(3.5, calls_open=True) and not judge.too_many(20.0, calls_open=True)
     idle = PingJudge(ConnectionPolicy(min_ping_interval=10.0, max_ping_strikes=0))
     assert not any(idle.too_many(float(now), calls_open=False) for now in range(10))  # 0: no limit
+
+
+def test_reader_joins_a_message_from_pieces_and_keeps_what_follows() -> None:
+    """A message in DATA-frame pieces, its prefix split across two, the next message starting in the
+    piece that ends it: each comes out whole, once."""
+    big, small = bytes(range(256)) * 300, b"next"
+    data = _frame(big) + _frame(small)
+    reader = MessageReader(None, -1)
+    pieces = [data[:3], data[3:16384], data[16384:len(data) - 6], data[len(data) - 6:]]
+    messages = [message for piece in pieces for message in reader.feed(piece)]
+    assert messages == [big, small] and not reader.partial
