@@ -12,13 +12,18 @@ from pystub_backend.backend.frontends.grpc.h2.policy import ConnectionPolicy, Pi
 from pystub_backend.backend.frontends.grpc.h2.wire import (
     MessageReader,
     WireError,
-    frame,
+    frame_parts,
     metadata_headers,
     metadata_of,
     parse_timeout,
     response_encoding,
     status_headers,
 )
+
+
+def _frame(payload: bytes, encoding: str | None = None) -> bytes:
+    """One message as the writer puts it on the wire: prefix and body, joined."""
+    return b"".join(frame_parts(payload, encoding))
 
 
 @pytest.mark.parametrize(("text", "seconds"), [(b"1S", 1.0), (b"250m", 0.25), (b"3M", 180.0), (b"2H", 7200.0),
@@ -64,7 +69,7 @@ def test_response_encoding_follows_grpc_core_levels() -> None:
 
 
 def test_reader_cuts_messages_across_chunks() -> None:
-    data = frame(b"first") + frame(b"") + frame(b"x" * 1000)
+    data = _frame(b"first") + _frame(b"") + _frame(b"x" * 1000)
     reader = MessageReader(None, -1)
     messages = [message for start in range(0, len(data), 7) for message in reader.feed(data[start:start + 7])]
     assert messages == [b"first", b"", b"x" * 1000] and not reader.partial
@@ -76,13 +81,13 @@ def test_reader_inflates_compressed_messages(encoding: str) -> None:
     packed = gzip.compress(payload) if encoding == "gzip" else zlib.compress(payload)
     wire = b"\x01" + len(packed).to_bytes(4, "big") + packed
     assert MessageReader(encoding, -1).feed(wire) == [payload]
-    assert frame(payload, encoding)[0] == 1  # and the writer compresses what shrinks
-    assert MessageReader(encoding, -1).feed(frame(payload, encoding)) == [payload]
+    assert _frame(payload, encoding)[0] == 1  # and the writer compresses what shrinks
+    assert MessageReader(encoding, -1).feed(_frame(payload, encoding)) == [payload]
 
 
 def test_reader_refuses_oversized_and_unannounced_compressed_messages() -> None:
     with pytest.raises(WireError) as info:
-        MessageReader(None, 10).feed(frame(b"x" * 11))
+        MessageReader(None, 10).feed(_frame(b"x" * 11))
     assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     bomb = zlib.compress(bytes(1 << 20))
     with pytest.raises(WireError) as info:  # a small compressed message inflating past the limit
@@ -111,3 +116,14 @@ def test_ping_strikes_follow_grpc_core() -> None:
     assert not judge.too_many(3.5, calls_open=True) and not judge.too_many(20.0, calls_open=True)
     idle = PingJudge(ConnectionPolicy(min_ping_interval=10.0, max_ping_strikes=0))
     assert not any(idle.too_many(float(now), calls_open=False) for now in range(10))  # 0: no limit
+
+
+def test_reader_joins_a_message_from_pieces_and_keeps_what_follows() -> None:
+    """A message in DATA-frame pieces, its prefix split across two, the next message starting in the
+    piece that ends it: each comes out whole, once."""
+    big, small = bytes(range(256)) * 300, b"next"
+    data = _frame(big) + _frame(small)
+    reader = MessageReader(None, -1)
+    pieces = [data[:3], data[3:16384], data[16384:len(data) - 6], data[len(data) - 6:]]
+    messages = [message for piece in pieces for message in reader.feed(piece)]
+    assert messages == [big, small] and not reader.partial

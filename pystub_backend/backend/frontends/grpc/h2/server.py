@@ -19,6 +19,7 @@ import grpc
 
 from pystub_backend.backend.frontends.grpc.h2.connection import H2Connection
 from pystub_backend.backend.frontends.grpc.h2.context import H2ServicerContext
+from pystub_backend.backend.frontends.grpc.h2.heap import HeapTrimmer
 from pystub_backend.backend.frontends.grpc.h2.policy import ConnectionPolicy
 
 __all__ = ["H2Server", "ServerState"]
@@ -45,6 +46,7 @@ class ServerState:
         self.methods: dict[str, grpc.RpcMethodHandler] = {}
         self.generic: list[grpc.GenericRpcHandler] = []
         self.call_ended = asyncio.Event()  # set whenever a call ends (stop's grace waits on it)
+        self.heap = HeapTrimmer()  # closed connections' memory back to the system
         self._chain: _Continuation = self._find
         for interceptor in reversed(interceptors):
             self._chain = _intercepted(interceptor, self._chain)
@@ -165,6 +167,7 @@ class H2Server:
             sock.close()
         for path in self._unix_paths:
             _unlink(path)
+        self._state.heap.cancel()
 
     async def wait_for_termination(self, timeout: float | None = None) -> bool:
         return True

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import zlib
 from collections.abc import Iterable, Sequence
 
 import grpc
 
 __all__ = ["Header", "Metadata", "MessageReader", "WireError", "parse_timeout", "metadata_of", "metadata_headers",
-           "status_headers", "frame", "compress", "response_encoding", "ACCEPT_ENCODING", "SUPPORTED_ENCODINGS"]
+           "status_headers", "frame_parts", "compress", "response_encoding", "ACCEPT_ENCODING", "SUPPORTED_ENCODINGS"]
 
 Header = tuple[bytes, bytes]
 Metadata = tuple[tuple[str, str | bytes], ...]
@@ -127,13 +128,15 @@ def compress(payload: bytes, encoding: str, level: int = 6) -> bytes:
     return packer.compress(payload) + packer.flush()
 
 
-def frame(payload: bytes, encoding: str | None = None) -> bytes:
-    """One message on the wire, compressed with `encoding` when that makes it smaller."""
+def frame_parts(payload: bytes, encoding: str | None = None) -> tuple[bytes, bytes]:
+    """One message on the wire as (its 5-byte prefix, its body), compressed with `encoding` when that
+    makes it smaller. Two parts, not one: libnghttp2 packs them into the same DATA frame, and the
+    body (up to the whole message) is not copied to join them."""
     if encoding is not None:
         packed = compress(payload, encoding)
         if len(packed) < len(payload):
-            return b"\x01" + len(packed).to_bytes(4, "big") + packed
-    return b"\x00" + len(payload).to_bytes(4, "big") + payload
+            return b"\x01" + len(packed).to_bytes(4, "big"), packed
+    return b"\x00" + len(payload).to_bytes(4, "big"), payload
 
 
 # grpc core's choice for a compression level: the accepted algorithms in its "ratio" order
@@ -154,35 +157,64 @@ def response_encoding(level: int, accepted: bytes | None) -> str | None:
 
 
 class MessageReader:
-    """Cuts a stream's DATA into messages, decompressing those flagged compressed."""
+    """Cuts a stream's DATA into messages, decompressing those flagged compressed.
+
+    A message longer than one DATA frame (16 KiB by default) arrives in pieces: they are kept as
+    they came and joined once, when the message is whole (one copy; growing one buffer by each
+    piece copied a 1 MiB message about ten times over, 3 ms of CPU per message, measured)."""
 
     def __init__(self, encoding: str | None, max_length: int) -> None:
-        self._buffer = bytearray()
+        self._pieces: collections.deque[bytes | memoryview] = collections.deque()
+        self._buffered = 0  # bytes in _pieces
         self._encoding = encoding
         self._max = max_length  # -1: no limit
 
     @property
     def partial(self) -> bool:
         """Whether bytes of an unfinished message are waiting."""
-        return bool(self._buffer)
+        return self._buffered > 0
 
     def feed(self, data: bytes) -> list[bytes]:
         """The messages `data` completes. Raises WireError."""
-        if not self._buffer and len(data) >= _PREFIX and len(data) == _PREFIX + int.from_bytes(data[1:5], "big"):
+        if not self._buffered and len(data) >= _PREFIX and len(data) == _PREFIX + int.from_bytes(data[1:5], "big"):
             return [self._message(data[0], data[_PREFIX:])]  # the usual case: one whole message
-        self._buffer += data
+        if data:
+            self._pieces.append(data)
+            self._buffered += len(data)
         messages = []
-        while len(self._buffer) >= _PREFIX:
-            length = int.from_bytes(self._buffer[1:5], "big")
+        while self._buffered >= _PREFIX:
+            prefix = self._prefix()
+            length = int.from_bytes(prefix[1:5], "big")
             if 0 <= self._max < length:
                 raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"Received message larger than max ({length} vs. {self._max})")
-            if len(self._buffer) < _PREFIX + length:
+            if self._buffered < _PREFIX + length:
                 break
-            flag = self._buffer[0]
-            messages.append(self._message(flag, bytes(self._buffer[_PREFIX:_PREFIX + length])))
-            del self._buffer[:_PREFIX + length]
+            messages.append(self._message(prefix[0], self._take(_PREFIX + length)))
         return messages
+
+    def _prefix(self) -> bytes:
+        """The next message's 5-byte prefix (the first piece holds it whole afterwards)."""
+        if len(self._pieces[0]) < _PREFIX:  # split across pieces: rare, and bounded by one message
+            joined = b"".join(self._pieces)
+            self._pieces.clear()
+            self._pieces.append(joined)
+        return bytes(self._pieces[0][:_PREFIX])
+
+    def _take(self, end: int) -> bytes:
+        """The body of the message whose prefix and body are the next `end` bytes, in one copy."""
+        parts: list[bytes | memoryview] = []
+        taken = 0
+        while taken < end:
+            piece = memoryview(self._pieces.popleft())
+            if taken + len(piece) > end:  # the next message starts inside this piece
+                self._pieces.appendleft(piece[end - taken:])
+                piece = piece[:end - taken]
+            parts.append(piece)
+            taken += len(piece)
+        self._buffered -= end
+        parts[0] = parts[0][_PREFIX:]
+        return b"".join(parts)
 
     def _message(self, flag: int, payload: bytes) -> bytes:
         if 0 <= self._max < len(payload):
