@@ -160,3 +160,22 @@ def test_a_connection_without_the_preface_is_closed_at_the_handshake_limit(start
     finally:
         client.close()
     assert closed - opened >= 0.3
+
+
+def test_accepted_tcp_connections_do_not_wait_for_acks_to_send(started: list[_Running]) -> None:
+    """TCP_NODELAY on every accepted connection: with Nagle's algorithm an answer's last small
+    frames waited for the client's delayed ACK (40 ms)."""
+    started.append(running := _Running({}))
+    client = _Client(running.port)
+    try:
+        async def accepted() -> list[int]:
+            deadline = time.monotonic() + _WAIT
+            while not running.server._state.connections:
+                assert time.monotonic() < deadline, "timed out waiting for the server to accept the connection"
+                await asyncio.sleep(0.01)
+            return [connection._transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                    for connection in running.server._state.connections]
+
+        assert running._run(accepted()) == [1]
+    finally:
+        client.sock.close()
