@@ -11,8 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
-
-from pystub_backend.backend.frontends.grpc.h2 import H2Server
+from h2_server import RunningH2Server
 
 _SERVICE = "test.Echo"
 _WAIT = 10.0  # seconds any one step may take
@@ -67,36 +66,14 @@ def _handlers(probe: _Probe) -> dict[str, grpc.RpcMethodHandler]:
             "Chat": grpc.stream_stream_rpc_method_handler(chat)}
 
 
-class _Running:
-    def __init__(self, probe: _Probe, options: dict[str, int]) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="h2-test-server")
-        self.thread.start()
-        self.server = H2Server({"grpc.max_receive_message_length": -1, **options})
-        self.server.add_registered_method_handlers(_SERVICE, _handlers(probe))
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        self.run(self.server.start())
-
-    def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=_WAIT)
-
-    def close(self) -> None:
-        try:
-            self.run(self.server.stop(None))
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=_WAIT)
-            self.loop.close()
-
-
 @pytest.fixture
 def probe() -> _Probe:
     return _Probe()
 
 
 @pytest.fixture
-def server(probe: _Probe) -> Iterator[_Running]:
-    running = _Running(probe, {})
+def server(probe: _Probe) -> Iterator[RunningH2Server]:
+    running = RunningH2Server({"grpc.max_receive_message_length": -1}, {_SERVICE: _handlers(probe)})
     try:
         yield running
     finally:
@@ -104,7 +81,7 @@ def server(probe: _Probe) -> Iterator[_Running]:
 
 
 @pytest.fixture
-def channel(server: _Running) -> Iterator[grpc.Channel]:
+def channel(server: RunningH2Server) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(f"127.0.0.1:{server.port}",
                                options=[("grpc.max_receive_message_length", -1)]) as opened:
         yield opened

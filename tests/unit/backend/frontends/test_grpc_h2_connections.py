@@ -5,43 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import ngh2
 import pytest
-
-from pystub_backend.backend.frontends.grpc.h2 import H2Server
+from h2_server import RunningH2Server
 
 _WAIT = 10.0
 
 
-class _Running:
-    def __init__(self, options: dict[str, int]) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="h2-policy-server")
-        self.thread.start()
-        self.server = H2Server(options)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        self._run(self.server.start())
-
-    def _run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=_WAIT)
-
-    def close(self) -> None:
-        try:
-            self._run(self.server.stop(None))
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=_WAIT)
-            self.loop.close()
-
-
 @pytest.fixture
-def started() -> Iterator[list[_Running]]:
-    servers: list[_Running] = []
+def started() -> Iterator[list[RunningH2Server]]:
+    servers: list[RunningH2Server] = []
     try:
         yield servers
     finally:
@@ -87,8 +63,8 @@ class _Client:
         self.sock.close()
 
 
-def test_too_many_pings_get_goaway(started: list[_Running]) -> None:
-    started.append(_Running({"grpc.http2.max_ping_strikes": 2}))
+def test_too_many_pings_get_goaway(started: list[RunningH2Server]) -> None:
+    started.append(RunningH2Server({"grpc.http2.max_ping_strikes": 2}))
     client = _Client(started[0].port)
     try:
         for _ in range(4):  # the default minimum interval is 5 minutes: each ping after the first is a strike
@@ -102,8 +78,8 @@ def test_too_many_pings_get_goaway(started: list[_Running]) -> None:
     assert goaway[0].debug_data == b"too_many_pings"
 
 
-def test_pings_within_the_policy_are_answered(started: list[_Running]) -> None:
-    started.append(_Running({"grpc.http2.max_ping_strikes": 0, "grpc.max_connection_idle_ms": 1000}))
+def test_pings_within_the_policy_are_answered(started: list[RunningH2Server]) -> None:
+    started.append(RunningH2Server({"grpc.http2.max_ping_strikes": 0, "grpc.max_connection_idle_ms": 1000}))
     client = _Client(started[0].port)
     try:
         for _ in range(5):  # 0 strikes: no limit
@@ -116,8 +92,8 @@ def test_pings_within_the_policy_are_answered(started: list[_Running]) -> None:
     assert not any(isinstance(event, ngh2.GoAwayReceived) and event.error_code for event in events)
 
 
-def test_idle_connection_gets_goaway_and_closes(started: list[_Running]) -> None:
-    started.append(_Running({"grpc.max_connection_idle_ms": 300}))
+def test_idle_connection_gets_goaway_and_closes(started: list[RunningH2Server]) -> None:
+    started.append(RunningH2Server({"grpc.max_connection_idle_ms": 300}))
     opened = time.monotonic()
     client = _Client(started[0].port)
     try:
@@ -128,8 +104,8 @@ def test_idle_connection_gets_goaway_and_closes(started: list[_Running]) -> None
     assert any(isinstance(event, ngh2.GoAwayReceived) and event.error_code == 0 for event in events)
 
 
-def test_keepalive_ping_without_ack_closes_the_connection(started: list[_Running]) -> None:
-    started.append(_Running({"grpc.keepalive_time_ms": 200, "grpc.keepalive_timeout_ms": 300}))
+def test_keepalive_ping_without_ack_closes_the_connection(started: list[RunningH2Server]) -> None:
+    started.append(RunningH2Server({"grpc.keepalive_time_ms": 200, "grpc.keepalive_timeout_ms": 300}))
     opened = time.monotonic()
     client = _Client(started[0].port)
     try:
@@ -139,8 +115,8 @@ def test_keepalive_ping_without_ack_closes_the_connection(started: list[_Running
     assert closed - opened >= 0.5  # the ping after 0.2 s, then 0.3 s for its ack
 
 
-def test_keepalive_ping_with_ack_keeps_the_connection(started: list[_Running]) -> None:
-    started.append(_Running({"grpc.keepalive_time_ms": 100, "grpc.keepalive_timeout_ms": 300,
+def test_keepalive_ping_with_ack_keeps_the_connection(started: list[RunningH2Server]) -> None:
+    started.append(RunningH2Server({"grpc.keepalive_time_ms": 100, "grpc.keepalive_timeout_ms": 300,
                              "grpc.max_connection_idle_ms": 1000}))
     client = _Client(started[0].port)
     try:
@@ -151,8 +127,8 @@ def test_keepalive_ping_with_ack_keeps_the_connection(started: list[_Running]) -
     assert any(isinstance(event, ngh2.GoAwayReceived) for event in events)  # closed by idleness, not keepalive
 
 
-def test_a_connection_without_the_preface_is_closed_at_the_handshake_limit(started: list[_Running]) -> None:
-    started.append(_Running({"grpc.server_handshake_timeout_ms": 300}))
+def test_a_connection_without_the_preface_is_closed_at_the_handshake_limit(started: list[RunningH2Server]) -> None:
+    started.append(RunningH2Server({"grpc.server_handshake_timeout_ms": 300}))
     opened = time.monotonic()
     client = _Client(started[0].port, preface=False)
     try:
@@ -162,10 +138,10 @@ def test_a_connection_without_the_preface_is_closed_at_the_handshake_limit(start
     assert closed - opened >= 0.3
 
 
-def test_accepted_tcp_connections_do_not_wait_for_acks_to_send(started: list[_Running]) -> None:
+def test_accepted_tcp_connections_do_not_wait_for_acks_to_send(started: list[RunningH2Server]) -> None:
     """TCP_NODELAY on every accepted connection: with Nagle's algorithm an answer's last small
     frames waited for the client's delayed ACK (40 ms)."""
-    started.append(running := _Running({}))
+    started.append(running := RunningH2Server({}))
     client = _Client(running.port)
     try:
         async def accepted() -> list[int]:
@@ -176,6 +152,6 @@ def test_accepted_tcp_connections_do_not_wait_for_acks_to_send(started: list[_Ru
             return [connection._transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
                     for connection in running.server._state.connections]
 
-        assert running._run(accepted()) == [1]
+        assert running.run(accepted()) == [1]
     finally:
         client.sock.close()
