@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from test_grpc_h2_calls import _SERVICE, _Probe, _Running
+from h2_server import RunningH2Server
+from test_grpc_h2_calls import _SERVICE, _handlers, _Probe
 
 from pystub_backend.backend.frontends.grpc.h2.heap import TRIM_AFTER_BYTES, HeapTrimmer
 
@@ -37,15 +38,15 @@ def test_closes_in_one_burst_ask_for_one_trim() -> None:
 
 
 @pytest.fixture
-def server() -> Iterator[_Running]:
-    running = _Running(_Probe(), {})
+def server() -> Iterator[RunningH2Server]:
+    running = RunningH2Server({"grpc.max_receive_message_length": -1}, {_SERVICE: _handlers(_Probe())})
     try:
         yield running
     finally:
         running.close()
 
 
-def _trims_after(server: _Running, payload: bytes) -> int:
+def _trims_after(server: RunningH2Server, payload: bytes) -> int:
     """Trims counted after one connection echoes `payload` and closes (waits for the one it causes)."""
     options = [("grpc.max_receive_message_length", -1)]
     with grpc.insecure_channel(f"127.0.0.1:{server.port}", options=options) as channel:
@@ -57,9 +58,9 @@ def _trims_after(server: _Running, payload: bytes) -> int:
     return heap.trims
 
 
-def test_a_connection_that_carried_much_trims_when_it_closes(server: _Running) -> None:
+def test_a_connection_that_carried_much_trims_when_it_closes(server: RunningH2Server) -> None:
     assert _trims_after(server, bytes(TRIM_AFTER_BYTES)) == 1
 
 
-def test_a_small_connection_does_not_trim(server: _Running) -> None:
+def test_a_small_connection_does_not_trim(server: RunningH2Server) -> None:
     assert _trims_after(server, b"small") == 0
