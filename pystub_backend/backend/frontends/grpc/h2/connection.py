@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from typing import TYPE_CHECKING
 
@@ -84,7 +83,6 @@ class H2Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # a stream transport
         self._peer = peer_name(transport)
-        _no_delay(transport)
         self._state.connections.add(self)
         self._h2.initiate_connection({ngh2.Setting.INITIAL_WINDOW_SIZE: _STREAM_WINDOW,
                                       ngh2.Setting.MAX_CONCURRENT_STREAMS: self._state.max_streams})
@@ -306,15 +304,3 @@ def _refusal(fields: dict[bytes, bytes]) -> tuple[bytes, grpc.StatusCode, str] |
     if b":path" not in fields:
         return b"400", grpc.StatusCode.INTERNAL, "no :path"
     return None
-
-
-
-def _no_delay(transport: asyncio.BaseTransport) -> None:
-    """Turn Nagle's algorithm off on a TCP connection, as grpc core does. asyncio does it only for
-    sockets whose protocol number is IPPROTO_TCP, and the listening socket server.py makes (for
-    SO_REUSEPORT) has 0, as do the sockets it accepts. With Nagle on, the small last frames of an
-    answer waited for the client's delayed ACK of the data before them (40 ms on Linux): in one
-    1 MiB call of ten, perf_analyzer measured 57 calls/s and p90 50 ms, against 131/s and 9 ms."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

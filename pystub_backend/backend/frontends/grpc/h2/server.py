@@ -194,7 +194,11 @@ def _unlink(path: str) -> None:
 
 def _tcp_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: the sockets accepted from it inherit the protocol number, and asyncio
+    # turns Nagle's algorithm off only where it is IPPROTO_TCP (as grpc core turns it off). With it
+    # on, an answer's small last frames waited for the client's delayed ACK (40 ms on Linux): one
+    # 1 MiB call in ten, 57 calls/s and p90 50 ms under perf_analyzer against 131/s and 9 ms.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if reuse_port:
