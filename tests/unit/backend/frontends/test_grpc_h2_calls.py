@@ -5,11 +5,15 @@ backpressure of a streamed response whose client does not read."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
+import ngh2
+import psutil
 import pytest
 from h2_server import RunningH2Server
 
@@ -169,3 +173,39 @@ def test_calls_that_stop_reading_give_the_window_back(channel: grpc.Channel) -> 
         assert first(iter([b"x" + chunk] * 8), timeout=_WAIT) == b"x"
     payload = bytes(4 << 20)
     assert _unary(channel, "Echo")(payload, timeout=_WAIT) == payload
+
+
+def _flood_unread(port: int) -> socket.socket:
+    """A raw HTTP/2 client that opens wide windows, asks for Flood, and never reads."""
+    client = socket.create_connection(("127.0.0.1", port), timeout=_WAIT)
+    h2 = ngh2.Connection(ngh2.Role.CLIENT)
+    h2.initiate_connection({ngh2.Setting.INITIAL_WINDOW_SIZE: (1 << 31) - 1})
+    h2.set_local_window_size((1 << 31) - 1)
+    stream = h2.send_request([(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"test"),
+                              (b":path", f"/{_SERVICE}/Flood".encode()), (b"content-type", b"application/grpc"),
+                              (b"te", b"trailers")])
+    h2.send_data(stream, b"\0\0\0\0\0", end_stream=True)  # one empty message
+    client.sendall(h2.data_to_send())
+    return client
+
+
+def test_stop_releases_a_connection_whose_client_reads_nothing(probe: _Probe) -> None:
+    """A client that reads nothing keeps the server's socket buffer full, so the connection's close
+    never finishes flushing; stop drops it rather than leave its socket open past the server."""
+    running = RunningH2Server({}, {_SERVICE: _handlers(probe)})
+    client = _flood_unread(running.port)
+    try:
+        async def backed_up() -> None:  # the socket's buffer is over its high water
+            deadline = time.monotonic() + _WAIT
+            while not any(connection._paused for connection in running.server._state.connections):
+                assert time.monotonic() < deadline, "timed out waiting for the unread stream to fill the socket"
+                await asyncio.sleep(0.01)
+
+        running.run(backed_up())
+    finally:
+        running.close()
+    try:
+        left = [held for held in psutil.Process().net_connections("tcp") if held.laddr.port == running.port]
+        assert not left, f"stop left the server's side of the connection open: {left}"
+    finally:
+        client.close()

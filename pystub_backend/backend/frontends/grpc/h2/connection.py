@@ -92,6 +92,7 @@ class H2Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._state.connections.discard(self)
+        self._state.connection_lost.set()
         self.timers.stop()
         for call in list(self.calls.values()):
             call.cancel()
@@ -147,6 +148,12 @@ class H2Connection(asyncio.Protocol):
             if data:
                 self._transport.write(data)
             self._transport.close()
+
+    def abort(self) -> None:
+        """Drop the socket now, with whatever it still had to send: a client that stopped reading
+        would otherwise keep a closed connection's buffer, and its socket, forever."""
+        if self._transport is not None:
+            self._transport.abort()
 
     # -- events --------------------------------------------------------------------------------------
     def _handle(self, event: ngh2.Event) -> None:

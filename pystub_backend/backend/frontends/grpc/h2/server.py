@@ -27,6 +27,7 @@ __all__ = ["H2Server", "ServerState"]
 _Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 _MAX_STREAMS = 1000
 _CANCELLED_HANDLERS_SECONDS = 5.0  # how long stop() waits for the handlers it cancelled to end
+_CLOSING_SECONDS = 1.0  # how long stop() lets closed connections flush their last frames
 
 
 class _CallDetails(NamedTuple):
@@ -46,6 +47,7 @@ class ServerState:
         self.methods: dict[str, grpc.RpcMethodHandler] = {}
         self.generic: list[grpc.GenericRpcHandler] = []
         self.call_ended = asyncio.Event()  # set whenever a call ends (stop's grace waits on it)
+        self.connection_lost = asyncio.Event()  # set whenever a connection's socket goes
         self.heap = HeapTrimmer()  # closed connections' memory back to the system
         self._chain: _Continuation = self._find
         for interceptor in reversed(interceptors):
@@ -152,7 +154,8 @@ class H2Server:
         for connection in connections:
             connection.goaway()
         if grace:
-            await _calls_ended(self._state, connections, grace)
+            await _wait_until(lambda: not any(connection.calls for connection in connections),
+                              self._state.call_ended, grace)
         handlers = [call.task for connection in self._state.connections for call in connection.calls.values()
                     if call.task is not None]
         for connection in list(self._state.connections):
@@ -160,6 +163,10 @@ class H2Server:
             connection.close()
         if handlers:  # let the cancelled handlers run their cleanup before the loop moves on
             await asyncio.wait(handlers, timeout=_CANCELLED_HANDLERS_SECONDS)
+        await self._connections_gone()
+        for connection in list(self._state.connections):  # its client reads nothing: the buffer stays
+            connection.abort()
+        await self._connections_gone()
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
@@ -169,18 +176,21 @@ class H2Server:
             _unlink(path)
         self._state.heap.cancel()
 
+    async def _connections_gone(self) -> None:
+        await _wait_until(lambda: not self._state.connections, self._state.connection_lost, _CLOSING_SECONDS)
+
     async def wait_for_termination(self, timeout: float | None = None) -> bool:
         return True
 
 
-async def _calls_ended(state: ServerState, connections: list[H2Connection], grace: float) -> None:
-    """Wait until the open calls of `connections` have ended, at most `grace` seconds."""
+async def _wait_until(done: Callable[[], bool], changed: asyncio.Event, seconds: float) -> None:
+    """Wait until `done()`, checked whenever `changed` is set, at most `seconds`."""
     loop = asyncio.get_running_loop()
-    until = loop.time() + grace
-    while any(connection.calls for connection in connections) and loop.time() < until:
-        state.call_ended.clear()
+    until = loop.time() + seconds
+    while not done() and loop.time() < until:
+        changed.clear()
         try:
-            await asyncio.wait_for(state.call_ended.wait(), until - loop.time())
+            await asyncio.wait_for(changed.wait(), until - loop.time())
         except asyncio.TimeoutError:
             return
 
