@@ -167,9 +167,9 @@ PYSTUB_FLAGS: tuple[Flag, ...] = (
     Flag("--frontend-workers", "2", _I,
          "worker processes serve the HTTP and gRPC ports (SO_REUSEPORT) and send inference to this process; "
          "0 (the default): this process serves them (docs/frontend-workers.md)"),
-    Flag("--grpc-server", "aio", _I,
-         "the gRPC serving stack: aio (grpc.aio, the default) or h2 (libnghttp2 on pystub's event loop, less "
-         "CPU per call); both serve the same services, flags and behaviour (docs/grpc-candidates.md)"),
+    Flag("--grpc-server", "h2", _I,
+         "the gRPC serving stack: h2 (the default: libnghttp2 on pystub's event loop, less CPU per call) or aio "
+         "(grpcio's grpc.aio server); both serve the same services, flags and behaviour (docs/grpc-candidates.md)"),
     Flag("--openai-port", "9000", _I,
          "serve the OpenAI-compatible API (/v1/models, completions, chat completions, embeddings) on this "
          "port; off unless given (docs/openai.md)"),

@@ -52,7 +52,7 @@ class TlsFiles:
 
 
 # --grpc-server's choices, the default first.
-GRPC_STACKS = ("aio", "h2")
+GRPC_STACKS = ("h2", "aio")
 
 
 @dataclass
@@ -66,7 +66,7 @@ class GrpcOptions:
     header_forward_pattern: re.Pattern[str] | None = None  # metadata forwarded as request parameters
     remote_control: frozenset[str] = frozenset()  # --allow-remote-control: groups any peer may change
     trust_internal_peer: bool = False  # the core's private socket behind frontend workers (access.INTERNAL_PEER)
-    stack: str = "aio"  # --grpc-server: "aio" (grpc.aio) or "h2" (libnghttp2 on the event loop)
+    stack: str = GRPC_STACKS[0]  # --grpc-server: "h2" (libnghttp2 on the event loop) or "aio" (grpc.aio)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ def test_defaults_bind_loopback():
     assert (options.http_port, options.grpc_port, options.metrics_port) == (8000, 8001, 8002)
     assert options.exit_on_error and options.strict_readiness and options.auto_complete
     assert options.http_max_input_size == 64 * 2**20
+    assert options.grpc.stack == "h2"  # pystub's own gRPC server; --grpc-server=aio is grpc.aio's
 
 
 def test_both_flag_forms_and_booleans():

@@ -1,7 +1,7 @@
 """The KServe v2 gRPC frontend: `create_grpc_listener` builds the server (h2 or grpc.aio).
 
     listener.py     the server: channel arguments, TLS, SO_REUSEPORT, services registered
-    h2/             the h2 stack: pystub's gRPC server on libnghttp2 (--grpc-server=h2, opt-in)
+    h2/             the h2 stack: pystub's gRPC server on libnghttp2 (the default; --grpc-server=aio is grpc.aio)
     servicer.py     inference.GRPCInferenceService;  stream.py  ModelStreamInfer
     codec.py        protobuf <-> inference records (ModelInfer skips protobuf for tensor bytes)
     health.py       grpc.health.v1.Health;  restrict.py  --grpc-restricted-protocol groups

@@ -1,7 +1,8 @@
 """The gRPC servicer driven by the real `tritonclient.grpc` client against an in-test core.
 
 The server runs on its own event loop in a background thread, because tritonclient's client is
-blocking; the fixture stops the server, the loop and the thread after every test.
+blocking; the fixture stops the server, the loop and the thread after every test. Every test runs
+over both gRPC stacks (h2 and grpc.aio), or over the one PYSTUB_TEST_GRPC_SERVER names.
 """
 
 from __future__ import annotations
@@ -118,20 +119,20 @@ class EchoCore:
 
 
 class _ServerThread:
-    """A grpc.aio server on a private event loop in a daemon thread."""
+    """pystub's gRPC server on a private event loop in a daemon thread."""
 
-    def __init__(self, core: EchoCore) -> None:
+    def __init__(self, core: EchoCore, stack: str) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="grpc-test-server")
         self.thread.start()
-        self.server, self.port = self._run(self._start(core))
+        self.server, self.port = self._run(self._start(core, stack))
 
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
 
     @staticmethod
-    async def _start(core: EchoCore) -> tuple[Any, int]:
-        server, port = create_grpc_server(core, "127.0.0.1", 0, GrpcOptions(stack=GRPC_STACK or GRPC_STACKS[0]))
+    async def _start(core: EchoCore, stack: str) -> tuple[Any, int]:
+        server, port = create_grpc_server(core, "127.0.0.1", 0, GrpcOptions(stack=stack))
         await server.start()
         return server, port
 
@@ -152,9 +153,9 @@ def core() -> EchoCore:
     return EchoCore()
 
 
-@pytest.fixture
-def server(core: EchoCore) -> Iterator[_ServerThread]:
-    running = _ServerThread(core)
+@pytest.fixture(params=[GRPC_STACK] if GRPC_STACK else GRPC_STACKS)
+def server(core: EchoCore, request: pytest.FixtureRequest) -> Iterator[_ServerThread]:
+    running = _ServerThread(core, request.param)
     try:
         yield running
     finally:
