@@ -51,7 +51,7 @@ class Sample:
     p99_ms: float
     count: int            # latency samples
     errors: int = 0
-    # streaming cells (compare/streaming.py): CPU microseconds per response of the server's leader
+    # streaming and perf_analyzer cells: CPU microseconds per response of the server's leader
     # process, of its descendants (the stubs) and of the load generator
     cpu_server_us: float = float("nan")
     cpu_children_us: float = float("nan")

@@ -208,6 +208,8 @@ def _print(results: report.Results, args: argparse.Namespace, elapsed: float) ->
             print()
             table = report.stream_table if loadgen == "stream" else report.table
             print("\n".join(table(results, loadgen)))
+            if loadgen == "perf_analyzer":
+                print("\n".join(["", *report.cpu_table(results, loadgen)]))
     print()
     for note in results.notes:
         print(f"note: {note}")

@@ -4,17 +4,23 @@ It reads the model configuration (`/v2/models/{m}/config`, gRPC ModelConfig), wh
 not serve, so it runs against pystub and Triton only. Time-window mode (its request-count mode
 misreports throughput); a stability band of 1000% makes it report after its first three windows
 instead of retrying for a stable window that a shared 2-core machine rarely gives.
+
+CPU per request: the server's (leader and descendants) and perf_analyzer's CPU over the whole run,
+divided by the requests of the run (its throughput times the run's length). The run's start
+(connecting, reading the model's metadata) counts in its length, so the figure is a slight
+overestimate, the same for every server.
 """
 
 from __future__ import annotations
 
 import csv
+import resource
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from compare import stopping
+from compare import cpu, stopping
 from compare.environment import BenchEnv
 from compare.loadgen import Point, Sample
 
@@ -52,13 +58,16 @@ def _run(args: list[str], env: BenchEnv, output: Path, timeout: float) -> int:
             process.wait()
 
 
-def measure(env: BenchEnv, url: str, point: Point, window_ms: int) -> Sample:
-    """Run perf_analyzer for one point; raises RuntimeError with its output when it fails."""
+def measure(env: BenchEnv, url: str, server_pid: int, point: Point, window_ms: int) -> Sample:
+    """Run perf_analyzer for one point against the server whose leader is `server_pid`; raises
+    RuntimeError with its output when it fails."""
     with tempfile.TemporaryDirectory(prefix="pystub-bench-pa-") as tmp:
         csv_path = Path(tmp) / "result.csv"
         args = command(env, url, point, window_ms, csv_path)
         output = Path(tmp) / "output.txt"
+        began, cpu0 = time.perf_counter(), cpu.now(server_pid, resource.RUSAGE_CHILDREN)
         returncode = _run(args, env, output, 60 + 12 * window_ms / 1000)
+        elapsed, cpu1 = time.perf_counter() - began, cpu.now(server_pid, resource.RUSAGE_CHILDREN)
         if returncode != 0 or not csv_path.exists():
             text = output.read_text(errors="replace").strip()[-400:]
             raise RuntimeError(f"perf_analyzer exit {returncode}: {text}")
@@ -67,5 +76,8 @@ def measure(env: BenchEnv, url: str, point: Point, window_ms: int) -> Sample:
     if not rows:
         raise RuntimeError("perf_analyzer wrote no measurement")
     row = rows[0]
-    return Sample(throughput=float(row["Inferences/Second"]), p50_ms=float(row["p50 latency"]) / 1000,
-                  p99_ms=float(row["p99 latency"]) / 1000, count=0)
+    throughput = float(row["Inferences/Second"])
+    per = cpu.per_request_us(cpu0, cpu1, throughput * elapsed)
+    return Sample(throughput=throughput, p50_ms=float(row["p50 latency"]) / 1000,
+                  p99_ms=float(row["p99 latency"]) / 1000, count=0,
+                  cpu_server_us=per[0], cpu_children_us=per[1], cpu_client_us=per[2])

@@ -124,6 +124,27 @@ def table(results: Results, loadgen: str) -> list[str]:
     return lines
 
 
+def cpu_table(results: Results, loadgen: str = "perf_analyzer") -> list[str]:
+    """CPU microseconds per request of each server's process, its stubs and the load generator,
+    a row per point (the perf_analyzer cells; compare/perf_analyzer.py says how it is read)."""
+    servers = [s for s in results.servers if any(k[0] == loadgen and k[1] == s for k in results.samples)]
+    head = f"{'model':13} {'size':>6} {'shm':3} {'conc':>4} {'proto':5} |"
+    head += "".join(f" {s + ': srv-us stub-us cli-us':>30} |" for s in servers)
+    lines = [f"== CPU per request, {LOADGEN_TITLES[loadgen]}; median of {results.rounds} round(s) ==", head,
+             "-" * len(head)]
+    for point in results.points(loadgen):
+        row = f"{point.model:13} {size_text(point.nbytes):>6} {'yes' if point.shm else '':3} " \
+              f"{point.concurrency:>4} {point.protocol:5} |"
+        for server in servers:
+            sample = results.median(loadgen, server, point)
+            row += f" {'-':>30} |" if sample is None else \
+                f" {_num(sample.cpu_server_us, 14)} {_num(sample.cpu_children_us, 7)} {_num(sample.cpu_client_us, 6)} |"
+        lines.append(row)
+    lines.append("srv-us: CPU of the server's own process (pystub's backend, tritonserver); stub-us: of its "
+                 "descendants (the stubs); cli-us: of perf_analyzer.")
+    return lines
+
+
 def stream_table(results: Results, loadgen: str = "stream") -> list[str]:
     """The streaming cells: responses/s and CPU per response (server process, stubs), pystub / peer."""
     servers = [s for s in results.servers if any(k[0] == loadgen and k[1] == s for k in results.samples)]

@@ -91,7 +91,7 @@ def _measure(plan: Plan, loadgen_name: str, server: Server, point: Point) -> Non
     try:
         if loadgen_name == "perf_analyzer":
             window_ms = max(500, int(1000 * plan.seconds / 2))
-            sample = perf_analyzer.measure(plan.env, server.url(point.protocol), point, window_ms)
+            sample = perf_analyzer.measure(plan.env, server.url(point.protocol), server.process.pid, point, window_ms)
         elif loadgen_name == "stream":
             url = server.url("grpc" if point.protocol == "grpc" else "http")
             sample = asyncio.run(streaming.measure(url, server.process.pid, point, plan.stream_responses,
@@ -109,7 +109,7 @@ def _measure(plan: Plan, loadgen_name: str, server: Server, point: Point) -> Non
         return
     plan.results.add(loadgen_name, server.name, point, sample)
     cpu = f" cpu/resp server {sample.cpu_server_us:.0f} stubs {sample.cpu_children_us:.0f} client " \
-          f"{sample.cpu_client_us:.0f} us" if loadgen_name == "stream" else ""
+          f"{sample.cpu_client_us:.0f} us" if loadgen_name in ("stream", "perf_analyzer") else ""
     print(f"    {server.name:8} {loadgen_name:13} {sample.throughput:9.1f}/s p50 {sample.p50_ms:8.2f} ms "
           f"p99 {sample.p99_ms:8.2f} ms{cpu}", file=sys.stderr, flush=True)
 

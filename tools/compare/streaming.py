@@ -18,10 +18,7 @@ in full (count, order, values), so a broken server cannot look fast.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import queue
-import resource
 import time
 from pathlib import Path
 
@@ -30,12 +27,11 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from compare import stopping
+from compare import cpu, stopping
 from compare.loadgen import Point, Sample, percentile
 
 MODEL = "stream_fp32"
 PROTOCOLS = ("grpc", "sse")
-_TICK = os.sysconf("SC_CLK_TCK")
 # the map entry {"triton_final_response": InferParameter(bool_param=True)} as it is on the wire
 _FINAL_TRUE = b"triton_final_response\x12\x02\x08\x01"
 _ERROR_TAG = 0x0A  # ModelStreamInferResponse.error_message, field 1, length-delimited
@@ -71,31 +67,6 @@ def write_model(models: Path) -> None:
     (models / MODEL / "1").mkdir(parents=True, exist_ok=True)
     (models / MODEL / "1" / "model.py").write_text(_MODEL_PY)
     (models / MODEL / "config.pbtxt").write_text(_CONFIG)
-
-
-def _cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime: fields 14 and 15 of proc(5)
-
-
-def _descendants(pid: int) -> list[int]:
-    found: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                for child in map(int, Path(f"/proc/{pid}/task/{task}/children").read_text().split()):
-                    found += [child, *_descendants(child)]
-    return found
-
-
-def _cpu_now(server_pid: int) -> tuple[float, float, float]:
-    """(server leader, its descendants, this process) CPU seconds so far."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return (_cpu_seconds(server_pid), sum(_cpu_seconds(c) for c in _descendants(server_pid)),
-            usage.ru_utime + usage.ru_stime)
 
 
 class _Counter:
@@ -213,9 +184,9 @@ async def measure(url: str, server_pid: int, point: Point, responses: int, warmu
         tasks = [asyncio.ensure_future(client) for client in clients]
         try:
             await _sleep_watching(tasks, warmup)
-            began, count0, cpu0 = time.perf_counter(), counter.responses, _cpu_now(server_pid)
+            began, count0, cpu0 = time.perf_counter(), counter.responses, cpu.now(server_pid)
             await _sleep_watching(tasks, seconds)
-            elapsed, done, cpu1 = time.perf_counter() - began, counter.responses - count0, _cpu_now(server_pid)
+            elapsed, done, cpu1 = time.perf_counter() - began, counter.responses - count0, cpu.now(server_pid)
             stop[0] = True
             await asyncio.wait_for(asyncio.gather(*tasks), timeout=60 + responses / 100)
         finally:
@@ -224,7 +195,7 @@ async def measure(url: str, server_pid: int, point: Point, responses: int, warmu
             await asyncio.gather(*tasks, return_exceptions=True)
     if not done:
         raise RuntimeError("no response arrived in the window")
-    per = [1e6 * (after - before) / done for before, after in zip(cpu0, cpu1, strict=True)]
+    per = cpu.per_request_us(cpu0, cpu1, done)
     latencies.sort()
     return Sample(throughput=done / elapsed, p50_ms=1000 * percentile(latencies, 0.5),
                   p99_ms=1000 * percentile(latencies, 0.99), count=done,
