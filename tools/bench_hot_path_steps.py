@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import tempfile
@@ -29,39 +28,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import loadgen, servers  # noqa: E402
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of one process (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK  # fields 14 and 15 of proc(5), after the name
-
-
-def _descendants(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            children = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
-        except OSError:
-            continue
-        for child in map(int, children):
-            found += [child, *_descendants(child)]
-    return found
+from compare import cpu, loadgen, servers  # noqa: E402
 
 
 def _cpu(pid: int) -> tuple[float, float]:
     """(backend, stubs) CPU seconds so far."""
-    return _cpu_seconds(pid), sum(_cpu_seconds(child) for child in _descendants(pid))
+    return cpu.process_seconds(pid), sum(cpu.process_seconds(child) for child in cpu.descendants(pid))
 
 
 def _round(root: Path, protocol: str, args: argparse.Namespace) -> tuple[float, float, float]:
