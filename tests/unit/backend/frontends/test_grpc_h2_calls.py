@@ -175,25 +175,25 @@ def test_calls_that_stop_reading_give_the_window_back(channel: grpc.Channel) -> 
     assert _unary(channel, "Echo")(payload, timeout=_WAIT) == payload
 
 
-def _flood_unread(port: int) -> socket.socket:
-    """A raw HTTP/2 client that opens wide windows, asks for Flood, and never reads."""
+def _raw_call(port: int, method: str, message: bytes) -> tuple[socket.socket, ngh2.Connection]:
+    """A raw HTTP/2 client with wide windows that has sent one gRPC call of `method` with `message`."""
     client = socket.create_connection(("127.0.0.1", port), timeout=_WAIT)
     h2 = ngh2.Connection(ngh2.Role.CLIENT)
     h2.initiate_connection({ngh2.Setting.INITIAL_WINDOW_SIZE: (1 << 31) - 1})
     h2.set_local_window_size((1 << 31) - 1)
     stream = h2.send_request([(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"test"),
-                              (b":path", f"/{_SERVICE}/Flood".encode()), (b"content-type", b"application/grpc"),
+                              (b":path", f"/{_SERVICE}/{method}".encode()), (b"content-type", b"application/grpc"),
                               (b"te", b"trailers")])
-    h2.send_data(stream, b"\0\0\0\0\0", end_stream=True)  # one empty message
+    h2.send_data(stream, b"\0" + len(message).to_bytes(4, "big") + message, end_stream=True)
     client.sendall(h2.data_to_send())
-    return client
+    return client, h2
 
 
 def test_stop_releases_a_connection_whose_client_reads_nothing(probe: _Probe) -> None:
     """A client that reads nothing keeps the server's socket buffer full, so the connection's close
     never finishes flushing; stop drops it rather than leave its socket open past the server."""
     running = RunningH2Server({}, {_SERVICE: _handlers(probe)})
-    client = _flood_unread(running.port)
+    client, _ = _raw_call(running.port, "Flood", b"")
     try:
         async def backed_up() -> None:  # the socket's buffer is over its high water
             deadline = time.monotonic() + _WAIT

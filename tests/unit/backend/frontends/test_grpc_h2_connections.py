@@ -155,3 +155,20 @@ def test_accepted_tcp_connections_do_not_wait_for_acks_to_send(started: list[Run
         assert running.run(accepted()) == [1]
     finally:
         client.sock.close()
+
+
+def test_settings_let_clients_send_mebibyte_frames(started: list[RunningH2Server]) -> None:
+    """SETTINGS_MAX_FRAME_SIZE is 1 MiB: a 16 MiB message arrives in 16 DATA frames, each an event
+    handled in Python, instead of 1,024 of the protocol's default 16 KiB (the calls' own tests send
+    such messages through grpcio, which frames by this setting)."""
+    started.append(running := RunningH2Server({}))
+    client = _Client(running.port)
+    try:
+        deadline = time.monotonic() + _WAIT
+        while not any(isinstance(event, ngh2.SettingsReceived) for event in client.h2.events()):
+            assert time.monotonic() < deadline, "timed out waiting for the server's SETTINGS"
+            client.h2.receive_data(client.sock.recv(65536))
+        settings = client.h2.remote_settings
+    finally:
+        client.close()
+    assert settings[ngh2.Setting.MAX_FRAME_SIZE] == 1 << 20
