@@ -92,9 +92,14 @@ def _ratio(ours: Sample | None, theirs: Sample | None) -> str:
             f"{ours.p99_ms / theirs.p99_ms if theirs.p99_ms else math.nan:5.2f}")
 
 
+def _measured_servers(results: Results, loadgen: str) -> list[str]:
+    """The servers with a sample from `loadgen`, in the run's order: a table's columns."""
+    return [s for s in results.servers if any(k[0] == loadgen and k[1] == s for k in results.samples)]
+
+
 def table(results: Results, loadgen: str) -> list[str]:
     """One table: a row per point, a cell per server (infer/s, p50 ms, p99 ms), ratios pystub/peer."""
-    servers = [s for s in results.servers if any(k[0] == loadgen and k[1] == s for k in results.samples)]
+    servers = _measured_servers(results, loadgen)
     peers = [s for s in servers if s != "pystub"]
     head = f"{'model':13} {'size':>6} {'shm':3} {'conc':>4} {'proto':5} |"
     head += "".join(f" {s + ': inf/s  p50  p99':>22} |" for s in servers)
@@ -127,7 +132,7 @@ def table(results: Results, loadgen: str) -> list[str]:
 def cpu_table(results: Results, loadgen: str = "perf_analyzer") -> list[str]:
     """CPU microseconds per request of each server's process, its stubs and the load generator,
     a row per point (the perf_analyzer cells; compare/perf_analyzer.py says how it is read)."""
-    servers = [s for s in results.servers if any(k[0] == loadgen and k[1] == s for k in results.samples)]
+    servers = _measured_servers(results, loadgen)
     head = f"{'model':13} {'size':>6} {'shm':3} {'conc':>4} {'proto':5} |"
     head += "".join(f" {s + ': srv-us stub-us cli-us':>30} |" for s in servers)
     lines = [f"== CPU per request, {LOADGEN_TITLES[loadgen]}; median of {results.rounds} round(s) ==", head,
@@ -147,7 +152,7 @@ def cpu_table(results: Results, loadgen: str = "perf_analyzer") -> list[str]:
 
 def stream_table(results: Results, loadgen: str = "stream") -> list[str]:
     """The streaming cells: responses/s and CPU per response (server process, stubs), pystub / peer."""
-    servers = [s for s in results.servers if any(k[0] == loadgen and k[1] == s for k in results.samples)]
+    servers = _measured_servers(results, loadgen)
     peers = [s for s in servers if s != "pystub"]
     head = f"{'proto':5} {'streams':>7} |" + "".join(f" {s + ': resp/s srv-us stub-us cli-us':>36} |" for s in servers)
     head += "".join(f" {'pystub/' + p:>15} |" for p in peers if "pystub" in servers)
