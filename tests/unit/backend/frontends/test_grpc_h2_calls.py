@@ -5,7 +5,6 @@ backpressure of a streamed response whose client does not read."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -15,7 +14,7 @@ import grpc
 import ngh2
 import psutil
 import pytest
-from h2_server import RunningH2Server
+from h2_server import RawH2Client, RunningH2Server
 
 _SERVICE = "test.Echo"
 _WAIT = 10.0  # seconds any one step may take
@@ -175,25 +174,23 @@ def test_calls_that_stop_reading_give_the_window_back(channel: grpc.Channel) -> 
     assert _unary(channel, "Echo")(payload, timeout=_WAIT) == payload
 
 
-def _raw_call(port: int, method: str, message: bytes) -> tuple[socket.socket, ngh2.Connection]:
-    """A raw HTTP/2 client with wide windows that has sent one gRPC call of `method` with `message`."""
-    client = socket.create_connection(("127.0.0.1", port), timeout=_WAIT)
-    h2 = ngh2.Connection(ngh2.Role.CLIENT)
-    h2.initiate_connection({ngh2.Setting.INITIAL_WINDOW_SIZE: (1 << 31) - 1})
-    h2.set_local_window_size((1 << 31) - 1)
-    stream = h2.send_request([(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"test"),
-                              (b":path", f"/{_SERVICE}/{method}".encode()), (b"content-type", b"application/grpc"),
-                              (b"te", b"trailers")])
-    h2.send_data(stream, b"\0" + len(message).to_bytes(4, "big") + message, end_stream=True)
-    client.sendall(h2.data_to_send())
-    return client, h2
+def _flood_unread(port: int) -> RawH2Client:
+    """A raw HTTP/2 client with wide windows that has asked for Flood and reads nothing."""
+    client = RawH2Client(port, settings={ngh2.Setting.INITIAL_WINDOW_SIZE: (1 << 31) - 1})
+    client.h2.set_local_window_size((1 << 31) - 1)
+    stream = client.h2.send_request([(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"test"),
+                                     (b":path", f"/{_SERVICE}/Flood".encode()),
+                                     (b"content-type", b"application/grpc"), (b"te", b"trailers")])
+    client.h2.send_data(stream, bytes(5), end_stream=True)  # one empty, uncompressed message
+    client.flush()
+    return client
 
 
 def test_stop_releases_a_connection_whose_client_reads_nothing(probe: _Probe) -> None:
     """A client that reads nothing keeps the server's socket buffer full, so the connection's close
     never finishes flushing; stop drops it rather than leave its socket open past the server."""
     running = RunningH2Server({}, {_SERVICE: _handlers(probe)})
-    client, _ = _raw_call(running.port, "Flood", b"")
+    client = _flood_unread(running.port)
     try:
         async def backed_up() -> None:  # the socket's buffer is over its high water
             deadline = time.monotonic() + _WAIT

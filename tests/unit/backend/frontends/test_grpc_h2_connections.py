@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import ngh2
 import pytest
-from h2_server import RunningH2Server
+from h2_server import RawH2Client, RunningH2Server
 
 _WAIT = 10.0
 
@@ -25,47 +25,9 @@ def started() -> Iterator[list[RunningH2Server]]:
             server.close()
 
 
-class _Client:
-    """A raw HTTP/2 client connection: what it sends, and the events and end of what it reads."""
-
-    def __init__(self, port: int, preface: bool = True) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=_WAIT)
-        self.h2 = ngh2.Connection(ngh2.Role.CLIENT)
-        if preface:
-            self.h2.initiate_connection()
-            self.flush()
-
-    def flush(self) -> None:
-        self.sock.sendall(self.h2.data_to_send())
-
-    def events_until_closed(self, answer: bool = True) -> tuple[list[ngh2.Event], float]:
-        """Read until the server closes the connection: the events, and when it closed.
-        `answer`: acknowledge what needs it (pings); otherwise read the bytes and answer nothing."""
-        events: list[ngh2.Event] = []
-        deadline = time.monotonic() + _WAIT
-        while time.monotonic() < deadline:
-            try:
-                data = self.sock.recv(65536)
-            except ConnectionResetError:
-                data = b""
-            if not data:
-                return events, time.monotonic()
-            if answer:
-                self.h2.receive_data(data)
-                events += self.h2.events()
-                try:
-                    self.flush()
-                except (ConnectionResetError, BrokenPipeError):  # closed right after its last frames
-                    return events, time.monotonic()
-        raise AssertionError("the server did not close the connection")
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def test_too_many_pings_get_goaway(started: list[RunningH2Server]) -> None:
     started.append(RunningH2Server({"grpc.http2.max_ping_strikes": 2}))
-    client = _Client(started[0].port)
+    client = RawH2Client(started[0].port)
     try:
         for _ in range(4):  # the default minimum interval is 5 minutes: each ping after the first is a strike
             client.h2.ping()
@@ -80,7 +42,7 @@ def test_too_many_pings_get_goaway(started: list[RunningH2Server]) -> None:
 
 def test_pings_within_the_policy_are_answered(started: list[RunningH2Server]) -> None:
     started.append(RunningH2Server({"grpc.http2.max_ping_strikes": 0, "grpc.max_connection_idle_ms": 1000}))
-    client = _Client(started[0].port)
+    client = RawH2Client(started[0].port)
     try:
         for _ in range(5):  # 0 strikes: no limit
             client.h2.ping()
@@ -95,7 +57,7 @@ def test_pings_within_the_policy_are_answered(started: list[RunningH2Server]) ->
 def test_idle_connection_gets_goaway_and_closes(started: list[RunningH2Server]) -> None:
     started.append(RunningH2Server({"grpc.max_connection_idle_ms": 300}))
     opened = time.monotonic()
-    client = _Client(started[0].port)
+    client = RawH2Client(started[0].port)
     try:
         events, closed = client.events_until_closed()
     finally:
@@ -107,7 +69,7 @@ def test_idle_connection_gets_goaway_and_closes(started: list[RunningH2Server]) 
 def test_keepalive_ping_without_ack_closes_the_connection(started: list[RunningH2Server]) -> None:
     started.append(RunningH2Server({"grpc.keepalive_time_ms": 200, "grpc.keepalive_timeout_ms": 300}))
     opened = time.monotonic()
-    client = _Client(started[0].port)
+    client = RawH2Client(started[0].port)
     try:
         _, closed = client.events_until_closed(answer=False)  # the server's ping is never acknowledged
     finally:
@@ -118,7 +80,7 @@ def test_keepalive_ping_without_ack_closes_the_connection(started: list[RunningH
 def test_keepalive_ping_with_ack_keeps_the_connection(started: list[RunningH2Server]) -> None:
     started.append(RunningH2Server({"grpc.keepalive_time_ms": 100, "grpc.keepalive_timeout_ms": 300,
                              "grpc.max_connection_idle_ms": 1000}))
-    client = _Client(started[0].port)
+    client = RawH2Client(started[0].port)
     try:
         events, _ = client.events_until_closed()  # acknowledged pings; the idle limit ends it
     finally:
@@ -130,7 +92,7 @@ def test_keepalive_ping_with_ack_keeps_the_connection(started: list[RunningH2Ser
 def test_a_connection_without_the_preface_is_closed_at_the_handshake_limit(started: list[RunningH2Server]) -> None:
     started.append(RunningH2Server({"grpc.server_handshake_timeout_ms": 300}))
     opened = time.monotonic()
-    client = _Client(started[0].port, preface=False)
+    client = RawH2Client(started[0].port, preface=False)
     try:
         _, closed = client.events_until_closed(answer=False)
     finally:
@@ -142,7 +104,7 @@ def test_accepted_tcp_connections_do_not_wait_for_acks_to_send(started: list[Run
     """TCP_NODELAY on every accepted connection: with Nagle's algorithm an answer's last small
     frames waited for the client's delayed ACK (40 ms)."""
     started.append(running := RunningH2Server({}))
-    client = _Client(running.port)
+    client = RawH2Client(running.port)
     try:
         async def accepted() -> list[int]:
             deadline = time.monotonic() + _WAIT
@@ -162,7 +124,7 @@ def test_settings_let_clients_send_mebibyte_frames(started: list[RunningH2Server
     handled in Python, instead of 1,024 of the protocol's default 16 KiB (the calls' own tests send
     such messages through grpcio, which frames by this setting)."""
     started.append(running := RunningH2Server({}))
-    client = _Client(running.port)
+    client = RawH2Client(running.port)
     try:
         deadline = time.monotonic() + _WAIT
         while not any(isinstance(event, ngh2.SettingsReceived) for event in client.h2.events()):
