@@ -14,6 +14,7 @@ from pystub_backend.backend.flags import flag_named
 from pystub_backend.backend.log import configure_logging
 from pystub_backend.backend.options import ServerOptions
 from pystub_backend.backend.telemetry import latency
+from pystub_backend.ipc.heap import raise_malloc_thresholds
 
 __all__ = ["main"]
 
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(options.log)
     _log_ignored(options)
     latency.configure(latency.parse_config(options.metrics_config)[0])  # before any model loads
+    raise_malloc_thresholds()  # tensor-sized buffers are reused, not faulted in per request
     from pystub_backend.backend.server import serve  # imported late: keeps `--help` fast
 
     sys.exit(asyncio.run(serve(options)))

@@ -29,6 +29,7 @@ from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import BlockingChannel, ChannelClosedError
 from pystub_backend.ipc.control_block import ControlBlock, StubState
 from pystub_backend.ipc.exit_codes import StubExitCode
+from pystub_backend.ipc.heap import raise_malloc_thresholds
 from pystub_backend.ipc.isolation import forbid_inspection
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.stub import output_buffers, pb_utils
@@ -374,6 +375,7 @@ def main(options: StubOptions) -> int:
     set_parent_death_signal(options.parent_pid)
     forbid_inspection()  # other stubs (same uid) cannot read this one's memory through /proc
     apply_rlimits(options.rlimits)
+    raise_malloc_thresholds()  # tensor-sized buffers are reused, not faulted in per request
     try:
         stub = Stub(options)
     except (OSError, ValueError) as exc:  # its shared objects or channel are not there

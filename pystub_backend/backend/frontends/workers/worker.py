@@ -52,6 +52,7 @@ from pystub_backend.backend.frontends.workers.remote_core import CALL, CallConte
 from pystub_backend.backend.log import configure_logging
 from pystub_backend.backend.options import ServerOptions
 from pystub_backend.backend.telemetry.tracing import Tracer
+from pystub_backend.ipc.heap import raise_malloc_thresholds
 
 __all__ = ["main"]
 
@@ -175,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     server_argv = args.server_argv[1:] if args.server_argv[:1] == ["--"] else args.server_argv
     options = parse_args(server_argv)
     configure_logging(options.log)
+    raise_malloc_thresholds()  # as in the backend: request buffers are reused, not faulted in
     sys.exit(asyncio.run(_run(options, args.directory, args.index)))
 
 
