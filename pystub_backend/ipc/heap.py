@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Mapping
 
 __all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "raise_malloc_thresholds"]
 
@@ -31,11 +32,11 @@ _M_MMAP_THRESHOLD = -3
 _OPERATOR_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 
 
-def _operator_tuned(environ: os._Environ[str] | dict[str, str]) -> bool:
+def _operator_tuned(environ: Mapping[str, str]) -> bool:
     return any(name in environ for name in _OPERATOR_VARIABLES) or "glibc.malloc." in environ.get("GLIBC_TUNABLES", "")
 
 
-def raise_malloc_thresholds(environ: os._Environ[str] | dict[str, str] = os.environ) -> bool:
+def raise_malloc_thresholds(environ: Mapping[str, str] = os.environ) -> bool:
     """Set glibc malloc's mmap and trim thresholds (see the module docstring) unless the operator
     tuned malloc through the environment. Whether they were set; never raises (not glibc: False)."""
     if _operator_tuned(environ):
