@@ -11,12 +11,17 @@ import zlib
 
 from pystub_backend.backend.errors import ServerError, Status
 
-__all__ = ["compress_body", "decompress_body", "response_encoding"]
+__all__ = ["compress_body", "decompress_body", "is_identity", "response_encoding"]
 
 # wbits: 16+MAX_WBITS reads a gzip wrapper, MAX_WBITS a zlib wrapper, -MAX_WBITS a bare stream.
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 _ZLIB_WBITS = zlib.MAX_WBITS
 _RAW_WBITS = -zlib.MAX_WBITS
+
+
+def is_identity(encoding: str | None) -> bool:
+    """Whether a `Content-Encoding` leaves the body as it is (absent, or `identity`)."""
+    return (encoding or "identity").strip().lower() == "identity"
 
 
 def decompress_body(body: bytes | bytearray, encoding: str | None, limit: int) -> bytes | bytearray:
@@ -25,9 +30,9 @@ def decompress_body(body: bytes | bytearray, encoding: str | None, limit: int) -
     Raises ServerError: INVALID_ARG for corrupt data or a result above `limit`, UNSUPPORTED for an
     encoding other than gzip, deflate or identity.
     """
-    name = (encoding or "identity").strip().lower()
-    if name == "identity":
+    if is_identity(encoding):
         return body
+    name = (encoding or "").strip().lower()
     if name in ("gzip", "x-gzip"):
         return _inflate(body, _GZIP_WBITS, limit, name)
     if name == "deflate":

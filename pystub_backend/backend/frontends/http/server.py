@@ -35,6 +35,7 @@ from pystub_backend.backend.frontends.http.codec import (
 from pystub_backend.backend.frontends.http.compression import (
     compress_body,
     decompress_body,
+    is_identity,
     response_encoding,
 )
 from pystub_backend.backend.frontends.http.control import control_routes
@@ -327,6 +328,8 @@ class _Routes:
                 raise _too_large(limit)
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         encoding = request.headers.get("Content-Encoding")
+        if is_identity(encoding):  # nothing to undo: no worker thread for a large plain body
+            return body
         inflate_limit = body_limit if body_limit is not None else _MAX_INFLATED
         return await _offload(size, decompress_body, body, encoding, inflate_limit)
 

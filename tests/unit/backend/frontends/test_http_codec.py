@@ -20,6 +20,7 @@ from pystub_backend.backend.frontends.http.codec import (
 from pystub_backend.backend.frontends.http.compression import (
     compress_body,
     decompress_body,
+    is_identity,
     response_encoding,
 )
 from pystub_backend.backend.frontends.http.encode import encode_infer_response
@@ -305,6 +306,21 @@ def test_decompress_request_body(encoding: str, compress: Any) -> None:
     data = b'{"inputs": []}' * 50
     assert decompress_body(compress(data), encoding, 10_000) == data
     assert decompress_body(data, None, 10_000) is data
+
+
+@pytest.mark.parametrize("encoding, identity", [
+    (None, True), ("", True), ("identity", True), (" Identity ", True), ("gzip", False), ("  ", False),
+    ("br", False),
+])
+def test_identity_encodings_leave_the_body_alone(encoding: str | None, identity: bool) -> None:
+    # A body is decoded on a worker thread only when there is something to undo; "  " is not
+    # identity, so it still reaches decompress_body's refusal.
+    assert is_identity(encoding) is identity
+    if identity:
+        assert decompress_body(b"x", encoding, 100) == b"x"
+    elif encoding != "gzip":
+        with pytest.raises(ServerError, match="unsupported Content-Encoding"):
+            decompress_body(b"x", encoding, 100)
 
 
 def test_decompress_errors() -> None:
