@@ -11,8 +11,8 @@ after it frees a mapped block, but the heap top is still trimmed under load.
 `raise_malloc_thresholds` fixes them where glibc's own adjustment would end (an mmap threshold of
 32 MiB, its largest, and a trim threshold twice that): blocks up to 32 MiB are reused from the heap,
 and up to 64 MiB of free heap top stays mapped per malloc arena. Larger tensors still get their
-own mapping and give it back, and the h2 gRPC server still trims the heap after a connection that
-carried much closes (frontends/grpc/h2/heap.py). An operator's own settings (`MALLOC_MMAP_THRESHOLD_`,
+own mapping and give it back, and the HTTP and gRPC frontends trim the heap after a connection
+that carried much closes (backend/frontends/heap_trim.py). An operator's own settings (`MALLOC_MMAP_THRESHOLD_`,
 `MALLOC_TRIM_THRESHOLD_`, `GLIBC_TUNABLES=glibc.malloc.*`) win: then nothing is changed.
 """
 

@@ -1,7 +1,8 @@
 """Protocol frontends: the listeners that translate the wire into `pystub_backend.backend.inference`.
 
     http/      KServe v2 over HTTP (aiohttp): inference, generate, model control, shared memory
-    grpc/      KServe v2 over gRPC (grpc.aio), with grpc.health.v1 and server reflection
+    grpc/      KServe v2 over gRPC (pystub's h2 stack, or grpc.aio), with grpc.health.v1 and reflection
+    heap_trim.py  a closed connection that carried much gives the freed heap back (both protocols)
     openai/    the OpenAI-compatible API on --openai-port (aiohttp): completions, chat, embeddings
     metrics.py Prometheus text on the metrics port
     admin.py   pystub's admin endpoint behind `stubctl` (/v2/pystub/stubs, group "model-repository")

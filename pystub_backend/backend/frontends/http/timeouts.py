@@ -16,7 +16,10 @@ with `TimedRequestHandler`, aiohttp's connection protocol plus one timer per con
                 IDLE: the handler runs; waiting for the next request is aiohttp's keep-alive
     timer fires ──► the connection is closed without a response (as Triton's server does).
 
-The fast path pays one `call_at` per request head and two integer updates per read.
+The fast path pays one `call_at` per request head and three integer updates per read. The
+protocol also counts what its connection received: one that carried `TRIM_AFTER_BYTES` or more
+asks the runner's `HeapTrimmer` for a trim when it closes (frontends/heap_trim.py), as the h2 gRPC
+stack's connections do.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
+from pystub_backend.backend.frontends.heap_trim import TRIM_AFTER_BYTES, HeapTrimmer
 from pystub_backend.backend.frontends.http.client_errors import QuietClientErrors
 
 __all__ = ["DEFAULT_BODY_SECONDS", "DEFAULT_HEADER_SECONDS", "MIN_BODY_RATE", "ReadTimeouts", "TimedAppRunner"]
@@ -62,9 +66,12 @@ class TimedRequestHandler(QuietClientErrors):
     """aiohttp's connection protocol with the header and body deadlines of `ReadTimeouts` (and
     malformed requests answered without a traceback: client_errors)."""
 
-    def __init__(self, manager: Server, *, read_timeouts: ReadTimeouts, **kwargs: Any) -> None:
+    def __init__(self, manager: Server, *, read_timeouts: ReadTimeouts, heap: HeapTrimmer | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._timeouts = read_timeouts
+        self._heap = heap
+        self._carried = 0  # bytes received over the connection's life
         self._phase = _Phase.IDLE
         self._phase_start = 0.0
         self._body: StreamReader | None = None
@@ -85,11 +92,14 @@ class TimedRequestHandler(QuietClientErrors):
         callbacks, self.lost_callbacks = self.lost_callbacks, {}
         for callback in callbacks.values():
             callback()
+        if self._heap is not None and self._carried >= TRIM_AFTER_BYTES:
+            self._heap.released()
 
     def data_received(self, data: bytes) -> None:
         if self._phase is _Phase.IDLE and data and self._body is None:
             self._enter(_Phase.HEAD, self._timeouts.header_seconds)  # a kept-alive connection's next request
         heads = self._request_count
+        self._carried += len(data)
         super().data_received(data)
         if self._phase is _Phase.BODY:
             self._body_received += len(data)
@@ -134,24 +144,32 @@ class TimedRequestHandler(QuietClientErrors):
 class _TimedServer(Server):
     """aiohttp's `Server` (the protocol factory) making `TimedRequestHandler`s."""
 
-    def __init__(self, *args: Any, read_timeouts: ReadTimeouts, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, read_timeouts: ReadTimeouts, heap: HeapTrimmer, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._read_timeouts = read_timeouts
+        self._heap = heap
 
     def __call__(self) -> RequestHandler:
-        return TimedRequestHandler(self, loop=self._loop, read_timeouts=self._read_timeouts, **self._kwargs)
+        return TimedRequestHandler(self, loop=self._loop, read_timeouts=self._read_timeouts, heap=self._heap,
+                                   **self._kwargs)
 
 
 class TimedAppRunner(web.AppRunner):
-    """`web.AppRunner` whose connections have read timeouts."""
+    """`web.AppRunner` whose connections have read timeouts, and give the heap back when one that
+    carried much closes."""
 
     def __init__(self, app: web.Application, *, read_timeouts: ReadTimeouts, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self._read_timeouts = read_timeouts
+        self.heap = HeapTrimmer()
+
+    async def cleanup(self) -> None:
+        await super().cleanup()
+        self.heap.cancel()  # a trim the last closes asked for: the loop is about to go
 
     async def _make_server(self) -> Server:
         # The app's own factory, rebuilt with the same arguments as the timed subclass.
         plain = await super()._make_server()
         return _TimedServer(plain.request_handler, request_factory=plain.request_factory,
                             handler_cancellation=plain.handler_cancellation, loop=plain._loop,
-                            read_timeouts=self._read_timeouts, **plain._kwargs)
+                            read_timeouts=self._read_timeouts, heap=self.heap, **plain._kwargs)

@@ -7,7 +7,6 @@ the same grpc method handlers, servicers and grpc.aio interceptors as a grpc.aio
     dispatch.py    runs a method handler and ends the call with its status
     context.py     the servicer context (what pystub uses of grpc.aio.ServicerContext)
     policy.py      keepalive, ping abuse, idle/age limits from grpc core channel arguments;  timers.py
-    heap.py        the freed memory of a closed connection back to the system (malloc_trim)
     wire.py        messages, metadata, grpc-timeout, status trailers, compression
 """
 

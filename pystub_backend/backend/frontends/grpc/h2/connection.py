@@ -8,7 +8,7 @@ The socket's own backpressure (pause_writing) stops taking bytes out of ngh2, wh
 streams' data, which makes their writers wait (call.py). Bytes leave ngh2 `_WRITE_CHUNK` at a time
 and only while the socket is not paused, so the transport's buffer stays near its high water
 instead of taking all the client's windows allow (megabytes a stream once grpc clients grow them).
-A connection that carried much asks for the freed heap back when it closes (heap.py).
+A connection that carried much asks for the freed heap back when it closes (frontends/heap_trim.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import ngh2
 
 from pystub_backend.backend.frontends.grpc.h2.call import ServerCall
 from pystub_backend.backend.frontends.grpc.h2.dispatch import serve_call
-from pystub_backend.backend.frontends.grpc.h2.heap import TRIM_AFTER_BYTES
 from pystub_backend.backend.frontends.grpc.h2.policy import PingJudge
 from pystub_backend.backend.frontends.grpc.h2.timers import ConnectionTimers
 from pystub_backend.backend.frontends.grpc.h2.wire import (
@@ -36,6 +35,7 @@ from pystub_backend.backend.frontends.grpc.h2.wire import (
     response_encoding,
     status_headers,
 )
+from pystub_backend.backend.frontends.heap_trim import TRIM_AFTER_BYTES
 
 if TYPE_CHECKING:
     from pystub_backend.backend.frontends.grpc.h2.server import ServerState

@@ -19,8 +19,8 @@ import grpc
 
 from pystub_backend.backend.frontends.grpc.h2.connection import H2Connection
 from pystub_backend.backend.frontends.grpc.h2.context import H2ServicerContext
-from pystub_backend.backend.frontends.grpc.h2.heap import HeapTrimmer
 from pystub_backend.backend.frontends.grpc.h2.policy import ConnectionPolicy
+from pystub_backend.backend.frontends.heap_trim import HeapTrimmer
 
 __all__ = ["H2Server", "ServerState"]
 

@@ -1,18 +1,23 @@
-"""The h2 stack gives a closed connection's freed memory back: one trim per burst of closes of
-connections that carried much, none for small ones; on real sockets with grpcio's client."""
+"""The frontends give a closed connection's freed memory back: one trim per burst of closes of
+connections that carried much, none for small ones; on real sockets, with grpcio's client for the
+h2 stack and aiohttp's for the HTTP listener (TimedAppRunner)."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 from collections.abc import Iterator
 
+import aiohttp
 import grpc
 import pytest
+from aiohttp import web
 from h2_server import RunningH2Server
 from test_grpc_h2_calls import _SERVICE, _handlers, _Probe
 
-from pystub_backend.backend.frontends.grpc.h2.heap import TRIM_AFTER_BYTES, HeapTrimmer
+from pystub_backend.backend.frontends.heap_trim import TRIM_AFTER_BYTES, HeapTrimmer
+from pystub_backend.backend.frontends.http.timeouts import ReadTimeouts, TimedAppRunner
 
 _WAIT = 10.0
 
@@ -64,3 +69,36 @@ def test_a_connection_that_carried_much_trims_when_it_closes(server: RunningH2Se
 
 def test_a_small_connection_does_not_trim(server: RunningH2Server) -> None:
     assert _trims_after(server, b"small") == 0
+
+
+async def _http_trims_after(body: bytes) -> int:
+    """Trims counted after one HTTP connection posts `body` and closes."""
+    async def echo_size(request: web.Request) -> web.Response:
+        return web.Response(text=str(len(await request.read())))
+
+    app = web.Application(client_max_size=2 * TRIM_AFTER_BYTES)
+    app.router.add_post("/", echo_size)
+    runner = TimedAppRunner(app, read_timeouts=ReadTimeouts())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        timeout = aiohttp.ClientTimeout(total=_WAIT)
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.post(f"http://127.0.0.1:{port}/",
+                                                                                   data=io.BytesIO(body)) as reply:
+            assert await reply.text() == str(len(body))
+        deadline = time.monotonic() + 3.0  # the close, the settle (0.1 s); a small connection never trims
+        while time.monotonic() < deadline and runner.heap.trims == 0:
+            await asyncio.sleep(0.05)
+        return runner.heap.trims
+    finally:
+        await runner.cleanup()
+
+
+def test_an_http_connection_that_carried_much_trims_when_it_closes() -> None:
+    assert asyncio.run(_http_trims_after(bytes(TRIM_AFTER_BYTES))) == 1
+
+
+def test_a_small_http_connection_does_not_trim() -> None:
+    assert asyncio.run(_http_trims_after(b"small")) == 0

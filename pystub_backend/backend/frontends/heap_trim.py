@@ -1,12 +1,14 @@
-"""Giving the memory a closed connection held back to the system.
+"""Giving the memory a closed connection held back to the system (the h2 gRPC stack and HTTP).
 
-What a connection holds (the response frames libnghttp2 queues, the socket's write buffer, the
-messages of its calls) is freed by reference counting the moment it closes. But glibc's malloc
+What a connection holds (request bodies, the response frames libnghttp2 queues, the socket's write
+buffer, the messages of its calls) is freed by reference counting the moment it closes. But glibc's malloc
 keeps freed blocks in its heaps for reuse, and a heap gives pages back only from its top: after a
 burst of streams whose clients did not read (each holding up to the high water of 64 KiB
 messages), a frontend worker's RSS stayed tens of MiB above what it used, and the next burst,
-allocating in a different order, grew it again. `malloc_trim(0)` returns the free pages inside
-every heap (glibc 2.8 and later): measured on such a worker, 24 MiB back in 9 ms.
+allocating in a different order, grew it again. Each process also keeps tensor-sized freed blocks
+on purpose (pystub_backend/ipc/heap.py), so a burst of large requests leaves it near its peak.
+`malloc_trim(0)` returns the free pages inside every heap (glibc 2.8 and later): measured on such a
+worker, 24 MiB back in 9 ms.
 
 A trim costs milliseconds on the event loop, so it runs only after a connection that carried at
 least `TRIM_AFTER_BYTES` closes, once for any number of such closes within `_INTERVAL` seconds.
