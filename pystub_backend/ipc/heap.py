@@ -38,12 +38,13 @@ def _operator_tuned(environ: Mapping[str, str]) -> bool:
 
 def raise_malloc_thresholds(environ: Mapping[str, str] = os.environ) -> bool:
     """Set glibc malloc's mmap and trim thresholds (see the module docstring) unless the operator
-    tuned malloc through the environment. Whether they were set; never raises (not glibc: False)."""
+    tuned malloc through the environment. Whether they were set; never raises (a C library without
+    mallopt, or musl's, which accepts none: False)."""
     if _operator_tuned(environ):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # no C library to ask, or not one with mallopt (musl has it as a no-op)
+    except (OSError, AttributeError):  # no C library to ask, or one without mallopt
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int

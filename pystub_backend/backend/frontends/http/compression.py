@@ -19,9 +19,14 @@ _ZLIB_WBITS = zlib.MAX_WBITS
 _RAW_WBITS = -zlib.MAX_WBITS
 
 
+def _coding(encoding: str | None) -> str:
+    """A `Content-Encoding` header's coding as compared: absent or empty is `identity`."""
+    return (encoding or "identity").strip().lower()
+
+
 def is_identity(encoding: str | None) -> bool:
     """Whether a `Content-Encoding` leaves the body as it is (absent, or `identity`)."""
-    return (encoding or "identity").strip().lower() == "identity"
+    return _coding(encoding) == "identity"
 
 
 def decompress_body(body: bytes | bytearray, encoding: str | None, limit: int) -> bytes | bytearray:
@@ -30,9 +35,9 @@ def decompress_body(body: bytes | bytearray, encoding: str | None, limit: int) -
     Raises ServerError: INVALID_ARG for corrupt data or a result above `limit`, UNSUPPORTED for an
     encoding other than gzip, deflate or identity.
     """
-    if is_identity(encoding):
+    name = _coding(encoding)
+    if name == "identity":
         return body
-    name = (encoding or "").strip().lower()
     if name in ("gzip", "x-gzip"):
         return _inflate(body, _GZIP_WBITS, limit, name)
     if name == "deflate":

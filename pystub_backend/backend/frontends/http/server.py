@@ -317,8 +317,8 @@ class _Routes:
         body_limit = limit if INFERENCE_HEADER not in request.headers else None
         if body_limit is not None and request.content_length is not None and request.content_length > body_limit:
             raise _too_large(limit)
-        # Joined once at the end: growing one buffer chunk by chunk reallocates and copies it
-        # over and over (about 0.5 ms of CPU for a 1 MiB body).
+        # Joined once at the end (a single chunk is returned as it is): growing one buffer chunk
+        # by chunk reallocates and copies it over and over (about 0.5 ms of CPU for a 1 MiB body).
         chunks: list[bytes] = []
         size = 0
         while chunk := await request.content.readany():
@@ -326,7 +326,7 @@ class _Routes:
             size += len(chunk)
             if body_limit is not None and size > body_limit:
                 raise _too_large(limit)
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        body = b"".join(chunks)
         encoding = request.headers.get("Content-Encoding")
         if is_identity(encoding):  # nothing to undo: no worker thread for a large plain body
             return body

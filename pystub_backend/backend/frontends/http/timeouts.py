@@ -66,8 +66,7 @@ class TimedRequestHandler(QuietClientErrors):
     """aiohttp's connection protocol with the header and body deadlines of `ReadTimeouts` (and
     malformed requests answered without a traceback: client_errors)."""
 
-    def __init__(self, manager: Server, *, read_timeouts: ReadTimeouts, heap: HeapTrimmer | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, manager: Server, *, read_timeouts: ReadTimeouts, heap: HeapTrimmer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._timeouts = read_timeouts
         self._heap = heap
@@ -92,7 +91,7 @@ class TimedRequestHandler(QuietClientErrors):
         callbacks, self.lost_callbacks = self.lost_callbacks, {}
         for callback in callbacks.values():
             callback()
-        if self._heap is not None and self._carried >= TRIM_AFTER_BYTES:
+        if self._carried >= TRIM_AFTER_BYTES:
             self._heap.released()
 
     def data_received(self, data: bytes) -> None:
