@@ -2,6 +2,7 @@
 
     instance.ModelInstance     the supervisor of one instance: death, hangs, restarts, readiness
     stub_process.StubProcess   one incarnation: spawn, handshake, the shutdown ladder
+    exit_watch.ExitWatch       whether its process exited, from a pidfd the loop watches
     restart_policy.RestartPolicy  the back-off before a process is started again (stubs, workers)
     stop_ladder.climb          the signals and waits that stop a process (stubs, workers)
     exchange.RequestExchange   its requests in flight (one record per request id)

@@ -35,6 +35,7 @@ from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.exchange import RequestExchange, StreamOrError
+from pystub_backend.backend.supervision.exit_watch import ExitWatch
 from pystub_backend.backend.supervision.frames import FrameLink
 from pystub_backend.backend.supervision.hang_judge import ProcessProgress, read_progress
 from pystub_backend.backend.supervision.init_failure import died_during_initialize
@@ -73,6 +74,7 @@ class StubProcess:
         self.services = services
         self.base = names.stub_base_name(settings.shm_prefix)
         self.process: subprocess.Popen[bytes] | None = None
+        self._exit: ExitWatch | None = None
         self.control: ControlBlock | None = None
         self.p2s: ArenaWriter | None = None
         self.s2p: ArenaReader | None = None
@@ -93,7 +95,9 @@ class StubProcess:
     # -- facts ---------------------------------------------------------------------------------
     @property
     def alive(self) -> bool:
-        return not self._dead and self.process is not None and self.process.poll() is None
+        if self._dead or self.process is None:
+            return False
+        return not self._exit.exited if self._exit is not None else self.process.poll() is None
 
     @property
     def pid(self) -> int | None:
@@ -190,6 +194,7 @@ class StubProcess:
             if control_fd >= 0:
                 os.close(control_fd)
         self.started_at = time.monotonic()
+        self._exit = ExitWatch(self.process)
         self._output = OutputForwarder(self.instance_name, self.process.stdout, self.process.stderr)
         self.link.open(parent_end, self._on_channel_closed)
         assert self.link.channel is not None
@@ -333,6 +338,8 @@ class StubProcess:
 
     def _release_shared_objects(self) -> None:
         self._dead = True
+        if self._exit is not None:
+            self._exit.close()
         self.link.close()
         for resource in (self.p2s, self.s2p, self.control):
             if resource is not None:

@@ -45,7 +45,8 @@ class Duration:
 
     def add(self, ns: int) -> None:
         self.count += 1
-        self.ns += max(0, ns)
+        if ns > 0:  # a clock step can make a span negative: it counts as 0
+            self.ns += ns
 
     def as_dict(self) -> dict[str, int]:
         return {"count": self.count, "ns": self.ns}

@@ -86,6 +86,10 @@ def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
     tracer = tracer or Tracer()
     routes = _Routes(core, max_input_size, header_forward_pattern, tracer)
     router = app.router
+    # aiohttp tries the routes under one path prefix in the order they were added: inference first
+    # (the route almost every request takes) saves four regular-expression matches a request.
+    for prefix in (_MODEL, _MODEL_VERSION):
+        router.add_post(prefix + "/infer", routes.infer)
     router.add_get("/v2/health/live", routes.live)
     router.add_get("/v2/health/ready", routes.ready)
     router.add_get("/v2", routes.server_metadata)
@@ -95,7 +99,6 @@ def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
         router.add_get(prefix + "/ready", routes.model_ready)
         router.add_get(prefix + "/config", routes.model_config)
         router.add_get(prefix + "/stats", routes.statistics)
-        router.add_post(prefix + "/infer", routes.infer)
         router.add_post(prefix + "/generate", routes.generate)
         router.add_post(prefix + "/generate_stream", routes.generate_stream)
     router.add_post("/v2/repository/index", routes.repository_index)

@@ -1,0 +1,64 @@
+"""Whether a child process has exited, known without a system call per question.
+
+Schedulers ask whether a stub is alive several times per request. `Popen.poll()` answers with a
+lock and a `waitpid` each time (four per request, about a twentieth of the backend's CPU on a small
+request). A pidfd (Linux 5.3+) becomes readable when its process exits: the event loop watches it
+and the answer is a flag, set in the same loop turn `poll()` would first have seen the exit.
+
+Where there is no pidfd (another kernel) or no running loop, the watch
+asks `poll()` as before. It never reaps: the exit status stays for whoever waits for the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+
+__all__ = ["ExitWatch"]
+
+
+class ExitWatch:
+    """The exit of one child process; `close()` when the process is no longer watched."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._process = process
+        self._exited = False
+        self._fd = -1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if process.returncode is not None:  # reaped: its pid may be another process's by now
+            self._exited = True
+            return
+        try:
+            self._loop = asyncio.get_running_loop()
+            self._fd = os.pidfd_open(process.pid)
+        except (AttributeError, RuntimeError, OSError):  # no pidfd_open, no loop, or already gone
+            self._loop = None
+            return
+        self._loop.add_reader(self._fd, self._on_exit)
+
+    @property
+    def watched(self) -> bool:
+        """Whether a pidfd is watched (else `exited` asks the process)."""
+        return self._fd >= 0
+
+    @property
+    def exited(self) -> bool:
+        if self._exited:
+            return True
+        if self._fd < 0:
+            return self._process.poll() is not None
+        return False
+
+    def _on_exit(self) -> None:
+        self._exited = True
+        self.close()
+
+    def close(self) -> None:
+        """Stop watching (idempotent); `exited` then asks the process."""
+        if self._fd < 0:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+        self._fd = -1
