@@ -16,7 +16,8 @@ with `TimedRequestHandler`, aiohttp's connection protocol plus one timer per con
                 IDLE: the handler runs; waiting for the next request is aiohttp's keep-alive
     timer fires ──► the connection is closed without a response (as Triton's server does).
 
-The fast path pays one `call_at` per request head and three integer updates per read. The
+The fast path pays three integer updates per read: the timer is armed lazily, so the requests of a
+kept-alive connection share one (it re-arms when it fires early). The
 protocol also counts what its connection received: one that carried `TRIM_AFTER_BYTES` or more
 asks the runner's `HeapTrimmer` for a trim when it closes (frontends/heap_trim.py), as the h2 gRPC
 stack's connections do.
@@ -72,7 +73,7 @@ class TimedRequestHandler(QuietClientErrors):
         self._heap = heap
         self._carried = 0  # bytes received over the connection's life
         self._phase = _Phase.IDLE
-        self._phase_start = 0.0
+        self._deadline: float | None = None  # the current phase's (before a body's extension)
         self._body: StreamReader | None = None
         self._body_received = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -116,12 +117,17 @@ class TimedRequestHandler(QuietClientErrors):
         self._enter(_Phase.BODY, self._timeouts.body_seconds)
 
     def _enter(self, phase: _Phase, seconds: float) -> None:
-        self._cancel_timer()
+        """Start `phase` with its deadline. The timer is lazy: one armed no later than the new
+        deadline stays (it finds the deadline moved when it fires, and re-arms), so a kept-alive
+        connection's requests do not each make and cancel a timer."""
         self._phase = phase
         if phase is _Phase.IDLE or seconds <= 0:
+            self._deadline = None
             return
-        self._phase_start = self._loop.time()
-        self._timer = self._loop.call_at(self._phase_start + seconds, self._expired)
+        self._deadline = self._loop.time() + seconds
+        if self._timer is None or self._timer.when() > self._deadline:
+            self._cancel_timer()
+            self._timer = self._loop.call_at(self._deadline, self._expired)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -130,13 +136,16 @@ class TimedRequestHandler(QuietClientErrors):
 
     def _expired(self) -> None:
         self._timer = None
-        if self._phase is _Phase.BODY:
-            allowed = self._phase_start + self._timeouts.body_seconds + self._body_received / MIN_BODY_RATE
-            if self._loop.time() < allowed:  # the body is arriving fast enough: wait on
-                self._timer = self._loop.call_at(allowed, self._expired)
-                return
+        if self._deadline is None:  # idle: the next request's head arms a timer again
+            return
+        allowed = self._deadline
+        if self._phase is _Phase.BODY:  # a body arriving fast enough earns more time
+            allowed += self._body_received / MIN_BODY_RATE
+        if self._loop.time() < allowed:
+            self._timer = self._loop.call_at(allowed, self._expired)
+            return
         _log.debug("closing an HTTP connection: the request %s did not arrive in time", self._phase.value)
-        self._phase = _Phase.IDLE
+        self._phase, self._deadline = _Phase.IDLE, None
         self.force_close()
 
 
