@@ -1,12 +1,12 @@
 """Whether a child process has exited, known without a system call per question.
 
-Schedulers ask whether a stub is alive several times per request. `Popen.poll()` answers with a
-lock and a `waitpid` each time (four per request, about a twentieth of the backend's CPU on a small
-request). A pidfd (Linux 5.3+) becomes readable when its process exits: the event loop watches it
-and the answer is a flag, set in the same loop turn `poll()` would first have seen the exit.
+Schedulers ask whether a stub is alive four or five times per request. `Popen.poll()` answers with
+a lock and a `waitpid` each time (27,484 `waitpid` calls for 5,486 small HTTP requests, counted
+with cProfile). A pidfd (Linux 5.3+) becomes readable when its process exits: the event loop
+watches it and the answer is a flag, set in the loop turn that first sees the exit.
 
-Where there is no pidfd (another kernel) or no running loop, the watch
-asks `poll()` as before. It never reaps: the exit status stays for whoever waits for the process.
+Where there is no pidfd (another kernel) or no running loop, the watch asks `poll()` as before.
+It never reaps: the exit status stays for whoever waits for the process.
 """
 
 from __future__ import annotations

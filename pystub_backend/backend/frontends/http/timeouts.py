@@ -16,11 +16,11 @@ with `TimedRequestHandler`, aiohttp's connection protocol plus one timer per con
                 IDLE: the handler runs; waiting for the next request is aiohttp's keep-alive
     timer fires ──► the connection is closed without a response (as Triton's server does).
 
-The fast path pays three integer updates per read: the timer is armed lazily, so the requests of a
-kept-alive connection share one (it re-arms when it fires early). The
-protocol also counts what its connection received: one that carried `TRIM_AFTER_BYTES` or more
-asks the runner's `HeapTrimmer` for a trim when it closes (frontends/heap_trim.py), as the h2 gRPC
-stack's connections do.
+The fast path pays three integer updates per read: the timer is armed lazily, so the requests of
+a kept-alive connection share one (it re-arms when it fires early). The protocol also counts what
+its connection received: one that carried `TRIM_AFTER_BYTES` or more asks the runner's
+`HeapTrimmer` for a trim when it closes (frontends/heap_trim.py), as the h2 gRPC stack's
+connections do.
 """
 
 from __future__ import annotations
