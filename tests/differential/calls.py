@@ -113,20 +113,23 @@ def grpc_infer(endpoint: Endpoint, model: str, tensors: Sequence[Tensor], output
 
 
 def grpc_stream(endpoint: Endpoint, model: str, requests: Sequence[Sequence[Tensor]], outputs: Sequence[str],
-                expected_finals: int | None = None) -> list[dict]:
+                expected_finals: int | None = None, with_ids: bool = False) -> list[dict]:
     """Send `requests` on one gRPC stream; collect every response (empty finals included) until
-    each request got its final response. Raises AssertionError naming what it waited for."""
+    each request got its final response. Raises AssertionError naming what it waited for.
+    `with_ids`: request k has the id "k", and each response records the id it carries (how
+    responses of several requests interleave depends on whether one execute got them all)."""
     client = grpcclient.InferenceServerClient(endpoint.grpc_url)
     received: queue.Queue[tuple[object, object]] = queue.Queue()
     try:
         client.start_stream(callback=lambda result, error: received.put((result, error)))
-        for tensors in requests:
+        for index, tensors in enumerate(requests):
             inputs = []
             for name, data, datatype in tensors:
                 tensor = grpcclient.InferInput(name, list(data.shape), datatype)
                 tensor.set_data_from_numpy(data)
                 inputs.append(tensor)
-            client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+            client.async_stream_infer(model, inputs, request_id=str(index) if with_ids else "",
+                                      enable_empty_final_response=True)
         finals, collected = 0, list[dict]()
         while finals < (expected_finals if expected_finals is not None else len(requests)):
             try:
@@ -142,7 +145,7 @@ def grpc_stream(endpoint: Endpoint, model: str, requests: Sequence[Sequence[Tens
             final = response.parameters["triton_final_response"].bool_param
             finals += final
             item = _outputs(result, [n for n in outputs if any(o.name == n for o in response.outputs)])
-            collected.append({"final": final, "outputs": item})
+            collected.append({"final": final, "outputs": item, **({"id": response.id} if with_ids else {})})
         return collected
     finally:
         client.stop_stream()

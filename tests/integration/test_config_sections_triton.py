@@ -109,28 +109,34 @@ def _load_results(log: Path) -> dict[str, str]:
 def _triton_loads(repository: Path, backends: Path, log: Path, names: list[str]) -> dict[str, str]:
     """Start Triton on `repository` and read how each model's load ended from its log. Triton
     2.51 (this CPU-only build) sometimes crashes with SIGSEGV while it warms several models up at
-    once (less often with verbose logging), so it loads them one at a time; a crashed attempt is
-    still retried, three at most."""
+    once (less often with verbose logging), and now and then on a loaded machine with one at a
+    time, so it loads them one at a time and a crashed attempt is followed by one that loads only
+    the models whose load had not ended yet (three attempts at most)."""
+    results: dict[str, str] = {}
     for attempt in range(1, 4):
-        command, prefix = _triton_command(repository, backends)
+        remaining = [name for name in names if name not in results]
+        command, prefix = _triton_command(repository, backends, remaining)
         with open(log, "wb") as out:
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        env=_triton_environment(), start_new_session=True)
         try:
             deadline = time.monotonic() + 60
-            while not set(names) <= set(_load_results(log)) and process.poll() is None:
-                assert time.monotonic() < deadline, f"Triton did not load {names} within 60 s:\n" \
+            while not set(remaining) <= set(_load_results(log)) and process.poll() is None:
+                assert time.monotonic() < deadline, f"Triton did not load {remaining} within 60 s:\n" \
                                                     f"{log.read_text(errors='replace')[-3000:]}"
                 time.sleep(0.2)
-            if set(names) <= set(_load_results(log)):
-                return _load_results(log)
         finally:
             _stop(process, prefix)
-        print(f"Triton exited with {process.returncode} before loading every model (attempt {attempt})")
+        results.update((name, text) for name, text in _load_results(log).items() if name in remaining)
+        if set(names) <= set(results):
+            return results
+        print(f"Triton exited with {process.returncode} before loading every model (attempt {attempt}); "
+              f"left: {[name for name in names if name not in results]}")
     raise AssertionError(f"Triton crashed three times:\n{log.read_text(errors='replace')[-3000:]}")
 
 
-def _triton_command(repository: Path, backends: Path) -> tuple[list[str], str]:
+def _triton_command(repository: Path, backends: Path, only: list[str] | None = None) -> tuple[list[str], str]:
+    """The command line; `only`: load just these models (explicit model control)."""
     http, grpc, metrics = _free_port(), _free_port(), _free_port()
     prefix = f"cfgsec_triton_{os.getpid()}_{http}_"
     return [str(DIST / "bin" / "tritonserver"), f"--model-repository={repository}",
@@ -139,7 +145,8 @@ def _triton_command(repository: Path, backends: Path) -> tuple[list[str], str]:
             "--metrics-address=127.0.0.1", "--exit-on-error=false", "--strict-readiness=false",
             f"--backend-config=python,shm-region-prefix-name={prefix}",
             # One model loads (and warms up) at a time: the crashes came with several warmups at once
-            "--model-load-thread-count=1", "--log-verbose=1"], prefix
+            "--model-load-thread-count=1", "--log-verbose=1",
+            *(["--model-control-mode=explicit", *(f"--load-model={name}" for name in only)] if only else [])], prefix
 
 
 def _stop(process: subprocess.Popen, prefix: str) -> None:
