@@ -58,18 +58,25 @@ def test_spans_of_http_bls_and_grpc_requests(tmp_path: Path) -> None:
     trace_ids, span_ids = [os.urandom(16).hex() for _ in range(2)], [os.urandom(8).hex() for _ in range(2)]
     parents = [f"00-{trace}-{span}-01" for trace, span in zip(trace_ids, span_ids, strict=True)]
     shapes = []
+
+    def complete(spans: list[ReceivedSpan]) -> bool:
+        """Eight spans, both clients' traces among them: a batch exported late is waited for."""
+        return len(spans) >= 8 and set(trace_ids) <= {span.trace_id for span in spans}
+
     with Collector() as triton_collector, Collector() as pystub_collector:
         triton = TritonServer(repository, tmp_path, _flags(triton_collector.url))  # all models, traced
         endpoint = triton.start()
         try:
             _send(endpoint.http_url, endpoint.grpc_url, *parents)
-            triton_spans = triton_collector.wait_for("Triton's 8 spans", lambda spans: len(spans) >= 8, timeout=60)
+            triton_spans = triton_collector.wait_for("Triton's 8 spans of both traces", complete, timeout=60)
         finally:
             triton.stop()
         with Backend(repository, *_flags(pystub_collector.url)) as backend:
             _send(backend.http_url, backend.grpc_url, *parents)
-            pystub_spans = pystub_collector.wait_for("pystub's 8 spans", lambda spans: len(spans) >= 8, timeout=60)
-        for spans in (triton_spans, pystub_spans):
-            assert {span.trace_id for span in spans} == set(trace_ids)  # the clients' traces continued
+            pystub_spans = pystub_collector.wait_for("pystub's 8 spans of both traces", complete, timeout=60)
+        for server, spans in (("Triton", triton_spans), ("pystub", pystub_spans)):
+            seen = [(span.name, span.trace_id) for span in spans]
+            assert {span.trace_id for span in spans} == set(trace_ids), \
+                f"{server}: spans outside the clients' traces {trace_ids}: {seen}"
             shapes.append(_shape(spans, set(span_ids)))
     agree(*shapes)
