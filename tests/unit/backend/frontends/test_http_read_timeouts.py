@@ -44,8 +44,16 @@ async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
     assert await asyncio.wait_for(reader.readexactly(2), _WAIT) == b"ok"
 
 
-async def _closed_after(reader: asyncio.StreamReader, trickle: Callable[[], Awaitable[None]]) -> float:
-    """Seconds from now until the server closes the connection, while `trickle` keeps sending."""
+async def _closed_after(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, opening: bytes,
+                        piece: bytes) -> float:
+    """Seconds from now until the server closes the connection, while the client sends `opening`
+    and then `piece` every quarter of the deadline (each gap shorter than the deadline)."""
+    async def trickle() -> None:
+        writer.write(opening)
+        while True:
+            await asyncio.sleep(DEADLINE / 4)
+            writer.write(piece)
+
     started = time.monotonic()
     sender = asyncio.ensure_future(trickle())
     try:
@@ -82,14 +90,7 @@ def test_a_slow_head_after_fast_requests_is_closed_on_its_own_deadline() -> None
         for _ in range(5):
             await _request(reader, writer)
             await asyncio.sleep(DEADLINE / 4)  # the timer the first request armed fires in here
-
-        async def slow_head() -> None:
-            writer.write(b"GET /ok HTTP/1.1\r\n")
-            while True:
-                await asyncio.sleep(DEADLINE / 4)
-                writer.write(b"X-Slow: 1\r\n")
-
-        waited = await _closed_after(reader, slow_head)
+        waited = await _closed_after(reader, writer, b"GET /ok HTTP/1.1\r\n", b"X-Slow: 1\r\n")
         assert DEADLINE * 0.9 <= waited <= DEADLINE + SLACK, waited
         writer.close()
     _run(test)
@@ -100,14 +101,8 @@ def test_a_slow_body_after_fast_requests_is_closed_on_its_own_deadline() -> None
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(3):
             await _request(reader, writer)
-
-        async def slow_body() -> None:
-            writer.write(b"POST /ok HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n")
-            while True:
-                await asyncio.sleep(DEADLINE / 4)
-                writer.write(b"0")
-
-        waited = await _closed_after(reader, slow_body)
+        waited = await _closed_after(reader, writer, b"POST /ok HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n",
+                                     b"0")
         assert DEADLINE * 0.9 <= waited <= DEADLINE + SLACK, waited
         writer.close()
     _run(test)
