@@ -7,7 +7,9 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.install import feature_services
+from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess
 
@@ -30,3 +32,22 @@ async def model_stub(directory: Path, name: str, source: str) -> AsyncIterator[S
         yield stub
     finally:
         await stub.stop(finalize_timeout=10.0)
+
+
+async def execute(stub: StubProcess, requests: list[InferRequest]) -> list[InferResponse | ServerError]:
+    """Run one batch on the stub: per request its one response, or why it failed, once the
+    model's `execute` returned (as the schedulers send it, through the stub's exchange)."""
+    assert stub.exchange is not None, "the stub was not spawned"
+    submission = stub.exchange.submit(requests, wait=True)
+    assert submission is not None  # wait=True always answers
+    await submission.executed()
+    results: list[InferResponse | ServerError] = []
+    for outcome in submission.outcomes:
+        if isinstance(outcome, ServerError):
+            results.append(outcome)
+            continue
+        try:
+            results.append(await outcome.single())
+        except ServerError as error:
+            results.append(error)
+    return results

@@ -2,9 +2,10 @@
 """IPC benchmark: a backend → stub → backend round trip through the real code path, against
 baselines measured in the same run.
 
-    pystub   StubProcess.execute([InferRequest]) on an identity model, then response.release():
-             input copied into the p2s arena, EXECUTE frame, the stub copies the output into
-             its s2p arena, EXECUTE_DONE frame, the backend views the output in place.
+    pystub   the stub's exchange.submit([InferRequest]) on an identity model, the response, then
+             response.release(): input copied into the p2s arena (or inline in the frame when it
+             is small), EXECUTE frame, the stub copies the output into its s2p arena (or inline),
+             EXECUTE_DONE frame, the backend views the output in place.
     (a) raw  ping-pong of 64-byte frames over a SOCK_SEQPACKET socket pair between two processes
              (the queue primitive of pystub_backend/ipc/channel.py), no payload.
     (b) copy one single-threaded numpy copy of the same bytes (np.copyto, warm buffers), timed
@@ -43,6 +44,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from pystub_backend.backend.errors import ServerError  # noqa: E402
 from pystub_backend.backend.features.install import feature_services  # noqa: E402
 from pystub_backend.backend.inference import InferRequest, Tensor  # noqa: E402
 from pystub_backend.backend.supervision.settings import StubSettings  # noqa: E402
@@ -217,11 +219,16 @@ class StubBench:
         """One request; returns its duration in ns. Raises RuntimeError for a wrong answer."""
         assert self.stub is not None
         request = InferRequest("bench_identity", inputs=[Tensor("INPUT0", "UINT8", (data.size,), data)])
+        assert self.stub.exchange is not None
         start = time.perf_counter_ns()
-        (response,) = await self.stub.execute([request])
+        submission = self.stub.exchange.submit([request], wait=True)
+        assert submission is not None
+        (outcome,) = submission.outcomes
+        if isinstance(outcome, ServerError):
+            raise RuntimeError(f"stub failed: {outcome}")
+        response = await outcome.single()
+        await submission.executed()
         elapsed = time.perf_counter_ns() - start
-        if not hasattr(response, "outputs"):
-            raise RuntimeError(f"stub failed: {response}")
         output = response.outputs[0].data
         if len(output) != data.nbytes or (data.nbytes and output[-1] != data[-1]):
             raise RuntimeError("identity returned different bytes")

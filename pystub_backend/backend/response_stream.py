@@ -1,9 +1,10 @@
 """The responses of one request, as they arrive from its stub: zero, one or many, in order, the
 last one flagged final (decoupled models), or exactly one (default models).
 
-A consumer iterates (`async for response in stream`) or takes the single answer (`single()`); it
-calls `response.release()` on each response once encoded, which frees its arena bytes and returns
-a send credit to the stub. `cancel()` tells the stub (the model sees `is_cancelled()`) and drops
+A consumer iterates (`async for response in stream`) or takes the single answer (`single()`, or
+`answer(future)`: the future gets it, with no task woken before it is in); it calls
+`response.release()` on each response once encoded, which frees its arena bytes and returns a send
+credit to the stub. `cancel()` tells the stub (the model sees `is_cancelled()`) and drops
 what is still queued. The buffer is bounded by the stub's credits: the stub may have at most
 `CREDIT_WINDOW` unreleased data responses per request; after that its sender waits (with a deadline).
 """
@@ -18,7 +19,7 @@ from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferResponse
 from pystub_backend.ipc.status import Status
 
-__all__ = ["ResponseStream", "CREDIT_WINDOW"]
+__all__ = ["ResponseStream", "Outcome", "CREDIT_WINDOW", "error_response"]
 
 CREDIT_WINDOW = 64
 
@@ -39,6 +40,7 @@ class ResponseStream:
         self.failed = False  # ended by `fail`: the model never answered it (not an inference)
         # Sees every response before a consumer does (implicit state takes the state outputs out).
         self.on_put: Callable[[InferResponse], None] | None = None
+        self._answer: asyncio.Future[InferResponse] | None = None  # see answer()
 
     # -- producer side (the stub's frames) --------------------------------------------------------
     @property
@@ -57,9 +59,13 @@ class ResponseStream:
             self.on_put(response)
         if self._dropping:
             response.release()
+        elif self._answer is not None:
+            self._keep_for_answer(response)
         else:
             self._queue.append(response)
         if final:
+            if self._answer is not None:
+                self._resolve_answer()
             self._finish()
         self._wake()
 
@@ -113,6 +119,37 @@ class ResponseStream:
                 return
             yield response
 
+    def answer(self, future: asyncio.Future[InferResponse]) -> None:
+        """Resolve `future` with the one response of a default-mode request once the final one is
+        in (an error response as its exception; a final flags-only answer as an empty response;
+        extra data responses are released), as `single()` returns it. Nothing else may consume
+        the stream. A future cancelled meanwhile (its caller is gone) gets nothing: the response
+        is released."""
+        self._answer = future
+        for response in self._queue:  # what arrived before the caller asked
+            self._keep_for_answer(response)
+        self._queue.clear()
+        if self._final:
+            self._resolve_answer()
+
+    def _keep_for_answer(self, response: InferResponse) -> None:
+        if self._queue:
+            response.release()  # the first one is the answer
+        else:
+            self._queue.append(response)
+
+    def _resolve_answer(self) -> None:
+        future = self._answer
+        assert future is not None
+        first = self._queue.popleft() if self._queue else InferResponse(self.model_name, "", self.request_id)
+        if future.done():
+            first.release()
+        elif first.error is not None:
+            first.release()
+            future.set_exception(first.error)
+        else:
+            future.set_result(first)
+
     async def single(self) -> InferResponse:
         """The one response of a default-mode request. Raises ServerError for an error response.
 
@@ -150,3 +187,7 @@ class ResponseStream:
 
 def error_response(model_name: str, request_id: str, code: int, text: str) -> InferResponse:
     return InferResponse(model_name, "", request_id, error=ServerError(text, Status.coerce(code)))
+
+
+# What sending one request to a model gives: its stream of responses, or why it never reached the model.
+Outcome = ResponseStream | ServerError

@@ -15,6 +15,7 @@ from pystub_backend.ipc.arena import ArenaFullError
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.records import WireError, WireRequest, WireResponse, error_to_wire
 from pystub_backend.ipc.status import Status
+from pystub_backend.ipc.tensors import InlineBudget, arena_handles
 from pystub_backend.stub.executor import check_return, failure_text, format_traceback, run_execute
 from pystub_backend.stub.features.sequences import report_rescheduled
 from pystub_backend.stub.senders import RequestState
@@ -43,10 +44,11 @@ def run_batch(stub: Stub, message: msg.Execute) -> None:
             return
         result = run_execute(stub.model, requests, stub.decoupled, stub.loop, stub.log_error, stub.batched)
         entries = check_return(result, requests, stub.decoupled, stub.instance)
+        budget = InlineBudget()  # small outputs ride in the EXECUTE_DONE frame itself
         for state, entry in zip(states, entries, strict=False):  # decoupled: no entries
             if entry is not None and not state.final:
                 stub.requests.close(state)
-                responses.append(response_to_wire(state.rid, entry, _FINAL, state.requested, stub.s2p))
+                responses.append(response_to_wire(state.rid, entry, _FINAL, state.requested, stub.s2p, budget))
         _arm_senders(requests, states)
         report_rescheduled(stub, requests, states)  # pystub sequences: report them before EXECUTE_DONE
     except BaseException as exc:  # noqa: BLE001 - sys.exit() in execute fails this batch only, as on Triton
@@ -56,7 +58,7 @@ def run_batch(stub: Stub, message: msg.Execute) -> None:
         for state in states:
             stub.requests.close(state)  # the backend fails every request that is still open
         for response in responses:
-            stub.free([t.handle for t in response.outputs])
+            stub.free(arena_handles(response.outputs))
         responses = []
     finally:
         stub.control.execute_finished()
@@ -79,7 +81,7 @@ def _send_done(stub: Stub, batch_id: int, error: WireError | None, responses: li
         stub.send(msg.ExecuteDone(batch_id, error, responses))
     except ArenaFullError as exc:
         for response in responses:
-            stub.free([t.handle for t in response.outputs])
+            stub.free(arena_handles(response.outputs))
         stub.send(msg.ExecuteDone(batch_id, error_to_wire(Status.INTERNAL, str(exc)), []))
 
 

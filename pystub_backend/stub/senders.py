@@ -24,6 +24,7 @@ from pystub_backend.ipc.arena import ArenaWriter
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.records import WireRequest, WireResponse, error_to_wire
 from pystub_backend.ipc.status import Status
+from pystub_backend.ipc.tensors import wire_nbytes
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.translate import response_to_wire
 
@@ -193,7 +194,7 @@ class RequestRegistry:
             raise pb_utils.TritonModelException(text)
         wire = response_to_wire(state.rid, response, flags, state.requested, self._writer)
         if carries_data and not flags & _FINAL:  # the backend credits data responses but the final one
-            self.window_of(state).sent(sum(tensor.handle[2] for tensor in wire.outputs))
+            self.window_of(state).sent(sum(wire_nbytes(tensor) for tensor in wire.outputs))
         self._send(msg.Response(wire))
         if flags & _FINAL:
             self.close(state)

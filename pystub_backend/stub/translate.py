@@ -64,11 +64,12 @@ def _place_device(rid: int, writer: ArenaWriter, name: str, datatype: str, shape
 
 
 def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
-                     writer: ArenaWriter) -> WireResponse:
+                     writer: ArenaWriter, budget: tensors.InlineBudget | None = None) -> WireResponse:
     """The wire response for a pb_utils response (or None for a flags-only final).
 
-    Outputs are placed in the s2p arena, or written into the client region the request named for
-    them. When the arena cannot grow (INTERNAL), or an output does not fit its region or the region
+    Outputs travel inline in the frame while they are small and `budget` lasts (ipc.tensors), else
+    are placed in the s2p arena, or written into the client region the request named for them.
+    When the arena cannot grow (INTERNAL), or an output does not fit its region or the region
     cannot be mapped (INVALID_ARG), the already placed outputs are freed again and the response
     becomes an error carrying the text.
     """
@@ -96,13 +97,14 @@ def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
             elif (handle := output_buffers.claim(buffer)) is not None:  # already in the arena: no copy
                 outputs.append(WireTensor(name, datatype, list(shape), list(handle)))
             else:
-                outputs.append(tensors.place(writer, name, datatype, shape, buffer))
+                outputs.append(tensors.place(writer, name, datatype, shape, buffer,
+                                             tensors.InlineBudget() if budget is None else budget))
     except (ArenaFullError, RegionTooSmallError, client_shm.RegionError, cuda_regions.CudaRegionError,
             device_outputs.DeviceError) as exc:
         for placed in outputs:
             if placed.handle[0] == DEVICE_HANDLE_TAG:
                 device_ipc.unexport(placed.handle)
-            else:
+            elif placed.handle[0] != tensors.INLINE_TAG:
                 writer.free(tensors.wire_handle(placed))  # region outputs carry the empty handle: a no-op
         internal = isinstance(exc, (ArenaFullError, device_outputs.DeviceError))
         status = Status.INTERNAL if internal else Status.INVALID_ARG

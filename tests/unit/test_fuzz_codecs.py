@@ -53,7 +53,9 @@ from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_in
 from pystub_backend.backend.models.validation import validate_request
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stub_process import StubProcess
+from pystub_backend.ipc.arena import ArenaReader
 from pystub_backend.ipc.bytes_codec import deserialize_bytes
+from pystub_backend.ipc.channel import make_pair
 from pystub_backend.ipc.dtypes import numpy_dtype
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.wire import registered_kinds
@@ -78,11 +80,19 @@ def stub() -> Iterator[StubProcess]:
     loop = asyncio.new_event_loop()
 
     async def make() -> StubProcess:
-        return StubProcess("fuzz_0_0", StubSettings(), "fuzz", feature_services(None))
+        process = StubProcess("fuzz_0_0", StubSettings(), "fuzz", feature_services(None))
+        process.p2s = _FakeArena()  # type: ignore[assignment]
+        process.s2p = ArenaReader(process.base, "s2p")
+        process.open_link(backend_end)  # nothing is sent over it: the frames are only built
+        return process
 
+    backend_end, stub_end = make_pair()
     process = loop.run_until_complete(make())
-    process.p2s = _FakeArena()  # type: ignore[assignment]
     yield process
+    assert process.link is not None and process.s2p is not None
+    process.link.close()
+    process.s2p.close()
+    stub_end.close()
     loop.close()
 
 
@@ -94,6 +104,7 @@ def _to_stub(stub: StubProcess, request: Any, model: str) -> bytes:
         validate_request(request, CONFIGS[model])
         fields = sequence_fields(request.parameters)  # what the sequence batcher puts on the wire
         request.correlation_id, request.flags = fields.correlation_id, fields.flags
+        assert stub.exchange is not None
         wire = stub.exchange.place_request(request).wire
         frame = msg.encode(msg.Execute(1, [wire], []))
     for tensor in request.inputs:  # the stub views each input as pystub_backend.ipc.tensors.to_array does

@@ -42,9 +42,15 @@ _T = TypeVar("_T")
 
 
 def _names_a_region(request: InferRequest) -> bool:
-    # Checked here, not in the registry: most requests name none and skip it altogether.
-    return any(REGION in tensor.parameters for tensor in request.inputs) or \
-        any(REGION in output.parameters for output in request.outputs)
+    # Checked here, not in the registry: most requests name none and skip it altogether (and most
+    # tensors carry no parameters at all).
+    for tensor in request.inputs:
+        if tensor.parameters and REGION in tensor.parameters:
+            return True
+    for output in request.outputs:  # noqa: SIM110 - a loop: no generator per request on the hot path
+        if output.parameters and REGION in output.parameters:
+            return True
+    return False
 
 
 class Serving:

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from pystub_backend.backend.config.model_config import (
@@ -142,6 +142,7 @@ class ModelVersion:
         self.reason = ""
         self._monitor: asyncio.Task | None = None
         self._scheduled: Sequence[StubInstance] = []  # the instances as the scheduler sees them (rate limiter)
+        self._usable = False  # some instance is READY or expected back (kept by _instances_changed)
 
     # -- readiness -------------------------------------------------------------------------------
     @property
@@ -226,6 +227,9 @@ class ModelVersion:
             await self._stop_instances(self.settings.stub_timeout_seconds)
             self.state, self.reason = ModelState.UNAVAILABLE, "loading was cancelled"
             raise
+        for instance in self.instances:
+            instance.on_change(self._instances_changed)
+        self._instances_changed()
         scheduler = make_scheduler(self.config, scheduled, self.stats)
         if state is not None:  # implicit state hook: the sequence batcher adds and hides the state tensors
             scheduler.implicit_state = state
@@ -237,17 +241,22 @@ class ModelVersion:
         self.state, self.reason = ModelState.READY, ""
 
     # -- serving -------------------------------------------------------------------------------------
-    async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
-        """Schedule the (validated) request. Raises ServerError.
+    def _instances_changed(self) -> None:
+        self._usable = any(instance.usable for instance in self.instances)
+
+    def infer(self, request: InferRequest, batch_size: int) -> Awaitable[InferResponse]:
+        """Schedule the (validated) request: what the caller awaits for its response (the
+        scheduler's own coroutine: no frame of this one in between). Raises ServerError (now, or
+        from the await).
 
         An instance that is restarting is expected back: its requests wait in the queue for it.
         """
         scheduler = self._serving_scheduler()
         request.model_version = self._version_text
         if self.response_cache is not None:  # response cache hook: a hit never reaches the scheduler
-            return await cached_infer(self.response_cache, self.stats, request,
-                                      lambda: scheduler.schedule(request, batch_size))
-        return await scheduler.schedule(request, batch_size)
+            return cached_infer(self.response_cache, self.stats, request,
+                                lambda: scheduler.schedule(request, batch_size))
+        return scheduler.schedule(request, batch_size)
 
     async def infer_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         """Schedule the (validated) request; its responses arrive on the stream. Raises ServerError."""
@@ -264,7 +273,7 @@ class ModelVersion:
         if self.scheduler is None or not self.loaded:
             raise ServerError(f"Request for unknown model: '{self.name}' version {self.version} is not at "
                               f"ready state", Status.UNAVAILABLE)
-        if not any(instance.usable for instance in self.instances):
+        if not self._usable:
             raise self.health_error() or ServerError(f"Model '{self.name}' has no usable instance",
                                                      Status.UNAVAILABLE)
         return self.scheduler

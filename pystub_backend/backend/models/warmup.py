@@ -35,6 +35,7 @@ from pystub_backend.backend.config.model_config import ModelConfig
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
 from pystub_backend.backend.models.validation import validate_request
+from pystub_backend.backend.supervision.exchange import Submission
 from pystub_backend.ipc.dtypes import WIRE_TO_NUMPY, config_to_wire, numpy_dtype
 
 __all__ = ["WarmupError", "WarmupSample", "WarmupInstance", "build_samples", "run_warmup"]
@@ -49,9 +50,7 @@ class WarmupError(Exception):
     """A warmup sample could not be built or failed to run; the message is Triton's text."""
 
 
-class _Executor(Protocol):
-    async def execute(self, requests: list[InferRequest]) -> list[object]: ...
-
+class _Killable(Protocol):
     def kill(self) -> None: ...
 
 
@@ -61,7 +60,9 @@ class WarmupInstance(Protocol):
     name: str
 
     @property
-    def stub(self) -> _Executor | None: ...
+    def stub(self) -> _Killable | None: ...
+
+    def submit(self, requests: list[InferRequest], *, wait: bool) -> Submission | None: ...
 
 
 @dataclass(frozen=True)
@@ -161,13 +162,27 @@ async def _run_sample(config: ModelConfig, instance: WarmupInstance, sample: War
             raise WarmupError(f"failed to run warmup sample '{sample.name}': " + "".join(f"{e}; " for e in errors))
 
 
+async def _answers(instance: WarmupInstance, requests: list[InferRequest]) -> list[InferResponse | ServerError]:
+    """Per request its one response, or why it failed, once the model's `execute` returned."""
+    submission = instance.submit(requests, wait=True)
+    assert submission is not None  # wait=True always answers
+    await submission.executed()
+    results: list[InferResponse | ServerError] = []
+    for outcome in submission.outcomes:
+        try:
+            results.append(outcome if isinstance(outcome, ServerError) else await outcome.single())
+        except ServerError as error:
+            results.append(error)
+    return results
+
+
 async def _execute(instance: WarmupInstance, requests: list[InferRequest], timeout: float, sample: str) -> list[str]:
     """Run one batch on the instance; the error texts of the requests that failed."""
     stub = instance.stub
     if stub is None:
         return [f"Stub process '{instance.name}' is not healthy."] * len(requests)
     try:
-        results = await asyncio.wait_for(stub.execute(requests), timeout)
+        results = await asyncio.wait_for(_answers(instance, requests), timeout)
     except asyncio.TimeoutError:
         # The model is stuck in execute: kill the stub now (the failed load then stops it).
         stub.kill()
@@ -178,7 +193,6 @@ async def _execute(instance: WarmupInstance, requests: list[InferRequest], timeo
         if isinstance(result, ServerError):
             errors.append(result.message)
             continue
-        assert isinstance(result, InferResponse)  # execute answers each request with one of the two
         if result.error is not None:
             errors.append(result.error.message)
         result.release()

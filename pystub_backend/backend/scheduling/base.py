@@ -1,4 +1,5 @@
-"""What every scheduler shares: the worker loop, failure accounting and statistics.
+"""What every scheduler shares: its face, failure accounting and statistics (`Scheduler`), and the
+worker loop of those that pull work (`WorkerScheduler`: the batchers, multiplex routing):
 
     start() ──▶ one worker per unit (an instance, a pipeline slot of one, a sequence lane)
     worker:  while instance.wait_ready():        READY, or back from a restart (False: FAILED/stopped)
@@ -26,18 +27,27 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse
-from pystub_backend.backend.response_stream import ResponseStream
+from pystub_backend.backend.response_stream import Outcome, ResponseStream
+from pystub_backend.backend.supervision.exchange import Submission
 from pystub_backend.backend.telemetry.statistics import BACKEND, BatchTiming, ModelStatistics, reason_for
 from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
-__all__ = ["Scheduler", "Outcome", "Instance", "StubHolder", "StubInstance", "Queued"]
+__all__ = ["Scheduler", "WorkerScheduler", "Outcome", "Gate", "Instance", "StubHolder", "StubInstance", "Queued"]
 
 log = logging.getLogger("pystub.scheduler")
 
-Outcome = ResponseStream | ServerError  # what executing one request gives: its stream, or why it never ran
+
+class Gate(Protocol):
+    """An admission step before each batch an instance runs (the rate limiter's resources, a new
+    stub's multiplexing setup): `enter` waits until the batch may go, `leave` once its `execute`
+    returned."""
+
+    async def enter(self) -> None: ...
+
+    def leave(self) -> None: ...
 
 
 class Instance(Protocol):
@@ -57,9 +67,15 @@ class Instance(Protocol):
 
     async def wait_ready(self) -> bool: ...
 
-    async def execute_streams(self, requests: list[InferRequest],
-                              on_sent: Callable[[list[Outcome]], None] | None = None
-                              ) -> tuple[list[Outcome], BatchTiming]: ...
+    @property
+    def gate(self) -> Gate | None: ...
+
+    def submit(self, requests: list[InferRequest], *, wait: bool) -> Submission | None:
+        """Send a batch (supervision.exchange.RequestExchange.submit). With `wait=False`, None when
+        it cannot go now."""
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        """`callback()` whenever the instance may take work again, or never will."""
 
 
 class StubHolder(Protocol):
@@ -87,26 +103,18 @@ _Unit = TypeVar("_Unit")
 _Work = TypeVar("_Work")
 
 
-class Scheduler(abc.ABC, Generic[_Unit, _Work]):
-    """The base of every scheduler. A subclass keeps only its policy: `_units`, `_instance_of`,
-    `_take`, `_give_back`, `_run` (which calls `_execute`), `_instance_gone`, `fail_queued`,
-    `queued`, `schedule` and `schedule_stream`."""
-
-    # A batch runs in a task of its own, so that stopping the worker never cuts it in half (its
-    # requests still get their answers). A policy whose run hands each caller its outcome as
-    # soon as the request is on its way may run inline instead: one task less per request.
-    _runs_in_own_task = True
+class Scheduler(abc.ABC):
+    """The face every scheduler has, and the accounting they share (`_execute`, `_begin`,
+    `_finish`, the statistics)."""
 
     def __init__(self, stats: ModelStatistics) -> None:
         self._stats = stats
-        self._workers: list[asyncio.Task[None]] = []
         self._running: set[asyncio.Task[None]] = set()
         self._stopped: ServerError | None = None
 
-    # -- the face every scheduler has -------------------------------------------------------------
+    @abc.abstractmethod
     def start(self) -> None:
-        for unit in self._units():
-            self._workers.append(asyncio.ensure_future(self._work(unit)))
+        """Begin serving (the scheduler's workers, if it has any)."""
 
     @property
     @abc.abstractmethod
@@ -126,92 +134,62 @@ class Scheduler(abc.ABC, Generic[_Unit, _Work]):
         """Answer every queued request with `error` (running ones go on); returns how many."""
 
     async def stop(self, reason: str) -> None:
-        """Fail what is still queued with `reason` (UNAVAILABLE) and stop the workers."""
+        """Fail what is still queued with `reason` (UNAVAILABLE) and stop what waits."""
         self._stopped = ServerError(reason, Status.UNAVAILABLE)
         failed = self.fail_queued(self._stopped)
         if failed:
             log.info("%s failed %d queued request(s)", reason, failed)
         await self._before_workers_stop()
-        for worker in self._workers:
-            worker.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
-        self._workers.clear()
 
-    # -- the policy ---------------------------------------------------------------------------------
-    @abc.abstractmethod
-    def _units(self) -> Sequence[_Unit]:
-        """What gets a worker each."""
-
-    @abc.abstractmethod
-    def _instance_of(self, unit: _Unit) -> Instance:
-        """The ModelInstance a unit runs its work on."""
-
-    @abc.abstractmethod
-    async def _take(self, unit: _Unit) -> _Work | None:
-        """The work the unit runs next (None: nothing after all, ask again)."""
-
-    @abc.abstractmethod
-    def _give_back(self, unit: _Unit, work: _Work) -> None:
-        """Work taken by a unit that cannot run it now goes back to wait."""
-
-    @abc.abstractmethod
-    async def _run(self, unit: _Unit, work: _Work) -> None:
-        """Execute the work and hand each caller its outcome."""
-
-    @abc.abstractmethod
-    def _instance_gone(self, unit: _Unit) -> None:
-        """The unit's instance is FAILED for good (or the scheduler stopped)."""
+    async def _before_workers_stop(self) -> None:  # noqa: B027 - a hook: most schedulers need nothing here
+        """A hook of `stop`, after the queue failed (and before any workers are cancelled)."""
 
     def _can_run(self, instance: Instance) -> bool:
-        """Whether a unit may run the work it took: its instance did not die while it waited, and
-        no execute on it waits for a BLS call (the work could only queue behind it)."""
+        """Whether an instance may run work now: it did not die, and no execute on it waits for a
+        BLS call (the work could only queue behind it)."""
         return bool(instance.healthy) and not getattr(instance, "held", False)
-
-    async def _before_workers_stop(self) -> None:
-        """A hook of `stop`, after the queue failed and before the workers are cancelled."""
-
-    # -- the worker loop -------------------------------------------------------------------------------
-    async def _work(self, unit: _Unit) -> None:
-        # A worker serves while its instance is READY, waits while it restarts, and ends when it
-        # is FAILED or stopped.
-        instance = self._instance_of(unit)
-        while await instance.wait_ready():
-            work = await self._take(unit)
-            if work is None:
-                continue
-            if not self._can_run(instance):
-                self._give_back(unit, work)
-                continue
-            if not self._runs_in_own_task:
-                await self._run(unit, work)
-                continue
-            task = asyncio.ensure_future(self._run(unit, work))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-            await asyncio.shield(task)
-        self._instance_gone(unit)
 
     async def _execute(self, instance: Instance, batch: Sequence[Queued],
                        on_sent: Callable[[list[Outcome]], None] | None = None,
                        follow: Callable[[Queued], bool] | None = None) -> list[Outcome]:
-        """Send a batch to the instance: one outcome per request, counted here. A request that
-        never reached the model (stub gone, arena full) is a BACKEND failure; the others are one
-        execution, and each is counted when its stream ends (`follow`: whether to count a request
-        at all; False for one the model runs again). Never raises but for cancellation."""
+        """Send a batch to the instance and wait for its `execute` to return: one outcome per
+        request, counted here. A request that never reached the model (stub gone, arena full) is
+        a BACKEND failure; the others are one execution, and each is counted when its stream ends
+        (`follow`: whether to count a request at all; False for one the model runs again).
+        `on_sent(outcomes)` runs as soon as the batch is on its way. Never raises but for
+        cancellation."""
         started = self._begin(batch)
+        gate = instance.gate
         try:
-            results, timing = await instance.execute_streams([work.request for work in batch], on_sent)
+            if gate is not None:
+                await gate.enter()
+            try:
+                outcomes, timing = await self._submit(instance, [work.request for work in batch], on_sent)
+            finally:
+                if gate is not None:
+                    gate.leave()
         except Exception as exc:  # a bug below us must fail these requests, not end the worker
             log.exception("scheduler: executing a batch of %d on '%s' failed", len(batch),
                           getattr(instance, "name", "?"))
-            results, timing = [ServerError(f"failed to execute the request: {exc}", Status.INTERNAL)] * len(batch), \
+            outcomes, timing = [ServerError(f"failed to execute the request: {exc}", Status.INTERNAL)] * len(batch), \
                 BatchTiming()
         except BaseException:  # cancelled (the worker stops): the batch's traces end here, not never
             for work in batch:
                 if work.request.trace is not None:
                     work.request.trace.computed(time.monotonic_ns(), time.monotonic_ns())
             raise
-        return self._finish(batch, results, started, timing, follow)
+        return self._finish(batch, outcomes, started, timing, follow)
+
+    @staticmethod
+    async def _submit(instance: Instance, requests: list[InferRequest],
+                      on_sent: Callable[[list[Outcome]], None] | None) -> tuple[list[Outcome], BatchTiming]:
+        submission = instance.submit(requests, wait=True)
+        assert submission is not None  # wait=True always answers
+        if submission.sent:
+            if on_sent is not None:
+                on_sent(submission.outcomes)
+            await submission.executed()
+        return submission.outcomes, submission.timing
 
     def _begin(self, batch: Sequence[Queued], started: int | None = None) -> int:
         """A batch starts executing now (or at `started`): the clock, and the tracing hook."""
@@ -261,3 +239,75 @@ class Scheduler(abc.ABC, Generic[_Unit, _Work]):
         else:  # an error response of the model is an inference; a stream the stub failed is not
             self._stats.record_failure(finished - enqueued, reason_for(stream.error),
                                        0 if stream.failed else work.batch_size)
+
+
+class WorkerScheduler(Scheduler, Generic[_Unit, _Work]):
+    """A scheduler with a worker per unit (the loop drawn in the module docstring). A subclass
+    keeps only its policy: `_units`, `_instance_of`, `_take`, `_give_back`, `_run` (which calls
+    `_execute`), `_instance_gone`, `fail_queued`, `queued`, `schedule` and `schedule_stream`."""
+
+    # A batch runs in a task of its own, so that stopping the worker never cuts it in half (its
+    # requests still get their answers). A policy whose run hands each caller its outcome as
+    # soon as the request is on its way may run inline instead: one task less per request.
+    _runs_in_own_task = True
+
+    def __init__(self, stats: ModelStatistics) -> None:
+        super().__init__(stats)
+        self._workers: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        for unit in self._units():
+            self._workers.append(asyncio.ensure_future(self._work(unit)))
+
+    async def stop(self, reason: str) -> None:
+        await super().stop(reason)
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers.clear()
+
+    # -- the policy ---------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _units(self) -> Sequence[_Unit]:
+        """What gets a worker each."""
+
+    @abc.abstractmethod
+    def _instance_of(self, unit: _Unit) -> Instance:
+        """The ModelInstance a unit runs its work on."""
+
+    @abc.abstractmethod
+    async def _take(self, unit: _Unit) -> _Work | None:
+        """The work the unit runs next (None: nothing after all, ask again)."""
+
+    @abc.abstractmethod
+    def _give_back(self, unit: _Unit, work: _Work) -> None:
+        """Work taken by a unit that cannot run it now goes back to wait."""
+
+    @abc.abstractmethod
+    async def _run(self, unit: _Unit, work: _Work) -> None:
+        """Execute the work and hand each caller its outcome."""
+
+    @abc.abstractmethod
+    def _instance_gone(self, unit: _Unit) -> None:
+        """The unit's instance is FAILED for good (or the scheduler stopped)."""
+
+    # -- the worker loop -------------------------------------------------------------------------------
+    async def _work(self, unit: _Unit) -> None:
+        # A worker serves while its instance is READY, waits while it restarts, and ends when it
+        # is FAILED or stopped.
+        instance = self._instance_of(unit)
+        while await instance.wait_ready():
+            work = await self._take(unit)
+            if work is None:
+                continue
+            if not self._can_run(instance):
+                self._give_back(unit, work)
+                continue
+            if not self._runs_in_own_task:
+                await self._run(unit, work)
+                continue
+            task = asyncio.ensure_future(self._run(unit, work))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+            await asyncio.shield(task)
+        self._instance_gone(unit)

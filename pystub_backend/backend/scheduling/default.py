@@ -1,281 +1,279 @@
-"""The default scheduler: one queue per model version, the next free instance takes the next request.
+"""The default scheduler: one queue per model version, the next free pipeline slot of any instance
+takes the oldest request.
 
-Each instance runs `PIPELINE_DEPTH` workers, so while the stub executes one request the next one's
-inputs are already in its arena and its EXECUTE frame in its queue: the IPC round trip overlaps
-the model's compute instead of adding to it.
+It pushes, and has no worker tasks: a request is sent from the task that schedules it when an
+instance has a free slot and nothing is queued, else it waits in the queue; every event that
+frees a slot (a batch's `execute` returned, an instance came back to READY, a BLS hold ended)
+pumps the queue from the event loop's callback. Each instance has `PIPELINE_DEPTH` slots, so while
+its stub executes one request the next one's inputs are already in its arena and its EXECUTE frame
+in its queue: the IPC round trip overlaps the model's compute instead of adding to it.
 
-A worker is free again when the model's `execute` returns, not when the request's last response
-arrives: a decoupled model (or an `async def execute`) keeps answering while the next request runs.
-The caller gets the request's ResponseStream; `schedule` waits for its single answer.
+    schedule ──no queue, free slot?──yes──▶ _send (instance.submit, wait=False) ──▶ the stream
+                      │ no (or the channel is full)           │
+                      ▼                                       ▼ EXECUTE_DONE: _executed (count, free slot)
+                   queue ◀──────────────── _pump: a free slot takes the oldest (submit, wait=True)
 
-The direct send: when nothing is queued and an instance has a free pipeline slot, the caller's
-own task places the request and sends its EXECUTE (`ModelInstance.start_streams`) and gets its
-stream at once; the slot is freed and the request counted from the callback of its `execute`'s
-end. No worker wakes up and no future is handed back: two loop hops less per request. A slot is
-what limits an instance to `PIPELINE_DEPTH` executes whichever path sent them: a worker that took
-work waits for one (in order), and while any worker waits, callers queue instead of overtaking.
-
-    schedule ──queue empty, slot free?──yes──▶ start_streams ──▶ stream (slot freed at EXECUTE_DONE)
-                                      └─no──▶ queue ──▶ worker: slot ──▶ _execute ──▶ stream
+A slot is free again when the model's `execute` returns, not when the request's last response
+arrives: a decoupled model (or an `async def execute`) keeps answering while the next request
+runs. An instance with an admission gate (the rate limiter's resources) is sent to from a task
+that passes the gate first. The caller gets the request's ResponseStream; `schedule` waits for
+its single answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
 from collections.abc import Sequence
-from typing import Protocol, TypeVar, cast
+from typing import Any
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse
-from pystub_backend.backend.response_stream import ResponseStream
-from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler
+from pystub_backend.backend.response_stream import Outcome, ResponseStream
+from pystub_backend.backend.scheduling.base import Instance, Scheduler
+from pystub_backend.backend.scheduling.pipelined import PIPELINE_DEPTH
+from pystub_backend.backend.supervision.exchange import Submission
 from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, BatchTiming, ModelStatistics
 from pystub_backend.ipc.status import Status
 
-__all__ = ["DefaultScheduler", "PIPELINE_DEPTH", "Work"]
-
-PIPELINE_DEPTH = 2
+__all__ = ["DefaultScheduler", "PIPELINE_DEPTH"]
 
 log = logging.getLogger("pystub.scheduler")
 
 
-class Work:
-    """A queued request and the future its caller awaits (its stream, or why it never ran)."""
+class _Pending:
+    """A request waiting in the queue, and the future its caller awaits: its stream (or why it never
+    ran), or for a unary request (`answer`) its one response itself, so that its caller wakes once."""
 
-    __slots__ = ("request", "batch_size", "future", "enqueued_ns", "delivered", "started")
+    __slots__ = ("request", "batch_size", "enqueued_ns", "future", "answer", "stream")
 
-    def __init__(self, request: InferRequest, batch_size: int, future: asyncio.Future[Outcome]) -> None:
+    def __init__(self, request: InferRequest, batch_size: int, future: asyncio.Future[Any],
+                 answer: bool = False) -> None:
         self.request = request
         self.batch_size = batch_size
-        self.future = future
         self.enqueued_ns = time.monotonic_ns()
-        self.delivered: Outcome | None = None
-        self.started = False  # handed to an instance: its statistics are recorded when it ends
+        self.future = future
+        self.answer = answer
+        self.stream: ResponseStream | None = None  # a unary request's, once sent
 
 
-class _SendsNow(Instance, Protocol):
-    """An instance a caller may send to itself (supervision.instance.ModelInstance)."""
-
-    def start_streams(self, requests: list[InferRequest]
-                      ) -> tuple[list[Outcome], BatchTiming, asyncio.Future[None] | None] | None: ...
-
-    def counted(self, streams: list[Outcome]) -> None: ...
-
-
-def _sends_now(instance: Instance) -> bool:
-    # Asked of the class: a wrapper that forwards attributes (the rate limiter's, which must see
-    # every execute) does not have the method itself.
-    return callable(getattr(type(instance), "start_streams", None))
-
-
-class _Direct:
-    """A request a caller sent itself (what statistics and tracing keep of it)."""
-
-    __slots__ = ("request", "batch_size", "enqueued_ns")
-
-    def __init__(self, request: InferRequest, batch_size: int, enqueued_ns: int) -> None:
-        self.request = request
-        self.batch_size = batch_size
-        self.enqueued_ns = enqueued_ns
-
-
-_Unit = TypeVar("_Unit", bound=Instance)  # the instances' own type (a policy may wrap them)
-
-
-class DefaultScheduler(Scheduler[_Unit, Work]):
-    _runs_in_own_task = False  # `_deliver` hands the caller its stream once the request is sent
-    _sends_directly = True  # a policy that routes each request (multiplex) turns the direct send off
-
-    def __init__(self, instances: Sequence[_Unit], stats: ModelStatistics) -> None:
+class DefaultScheduler(Scheduler):
+    def __init__(self, instances: Sequence[Instance], stats: ModelStatistics) -> None:
         super().__init__(stats)
-        self._instances = instances
-        self._queue: asyncio.Queue[Work] = asyncio.Queue()
-        self._busy: dict[Instance, int] = {}  # executes running per instance, from either path
-        self._slot_waiters: dict[Instance, collections.deque[asyncio.Future[None]]] = {}
-        self._holding = 0  # requests workers took and hold while they wait for a slot
-        self._direct = [cast(_SendsNow, instance) for instance in instances if _sends_now(instance)] \
-            if self._sends_directly else []
+        self._instances = list(instances)
+        self._busy: dict[Instance, int] = dict.fromkeys(self._instances, 0)  # executes running, per instance
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._pumping = False
+        for instance in self._instances:
+            instance.on_change(self._pump)
 
     @property
     def queued(self) -> int:
-        return self._queue.qsize() + self._holding  # taken by a worker that waits for a slot: still queued
+        return len(self._queue)
+
+    def start(self) -> None:
+        """Nothing runs until a request comes: there are no workers."""
 
     async def schedule(self, request: InferRequest, batch_size: int) -> InferResponse:
-        """The request's InferResponse. Raises ServerError."""
-        stream = await self.schedule_stream(request, batch_size)
+        """The request's InferResponse. Raises ServerError. Its task wakes once: when the answer is
+        in (the stream resolves the future itself, ResponseStream.answer)."""
+        if self._stopped is not None:
+            raise self._stopped
+        answer: asyncio.Future[InferResponse] = asyncio.get_running_loop().create_future()
+        pending = None
+        stream = self._send_now(request, batch_size)
+        if stream is not None:
+            stream.answer(answer)
+        else:
+            pending = self._enqueue(_Pending(request, batch_size, answer, answer=True))
         try:
-            return await stream.single()
+            return await answer
         except asyncio.CancelledError:
-            stream.cancel()  # the client went away: the model sees is_cancelled()
+            stream = stream or (pending.stream if pending is not None else None)
+            if stream is not None:
+                stream.cancel()  # the client went away: the model sees is_cancelled()
+            elif pending is not None:
+                self._record_failure(pending.enqueued_ns, CANCELED)  # cancelled while queued
             raise
 
     async def schedule_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         """The request's ResponseStream, once its execute has started. Raises ServerError."""
         if self._stopped is not None:
             raise self._stopped
-        if self._direct and self._queue.empty():
-            sent = self._send_directly(request, batch_size)
-            if isinstance(sent, ServerError):
-                raise sent
-            if sent is not None:
-                return sent
-        work = Work(request, batch_size, asyncio.get_running_loop().create_future())
-        self._queue.put_nowait(work)
+        stream = self._send_now(request, batch_size)
+        if stream is not None:
+            return stream
+        pending = self._enqueue(_Pending(request, batch_size, asyncio.get_running_loop().create_future()))
         try:
-            result = await work.future
+            outcome = await pending.future
         except asyncio.CancelledError:
-            # Cancelled while queued (awaiting it, the task's cancel cancels the future too).
-            if not work.started and (work.future.cancelled() or not work.future.done()):
-                self._record_failure(work.enqueued_ns, CANCELED)
-            elif not work.future.cancelled() and work.future.done() \
-                    and isinstance(delivered := work.future.result(), ResponseStream):
-                delivered.cancel()  # delivered as the caller was cancelled: nobody will read or cancel it
-            work.future.cancel()
+            if pending.future.done() and not pending.future.cancelled():
+                delivered = pending.future.result()
+                if isinstance(delivered, ResponseStream):
+                    delivered.cancel()  # delivered as the caller was cancelled: nobody will read or cancel it
+            else:
+                self._record_failure(pending.enqueued_ns, CANCELED)  # cancelled while queued
+                pending.future.cancel()
             raise
-        if isinstance(result, ServerError):
-            raise result
-        return result
+        if isinstance(outcome, ServerError):
+            raise outcome
+        return outcome
 
-    # -- the policy: the next free pipeline slot of any instance takes the oldest request ----------
-    def _units(self) -> Sequence[_Unit]:
-        return [instance for instance in self._instances for _ in range(PIPELINE_DEPTH)]
+    def _send_now(self, request: InferRequest, batch_size: int) -> ResponseStream | None:
+        """Send from the caller's task when a slot is free: the request's stream, or None when it
+        must queue. Raises ServerError for one that could not be sent. The queue is empty
+        whenever a slot is free (every freed slot pumps it): only then can a request go at once."""
+        instance = None if self._queue else self._free_instance()
+        if instance is None or instance.gate is not None:
+            return None
+        outcome = self._send(instance, request, batch_size, time.monotonic_ns(), wait=False)
+        if isinstance(outcome, ServerError):
+            raise outcome
+        return outcome
 
-    def _instance_of(self, unit: _Unit) -> Instance:
-        return unit
+    def _enqueue(self, pending: _Pending) -> _Pending:
+        self._queue.append(pending)
+        if len(self._queue) == 1:
+            self._pump()  # a free instance behind a gate (or a channel that was full) takes it
+        return pending
 
-    async def _take(self, unit: _Unit) -> Work | None:
-        work = await self._next_work(unit)
-        return None if work.future.done() else work
-
-    async def _next_work(self, instance: _Unit) -> Work:
-        """The work a free worker of `instance` runs next: the oldest. A hook for schedulers that
-        route (multiplex.MultiplexScheduler picks work whose sub-model the instance holds)."""
-        return await self._queue.get()
-
-    def _give_back(self, unit: _Unit, work: Work) -> None:
-        self._queue.put_nowait(work)  # another instance takes it
-
-    async def _run(self, unit: _Unit, work: Work) -> None:
-        try:
-            runnable = await self._take_slot(unit)
-        except asyncio.CancelledError:  # the scheduler stops: the work it held is failed like queued work
-            if not work.future.done():
-                self._record_failure(work.enqueued_ns, OTHER)
-                work.future.set_result(self._stopped or ServerError("the scheduler stopped", Status.UNAVAILABLE))
-            raise
-        if not runnable:
-            self._give_back(unit, work)
-            return
-        try:
-            work.started = True
-            (result,) = await self._execute(unit, [work], lambda sent: self._deliver(work, sent[0]))
-            self._deliver(work, result)
-        finally:
-            self._release_slot(unit)
-
-    # -- pipeline slots and the direct send -------------------------------------------------------
-    async def _take_slot(self, instance: Instance) -> bool:
-        """One of the instance's PIPELINE_DEPTH slots for a worker, in the order workers asked;
-        False (no slot kept) when the instance cannot run the work any more once it has one."""
-        if self._busy.get(instance, 0) < PIPELINE_DEPTH and not self._slot_waiters.get(instance):
-            self._busy[instance] = self._busy.get(instance, 0) + 1
-        else:
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._slot_waiters.setdefault(instance, collections.deque()).append(waiter)
-            self._holding += 1
-            try:
-                await waiter  # `_release_slot` hands a slot over: the busy count stays
-            except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled():
-                    self._release_slot(instance)  # handed over just as the worker was cancelled
-                raise
-            finally:
-                self._holding -= 1
-        if self._can_run(instance):
-            return True
-        self._release_slot(instance)
-        return False
-
-    def _release_slot(self, instance: Instance) -> None:
-        waiters = self._slot_waiters.get(instance)
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():  # a cancelled waiter is skipped
-                waiter.set_result(None)
-                return
-        self._busy[instance] -= 1
-
-    def _idle_instance(self) -> _SendsNow | None:
-        """The least busy instance with a free slot that no worker waits for, if any."""
+    # -- slots -------------------------------------------------------------------------------------
+    def _free_instance(self) -> Instance | None:
+        """The least busy instance with a free slot that can run work now, if any."""
         best, best_busy = None, PIPELINE_DEPTH
-        for instance in self._direct:
-            busy = self._busy.get(instance, 0)
-            if busy < best_busy and not self._slot_waiters.get(instance) and self._can_run(instance):
+        for instance in self._instances:
+            busy = self._busy[instance]
+            if busy < best_busy and self._can_run(instance):
                 best, best_busy = instance, busy
         return best
 
-    def _send_directly(self, request: InferRequest, batch_size: int) -> Outcome | None:
-        """Send the request from the caller's task to an idle instance: its stream, or why it
-        never ran; None when no instance is idle or its queue is full (then it is queued)."""
-        enqueued = time.monotonic_ns()  # the queue time is the choice of the instance
-        instance = self._idle_instance()
-        if instance is None:
-            return None
-        work = _Direct(request, batch_size, enqueued)
-        self._busy[instance] = self._busy.get(instance, 0) + 1
+    def _pump(self) -> None:
+        """Free slots take the oldest queued requests; with no usable instance left, the queue
+        fails. Runs from callbacks (never reentered)."""
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            queue = self._queue
+            while queue:
+                instance = self._free_instance()
+                if instance is None:
+                    if not any(other.usable for other in self._instances):
+                        self._fail_all_queued(self._instances[0].unhealthy_error() if self._instances else
+                                              ServerError("no instances", Status.UNAVAILABLE), BACKEND)
+                    return
+                pending = queue.popleft()
+                if pending.future.done():  # cancelled while it waited
+                    continue
+                if instance.gate is not None:
+                    self._busy[instance] += 1
+                    task = asyncio.ensure_future(self._through_gate(instance, pending))
+                    self._running.add(task)
+                    task.add_done_callback(self._running.discard)
+                else:
+                    self._deliver(pending, self._send(instance, pending.request, pending.batch_size,
+                                                      pending.enqueued_ns, wait=True))
+        finally:
+            self._pumping = False
+
+    # -- sending -----------------------------------------------------------------------------------
+    def _send(self, instance: Instance, request: InferRequest, batch_size: int, enqueued_ns: int,
+              wait: bool, taken: bool = False) -> Outcome | None:
+        """Submit the request to `instance` now: its outcome; None (nothing kept) when `wait` is
+        False and it cannot go now. `taken`: its slot was taken already (the gated way)."""
+        if not taken:
+            self._busy[instance] += 1
         begun = time.monotonic_ns()
         try:
-            started = instance.start_streams([request])
+            submission = instance.submit([request], wait=wait)
         except Exception as exc:  # a bug below us fails this request, as `_execute` does
             log.exception("scheduler: sending a request to '%s' failed", instance.name)
-            started = [ServerError(f"failed to execute the request: {exc}", Status.INTERNAL)], BatchTiming(), None
-        if started is None:
-            self._release_slot(instance)
+            submission = Submission([ServerError(f"failed to execute the request: {exc}", Status.INTERNAL)],
+                                    BatchTiming(), None)
+        if submission is None:
+            self._busy[instance] -= 1
             return None
-        results, timing, done = started
+        work = _Pending(request, batch_size, None)  # type: ignore[arg-type]  # what accounting keeps of it
+        work.enqueued_ns = enqueued_ns
         self._begin([work], begun)
-        if done is None:
-            self._direct_done(instance, work, results, begun, timing)
-        else:
-            done.add_done_callback(lambda _: self._direct_done(instance, work, results, begun, timing))
-        return results[0]
+        submission.when_executed(functools.partial(self._executed, instance, work, submission, begun))
+        return submission.outcomes[0]
 
-    def _direct_done(self, instance: _SendsNow, work: _Direct, results: list[Outcome], begun: int,
-                     timing: BatchTiming) -> None:
-        """A directly sent request's `execute` returned (or it never reached the model)."""
+    def _executed(self, instance: Instance, work: _Pending, submission: Submission, begun: int) -> None:
+        """The request's `execute` returned (or it never reached the model): count it, free the
+        slot, and let the queue move."""
         try:
-            instance.counted(results)
-            self._finish([work], results, begun, timing)
+            self._finish([work], submission.outcomes, begun, submission.timing)
         finally:
-            self._release_slot(instance)
+            self._busy[instance] -= 1
+            gate = instance.gate
+            if gate is not None:
+                gate.leave()
+            self._pump()
+
+    async def _through_gate(self, instance: Instance, pending: _Pending) -> None:
+        gate = instance.gate
+        assert gate is not None
+        try:
+            await gate.enter()
+        except asyncio.CancelledError:  # the scheduler stops: the request is failed like queued work
+            self._busy[instance] -= 1
+            if not pending.future.done():
+                self._record_failure(pending.enqueued_ns, OTHER)
+                self._deliver(pending, self._stopped or ServerError("the scheduler stopped", Status.UNAVAILABLE))
+            raise
+        if pending.future.done() or not self._can_run(instance):  # cancelled, or the instance died meanwhile
+            self._busy[instance] -= 1
+            gate.leave()
+            if not pending.future.done():
+                self._queue.appendleft(pending)
+            self._pump()
+            return
+        self._deliver(pending, self._send(instance, pending.request, pending.batch_size, pending.enqueued_ns,
+                                          wait=True, taken=True))
 
     @staticmethod
-    def _deliver(work: Work, result: Outcome) -> None:
-        """Hand the stream to the caller as soon as the request is on its way (so a client that
-        goes away cancels it while the model runs); cancel it when nobody waits any more."""
-        if not work.future.done():
-            work.future.set_result(result)
-        elif not isinstance(result, ServerError) and result is not work.delivered:
-            result.cancel()
-        work.delivered = result
+    def _deliver(pending: _Pending, outcome: Outcome | None) -> None:
+        """Hand the caller its stream as soon as the request is on its way (so a client that goes
+        away cancels it while the model runs), or for a unary request let the stream answer it;
+        cancel it when nobody waits any more."""
+        if outcome is None:
+            outcome = ServerError("the request could not be sent", Status.UNAVAILABLE)
+        if pending.future.done():
+            if isinstance(outcome, ResponseStream):
+                outcome.cancel()
+        elif not pending.answer:
+            pending.future.set_result(outcome)
+        elif isinstance(outcome, ServerError):
+            pending.future.set_exception(outcome)
+        else:
+            pending.stream = outcome
+            outcome.answer(pending.future)
 
-    def _instance_gone(self, unit: _Unit) -> None:
-        if not any(other.usable for other in self._instances):
-            self._fail_all_queued(unit.unhealthy_error(), BACKEND)
-
+    # -- stopping ----------------------------------------------------------------------------------
     def fail_queued(self, error: ServerError) -> int:
         """Fail every request still waiting in the queue; running ones go on. Returns how many."""
         return self._fail_all_queued(error, OTHER)
 
     def _fail_all_queued(self, error: ServerError, reason: str) -> int:
         failed = 0
-        while not self._queue.empty():
-            work = self._queue.get_nowait()
-            if not work.future.done():
-                self._record_failure(work.enqueued_ns, reason)
-                work.future.set_result(error)
+        while self._queue:
+            pending = self._queue.popleft()
+            if not pending.future.done():
+                self._record_failure(pending.enqueued_ns, reason)
+                if pending.answer:
+                    pending.future.set_exception(error)
+                else:
+                    pending.future.set_result(error)
                 failed += 1
         return failed
+
+    async def _before_workers_stop(self) -> None:
+        """Requests waiting at a gate are failed as queued ones are (`stop` cancels nothing else:
+        what was sent runs on and answers its callers)."""
+        for task in list(self._running):
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)

@@ -4,7 +4,7 @@
                    │ full: UNAVAILABLE "Exceeds maximum queue size"       (one per instance)
                    │ timed out: REJECT fails it, DELAY serves it later        │
                    ▼                                                          ▼
-               loop timers (queue delay, timeouts)      instance.execute_streams([r1, r2, ...])
+               loop timers (queue delay, timeouts)      instance.submit([r1, r2, ...])
                                                         ── one EXECUTE, the model's `execute`
                                                            gets the list
 
@@ -30,8 +30,8 @@ from typing import Any
 from pystub_backend.backend.config.model_config import ModelConfig
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse
-from pystub_backend.backend.response_stream import ResponseStream
-from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler
+from pystub_backend.backend.response_stream import Outcome, ResponseStream
+from pystub_backend.backend.scheduling.base import Instance, WorkerScheduler
 from pystub_backend.backend.scheduling.request_queue import (
     BatchLimits,
     PriorityQueue,
@@ -60,7 +60,7 @@ class _Item(QueueEntry):
         self.turn: asyncio.Future | None = None  # preserve_ordering: done when earlier ones answered
 
 
-class DynamicBatcher(Scheduler[Instance, list[_Item]]):
+class DynamicBatcher(WorkerScheduler[Instance, list[_Item]]):
     def __init__(self, instances: Sequence[Instance], stats: ModelStatistics, config: ModelConfig) -> None:
         super().__init__(stats)
         self._instances = instances

@@ -30,12 +30,12 @@ from pystub_backend.backend.config.model_config import ModelConfig, config_param
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest
 from pystub_backend.backend.response_stream import ResponseStream
-from pystub_backend.backend.scheduling.base import Outcome, StubHolder, StubInstance
-from pystub_backend.backend.scheduling.default import PIPELINE_DEPTH, DefaultScheduler, Work
+from pystub_backend.backend.scheduling.base import Gate, StubHolder, StubInstance
 from pystub_backend.backend.scheduling.multiplex_queue import ROUTING_POLICIES, RoutedQueue, routed_id
 from pystub_backend.backend.scheduling.multiplex_stats import InstanceCounters, multiplex_metric_lines
+from pystub_backend.backend.scheduling.pipelined import PIPELINE_DEPTH, PipelinedScheduler, Work
 from pystub_backend.backend.supervision.handlers import BackendHandlers
-from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics
+from pystub_backend.backend.telemetry.statistics import ModelStatistics
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages.multiplex import (
     MODEL_ID_PARAMETER,
@@ -318,11 +318,21 @@ class MultiplexedInstance:
     def stub(self) -> StubProcess | None:
         return self._instance.stub
 
-    async def execute_streams(self, requests: list[InferRequest],
-                              on_sent: Callable[[list[Outcome]], None] | None = None
-                              ) -> tuple[list[Outcome], BatchTiming]:
+    @property
+    def gate(self) -> Gate:
+        """Before each batch: the stub's sub-model cache configured (then the inner gate, if any)."""
+        return self
+
+    async def enter(self) -> None:
         await self._configure()
-        return await self._instance.execute_streams(requests, on_sent)
+        inner = self._instance.gate
+        if inner is not None:
+            await inner.enter()
+
+    def leave(self) -> None:
+        inner = self._instance.gate
+        if inner is not None:
+            inner.leave()
 
     async def _configure(self) -> None:
         stub = self._instance.stub
@@ -345,10 +355,8 @@ class MultiplexedInstance:
         return True
 
 
-class MultiplexScheduler(DefaultScheduler[MultiplexedInstance]):
+class MultiplexScheduler(PipelinedScheduler[MultiplexedInstance]):
     """The default scheduler with routing: a free worker takes the work its instance suits best."""
-
-    _sends_directly = False  # every request goes through the router
 
     def __init__(self, state: MultiplexState, stats: ModelStatistics) -> None:
         super().__init__(state.instances, stats)

@@ -34,7 +34,7 @@ import random
 from typing import Generic, Protocol, TypeVar
 
 from pystub_backend.backend.inference import InferRequest
-from pystub_backend.backend.scheduling.default import Work
+from pystub_backend.backend.scheduling.pipelined import Work
 from pystub_backend.ipc.messages.multiplex import MODEL_ID_PARAMETER
 
 __all__ = ["AFFINITY", "RANDOM", "ROUTING_POLICIES", "RoutedQueue", "WINDOW", "MAX_PASSES", "routed_id"]

@@ -1,10 +1,10 @@
 """The rate limiter: `--rate-limit=execution_count` runs an instance only while the resources its
 instance group's `rate_limiter` names are free, and hands free resources out by `priority`.
 
-    scheduler ──▶ RateLimitedInstance.execute_streams ──▶ RateLimiter.acquire(needs, priority)
+    scheduler ──▶ RateLimitedInstance.gate.enter ──▶ RateLimiter.acquire(needs, priority)
                       │ (waits: the resources are taken)      ▲
-                      ▼                                       │ release: the waiters that now fit
-                  ModelInstance.execute_streams ──────────────┘ go, best priority first
+                      ▼                                       │ release (gate.leave): the waiters
+                  ModelInstance.submit ── execute returned ───┘ that now fit go, best priority first
 
 What Triton 2.51 does, and so pystub (checked against it):
 - `--rate-limit` is `off` by default: `rate_limiter` sections are then ignored;
@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2
 
-from pystub_backend.backend.inference import InferRequest
-from pystub_backend.backend.scheduling.base import Outcome, StubInstance
-from pystub_backend.backend.telemetry.statistics import BatchTiming
+from pystub_backend.backend.scheduling.base import Gate, StubInstance
 
 __all__ = ["RATE_LIMIT_MODES", "ResourceLimit", "RateLimiter", "RateLimitedInstance", "parse_resource_limit",
            "rate_limited", "unregister", "RateLimitError"]
@@ -188,13 +186,17 @@ class RateLimitedInstance:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._instance, name)
 
-    async def execute_streams(self, requests: list[InferRequest], on_sent: Callable[[list[Outcome]], None] | None = None
-                              ) -> tuple[list[Outcome], BatchTiming]:
+    @property
+    def gate(self) -> Gate:
+        """Each batch takes the group's resources first (`enter`) and gives them back when its
+        `execute` returned (`leave`)."""
+        return self
+
+    async def enter(self) -> None:
         await self.limiter.acquire(self.needs, self._priority)
-        try:
-            return await self._instance.execute_streams(requests, on_sent)
-        finally:
-            self.limiter.release(self.needs)
+
+    def leave(self) -> None:
+        self.limiter.release(self.needs)
 
 
 def rate_limited(instances: Sequence[StubInstance], config: model_config_pb2.ModelConfig, limiter: RateLimiter | None

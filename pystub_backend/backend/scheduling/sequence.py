@@ -3,7 +3,7 @@
     schedule ──▶ admit: correlation id + flags (sequence_controls), control inputs appended,
                  the sequence found or started (a slot, else the backlog), the client link watched
              ──▶ Sequence.queue ──kick──▶ the lane of its instance forms a batch (direct / oldest,
-                 sequence_slots) ──▶ instance.execute_streams(batch): one batch per lane at a time,
+                 sequence_slots) ──▶ instance.submit(batch): one batch per lane at a time,
                  so every request of a sequence runs on the same instance, in order
              ──▶ after the batch: a rescheduled request (iterative_sequence) goes back to the head
                  of its sequence; an executed END frees the slot; an empty sequence starts idling
@@ -33,8 +33,8 @@ from pystub_backend.backend.config.model_config import ModelConfig
 from pystub_backend.backend.config.sequence_controls import Controls, admitted_fields
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest
-from pystub_backend.backend.response_stream import ResponseStream
-from pystub_backend.backend.scheduling.base import Instance, Outcome, Scheduler, StubInstance
+from pystub_backend.backend.response_stream import Outcome, ResponseStream
+from pystub_backend.backend.scheduling.base import Instance, StubInstance, WorkerScheduler
 from pystub_backend.backend.scheduling.implicit_state import ImplicitState
 from pystub_backend.backend.scheduling.request_queue import BatchLimits
 from pystub_backend.backend.scheduling.sequence_slots import (
@@ -57,7 +57,7 @@ log = logging.getLogger("pystub.scheduler")
 _CANCELLED_REASONS = ("client_disconnected", "cancelled")
 
 
-class SequenceBatcher(Scheduler[Lane, list[SeqItem]]):
+class SequenceBatcher(WorkerScheduler[Lane, list[SeqItem]]):
     def __init__(self, instances: Listing[StubInstance], stats: ModelStatistics, config: ModelConfig) -> None:
         super().__init__(stats)
         self._model = config.name

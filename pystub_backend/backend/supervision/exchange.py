@@ -1,47 +1,144 @@
 """The requests in flight on one stub incarnation: one record per request, keyed by its request id.
 
-    execute_streams(batch) ──▶ inputs into p2s, one _InFlight per request, EXECUTE (FrameLink.send)
-    start_streams(batch)   ──▶ the same without waiting: sent now, or nothing kept (queue full)
-    on_response(wire)      ◀── RESPONSE / responses inside EXECUTE_DONE: to the request's stream
-    on_execute_done(done)  ◀── EXECUTE_DONE: the batch's `execute` returned (or raised)
-    fail_all(error)            the stub died or stopped: every request in flight fails at once
+    submit(batch, wait=...)  ──▶ inputs into p2s, one _InFlight per request, EXECUTE (FrameLink)
+    on_response(wire)        ◀── RESPONSE / responses inside EXECUTE_DONE: to the request's stream
+    on_execute_done(done)    ◀── EXECUTE_DONE: the batch's `execute` returned (or raised)
+    fail_all(error)              the stub died or stopped: every request in flight fails at once
+
+`submit` is the one way a batch reaches a stub. It never waits: the batch is placed and its
+EXECUTE sent before it returns, and the `Submission` it gives back holds each request's outcome
+(its ResponseStream, or why it could not be sent) and a future that resolves when the model's
+`execute` returned. `wait` says what a full channel does: with `wait=True` the frame waits, in
+order, for room (up to the stub timeout, then everything in flight fails); with `wait=False`
+nothing is kept and `submit` returns None, for a caller that would rather queue the batch.
 
 A record lives until both its final response is in and `execute` has returned: a decoupled model
 may read its inputs from another thread after `execute` returned, as Triton's examples do, so the
 p2s memory of the inputs is freed only then. `in_flight` counts the records still awaiting their
 final response.
+
+The exchange is built from the stub's frame link, its two arenas and the features' side of this
+stub (`ExchangeFeatures`); it owns the outbox of small frames and knows nothing of the process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Protocol
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import ExportGoneError, InferRequest, InferResponse, model_parameters_json
-from pystub_backend.backend.response_stream import ResponseStream
+from pystub_backend.backend.inference import ExportGoneError, InferRequest, InferResponse, Tensor, model_parameters_json
+from pystub_backend.backend.response_stream import Outcome, ResponseStream
+from pystub_backend.backend.supervision.frames import FrameLink
 from pystub_backend.backend.supervision.outbox import StubOutbox
 from pystub_backend.backend.telemetry.statistics import BatchTiming
 from pystub_backend.ipc import tensors
-from pystub_backend.ipc.arena import ArenaFullError
-from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
+from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
+from pystub_backend.ipc.channel import ChannelClosedError
 from pystub_backend.ipc.messages import core as msg
-from pystub_backend.ipc.records import DEVICE_HANDLE_TAG, WireRequest, WireResponse, WireTensor
+from pystub_backend.ipc.records import WireRequest, WireResponse, WireTensor
 from pystub_backend.ipc.status import Status
 
-if TYPE_CHECKING:
-    from pystub_backend.backend.supervision.stub_process import StubProcess
-
-__all__ = ["RequestExchange", "StreamOrError"]
+__all__ = ["RequestExchange", "Submission", "ExecuteEnd", "ExchangeFeatures"]
 
 log = logging.getLogger("pystub.stub")
 
-StreamOrError = ResponseStream | ServerError
+
+def _no_release() -> None:
+    return None
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class ExchangeFeatures(Protocol):
+    """What the exchange asks of the features for this one stub (client shared memory, GPU tensors
+    of BLS calls); supervision.stub_process binds them to the stub they concern."""
+
+    def region_handle(self, tensor: Tensor) -> list[Any] | None:
+        """The region handle of an input that lives in a client region, else None."""
+
+    def attach_regions(self, request: InferRequest, stream: ResponseStream) -> dict[str, list[Any]]:
+        """Hold the request's regions until `stream` is final; {output name: region handle}."""
+
+    def claim_input(self, tensor: Tensor) -> WireTensor:
+        """A BLS caller's GPU input as the stub maps it. Raises ExportGoneError."""
+
+    def release_unsent(self, wire_inputs: list[WireTensor]) -> None:
+        """Claims of inputs that never reached the stub."""
+
+    def outputs(self, wire_outputs: list[WireTensor], view: Callable[[list[Any]], memoryview]) -> list[Tensor]:
+        """A response's outputs as Tensors (arena bytes through `view`, GPU exports held)."""
+
+    def discard(self, wire_outputs: list[WireTensor]) -> None:
+        """Outputs nobody will take: the stub may drop their GPU exports."""
+
+    def drop_hold(self, key: tuple[str, int]) -> None:
+        """A GPU output's consumer is done with it."""
+
+
+class ExecuteEnd:
+    """The end of one batch's `execute` (its EXECUTE_DONE, or the stub's death), and who waits for
+    it: callbacks run the moment it comes, in the frame's own turn of the loop."""
+
+    __slots__ = ("callbacks", "over")
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[], None]] = []
+        self.over = False
+
+    def end(self) -> None:
+        if not self.over:
+            self.over = True
+            callbacks, self.callbacks = self.callbacks, []
+            for callback in callbacks:
+                try:
+                    callback()
+                except Exception:  # one waiter's bug must not keep the others from hearing it
+                    log.exception("a batch's end callback failed")
+
+
+class Submission:
+    """One submitted batch: per request its outcome, and the batch's timing (complete once its
+    `execute` returned). `sent` is False when no request of the batch could be sent (the outcomes
+    say why); else `when_executed(callback)` calls `callback()` the moment the model's `execute`
+    returned (or the stub died), and `executed()` waits for that."""
+
+    __slots__ = ("outcomes", "timing", "_end")
+
+    def __init__(self, outcomes: list[Outcome], timing: BatchTiming, end: ExecuteEnd | None) -> None:
+        self.outcomes = outcomes
+        self.timing = timing
+        self._end = end
+
+    @property
+    def sent(self) -> bool:
+        return self._end is not None
+
+    def when_executed(self, callback: Callable[[], None]) -> None:
+        """`callback()` once `execute` returned, from the frame that says so (at once if it has)."""
+        end = self._end
+        if end is None or end.over:
+            callback()
+        else:
+            end.callbacks.append(callback)
+
+    async def executed(self) -> None:
+        """Wait until `execute` returned (at once when nothing was sent)."""
+        end = self._end
+        if end is None or end.over:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        end.callbacks.append(functools.partial(_resolve, future))
+        await future
 
 
 class _InFlight:
@@ -60,14 +157,35 @@ class _InFlight:
         self.wire: WireRequest | None = None  # what EXECUTE carried; sent again if the model reschedules it
 
 
+class _Batch:
+    """A batch whose EXECUTE_DONE is awaited."""
+
+    __slots__ = ("rids", "timing", "staged", "end")
+
+    def __init__(self, rids: list[int], timing: BatchTiming, staged: int) -> None:
+        self.rids = rids
+        self.timing = timing
+        self.staged = staged  # when its inputs were placed (monotonic ns): compute_infer starts here
+        self.end = ExecuteEnd()
+
+
 class RequestExchange:
-    def __init__(self, stub: StubProcess) -> None:
-        self._stub = stub
+    def __init__(self, link: FrameLink, p2s: ArenaWriter, s2p: ArenaReader, features: ExchangeFeatures) -> None:
+        self._link = link
+        self._p2s = p2s
+        self._s2p = s2p
+        self._features = features
+        self.name = link.name
         self._ids = itertools.count(1)
         self._records: dict[int, _InFlight] = {}
-        self._batches: dict[int, tuple[asyncio.Future[None], list[int]]] = {}
+        self._batches: dict[int, _Batch] = {}
         self._rescheduled = 0  # records flagged `rescheduled`
-        self.outbox = StubOutbox(lambda: stub.link.channel)
+        self.served = 0  # requests whose final response carried no error
+        self.failed = 0  # requests that ended in an error, or could not be sent
+        self.outbox = StubOutbox(link.channel)
+        link.route(msg.Response, self._on_response_frame)
+        link.route(msg.ExecuteDone, self.on_execute_done)
+        link.route(msg.Release, self._on_release)
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -80,99 +198,64 @@ class RequestExchange:
         """The requests sent to the stub whose final response is not in yet."""
         return [record.request for record in list(self._records.values()) if not record.final]
 
-    # -- execute -------------------------------------------------------------------------------
-    async def execute_streams(self, requests: list[InferRequest],
-                              on_sent: Callable[[list[StreamOrError]], None] | None = None
-                              ) -> tuple[list[StreamOrError], BatchTiming]:
-        """Send one batch; see StubProcess.execute_streams. Never raises."""
-        timing = BatchTiming()
-        stub = self._stub
-        if not stub.alive:
-            return [stub.unhealthy_error()] * len(requests), timing
-        results, rids = self._place_batch(requests, timing)
-        staged = time.monotonic_ns()
-        if rids:
-            done = await self._send_batch(rids)
-            if done is None:  # the batch could not be encoded: its requests failed already
-                return results, timing
-            if on_sent is not None:
-                on_sent(results)
-            await done
-        timing.compute_infer_ns = time.monotonic_ns() - staged
-        return results, timing
+    def unhealthy_error(self) -> ServerError:
+        return ServerError(f"Stub process '{self.name}' is not healthy.", Status.UNAVAILABLE)
 
-    def start_streams(self, requests: list[InferRequest]
-                      ) -> tuple[list[StreamOrError], BatchTiming, asyncio.Future[None] | None] | None:
-        """`execute_streams` without waiting, for a caller that found the instance idle: the batch
-        is sent now, and the future resolves when `execute` returned (its timing complete by then;
-        None when no request could be sent: the results say why). None when the stub's queue has
-        no room now or the stub is not alive: nothing was kept, the caller queues the batch."""
-        if not self._stub.alive or self._rescheduled:  # rescheduled requests: the general path
-            return None
+    # -- submit ----------------------------------------------------------------------------------
+    def submit(self, requests: list[InferRequest], *, wait: bool) -> Submission | None:
+        """Place and send one batch; see the module docstring. With `wait=False`, None (nothing
+        kept) when the stub's queue is full, its channel closed, or requests the model
+        rescheduled are pending (they go the general way). Never raises."""
+        if self._link.closed or (self._rescheduled and not wait):
+            return None if not wait else Submission([self.unhealthy_error()] * len(requests), BatchTiming(), None)
         timing = BatchTiming()
-        results, rids = self._place_batch(requests, timing)
-        staged = time.monotonic_ns()
+        outcomes, rids = self._place_batch(requests, timing)
         if not rids:
-            return results, timing, None
-        done = self._send_batch_now(rids)
-        if done is False:
+            return Submission(outcomes, timing, None)
+        batch = self._send(rids, timing, wait)
+        if batch is False:
             self._fail(rids, ServerError("not sent", Status.UNAVAILABLE))  # never seen: frees what they held
             return None
-        if done is not None:
-            done.add_done_callback(lambda _: setattr(timing, "compute_infer_ns", time.monotonic_ns() - staged))
-        return results, timing, done
+        return Submission(outcomes, timing, None if batch is True else batch.end)
 
-    def _place_batch(self, requests: list[InferRequest], timing: BatchTiming) -> tuple[list[StreamOrError], list[int]]:
+    def _place_batch(self, requests: list[InferRequest], timing: BatchTiming) -> tuple[list[Outcome], list[int]]:
         """Per request its stream (inputs placed in p2s) or why it could not be placed, and the
         rids placed; sets the batch's compute_input time."""
         started = time.monotonic_ns()
-        results: list[StreamOrError] = []
+        outcomes: list[Outcome] = []
         rids: list[int] = []
+        budget = tensors.InlineBudget()  # small inputs ride in the EXECUTE frame itself
         for request in requests:
             record = self._take_rescheduled(request) if self._rescheduled else None
             try:
-                record = record or self.place_request(request)
+                record = record or self.place_request(request, budget)
             except (ArenaFullError, ExportGoneError) as exc:
-                results.append(ServerError(str(exc), Status.INTERNAL))
+                outcomes.append(ServerError(str(exc), Status.INTERNAL))
+                self.failed += 1
                 continue
             rids.append(record.rid)
-            results.append(record.stream)
+            outcomes.append(record.stream)
         timing.compute_input_ns = time.monotonic_ns() - started
-        return results, rids
+        return outcomes, rids
 
-    async def _send_batch(self, rids: list[int]) -> asyncio.Future[None] | None:
-        """EXECUTE for the records `rids`; the future resolves at EXECUTE_DONE (or death), None
-        when no request of the batch could be sent.
+    def _send(self, rids: list[int], timing: BatchTiming, wait: bool) -> _Batch | bool:
+        """EXECUTE for the records `rids`: the batch, which ends at EXECUTE_DONE (or death); False
+        when `wait` is False and the stub's queue is full (nothing sent, the records still
+        placed); True when no request of the batch could be sent (they failed already).
 
         A request the wire cannot carry (a value validation let through) or whose oversize frame
         finds no room in p2s fails alone, with everything it held freed; the others are sent."""
         batch_id = self.next_id()
         releases = self.outbox.take_releases()
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         while rids:
-            self._batches[batch_id] = (done, rids)
+            batch = self._batches[batch_id] = _Batch(rids, timing, time.monotonic_ns())
+            frame = msg.Execute(batch_id, [self._wire(rid) for rid in rids], releases)
             try:
-                await self._stub.link.send(self._execute_frame(batch_id, rids, releases))
-                return done
-            except (TypeError, ValueError, OverflowError, ArenaFullError) as exc:
-                del self._batches[batch_id]
-                rids = self._drop_unsendable(rids, exc)
-            except (ChannelClosedError, ChannelTimeoutError) as exc:
-                return self._link_failed(exc, done)
-        self.outbox.release(releases)  # nothing carried them: they go out in a RELEASE frame
-        return None
-
-    def _send_batch_now(self, rids: list[int]) -> asyncio.Future[None] | Literal[False] | None:
-        """`_send_batch` that never waits: False when the stub's queue is full (nothing sent, the
-        records still placed)."""
-        batch_id = self.next_id()
-        releases = self.outbox.take_releases()
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        while rids:
-            self._batches[batch_id] = (done, rids)
-            try:
-                if self._stub.link.try_send(self._execute_frame(batch_id, rids, releases)):
-                    return done
+                if wait:
+                    self._link.post(frame, self._link_failed)
+                    return batch
+                if self._link.try_send(frame):
+                    return batch
                 del self._batches[batch_id]
                 self.outbox.release(releases)
                 return False
@@ -180,19 +263,20 @@ class RequestExchange:
                 del self._batches[batch_id]
                 rids = self._drop_unsendable(rids, exc)
             except ChannelClosedError as exc:
-                return self._link_failed(exc, done)
-        self.outbox.release(releases)
-        return None
+                self._link_failed(exc)
+                return batch
+        self.outbox.release(releases)  # nothing carried them: they go out in a RELEASE frame
+        return True
 
-    def _execute_frame(self, batch_id: int, rids: list[int], releases: list[list[int]]) -> msg.Execute:
-        wires = [wire for rid in rids if (wire := self._records[rid].wire) is not None]  # all placed
-        return msg.Execute(batch_id, wires, releases)
+    def _wire(self, rid: int) -> WireRequest:
+        wire = self._records[rid].wire
+        assert wire is not None  # set when the record was placed
+        return wire
 
-    def _link_failed(self, exc: Exception, done: asyncio.Future[None]) -> asyncio.Future[None]:
+    def _link_failed(self, exc: Exception) -> None:
         """The stub's channel closed (or stayed full past the deadline): everything in flight fails."""
-        log.error("stub '%s': %s", self._stub.instance_name, exc)
-        self.fail_all(self._stub.unhealthy_error())
-        return done
+        log.error("stub '%s': %s", self.name, exc)
+        self.fail_all(self.unhealthy_error())
 
     def _drop_unsendable(self, rids: list[int], exc: Exception) -> list[int]:
         """Fail the requests of `rids` that made the batch unsendable; the rest, to send again.
@@ -209,8 +293,8 @@ class RequestExchange:
             except (TypeError, ValueError, OverflowError) as error:
                 refused[rid] = str(error)
         for rid, text in refused.items():
-            self._fail([rid], ServerError(f"the request could not be sent to stub '{self._stub.instance_name}'"
-                                          f": {text}", Status.INVALID_ARG), unsent=True)
+            self._fail([rid], ServerError(f"the request could not be sent to stub '{self.name}': {text}",
+                                          Status.INVALID_ARG), unsent=True)
         if refused:
             return [rid for rid in rids if rid not in refused]
         if isinstance(exc, ArenaFullError) and sizes:
@@ -218,8 +302,8 @@ class RequestExchange:
             self._fail([largest], ServerError(str(exc), Status.INTERNAL), unsent=True)
             return [rid for rid in rids if rid != largest]
         # the batch frame itself failed although each request encodes: nothing can be singled out
-        self._fail(rids, ServerError(f"the batch could not be sent to stub '{self._stub.instance_name}'"
-                                     f": {exc}", Status.INTERNAL), unsent=True)
+        self._fail(rids, ServerError(f"the batch could not be sent to stub '{self.name}': {exc}", Status.INTERNAL),
+                   unsent=True)
         return []
 
     def _take_rescheduled(self, request: InferRequest) -> _InFlight | None:
@@ -230,33 +314,35 @@ class RequestExchange:
                 return record
         return None
 
-    def place_request(self, request: InferRequest) -> _InFlight:
-        """A record for `request` with its inputs in p2s. Raises ArenaFullError (nothing kept)."""
-        stub = self._stub
-        assert stub.p2s is not None
+    def place_request(self, request: InferRequest, budget: tensors.InlineBudget | None = None) -> _InFlight:
+        """A record for `request` with its inputs in p2s (or inline, while `budget` lasts), and the
+        wire form EXECUTE carries it in. Raises ArenaFullError, ExportGoneError (nothing kept)."""
+        budget = budget or tensors.InlineBudget()
         rid = self.next_id()
         stream = ResponseStream(request.id, request.model_name, lambda: self._cancel(rid))
         stream.model_version = request.model_version
         record = _InFlight(rid, request, stream)
+        features = self._features
         wire_inputs: list[WireTensor] = []
         try:
             for tensor in request.inputs:
                 if tensor.device is not None:  # a BLS caller's GPU input: the stub maps it (no copy)
-                    wire_inputs.append(stub.services.device_exports.claim_tensor(tensor, stub, "input"))
+                    wire_inputs.append(features.claim_input(tensor))
                     continue
-                region = stub.services.client_regions.region_handle(tensor)
+                region = features.region_handle(tensor)
                 if region is not None:  # in a client's shm region: the stub maps it, nothing is copied
                     wire_inputs.append(WireTensor(tensor.name, tensor.datatype, list(tensor.shape), region))
                     continue
-                placed = tensors.place(stub.p2s, tensor.name, tensor.datatype, tensor.shape, tensor.data)
+                placed = tensors.place(self._p2s, tensor.name, tensor.datatype, tensor.shape, tensor.data, budget)
                 wire_inputs.append(placed)
-                record.input_handles.append(placed.handle)
+                if placed.handle[0] != tensors.INLINE_TAG:
+                    record.input_handles.append(placed.handle)
         except (ArenaFullError, ExportGoneError):
             self.free_p2s(record.input_handles)
-            stub.services.device_exports.release_unsent(stub, wire_inputs)
+            features.release_unsent(wire_inputs)
             raise
         # output_regions: outputs the stub writes straight into client regions
-        output_regions = stub.services.client_regions.attach_regions(request, stub, stream) or None
+        output_regions = features.attach_regions(request, stream) or None
         record.wire = WireRequest(rid, request.id, wire_inputs, [o.name for o in request.outputs],
                                   model_parameters_json(request), request.correlation_id, request.flags,
                                   int(request.parameters.get("timeout", 0) or 0), output_regions,
@@ -267,8 +353,8 @@ class RequestExchange:
 
     def reschedule(self, rid: int) -> InferRequest | None:
         """pystub sequences (iterative_sequence): the model rescheduled request `rid`. The next
-        `execute_streams` given the returned request runs it again under the same rid, stream and
-        inputs. None when it is no longer in flight."""
+        `submit` given the returned request runs it again under the same rid, stream and inputs.
+        None when it is no longer in flight."""
         record = self._records.get(rid)
         if record is None or record.final:
             return None
@@ -283,15 +369,20 @@ class RequestExchange:
             self.outbox.cancel(rid)
 
     # -- frames from the stub ------------------------------------------------------------------
+    def _on_response_frame(self, message: msg.Response) -> None:
+        self.on_response(message.response)
+
+    def _on_release(self, message: msg.Release) -> None:
+        self.free_p2s(message.handles)
+
     def on_response(self, wire: WireResponse) -> None:
         rid, flags, _, outputs, parameters_json = wire
         final = bool(flags & msg.RESPONSE_FINAL)
         record = self._records.get(rid)
         if record is None or record.final:
-            log.warning("stub '%s' answered unknown request %s", self._stub.instance_name, rid)
-            self._stub.services.device_exports.discard(self._stub, outputs)  # GPU exports go back to it
-            arena = [t.handle for t in outputs if t.handle[0] != DEVICE_HANDLE_TAG]
-            self.outbox.release(arena, rid if outputs else None)
+            log.warning("stub '%s' answered unknown request %s", self.name, rid)
+            self._features.discard(outputs)  # GPU exports go back to it
+            self.outbox.release(tensors.arena_handles(outputs), rid if outputs else None)
             return
         if final:
             record.final = True
@@ -300,13 +391,19 @@ class RequestExchange:
         request = record.request
         if parameters_json is None:  # `send(flags=FINAL)` with no response: completes the request
             if final:
+                self.served += 1
                 record.stream.put(InferResponse(request.model_name, "", request.id, flags_only=True), True)
             return
         try:
             response = self._make_response(record, wire)
         except Exception as exc:  # noqa: BLE001 - a malformed response still ends its request
             response = InferResponse(request.model_name, "", request.id, error=ServerError(
-                f"stub '{self._stub.instance_name}' sent a malformed response: {type(exc).__name__}: {exc}"))
+                f"stub '{self.name}' sent a malformed response: {type(exc).__name__}: {exc}"))
+        if final:
+            if response.error is None and record.stream.error is None:
+                self.served += 1
+            else:
+                self.failed += 1
         record.stream.put(response, final)
 
     def _make_response(self, record: _InFlight, wire: WireResponse) -> InferResponse:
@@ -318,11 +415,15 @@ class RequestExchange:
         if error is not None:
             return InferResponse(request.model_name, "", request.id, parameters=parameters,
                                  error=ServerError(error.message, Status.coerce(error.code)))
-        s2p = self._stub.s2p
-        assert s2p is not None
-        exports = self._stub.services.device_exports  # GPU outputs a BLS caller asked for stay on the GPU
-        outputs = exports.outputs(self._stub, outputs_wire, s2p.view)
-        handles = [t.handle for t in outputs_wire if not t.handle or t.handle[0] != DEVICE_HANDLE_TAG]
+        if all(t.handle[0] == tensors.INLINE_TAG for t in outputs_wire):
+            # every output inline (the common small response): nothing to map, nothing to free
+            inline = [Tensor(name, datatype, tuple(shape), handle[1]) for name, datatype, shape, handle in outputs_wire]
+            done = self._credit_release(credit) if credit is not None else _no_release
+            return InferResponse(request.model_name, "", request.id, inline, parameters, done)
+        features = self._features  # GPU outputs a BLS caller asked for stay on the GPU
+        s2p = self._s2p
+        outputs = features.outputs(outputs_wire, lambda handle: tensors.handle_view(s2p, handle))
+        handles = tensors.arena_handles(outputs_wire)
         released = False
 
         def release() -> None:
@@ -333,19 +434,31 @@ class RequestExchange:
                     if isinstance(tensor.data, memoryview):
                         tensor.data.release()
                     elif tensor.device is not None:  # the export lives on while a BLS caller maps it
-                        exports.drop_hold(tensor.device.key)
+                        features.drop_hold(tensor.device.key)
                 self.outbox.release(handles, credit)  # frees the bytes (and returns a send credit)
 
         return InferResponse(request.model_name, "", request.id, outputs, parameters, release)
 
+    def _credit_release(self, rid: int) -> Callable[[], None]:
+        """A response with nothing to free but its send credit, returned once."""
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.outbox.release([], rid)
+
+        return release
+
     def on_execute_done(self, message: msg.ExecuteDone) -> None:
         for response in message.responses:
             self.on_response(response)
-        entry = self._batches.pop(message.batch_id, None)
-        if entry is None:
+        batch = self._batches.pop(message.batch_id, None)
+        if batch is None:
             return
-        done, rids = entry
-        for rid in rids:
+        batch.timing.compute_infer_ns = time.monotonic_ns() - batch.staged
+        for rid in batch.rids:
             record = self._records.get(rid)
             if record is None or record.executed:
                 continue
@@ -354,8 +467,7 @@ class RequestExchange:
                 self._retire(record)
             elif message.error is not None:
                 self._fail([rid], ServerError(message.error[1], Status.coerce(message.error[0])))
-        if not done.done():
-            done.set_result(None)
+        batch.end.end()
 
     # -- ending --------------------------------------------------------------------------------
     def _retire(self, record: _InFlight) -> None:
@@ -371,25 +483,27 @@ class RequestExchange:
             record = self._records.get(rid)
             if record is not None:
                 if unsent and record.wire is not None:  # the stub never got (nor will release) its claims
-                    self._stub.services.device_exports.release_unsent(self._stub, record.wire.inputs)
+                    self._features.release_unsent(record.wire.inputs)
                 self._retire(record)
+                if not record.final:
+                    self.failed += 1
                 record.stream.fail(error)
-
 
     def fail_all(self, error: ServerError) -> None:
         """Every request in flight fails with `error`; every batch waiter wakes up."""
         self._fail(list(self._records), error)
         batches, self._batches = self._batches, {}
-        for future, _ in batches.values():
-            if not future.done():
-                future.set_result(None)
+        for batch in batches.values():
+            batch.end.end()
+
+    def close(self) -> None:
+        """The stub is gone for good: nothing more goes out."""
+        self.outbox.closed = True
+        self.outbox.clear()
 
     def free_p2s(self, handles: list[list[int]]) -> None:
-        p2s = self._stub.p2s
-        if p2s is None:
-            return
         for handle in handles:
             try:
-                p2s.free(handle)
+                self._p2s.free(handle)
             except (KeyError, IndexError, TypeError, ValueError):
-                log.error("stub '%s' released an unknown p2s handle %s", self._stub.instance_name, handle)
+                log.error("stub '%s' released an unknown p2s handle %s", self.name, handle)

@@ -5,9 +5,10 @@ dispatcher of the frames the stub sends back.
                              timeout); raises ChannelTimeoutError naming the message and the stub,
                              ChannelClosedError when the stub is gone
     try_send(message)        send now if there is room, else False (nothing sent); never waits
-    send_soon(message)       never blocks: sent at once when there is room, else from a task bounded
-                             by the stub timeout, in order behind earlier `send_soon` frames;
-                             failures are logged (for replies and notices nobody awaits)
+    post(message, on_failed) never blocks: sent at once when there is room, else from a task bounded
+                             by the stub timeout, in order behind earlier posted frames;
+                             `on_failed(error)` when it could not go (EXECUTE frames)
+    send_soon(message)       `post` whose failures are logged (replies and notices nobody awaits)
     flush()                  wait until every `send_soon` frame went out (or was given up)
     request_reply(...)       send and wait for the reply of a given class (INIT, IS_READY, ...)
     await_reply(...)         wait for such a reply without sending (one wait, shared with the above)
@@ -16,8 +17,10 @@ A frame over the channel's limit (a request with megabytes of metadata) is writt
 arena and sent as SPILLED (pystub_backend.ipc.spill); the stub RELEASEs it once read. A SPILLED
 frame from the stub is read from s2p, released at once, and dispatched like any other frame.
 
-Incoming frames: the request frames (RESPONSE, EXECUTE_DONE, RELEASE) go to the request exchange,
-LOG to the backend log, feature frames to the server's BackendHandlers, replies to their waiter.
+Incoming frames go to whoever routed their kind here (the request exchange takes RESPONSE,
+EXECUTE_DONE and RELEASE), LOG to the backend log, feature frames to the handler `features` names
+for their kind, replies to their waiter. The link is built from the channel's socket and the two
+arenas; it knows nothing of the process behind them.
 """
 
 from __future__ import annotations
@@ -26,45 +29,63 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.ipc import spill
-from pystub_backend.ipc.arena import ArenaFullError
+from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import AsyncChannel, ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg
-from pystub_backend.ipc.messages.to_backend import ToBackend, is_to_backend
+from pystub_backend.ipc.messages.to_backend import is_to_backend
 
-if TYPE_CHECKING:
-    from pystub_backend.backend.supervision.stub_process import StubProcess
-
-__all__ = ["FrameLink"]
+__all__ = ["FrameLink", "FeatureLookup"]
 
 _Reply = TypeVar("_Reply")
+# The handler of a feature's frame kind, already bound to the stub it came from; None: no feature has it.
+FeatureLookup = Callable[[type], "Callable[[Any], None] | None"]
 
 log = logging.getLogger("pystub.stub")
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 
 
+def _no_feature(_kind: type) -> None:
+    return None
+
+
 class FrameLink:
-    def __init__(self, stub: StubProcess, timeout: float) -> None:
-        self._stub = stub
+    def __init__(self, sock: socket.socket, name: str, timeout: float, p2s: ArenaWriter, s2p: ArenaReader,
+                 describe_death: Callable[[str], str], on_closed: Callable[[], None]) -> None:
+        """`describe_death(what)` words a failed wait for `what` ("stub ... was killed by SIGKILL
+        while waiting for initialize"); `on_closed` runs once, when the stub's end closes."""
+        self.name = name
         self._timeout = timeout
-        self.channel: AsyncChannel | None = None
+        self._p2s = p2s
+        self._s2p = s2p
+        self._describe_death = describe_death
+        self._routes: dict[type, Callable[[Any], None]] = {msg.Log: self._on_log}
+        self._features: FeatureLookup = _no_feature
         self._waiters: dict[type, asyncio.Future[object]] = {}
         self._last_soon: asyncio.Task[None] | None = None
         self._soon_tasks: set[asyncio.Task[None]] = set()
-
-    def open(self, sock: socket.socket, on_closed: Callable[[], None]) -> None:
         self.channel = AsyncChannel(sock, self._on_frame, on_closed)
+        # p2s segments go to the stub with the frames; s2p segments arrive with the stub's frames.
+        self.channel.carry_segments(p2s, s2p)
+
+    def route(self, kind: type, handler: Callable[[Any], None]) -> None:
+        """Frames of `kind` go to `handler` (the request exchange's kinds)."""
+        self._routes[kind] = handler
+
+    def route_features(self, features: FeatureLookup) -> None:
+        """Kinds nobody routed go to the feature handler `features(kind)` names."""
+        self._features = features
 
     @property
     def closed(self) -> bool:
-        return self.channel is None or self.channel.closed
+        return self.channel.closed
 
     # -- sending -----------------------------------------------------------------------------------
     def _what(self, message: NamedTuple) -> str:
-        return f"{type(message).__name__} to stub '{self._stub.instance_name}'"
+        return f"{type(message).__name__} to stub '{self.name}'"
 
     def _frame(self, message: NamedTuple) -> tuple[bytes, list[int] | None]:
         """The frame for `message`, and the p2s handle it was spilled into when it is over the
@@ -73,10 +94,7 @@ class FrameLink:
         frame = msg.encode(message)
         if spill.fits(frame):
             return frame, None
-        p2s = self._stub.p2s
-        if p2s is None:
-            raise ChannelClosedError(f"stub '{self._stub.instance_name}' has no arena")
-        return spill.spill(frame, p2s)
+        return spill.spill(frame, self._p2s)
 
     async def send(self, message: NamedTuple, timeout: float | None = None) -> None:
         """Send `message`, waiting at most `timeout` s (default: the stub timeout) for room.
@@ -84,8 +102,6 @@ class FrameLink:
         Raises ChannelTimeoutError (naming the message and the stub), ChannelClosedError,
         ArenaFullError (a frame over the limit that p2s cannot hold), and TypeError, ValueError or
         OverflowError for a value the wire cannot carry."""
-        if self.channel is None:
-            raise ChannelClosedError(f"stub '{self._stub.instance_name}' has no channel")
         frame, spilled = self._frame(message)
         try:
             await self.channel.send(frame, self._timeout if timeout is None else timeout, self._what(message))
@@ -96,8 +112,6 @@ class FrameLink:
     def try_send(self, message: NamedTuple) -> bool:
         """Send `message` now if the stub's queue has room; False (nothing sent) if it is full.
         Raises as `send` does, but never ChannelTimeoutError."""
-        if self.channel is None:
-            raise ChannelClosedError(f"stub '{self._stub.instance_name}' has no channel")
         frame, spilled = self._frame(message)
         try:
             if self.channel.try_send(frame):
@@ -108,16 +122,16 @@ class FrameLink:
         self._unsent(spilled)
         return False
 
-    def send_soon(self, message: NamedTuple) -> None:
-        """Send `message` in order with earlier `send_soon` frames; never blocks, never raises."""
+    def post(self, message: NamedTuple, on_failed: Callable[[Exception], None]) -> None:
+        """Send `message` in order with earlier posted (and `send_soon`) frames, never blocking:
+        at once when there is room, else from a task bounded by the stub timeout, which calls
+        `on_failed(error)` if the frame could not go (the channel stayed full or closed). Raises
+        what encoding raises (ArenaFullError, TypeError, ValueError, OverflowError: nothing
+        sent) and ChannelClosedError."""
         channel = self.channel
-        if channel is None or channel.closed:
-            return
-        try:
-            frame, spilled = self._frame(message)
-        except (ArenaFullError, ChannelClosedError, TypeError, ValueError, OverflowError) as exc:
-            log.warning("could not send %s: %s", self._what(message), exc)
-            return
+        if channel.closed:
+            raise ChannelClosedError(f"the channel to stub '{self.name}' is closed")
+        frame, spilled = self._frame(message)
         previous = self._last_soon
         if previous is None or previous.done():
             try:
@@ -125,27 +139,39 @@ class FrameLink:
                     return
             except ChannelClosedError:
                 self._unsent(spilled)
-                return
+                raise
             previous = None
-        task = asyncio.ensure_future(self._send_later(channel, frame, spilled, self._what(message), previous))
+        task = asyncio.ensure_future(self._send_later(frame, spilled, self._what(message), previous, on_failed))
         self._last_soon = task
         self._soon_tasks.add(task)
         task.add_done_callback(self._soon_tasks.discard)
 
-    async def _send_later(self, channel: AsyncChannel, frame: bytes, spilled: list[int] | None, what: str,
-                          previous: asyncio.Task[None] | None) -> None:
+    def send_soon(self, message: NamedTuple) -> None:
+        """`post` for replies and notices nobody awaits: never raises; failures are logged."""
+        try:
+            self.post(message, lambda exc: log.warning("could not send %s: %s", self._what(message), exc))
+        except ChannelClosedError:
+            return
+        except (ArenaFullError, TypeError, ValueError, OverflowError) as exc:
+            log.warning("could not send %s: %s", self._what(message), exc)
+
+    async def _send_later(self, frame: bytes, spilled: list[int] | None, what: str,
+                          previous: asyncio.Task[None] | None, on_failed: Callable[[Exception], None]) -> None:
         if previous is not None:
             await asyncio.wait({previous})  # keep the frames in the order they were sent
         try:
-            await channel.send(frame, self._timeout, what)
+            await self.channel.send(frame, self._timeout, what)
         except (ChannelClosedError, ChannelTimeoutError) as exc:
             self._unsent(spilled)
-            log.warning("could not send %s: %s", what, exc)
+            on_failed(exc)
 
     def _unsent(self, spilled: list[int] | None) -> None:
         """A spilled frame that was never sent: free its p2s bytes (the stub cannot release them)."""
         if spilled is not None:
-            self._stub.exchange.free_p2s([spilled])
+            try:
+                self._p2s.free(spilled)
+            except (KeyError, IndexError, ValueError):
+                log.error("stub '%s': the unsent spilled frame at %s was freed already", self.name, spilled)
 
     async def flush(self) -> None:
         """Wait until every frame `send_soon` queued has been sent (or given up); returns at once
@@ -171,7 +197,7 @@ class FrameLink:
         """The one wait for a reply: the waiter is registered before `message` (if any) is sent,
         so the answer cannot arrive unseen; it is removed however the wait ends."""
         if self.closed:
-            raise StubStartError(self._stub.death_text(what))
+            raise StubStartError(self._describe_death(what))
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._waiters[reply] = future
         try:
@@ -179,12 +205,12 @@ class FrameLink:
                 try:
                     await self.send(message)
                 except (ChannelClosedError, ChannelTimeoutError, ArenaFullError) as exc:
-                    raise StubStartError(f"{self._stub.death_text(what)} ({exc})") from exc
+                    raise StubStartError(f"{self._describe_death(what)} ({exc})") from exc
             try:
                 return cast(_Reply, await asyncio.wait_for(future, timeout))
             except asyncio.TimeoutError:
                 raise StubStartError(f"timed out after {timeout:.0f} s waiting for {what} from stub "
-                                     f"'{self._stub.instance_name}'") from None
+                                     f"'{self.name}'") from None
         finally:
             if self._waiters.get(reply) is future:
                 del self._waiters[reply]
@@ -193,55 +219,45 @@ class FrameLink:
         """The stub is gone: every reply waiter learns it now."""
         for waiter in self._waiters.values():
             if not waiter.done():
-                waiter.set_exception(StubStartError(self._stub.death_text("a reply")))
+                waiter.set_exception(StubStartError(self._describe_death("a reply")))
 
     # -- receiving ---------------------------------------------------------------------------------
     def _on_frame(self, frame: bytes) -> None:
         try:
             message = msg.decode(frame)
             if type(message) is msg.Spilled:
-                message = self._unspill(message)
+                message = spill.unspill(message, self._s2p, self._release_s2p)
         except msg.MessageDecodeError as exc:
-            log.error("dropped a corrupt frame from stub '%s': %s", self._stub.instance_name, exc)
+            log.error("dropped a corrupt frame from stub '%s': %s", self.name, exc)
             return
-        if not is_to_backend(message):  # a kind only the backend sends
-            self._unexpected(type(message))
-            return
-        try:
-            self._dispatch(message)
-        except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the channel's reader
-            log.error("dropped a malformed %s frame from stub '%s': %s: %s", type(message).__name__,
-                      self._stub.instance_name, type(exc).__name__, exc)
-
-    def _unspill(self, message: msg.Spilled) -> Any:
-        """The message a SPILLED frame names in s2p; its bytes are released at once (copied out)."""
-        s2p = self._stub.s2p
-        if s2p is None:
-            raise msg.MessageDecodeError("a spilled frame arrived before the s2p arena exists")
-        return spill.unspill(message, s2p, lambda handle: self._stub.exchange.outbox.release([handle]))
-
-    def _dispatch(self, message: ToBackend) -> None:
         kind = type(message)
-        exchange = self._stub.exchange
-        if isinstance(message, msg.Response):
-            exchange.on_response(message.response)
-        elif isinstance(message, msg.ExecuteDone):
-            exchange.on_execute_done(message)
-        elif isinstance(message, msg.Log):
-            self._on_log(message)
-        elif isinstance(message, msg.Release):
-            exchange.free_p2s(message.handles)
-        elif (feature := self._stub.services.handlers.frame_handler(kind)) is not None:
-            feature(self._stub, message)
-        else:
-            waiter = self._waiters.get(kind)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(message)
-            else:
+        try:
+            handler = self._routes.get(kind)
+            if handler is not None:
+                handler(message)
+            elif not is_to_backend(message):  # a kind only the backend sends
                 self._unexpected(kind)
+            elif (feature := self._features(kind)) is not None:
+                feature(message)
+            else:
+                self._answer(kind, message)
+        except Exception as exc:  # noqa: BLE001 - a malformed frame must not end the channel's reader
+            log.error("dropped a malformed %s frame from stub '%s': %s: %s", kind.__name__, self.name,
+                      type(exc).__name__, exc)
+
+    def _release_s2p(self, handle: list[int]) -> None:
+        """A spilled frame from the stub was read: its s2p bytes go back (rare: no batching)."""
+        self.send_soon(msg.Release([handle], []))
+
+    def _answer(self, kind: type, message: Any) -> None:
+        waiter = self._waiters.get(kind)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(message)
+        else:
+            self._unexpected(kind)
 
     def _unexpected(self, kind: type) -> None:
-        log.warning("unexpected %s from stub '%s'", kind.__name__, self._stub.instance_name)
+        log.warning("unexpected %s from stub '%s'", kind.__name__, self.name)
 
     def _on_log(self, message: msg.Log) -> None:
         """A record from the stub, logged once with the model's own file:line."""
@@ -249,9 +265,8 @@ class FrameLink:
         if not log.isEnabledFor(level):
             return
         record = log.makeRecord(log.name, level, message.filename, message.lineno,
-                                "[%s] %s", (self._stub.instance_name, message.message), None)
+                                "[%s] %s", (self.name, message.message), None)
         log.handle(record)
 
     def close(self) -> None:
-        if self.channel is not None:
-            self.channel.close()
+        self.channel.close()

@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest
-from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.supervision.errors import StubStartError
-from pystub_backend.backend.supervision.exchange import StreamOrError
+from pystub_backend.backend.supervision.exchange import Submission
 from pystub_backend.backend.supervision.hang_judge import HangJudge
 from pystub_backend.backend.supervision.restart_policy import RestartPolicy
 from pystub_backend.backend.supervision.services import StubServices
@@ -89,8 +88,9 @@ class ModelInstance:
         self.state = InstanceState.STARTING
         self.restarts = 0
         self.last_error = ""
-        self.served = 0
-        self.failed = 0
+        self._served_before = 0  # by the stubs before the current one
+        self._failed_before = 0
+        self._refused = 0  # batches' requests refused because no stub could take them
         self.policy = RestartPolicy(spec.settings)
         self._stub_factory = stub_factory
         self._judge: HangJudge | None = None  # the current stub's hang verdicts
@@ -99,6 +99,17 @@ class ModelInstance:
         # BLS calls an execute of the current stub waits for (pystub_backend.backend.features.bls.call): see hold().
         self._holds = 0
         self._held_stub: StubProcess | None = None
+        self._on_change: list[Callable[[], None]] = []  # schedulers that follow readiness
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` whenever the instance may take work again or never will: READY after
+        a (re)start, a BLS hold released, FAILED or STOPPED."""
+        self._on_change.append(callback)
+
+    def _changed(self) -> None:
+        self._ready.set()
+        for callback in self._on_change:
+            callback()
 
     # -- starting --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -106,6 +117,10 @@ class ModelInstance:
         await self._spawn()
 
     async def _spawn(self) -> None:
+        old = self.stub
+        if old is not None and old.exchange is not None:  # what it served still counts
+            self._served_before += old.exchange.served
+            self._failed_before += old.exchange.failed
         stub = self._stub_factory(self.name, self.spec)
         stub.on_death = self._on_stub_death
         self.stub = stub
@@ -125,7 +140,7 @@ class ModelInstance:
             self.stub = None
             raise
         self.state = InstanceState.READY
-        self._ready.set()
+        self._changed()
 
     # -- death -------------------------------------------------------------------------------------
     def _on_stub_death(self, stub: StubProcess) -> None:
@@ -199,7 +214,7 @@ class ModelInstance:
     def _give_up(self, reason: str) -> None:
         self.state = InstanceState.FAILED
         self.last_error = reason
-        self._ready.set()  # wake waiting workers so they see FAILED
+        self._changed()  # wake waiting workers so they see FAILED
         log.error("Stub process '%s' is FAILED and stays down: %s", self.name, reason)
 
     async def restart(self) -> None:
@@ -218,7 +233,7 @@ class ModelInstance:
 
     async def stop(self, timeout: float) -> None:
         self.state = InstanceState.STOPPED
-        self._ready.set()
+        self._changed()
         if self._restart_task is not None:
             self._restart_task.cancel()
             await asyncio.gather(self._restart_task, return_exceptions=True)
@@ -278,44 +293,35 @@ class ModelInstance:
         if stub is self._held_stub and self._holds:
             self._holds -= 1
             if not self._holds:
-                self._ready.set()
+                self._changed()
 
     # -- work --------------------------------------------------------------------------------------
-    async def execute_streams(self, requests: list[InferRequest],
-                              on_sent: Callable[[list[StreamOrError]], None] | None = None
-                              ) -> tuple[list[StreamOrError], BatchTiming]:
-        """Run a batch on the current stub; per request its ResponseStream or a ServerError.
-        `on_sent` as in `StubProcess.execute_streams`."""
+    gate = None  # no admission step before a batch (the rate limiter's wrapper has one)
+
+    def submit(self, requests: list[InferRequest], *, wait: bool) -> Submission | None:
+        """Run a batch on the current stub (supervision.exchange: per request its ResponseStream
+        or a ServerError, and a future for the end of `execute`). With `wait=False`, None when it
+        cannot be sent now (the caller queues it); with `wait=True` an instance that cannot serve
+        answers every request with its error."""
         stub = self.stub
-        if not self.healthy or stub is None:
-            return [self.unhealthy_error()] * len(requests), BatchTiming()
-        streams, timing = await stub.execute_streams(requests, on_sent)
-        self.counted(streams)
-        return streams, timing
+        if self.state is not InstanceState.READY or stub is None or stub.exchange is None or not stub.alive:
+            if not wait:
+                return None
+            self._refused += len(requests)
+            return Submission([self.unhealthy_error()] * len(requests), BatchTiming(), None)
+        return stub.exchange.submit(requests, wait=wait)
 
-    def start_streams(self, requests: list[InferRequest]
-                      ) -> tuple[list[StreamOrError], BatchTiming, asyncio.Future[None] | None] | None:
-        """`execute_streams` without waiting, for a scheduler that found this instance idle: the
-        batch is sent now (the future resolves when `execute` returned; the caller then passes
-        the results to `counted`), or None: nothing was sent, the caller queues it."""
-        stub = self.stub
-        if not self.healthy or stub is None:
-            return None
-        return stub.start_streams(requests)
+    @property
+    def served(self) -> int:
+        """Requests its stubs answered (stubctl's SERVED)."""
+        exchange = self.stub.exchange if self.stub is not None else None
+        return self._served_before + (exchange.served if exchange is not None else 0)
 
-    def counted(self, streams: list[StreamOrError]) -> None:
-        """Count a batch's requests as served or failed once each ends (after its `execute`)."""
-        for stream in streams:
-            if isinstance(stream, ServerError):
-                self.failed += 1
-            else:
-                stream.when_final(self._count)
-
-    def _count(self, stream: ResponseStream) -> None:
-        if stream.error is None:
-            self.served += 1
-        else:
-            self.failed += 1
+    @property
+    def failed(self) -> int:
+        """Requests that failed on its stubs, or could not reach them (stubctl's FAILED)."""
+        exchange = self.stub.exchange if self.stub is not None else None
+        return self._failed_before + self._refused + (exchange.failed if exchange is not None else 0)
 
 
 async def watch_health(instances: Callable[[], list[ModelInstance]], interval: float) -> None:

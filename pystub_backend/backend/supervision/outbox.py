@@ -14,7 +14,6 @@ A credit or a cancel is sent in the same loop turn, and takes the waiting releas
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from pystub_backend.ipc.channel import AsyncChannel, ChannelClosedError
 from pystub_backend.ipc.messages import core as msg
@@ -26,7 +25,7 @@ RIDE_SECONDS = 0.002  # how long releases alone wait for an EXECUTE frame to car
 
 
 class StubOutbox:
-    def __init__(self, channel: Callable[[], AsyncChannel | None]) -> None:
+    def __init__(self, channel: AsyncChannel) -> None:
         self._channel = channel
         self._loop = asyncio.get_running_loop()
         self._releases: list[list[int]] = []
@@ -67,8 +66,8 @@ class StubOutbox:
 
     def _flush(self) -> None:
         self._flush_handle = None
-        channel = self._channel()
-        if self.closed or channel is None or channel.closed:
+        channel = self._channel
+        if self.closed or channel.closed:
             self.clear()
             return
         try:

@@ -1,12 +1,15 @@
-"""The parent side of one stub incarnation: spawn, handshake, stop. Requests are the exchange's.
+"""The parent side of one stub incarnation's process: spawn, handshake, stop, death, heartbeat.
 
     StubProcess.spawn ──▶ control block, channel pair, p2s arena (all anonymous: memfds and a
                           socket pair, nothing in /dev/shm), `python -m
                           pystub_backend.stub.triton_python_backend_stub` (subprocess, own session,
-                          umask 077; inherits the channel and the control block's descriptor)
+                          umask 077; inherits the channel and the control block's descriptor);
+                          then the link and the exchange over them:
+    .link              ──▶ frames both ways (supervision.frames.FrameLink); `send` is the one
+                          "send to the stub with a deadline"
+    .exchange          ──▶ the requests in flight (supervision.exchange.RequestExchange): requests
+                          go to `exchange.submit`, never through this class
     .initialize        ──▶ INIT ... INIT_DONE, bounded by the init deadline or the stub's death
-    .exchange          ──▶ the requests in flight (supervision.exchange.RequestExchange)
-    .link              ──▶ frames both ways; `send` is the one "send to the stub with a deadline"
     .stop()            ──▶ the shutdown ladder: FINALIZE (deadline) → wait → SIGTERM → SIGKILL →
                           reap → close channel → unmap the arenas and the control block;
                           a stub not told to exit (no FINALIZE answered, no failed INIT reported)
@@ -20,21 +23,23 @@ the p2s allocations of its requests are freed) and `on_death` tells the supervis
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pystub_backend
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import InferRequest
+from pystub_backend.backend.inference import InferRequest, Tensor
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.supervision.errors import StubStartError
-from pystub_backend.backend.supervision.exchange import RequestExchange, StreamOrError
+from pystub_backend.backend.supervision.exchange import RequestExchange
 from pystub_backend.backend.supervision.exit_watch import ExitWatch
 from pystub_backend.backend.supervision.frames import FrameLink
 from pystub_backend.backend.supervision.hang_judge import ProcessProgress, read_progress
@@ -44,13 +49,13 @@ from pystub_backend.backend.supervision.ready_probe import ReadyProbe
 from pystub_backend.backend.supervision.services import RescheduleOwner, StubServices
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.supervision.stop_ladder import Step, climb
-from pystub_backend.backend.telemetry.statistics import BatchTiming
 from pystub_backend.ipc import names
 from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
-from pystub_backend.ipc.channel import make_pair
+from pystub_backend.ipc.channel import ChannelClosedError, make_pair
 from pystub_backend.ipc.control_block import ControlBlock
 from pystub_backend.ipc.exit_codes import describe_exit
 from pystub_backend.ipc.messages import core as msg
+from pystub_backend.ipc.records import WireTensor
 from pystub_backend.ipc.status import Status
 
 __all__ = ["StubProcess", "StubStartError", "PROJECT_ROOT"]
@@ -79,14 +84,14 @@ class StubProcess:
         self.p2s: ArenaWriter | None = None
         self.s2p: ArenaReader | None = None
         self.started_at = time.monotonic()
-        self.link = FrameLink(self, settings.stub_timeout_seconds)
-        self.exchange = RequestExchange(self)
+        self.link: FrameLink | None = None  # from spawn on
+        self.exchange: RequestExchange | None = None  # from spawn on
         self._dead = False
         # The stub was told to exit, or said it will (a FINALIZE answered, a failed INIT, the one
         # auto-complete call): worth waiting for. A stub never told ignores SIGTERM: killed at once.
         self._exiting = False
         self._output: OutputForwarder | None = None
-        self._ready_probe = ReadyProbe(self.link, instance_name, settings.stub_timeout_seconds)  # config-sections hook
+        self._ready_probe: ReadyProbe | None = None  # config-sections hook (from spawn on)
         self.has_is_ready = False
         # The iterative sequence batcher whose batch runs here (set before each of its batches).
         self.reschedule_owner: RescheduleOwner | None = None
@@ -110,7 +115,7 @@ class StubProcess:
 
     @property
     def in_flight(self) -> int:
-        return self.exchange.in_flight
+        return self.exchange.in_flight if self.exchange is not None else 0
 
     def heartbeat_age(self, now: float) -> float:
         """Seconds since the stub's last heartbeat (since spawn, before the first one)."""
@@ -148,22 +153,26 @@ class StubProcess:
     async def send(self, message: NamedTuple, timeout: float | None = None) -> None:
         """Send a frame, waiting at most `timeout` s (default: the stub timeout) for room.
         Raises ChannelTimeoutError naming the message and the stub, ChannelClosedError."""
+        if self.link is None:
+            raise ChannelClosedError(f"stub '{self.instance_name}' has no channel")
         await self.link.send(message, timeout)
 
     def send_soon(self, message: NamedTuple) -> None:
         """Send a frame without blocking, in order with earlier `send_soon` frames (FrameLink)."""
-        self.link.send_soon(message)
+        if self.link is not None:
+            self.link.send_soon(message)
 
     async def flush(self) -> None:
         """Wait until every `send_soon` frame is out (or was given up)."""
-        await self.link.flush()
+        if self.link is not None:
+            await self.link.flush()
 
     def requests_in_flight(self) -> list[InferRequest]:
-        return self.exchange.requests()
+        return self.exchange.requests() if self.exchange is not None else []
 
     def reschedule(self, rid: int) -> InferRequest | None:
         """See RequestExchange.reschedule."""
-        return self.exchange.reschedule(rid)
+        return self.exchange.reschedule(rid) if self.exchange is not None else None
 
     # -- spawn and handshake -------------------------------------------------------------------
     def spawn(self, python: list[str] | None = None, rlimits: dict[str, int] | None = None) -> None:
@@ -196,10 +205,21 @@ class StubProcess:
         self.started_at = time.monotonic()
         self._exit = ExitWatch(self.process)
         self._output = OutputForwarder(self.instance_name, self.process.stdout, self.process.stderr)
-        self.link.open(parent_end, self._on_channel_closed)
-        assert self.link.channel is not None
-        # p2s segments go to the stub with the frames; s2p segments arrive with the stub's frames.
-        self.link.channel.carry_segments(self.p2s, self.s2p)
+        self.open_link(parent_end)
+
+    def open_link(self, sock: socket.socket) -> None:
+        """The link and the exchange over the channel's backend end (spawn's last step; tests
+        that play the stub call it with a socket of their own)."""
+        assert self.p2s is not None and self.s2p is not None
+        link = self.link = FrameLink(sock, self.instance_name, self.settings.stub_timeout_seconds, self.p2s,
+                                     self.s2p, self.death_text, self._on_channel_closed)
+        link.route_features(self._feature_handler)
+        self.exchange = RequestExchange(link, self.p2s, self.s2p, _BoundFeatures(self.services, self))
+        self._ready_probe = ReadyProbe(link, self.instance_name, self.settings.stub_timeout_seconds)
+
+    def _feature_handler(self, kind: type) -> Callable[[Any], None] | None:
+        handler = self.services.handlers.frame_handler(kind)
+        return None if handler is None else functools.partial(handler, self)
 
     def _command(self, python: list[str] | None, fds: tuple[int, int], rlimits: dict[str, int]) -> list[str]:
         heartbeat = min(1.0, self.settings.heartbeat_timeout_seconds / 4)
@@ -224,8 +244,8 @@ class StubProcess:
         Raises StubStartError with the model's error text; a model that failed to import or
         initialize is a boot failure (the stub exits with its code)."""
         try:
-            reply = await self.link.request_reply(msg.Init(model_path, args, settings, sources), msg.InitDone,
-                                                  self.settings.stub_init_timeout_seconds, "initialize")
+            reply = await self._link().request_reply(msg.Init(model_path, args, settings, sources), msg.InitDone,
+                                                     self.settings.stub_init_timeout_seconds, "initialize")
         except StubStartError as exc:  # config-sections hook: a death fails the load with Triton's text
             raise StubStartError(await died_during_initialize(self, exc), exc.boot_failure) from exc
         if reply.error is not None:
@@ -238,8 +258,8 @@ class StubProcess:
 
     async def auto_complete(self, model_path: str, config_json: str) -> str:
         """Run `auto_complete_config`; returns the completed config JSON. Raises StubStartError."""
-        reply = await self.link.request_reply(msg.AutoComplete(model_path, config_json), msg.AutoCompleteDone,
-                                              self.settings.stub_init_timeout_seconds, "auto_complete_config")
+        reply = await self._link().request_reply(msg.AutoComplete(model_path, config_json), msg.AutoCompleteDone,
+                                                 self.settings.stub_init_timeout_seconds, "auto_complete_config")
         self._exiting = True  # the auto-complete stub exits after its one answer
         if reply.error is not None:
             raise StubStartError(reply.error, boot_failure=True)
@@ -251,52 +271,23 @@ class StubProcess:
         ready while its stub lives."""
         if not self.alive:
             return self.unhealthy_error().message
-        if not self.has_is_ready:
+        if not self.has_is_ready or self._ready_probe is None:
             return None
         return await self._ready_probe.check(timeout)
 
-    # -- execute -------------------------------------------------------------------------------
-    async def execute_streams(self, requests: list[InferRequest],
-                              on_sent: Callable[[list[StreamOrError]], None] | None = None
-                              ) -> tuple[list[StreamOrError], BatchTiming]:
-        """Send one batch; returns once the model's `execute` returned, with, per request, its
-        ResponseStream or a ServerError. Never raises.
-
-        `on_sent(results)` is called as soon as the batch is on its way, before `execute`
-        returns: a caller that gets its stream then can cancel it while the model still runs.
-        """
-        return await self.exchange.execute_streams(requests, on_sent)
-
-    def start_streams(self, requests: list[InferRequest]
-                      ) -> tuple[list[StreamOrError], BatchTiming, asyncio.Future[None] | None] | None:
-        """`execute_streams` without waiting; see RequestExchange.start_streams."""
-        return self.exchange.start_streams(requests)
-
-    async def execute_timed(self, requests: list[InferRequest]) -> tuple[list[object], BatchTiming]:
-        """Run one batch to completion; per request an InferResponse or a ServerError (never raises)."""
-        started = time.monotonic_ns()
-        streams, timing = await self.execute_streams(requests)
-        results: list[object] = []
-        for stream in streams:
-            if isinstance(stream, ServerError):
-                results.append(stream)
-                continue
-            try:
-                results.append(await stream.single())
-            except ServerError as error:
-                results.append(error)
-        timing.compute_infer_ns = time.monotonic_ns() - started - timing.compute_input_ns
-        return results, timing
-
-    async def execute(self, requests: list[InferRequest]) -> list[object]:
-        results, _ = await self.execute_timed(requests)
-        return results
+    def _link(self) -> FrameLink:
+        """The link, for a handshake. Raises StubStartError before spawn."""
+        if self.link is None:
+            raise StubStartError(f"stub process '{self.instance_name}' was never started")
+        return self.link
 
     # -- death and stop ------------------------------------------------------------------------
     def _on_channel_closed(self) -> None:
         self._dead = True
-        self.exchange.fail_all(self.unhealthy_error())
-        self.link.fail_waiters()
+        if self.exchange is not None:
+            self.exchange.fail_all(self.unhealthy_error())
+        if self.link is not None:
+            self.link.fail_waiters()
         if self.on_death is not None:
             self.on_death(self)
 
@@ -311,7 +302,7 @@ class StubProcess:
     async def stop(self, finalize_timeout: float) -> None:
         """The shutdown ladder. Never raises; every step is bounded. `finalize_timeout=0` skips
         FINALIZE (for a stub that exits by itself, like the auto-complete one)."""
-        if finalize_timeout > 0 and self.alive and not self.link.closed:
+        if finalize_timeout > 0 and self.alive and self.link is not None and not self.link.closed:
             try:
                 reply = await self.link.request_reply(msg.Finalize(), msg.FinalizeDone, finalize_timeout,
                                                       "finalize")
@@ -321,7 +312,8 @@ class StubProcess:
             except StubStartError as exc:
                 log.warning("%s", exc)
         await self._terminate()
-        self.exchange.fail_all(self.unhealthy_error())
+        if self.exchange is not None:
+            self.exchange.fail_all(self.unhealthy_error())
         if self._output is not None:
             await self._output.drain(timeout=1.0)
         self._release_shared_objects()
@@ -332,7 +324,7 @@ class StubProcess:
             return
         # Waiting for an exit nothing asked for, then sending a SIGTERM the stub ignores, only
         # delays a failed load (an initialize past its deadline) by 3 s: kill it now instead.
-        ladder = _LADDER if self._exiting or self.link.closed else _KILL_NOW
+        ladder = _LADDER if self._exiting or self.link is None or self.link.closed else _KILL_NOW
         await climb(process.pid, lambda: process.poll() is not None, ladder, f"stub '{self.instance_name}'", log,
                     group=True, extra={"model": self.model_name, "instance": self.instance_name})
 
@@ -340,7 +332,42 @@ class StubProcess:
         self._dead = True
         if self._exit is not None:
             self._exit.close()
-        self.link.close()
+        if self.exchange is not None:
+            self.exchange.close()
+        if self.link is not None:
+            self.link.close()
         for resource in (self.p2s, self.s2p, self.control):
             if resource is not None:
                 resource.close()  # anonymous: unmapped here and closed in the stub, they are gone
+
+
+class _BoundFeatures:
+    """The features' side of one stub, as its exchange sees it (exchange.ExchangeFeatures): the
+    server's client regions and GPU exports, bound to this stub."""
+
+    __slots__ = ("_services", "_stub")
+
+    def __init__(self, services: StubServices, stub: StubProcess) -> None:
+        self._services = services
+        self._stub = stub
+
+    def region_handle(self, tensor: Tensor) -> list[Any] | None:
+        return self._services.client_regions.region_handle(tensor)
+
+    def attach_regions(self, request: InferRequest, stream: ResponseStream) -> dict[str, list[Any]]:
+        return self._services.client_regions.attach_regions(request, self._stub, stream)
+
+    def claim_input(self, tensor: Tensor) -> WireTensor:
+        return self._services.device_exports.claim_tensor(tensor, self._stub, "input")
+
+    def release_unsent(self, wire_inputs: list[WireTensor]) -> None:
+        self._services.device_exports.release_unsent(self._stub, wire_inputs)
+
+    def outputs(self, wire_outputs: list[WireTensor], view: Callable[[list[Any]], memoryview]) -> list[Tensor]:
+        return self._services.device_exports.outputs(self._stub, wire_outputs, view)
+
+    def discard(self, wire_outputs: list[WireTensor]) -> None:
+        self._services.device_exports.discard(self._stub, wire_outputs)
+
+    def drop_hold(self, key: tuple[str, int]) -> None:
+        self._services.device_exports.drop_hold(key)

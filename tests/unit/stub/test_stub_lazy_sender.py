@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from model_stub import model_stub
+from model_stub import execute, model_stub
 
 from pystub_backend.backend.inference import InferRequest, Tensor
 
@@ -47,7 +47,7 @@ def _run(tmp_path: Path, mode: int) -> Any:
     async def main() -> Any:
         async with model_stub(tmp_path, "lazy", _MODEL) as stub:
             request = InferRequest("lazy", inputs=[Tensor("MODE", "INT64", (1,), np.array([mode], np.int64))])
-            (response,) = await asyncio.wait_for(stub.execute([request]), 30.0)
+            (response,) = await asyncio.wait_for(execute(stub, [request]), 30.0)
             if not hasattr(response, "outputs"):
                 return response
             value = np.frombuffer(response.outputs[0].data, dtype=np.int64).tolist()

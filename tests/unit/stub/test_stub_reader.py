@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from model_stub import model_stub
+from model_stub import execute, model_stub
 
 from pystub_backend.backend.inference import InferRequest, Tensor
 from pystub_backend.stub.reader import ReadOwnership
@@ -131,7 +131,7 @@ def test_every_frame_arrives_in_order_across_hand_overs(tmp_path: Path) -> None:
                     number = queue.pop()
                     data = np.array([number, _DELAYS_MS[number % len(_DELAYS_MS)]], dtype=np.int64)
                     request = InferRequest("handover", inputs=[Tensor("INPUT0", "INT64", (2,), data)])
-                    (response,) = await asyncio.wait_for(stub.execute([request]), 30.0)
+                    (response,) = await asyncio.wait_for(execute(stub, [request]), 30.0)
                     output = np.frombuffer(response.outputs[0].data, dtype=np.int64)
                     assert output.tolist() == data.tolist(), f"request {number} got another's answer"
                     response.release()

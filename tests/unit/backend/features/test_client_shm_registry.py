@@ -401,7 +401,7 @@ def test_output_targets_live_as_long_as_the_sender() -> None:
 
 def test_response_to_wire_writes_region_outputs_and_rolls_back_on_errors() -> None:
     base = names.stub_base_name("pystub")
-    writer = ArenaWriter(base, "s2p", 4096, 4096)
+    writer = ArenaWriter(base, "s2p", 16384, 16384)
 
     class Sender:
         pass
@@ -411,14 +411,15 @@ def test_response_to_wire_writes_region_outputs_and_rolls_back_on_errors() -> No
         with shm_object(bytes(16)) as key:
             inode = os.stat("/dev/shm" + key).st_ino
             stub_shm.expect_outputs(777, sender, {"O": tensors.region_handle(99, 0, 16, key, inode)})
-            response = pb_utils.InferenceResponse([pb_utils.Tensor("P", np.ones(3, np.float32)),
+            # P is larger than tensors.INLINE_BYTES: it goes into the arena (a small one would ride inline)
+            response = pb_utils.InferenceResponse([pb_utils.Tensor("P", np.ones(1024, np.float32)),
                                                    pb_utils.Tensor("O", np.full(4, 2.5, np.float32))])
             rid, _, error, outputs, _ = response_to_wire(777, response, 1, set(), writer)
             assert (rid, error) == (777, None)
             assert [o[0] for o in outputs] == ["P", "O"] and outputs[1][3] == [-1, 0, 0]
             assert np.fromfile("/dev/shm" + key, dtype=np.float32).tolist() == [2.5] * 4
             writer.free(outputs[0][3])
-            too_big = pb_utils.InferenceResponse([pb_utils.Tensor("P", np.ones(3, np.float32)),
+            too_big = pb_utils.InferenceResponse([pb_utils.Tensor("P", np.ones(1024, np.float32)),
                                                   pb_utils.Tensor("O", np.zeros(5, np.float32))])
             _, _, error, outputs, _ = response_to_wire(777, too_big, 1, set(), writer)
             assert list(error) == [int(Status.INVALID_ARG), "shared memory size specified with the request for output "

@@ -10,59 +10,23 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+import scheduling_fakes as fakes
 from tritonclient.grpc import model_config_pb2
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
+from pystub_backend.backend.inference import InferRequest, Tensor
 from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.dynamic import DynamicBatcher
-from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics
+from pystub_backend.backend.telemetry.statistics import ModelStatistics
 from pystub_backend.ipc.status import Status
 
 
-class FakeInstance:
+class FakeInstance(fakes.FakeInstance):
     """Executes batches on the loop: `hold` keeps a batch running until set; ids starting with
     "bad" get an error response of their own."""
 
-    def __init__(self, name: str = "fake_0") -> None:
-        self.name = name
-        self.alive = True
-        self.batches: list[list[str]] = []
-        self.hold: asyncio.Event | None = None
-        self.started = asyncio.Event()
-        self._ready = asyncio.Event()
-        self._ready.set()
-
-    @property
-    def healthy(self) -> bool:
-        return self.alive
-
-    @property
-    def usable(self) -> bool:
-        return self.alive
-
-    def unhealthy_error(self) -> ServerError:
-        return ServerError(f"Stub process '{self.name}' is not healthy.", Status.UNAVAILABLE)
-
-    async def wait_ready(self) -> bool:
-        while not self.alive:
-            self._ready.clear()
-            await self._ready.wait()
-        return True
-
-    async def execute_streams(self, requests: list[InferRequest],
-                              on_sent: Any = None) -> tuple[list[Any], BatchTiming]:
-        self.batches.append([r.id for r in requests])
-        self.started.set()
-        if self.hold is not None:
-            await self.hold.wait()
-        streams = []
-        for request in requests:
-            stream = ResponseStream(request.id, request.model_name, lambda: None)
-            error = ServerError("bad request", Status.INVALID_ARG) if request.id.startswith("bad") else None
-            stream.put(InferResponse(request.model_name, "", request.id, error=error), True)
-            streams.append(stream)
-        return streams, BatchTiming(10, 20, 30)
+    def error_for(self, request: InferRequest) -> ServerError | None:
+        return ServerError("bad request", Status.INVALID_ARG) if request.id.startswith("bad") else None
 
 
 def make_config(max_batch_size: int = 8, **batching: Any) -> model_config_pb2.ModelConfig:

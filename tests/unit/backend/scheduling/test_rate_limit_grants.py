@@ -4,6 +4,7 @@ of a resource there are, the load-time capacity check, and who gets freed resour
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from tritonclient.grpc import model_config_pb2
@@ -113,16 +114,23 @@ def test_a_cancelled_waiter_takes_nothing() -> None:
 
 
 class _Instance:
+    gate = None
+
     def __init__(self, name: str, log: list[str]) -> None:
         self.name = name
         self.healthy = True
         self._log = log
 
-    async def execute_streams(self, requests: list[object], on_sent: object = None) -> tuple[list[object], None]:
-        self._log.append(f"start {self.name}")
-        await asyncio.sleep(0.01)
-        self._log.append(f"end {self.name}")
-        return list(requests), None
+
+async def _run_batch(instance: Any, log: list[str]) -> None:
+    """What a scheduler does with an instance's gate around one batch."""
+    gate = instance.gate
+    await gate.enter()
+    log.append(f"start {instance.name}")
+    await asyncio.sleep(0)  # the other batch tries its gate meanwhile
+    await asyncio.sleep(0)
+    log.append(f"end {instance.name}")
+    gate.leave()
 
 
 def test_wrapped_instances_take_turns_and_keep_their_faces() -> None:
@@ -135,9 +143,10 @@ def test_wrapped_instances_take_turns_and_keep_their_faces() -> None:
     assert rate_limited(instances, config, None) is instances  # --rate-limit=off
     wrapped = rate_limited(instances, config, RateLimiter([]))
     assert wrapped[2] is instances[2] and wrapped[0].name == "a" and wrapped[0].healthy
+    assert wrapped[2].gate is None and wrapped[0].gate is not None
 
     async def both() -> None:
-        await asyncio.gather(wrapped[0].execute_streams([1]), wrapped[1].execute_streams([2]))
+        await asyncio.gather(_run_batch(wrapped[0], log), _run_batch(wrapped[1], log))
 
     asyncio.run(both())
     assert log in (["start a", "end a", "start b", "end b"], ["start b", "end b", "start a", "end a"])

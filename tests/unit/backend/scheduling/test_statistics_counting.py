@@ -8,11 +8,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+import scheduling_fakes as fakes
 from tritonclient.grpc import model_config_pb2
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
-from pystub_backend.backend.response_stream import ResponseStream
+from pystub_backend.backend.inference import InferRequest, Tensor
 from pystub_backend.backend.scheduling.default import DefaultScheduler
 from pystub_backend.backend.scheduling.dynamic import DynamicBatcher
 from pystub_backend.backend.scheduling.sequence import SequenceBatcher
@@ -20,45 +20,13 @@ from pystub_backend.backend.telemetry.statistics import FAILURE_REASONS, BatchTi
 from pystub_backend.ipc.status import Status
 
 
-class FakeInstance:
+class FakeInstance(fakes.FakeInstance):
     """Answers each request by its id: "ok…" succeeds, "model…" fails in the model, "cancel…"
     is answered CANCELLED; `hold` keeps a batch running; `dead` fails it before the model."""
 
-    name = "fake_0"
-    stub = None  # the sequence batcher asks which stub holds a sequence's state
-
-    def __init__(self) -> None:
-        self.hold: asyncio.Event | None = None
-        self.started = asyncio.Event()
-        self.dead = False
-        self.fail_batch = False  # the stub fails every stream (as when `execute` raises)
-
-    healthy = usable = property(lambda self: True)
-
-    def unhealthy_error(self) -> ServerError:
-        return ServerError("Stub process 'fake_0' is not healthy.", Status.UNAVAILABLE)
-
-    async def wait_ready(self) -> bool:
-        return True
-
-    async def execute_streams(self, requests: list[InferRequest],
-                              on_sent: Any = None) -> tuple[list[Any], BatchTiming]:
-        self.started.set()
-        if self.hold is not None:
-            await self.hold.wait()
-        if self.dead:
-            return [self.unhealthy_error()] * len(requests), BatchTiming()
-        streams = []
-        for request in requests:
-            stream = ResponseStream(request.id, request.model_name, lambda: None)
-            error = {"model": ServerError("model error", Status.INTERNAL),
-                     "cancel": ServerError("cancelled", Status.CANCELLED)}.get(request.id.rstrip("0123456789"))
-            if self.fail_batch:
-                stream.fail(ServerError("Failed to process the request(s)", Status.INTERNAL))
-            else:
-                stream.put(InferResponse("m", "", request.id, error=error), True)
-            streams.append(stream)
-        return streams, BatchTiming(10, 20, 30)
+    def error_for(self, request: InferRequest) -> ServerError | None:
+        return {"model": ServerError("model error", Status.INTERNAL),
+                "cancel": ServerError("cancelled", Status.CANCELLED)}.get(request.id.rstrip("0123456789"))
 
 
 def request(rid: str, rows: int = 1) -> InferRequest:

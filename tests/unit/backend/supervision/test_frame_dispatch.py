@@ -5,15 +5,17 @@ and a frame of a kind only the backend sends is logged and reaches none of them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from pystub_backend.backend.supervision.frames import FrameLink
 from pystub_backend.backend.supervision.handlers import BackendHandlers
+from pystub_backend.ipc import names
+from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import BlockingChannel, make_pair
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.multiplex import MultiplexLoaded, MultiplexUsage
@@ -25,31 +27,41 @@ DEADLINE_SECONDS = 10.0
 class _Exchange:
     """The request exchange's side of the dispatch: what it was handed, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, link: FrameLink) -> None:
         self.seen: list[tuple[str, object]] = []
-
-    def on_response(self, wire: WireResponse) -> None:
-        self.seen.append(("response", wire))
-
-    def on_execute_done(self, message: msg.ExecuteDone) -> None:
-        self.seen.append(("execute_done", message))
-
-    def free_p2s(self, handles: list[list[int]]) -> None:
-        self.seen.append(("free_p2s", handles))
+        link.route(msg.Response, lambda message: self.seen.append(("response", message.response)))
+        link.route(msg.ExecuteDone, lambda message: self.seen.append(("execute_done", message)))
+        link.route(msg.Release, lambda message: self.seen.append(("free_p2s", message.handles)))
 
 
 class _Stub:
-    """The parts of a StubProcess the frame link reads (a real one needs a model process)."""
+    """What feature handlers are given as the stub that sent a frame (a real one needs a model
+    process): a link over a real channel and real arenas, the request exchange's routes, and the
+    features' handlers bound to this stub."""
 
     instance_name = "dispatch_test_0"
-    p2s = s2p = None
 
-    def __init__(self, handlers: BackendHandlers) -> None:
-        self.exchange = _Exchange()
-        self.services = SimpleNamespace(handlers=handlers)
+    def __init__(self, handlers: BackendHandlers, sock: Any) -> None:
+        base = names.stub_base_name("pystub_test")
+        self.p2s = ArenaWriter(base, "p2s", 1 << 16, 1 << 16)
+        self.s2p = ArenaReader(base, "s2p")
+        self.link = FrameLink(sock, self.instance_name, DEADLINE_SECONDS, self.p2s, self.s2p, self.death_text,
+                              lambda: None)
+        self.exchange = _Exchange(self.link)
+
+        def feature(kind: type) -> Callable[[Any], None] | None:
+            handler = handlers.frame_handler(kind)
+            return None if handler is None else functools.partial(handler, self)
+
+        self.link.route_features(feature)
 
     def death_text(self, what: str) -> str:
         return f"stub '{self.instance_name}' went away while waiting for {what}"
+
+    def close(self) -> None:
+        self.link.close()
+        self.p2s.close()
+        self.s2p.close()
 
 
 async def _until(condition: Callable[[], bool], what: str) -> None:
@@ -66,19 +78,16 @@ async def _dispatch(frames: list[Any], settled: Callable[[_Stub, list[Any]], boo
     handlers = BackendHandlers()
     handlers.on_frame(MultiplexLoaded, lambda stub, message: handled.append((stub, message)))
     handlers.on_frame(MultiplexUsage, lambda stub, message: handled.append((stub, message)))
-    stub = _Stub(handlers)
     backend_end, stub_end = make_pair()
-    link = FrameLink(stub, DEADLINE_SECONDS)
-    link.open(backend_end, lambda: None)
+    stub = _Stub(handlers, backend_end)
     sender = BlockingChannel(stub_end)
     try:
         for frame in frames:
             sender.send(msg.encode(frame), DEADLINE_SECONDS)
         await _until(lambda: settled(stub, handled), "the frames to be dispatched")
     finally:
-        link.close()
+        stub.close()
         sender.close()
-        backend_end.close()
     return stub, handled
 
 
@@ -108,19 +117,16 @@ def test_a_kind_only_the_backend_sends_is_logged_and_dropped(caplog: pytest.LogC
 
 def test_a_reply_reaches_the_caller_that_waits_for_it() -> None:
     async def scenario() -> msg.IsReadyDone:
-        stub = _Stub(BackendHandlers())
         backend_end, stub_end = make_pair()
-        link = FrameLink(stub, DEADLINE_SECONDS)
-        link.open(backend_end, lambda: None)
+        stub = _Stub(BackendHandlers(), backend_end)
         sender = BlockingChannel(stub_end)
         try:
-            waiting = asyncio.ensure_future(link.await_reply(msg.IsReadyDone, DEADLINE_SECONDS, "IS_READY"))
+            waiting = asyncio.ensure_future(stub.link.await_reply(msg.IsReadyDone, DEADLINE_SECONDS, "IS_READY"))
             await asyncio.sleep(0)  # the waiter is registered before the reply is sent
             sender.send(msg.encode(msg.IsReadyDone(9, True, None)), DEADLINE_SECONDS)
             return await waiting
         finally:
-            link.close()
+            stub.close()
             sender.close()
-            backend_end.close()
 
     assert asyncio.run(scenario()) == msg.IsReadyDone(9, True, None)

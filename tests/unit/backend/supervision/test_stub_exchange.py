@@ -1,6 +1,9 @@
-"""pystub_backend.backend.supervision (exchange, frames, stub_process): the request exchange and the
-one `send` over a real channel pair, real arenas and a real child process, with the test playing the
-stub; and real stubs that fail to boot exiting with their named codes."""
+"""pystub_backend.backend.supervision (exchange, frames, stub_process): the request exchange's
+`submit` and the one `send` over a real channel pair, real arenas and a real child process, with the
+test playing the stub; and real stubs that fail to boot exiting with their named codes.
+
+Inputs here are 4 KiB (above ipc.tensors.INLINE_BYTES: they go through the p2s arena) unless a
+test says otherwise; small ones travel inline in the frame."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -45,10 +49,9 @@ class Harness:
         stub.s2p = ArenaReader(stub.base, "s2p")
         stub.process = subprocess.Popen([sys.executable, "-c", _SLEEPER, str(sleep), str(code)],
                                         start_new_session=True)
-        stub.link.open(parent, stub._on_channel_closed)
-        # Arena segments ride on the frames both ways, as between a backend and a real stub.
-        assert stub.link.channel is not None
-        stub.link.channel.carry_segments(stub.p2s, stub.s2p)
+        stub.open_link(parent)  # arena segments ride on the frames both ways, as with a real stub
+        assert stub.exchange is not None
+        self.exchange = stub.exchange
         self.peer_p2s = ArenaReader(stub.base, "p2s")
         self.peer_s2p = ArenaWriter(stub.base, "s2p", 1 << 20, 1 << 20)
         self.peer.carry_segments(self.peer_s2p, self.peer_p2s)
@@ -79,19 +82,27 @@ def _run(test: Callable[[Harness], Awaitable[None]], **kwargs: float) -> None:
     asyncio.run(main())
 
 
-def _request(n: int = 4) -> InferRequest:
+def _request(n: int = 1024) -> InferRequest:
     return InferRequest("exchange", inputs=[Tensor("IN", "FP32", (n,), np.ones(n, np.float32).tobytes())])
+
+
+async def _executed(h: Harness, requests: list[InferRequest]) -> list[Any]:
+    """Submit a batch that may wait for room; its outcomes once `execute` returned."""
+    submission = h.exchange.submit(requests, wait=True)
+    assert submission is not None
+    await submission.executed()
+    return submission.outcomes
 
 
 def test_a_stub_that_dies_mid_request_fails_that_request_and_frees_its_inputs() -> None:
     async def test(h: Harness) -> None:
         assert h.stub.p2s is not None
-        running = asyncio.ensure_future(h.stub.execute_streams([_request()]))
+        running = asyncio.ensure_future(_executed(h, [_request()]))
         execute = await h.receive()
         assert isinstance(execute, msg.Execute) and len(execute.requests) == 1
         assert h.stub.in_flight == 1 and h.stub.p2s.allocation_count == 1
         h.peer.close()  # the stub is gone with the request in flight
-        streams, _ = await asyncio.wait_for(running, 5.0)
+        streams = await asyncio.wait_for(running, 5.0)
         with pytest.raises(ServerError, match=r"Stub process 'exchange_0' is not healthy\."):
             await streams[0].single()  # type: ignore[union-attr]
         assert h.stub.in_flight == 0 and h.stub.p2s.allocation_count == 0
@@ -103,7 +114,7 @@ def test_a_stub_that_dies_mid_request_fails_that_request_and_frees_its_inputs() 
 def test_inputs_are_kept_until_both_the_final_response_and_execute_done() -> None:
     async def test(h: Harness) -> None:
         assert h.stub.p2s is not None
-        running = asyncio.ensure_future(h.stub.execute_streams([_request(), _request(8)]))
+        running = asyncio.ensure_future(_executed(h, [_request(), _request(2048)]))
         execute = await h.receive()
         assert isinstance(execute, msg.Execute)
         first, second = (wire[0] for wire in execute.requests)
@@ -114,7 +125,7 @@ def test_inputs_are_kept_until_both_the_final_response_and_execute_done() -> Non
         assert h.stub.in_flight == 1, "the first request is complete"
         assert h.stub.p2s.allocation_count == 2, "its inputs stay until execute returned"
         h.peer.send(msg.encode(msg.ExecuteDone(execute.batch_id, [429, "model raised"], [])), 1.0)
-        streams, _ = await asyncio.wait_for(running, 5.0)
+        streams = await asyncio.wait_for(running, 5.0)
         assert (await streams[0].single()).error is None  # type: ignore[union-attr]
         with pytest.raises(ServerError, match="model raised"):
             await streams[1].single()  # type: ignore[union-attr]
@@ -123,51 +134,120 @@ def test_inputs_are_kept_until_both_the_final_response_and_execute_done() -> Non
     _run(test)
 
 
-def test_start_streams_sends_at_once_and_completes_at_execute_done() -> None:
-    """The direct send: EXECUTE is on its way when start_streams returns; the future resolves
-    at EXECUTE_DONE with the batch's timing complete, and the inputs are freed then."""
+def test_submit_sends_at_once_and_completes_at_execute_done() -> None:
+    """EXECUTE is on its way when submit returns; the end of `execute` is heard at EXECUTE_DONE
+    with the batch's timing complete, and the inputs are freed then."""
     async def test(h: Harness) -> None:
         assert h.stub.p2s is not None
-        started = h.stub.start_streams([_request()])
-        assert started is not None
-        (stream,), timing, done = started
-        assert done is not None and not done.done() and timing.compute_input_ns > 0
+        submission = h.exchange.submit([_request()], wait=False)
+        assert submission is not None and submission.sent
+        (stream,), timing = submission.outcomes, submission.timing
+        ended: list[bool] = []
+        submission.when_executed(lambda: ended.append(True))
+        assert timing.compute_input_ns > 0 and not ended
         execute = await h.receive()  # sent already: nothing on the loop had to run for it
         assert isinstance(execute, msg.Execute) and len(execute.requests) == 1
         rid = execute.requests[0][0]
         h.peer.send(msg.encode(msg.ExecuteDone(execute.batch_id, None,
                                                [[rid, msg.RESPONSE_FINAL, None, [], "{}"]])), 1.0)
-        await asyncio.wait_for(done, 5.0)
-        await asyncio.sleep(0)  # the done callbacks run
-        assert timing.compute_infer_ns > 0
+        await asyncio.wait_for(submission.executed(), 5.0)
+        assert ended == [True] and timing.compute_infer_ns > 0
         assert (await stream.single()).error is None  # type: ignore[union-attr]
         assert h.stub.in_flight == 0 and h.stub.p2s.allocation_count == 0
 
     _run(test)
 
 
-def test_start_streams_keeps_nothing_when_the_stub_queue_is_full() -> None:
-    """A full queue: nothing is sent and nothing kept (no record, no p2s bytes), so the caller can
-    queue the request instead."""
+def test_small_tensors_travel_inline_both_ways_and_hold_no_arena_bytes() -> None:
+    """A 16-byte input rides in the EXECUTE frame and a 16-byte output in EXECUTE_DONE: nothing is
+    allocated in either arena, and releasing the response sends nothing."""
     async def test(h: Harness) -> None:
-        assert h.stub.p2s is not None and h.stub.link.channel is not None
-        while h.stub.link.channel.try_send(msg.encode(msg.Cancel(list(range(5000))))):
-            pass  # the peer does not read: fill its queue
-        assert h.stub.start_streams([_request()]) is None
-        assert h.stub.in_flight == 0 and h.stub.p2s.allocation_count == 0
-        assert h.stub.exchange.requests() == []
+        assert h.stub.p2s is not None
+        submission = h.exchange.submit([_request(4)], wait=False)
+        assert submission is not None
+        (stream,) = submission.outcomes
+        execute = await h.receive()
+        assert isinstance(execute, msg.Execute)
+        (wire,) = execute.requests
+        assert wire.inputs[0].handle == [tensors.INLINE_TAG, np.ones(4, np.float32).tobytes()]
+        assert h.stub.p2s.allocation_count == 0
+        output = tensors.place(h.peer_s2p, "OUT", "FP32", (4,), np.arange(4, dtype=np.float32), tensors.InlineBudget())
+        assert output.handle[0] == tensors.INLINE_TAG and h.peer_s2p.allocation_count == 0
+        h.peer.send(msg.encode(msg.ExecuteDone(execute.batch_id, None,
+                                               [[wire.rid, msg.RESPONSE_FINAL, None, [list(output)], "{}"]])), 1.0)
+        response = await asyncio.wait_for(stream.single(), 5.0)  # type: ignore[union-attr]
+        assert np.frombuffer(response.outputs[0].data, np.float32).tolist() == [0.0, 1.0, 2.0, 3.0]
+        response.release()
+        h.exchange.submit([_request()], wait=False)  # the next EXECUTE would carry any release
+        following = await h.receive()
+        assert isinstance(following, msg.Execute) and following.releases == []
 
     _run(test)
 
 
-def test_start_streams_leaves_a_dead_stub_to_the_queue() -> None:
+def test_a_batch_of_inline_tensors_stays_within_the_frame_budget() -> None:
+    async def test(h: Harness) -> None:
+        assert h.stub.p2s is not None
+        count = tensors.FRAME_INLINE_BYTES // tensors.INLINE_BYTES + 4  # more than one frame's budget
+        submission = h.exchange.submit([_request(tensors.INLINE_BYTES // 4) for _ in range(count)], wait=False)
+        assert submission is not None
+        execute = await h.receive()
+        assert isinstance(execute, msg.Execute)
+        inline = [w for w in execute.requests if w.inputs[0].handle[0] == tensors.INLINE_TAG]
+        assert len(inline) == tensors.FRAME_INLINE_BYTES // tensors.INLINE_BYTES
+        assert h.stub.p2s.allocation_count == count - len(inline), "the rest go through p2s"
+
+    _run(test)
+
+
+def test_submit_keeps_nothing_when_the_stub_queue_is_full_and_may_not_wait() -> None:
+    """A full queue: nothing is sent and nothing kept (no record, no p2s bytes), so the caller can
+    queue the request instead."""
+    async def test(h: Harness) -> None:
+        assert h.stub.p2s is not None and h.stub.link is not None
+        while h.stub.link.channel.try_send(msg.encode(msg.Cancel(list(range(5000))))):
+            pass  # the peer does not read: fill its queue
+        assert h.exchange.submit([_request()], wait=False) is None
+        assert h.stub.in_flight == 0 and h.stub.p2s.allocation_count == 0
+        assert h.exchange.requests() == []
+
+    _run(test)
+
+
+def test_submit_that_may_wait_sends_in_order_once_the_stub_reads_again() -> None:
+    async def test(h: Harness) -> None:
+        assert h.stub.link is not None
+        while h.stub.link.channel.try_send(msg.encode(msg.Cancel([7]))):
+            pass  # the peer does not read: fill its queue
+        submission = h.exchange.submit([_request()], wait=True)
+        assert submission is not None and submission.sent
+        cancels = 0
+        while True:  # the peer reads its queue: the waiting EXECUTE comes after every Cancel
+            message = await h.receive()
+            if not isinstance(message, msg.Cancel):
+                break
+            cancels += 1
+        assert cancels > 0 and isinstance(message, msg.Execute) and len(message.requests) == 1
+        rid = message.requests[0].rid
+        h.peer.send(msg.encode(msg.ExecuteDone(message.batch_id, None,
+                                               [[rid, msg.RESPONSE_FINAL, None, [], "{}"]])), 1.0)
+        await asyncio.wait_for(submission.executed(), 5.0)
+        assert (await submission.outcomes[0].single()).error is None  # type: ignore[union-attr]
+
+    _run(test, timeout=10.0)
+
+
+def test_submit_leaves_a_dead_stub_to_the_queue() -> None:
     async def test(h: Harness) -> None:
         h.peer.close()
         for _ in range(100):
             if not h.stub.alive:
                 break
             await asyncio.sleep(0.01)
-        assert h.stub.start_streams([_request()]) is None
+        assert h.exchange.submit([_request()], wait=False) is None
+        waited = h.exchange.submit([_request()], wait=True)
+        assert waited is not None and not waited.sent
+        assert isinstance(waited.outcomes[0], ServerError)
         assert h.stub.p2s is not None and h.stub.p2s.allocation_count == 0
 
     _run(test)
@@ -267,7 +347,7 @@ def test_an_oversize_request_travels_spilled_in_p2s_and_is_freed_on_release() ->
         assert h.stub.p2s is not None
         big = _request()
         big.id = "i" * 200_000  # over MAX_FRAME on its own
-        running = asyncio.ensure_future(h.stub.execute_streams([_request(), big]))
+        running = asyncio.ensure_future(_executed(h, [_request(), big]))
         spilled = await h.receive()
         assert isinstance(spilled, msg.Spilled), "the frame travels in the arena"
         assert h.stub.p2s.allocation_count == 3  # two inputs and the frame
@@ -278,7 +358,7 @@ def test_an_oversize_request_travels_spilled_in_p2s_and_is_freed_on_release() ->
         assert h.stub.p2s.allocation_count == 2
         responses = [[wire.rid, msg.RESPONSE_FINAL, None, [], "{}"] for wire in execute.requests]
         h.peer.send(msg.encode(msg.ExecuteDone(execute.batch_id, None, responses)), 1.0)
-        streams, _ = await asyncio.wait_for(running, 5.0)
+        streams = await asyncio.wait_for(running, 5.0)
         for stream in streams:
             assert (await stream.single()).error is None  # type: ignore[union-attr]
         assert h.stub.in_flight == 0 and h.stub.p2s.allocation_count == 0
@@ -291,13 +371,13 @@ def test_a_request_the_wire_cannot_carry_fails_alone_and_frees_what_it_held() ->
         assert h.stub.p2s is not None
         bad = _request()
         bad.correlation_id = 1 << 70  # msgpack carries at most 64 bits
-        running = asyncio.ensure_future(h.stub.execute_streams([_request(), bad, _request(8)]))
+        running = asyncio.ensure_future(_executed(h, [_request(), bad, _request(2048)]))
         execute = await h.receive()
         assert isinstance(execute, msg.Execute) and len(execute.requests) == 2, "the others are sent"
         assert h.stub.p2s.allocation_count == 2, "the refused request's input is freed at once"
         responses = [[wire.rid, msg.RESPONSE_FINAL, None, [], "{}"] for wire in execute.requests]
         h.peer.send(msg.encode(msg.ExecuteDone(execute.batch_id, None, responses)), 1.0)
-        streams, _ = await asyncio.wait_for(running, 5.0)
+        streams = await asyncio.wait_for(running, 5.0)
         assert (await streams[0].single()).error is None  # type: ignore[union-attr]
         with pytest.raises(ServerError, match="could not be sent") as error:
             await streams[1].single()  # type: ignore[union-attr]
@@ -326,10 +406,10 @@ def test_the_release_of_a_final_response_rides_on_the_next_execute() -> None:
     """No RELEASE frame per response: the s2p bytes of a final response (no credit: the stub has
     forgotten the request) go with the next EXECUTE; alone, they go out after RIDE_SECONDS."""
     async def test(h: Harness) -> None:
-        async def answered(rows: int) -> tuple[list[int], object]:
-            started = h.stub.start_streams([_request()])
-            assert started is not None
-            (stream,), _, _ = started
+        async def answered(rows: int) -> tuple[list[int], object]:  # rows: above INLINE_BYTES, in s2p
+            submission = h.exchange.submit([_request()], wait=False)
+            assert submission is not None
+            (stream,) = submission.outcomes
             execute = await h.receive()
             assert isinstance(execute, msg.Execute)
             output = tensors.place(h.peer_s2p, "OUT", "FP32", (rows,), np.ones(rows, np.float32).tobytes())
@@ -339,10 +419,10 @@ def test_the_release_of_a_final_response_rides_on_the_next_execute() -> None:
             response.release()
             return list(output.handle), execute
 
-        first, _ = await answered(4)
-        _, second = await answered(8)
+        first, _ = await answered(1024)
+        _, second = await answered(2048)
         assert isinstance(second, msg.Execute) and second.releases == [first], "carried by the next EXECUTE"
-        third, _ = await answered(2)
+        third, _ = await answered(512)
         waited = time.monotonic()
         release = await h.receive()  # nothing else is sent: the release goes alone, a moment later
         assert isinstance(release, msg.Release) and release.handles == [third] and release.credits == []

@@ -41,6 +41,7 @@ class FakeStub:
         self.frozen_since: float | None = None
         self.execute_since: float | None = None
         self.pid = 4000 + id(self) % 1000
+        self.exchange = None  # no requests go through these stubs
 
     def spawn(self, python: list[str] | None, rlimits: dict[str, int]) -> None:
         self.alive = True
