@@ -14,8 +14,9 @@ h2load does not read gRPC trailers, so an answer with grpc-status other than 0 w
 success there. Every window is therefore checked twice: before it, the very request the generator
 sends is answered correctly (a real gRPC or HTTP client reads it and compares the output bytes);
 over it, the server's own statistics (`/v2/models/MODEL/stats`: success and failure counts) must
-have counted at least as many successes as the generator completed and no failure. A window with
-errors raises: a load that gets errors is not a measurement.
+agree with the generator (`_judge`). The gRPC window is a count of requests (sized from the
+warm-up's rate), so that none is in flight when it ends and the server's counts must match it
+exactly. A window with errors raises: a load that gets errors is not a measurement.
 
 CPU per request: the server's process and its descendants (the model processes) from /proc, and
 the generator's (getrusage of waited children), over the generator's run, divided by the
@@ -46,6 +47,8 @@ INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 GRPC_HEADERS = ("content-type: application/grpc", "te: trailers")
 _CHECK_TIMEOUT = 30.0  # s; for one answer to the checked request
 _COUNT_SECONDS = 5.0  # s; for the server's statistics to count the requests the generator completed
+_SETTLE_SECONDS = 0.1  # s; between two readings of the statistics that must agree
+_GENERATOR_TIMEOUT = 300.0  # s; a window is seconds long: this is a server that stopped answering
 _WRK_SCRIPT = '''-- posts one KServe v2 binary inference, read from a file (bytes Lua strings cannot spell)
 local file = assert(io.open("{body}", "rb"))
 wrk.method = "POST"
@@ -146,10 +149,13 @@ def wrk_command(url: str, concurrency: int, seconds: float, script: Path) -> lis
             "-s", str(script), f"http://{url}/v2/models/identity_fp32/infer"]
 
 
-def h2load_command(url: str, concurrency: int, seconds: float, data: Path) -> list[str]:
+def h2load_command(url: str, concurrency: int, data: Path, *, seconds: float | None = None,
+                   count: int | None = None) -> list[str]:
+    """h2load posting `data` for `seconds`, or until `count` requests are answered."""
     headers = [arg for header in GRPC_HEADERS for arg in ("-H", header)]
-    return ["h2load", "-t", "1", "-c", "1", "-m", str(concurrency), "-D", f"{max(1, round(seconds * 1000))}ms",
-            "-d", str(data), *headers, f"http://{url}{INFER_METHOD}"]
+    length = ["-n", str(count)] if count is not None else ["-D", f"{max(1, round((seconds or 1) * 1000))}ms"]
+    return ["h2load", "-t", "1", "-c", "1", "-m", str(concurrency), *length, "-d", str(data), *headers,
+            f"http://{url}{INFER_METHOD}"]
 
 
 _WRK_SUMMARY = re.compile(r"^wrk-summary (.*)$", re.MULTILINE)
@@ -204,9 +210,22 @@ def _counted(server: Server, model: str, successes: int) -> tuple[int, int]:
     return counts
 
 
-def _run(command: list[str], tmp: Path, timeout: float) -> str:
+def _settled(server: Server, model: str) -> tuple[int, int]:
+    """The statistics once two readings _SETTLE_SECONDS apart agree (or after _COUNT_SECONDS)."""
+    deadline = time.monotonic() + _COUNT_SECONDS
+    counts = _served(server, model)
+    while time.monotonic() < deadline:
+        time.sleep(_SETTLE_SECONDS)
+        previous, counts = counts, _served(server, model)
+        if counts == previous:
+            break
+    return counts
+
+
+def _run(command: list[str], tmp: Path) -> str:
+    """Run a generator to its end (its own time or count, with a deadline well past it); its output."""
     output = tmp / "output.txt"
-    returncode = run_child(command, output, timeout, what=command[0])
+    returncode = run_child(command, output, _GENERATOR_TIMEOUT, what=command[0])
     text = output.read_text(errors="replace")
     if returncode != 0:
         raise RuntimeError(f"{command[0]} exit {returncode}: {text.strip()[-400:]}")
@@ -221,29 +240,43 @@ def measure(server: Server, point: Point, warmup: float, seconds: float) -> Samp
     with tempfile.TemporaryDirectory(prefix="pystub-bench-wrk-") as name:
         tmp = Path(name)
         if point.protocol == "grpc":
-            message = grpc_message(point.nbytes)
-            (tmp / "request.bin").write_bytes(grpc_frame(message))
+            message, data = grpc_message(point.nbytes), tmp / "request.bin"
+            data.write_bytes(grpc_frame(message))
             check_grpc(url, message, expected)
-            command, parse = (lambda s: h2load_command(url, point.concurrency, s, tmp / "request.bin")), parse_h2load
+            # the warm-up's rate sizes the window's count: the window then ends when its last
+            # request is answered, and none is left in flight for the server to count as failed
+            warm = parse_h2load(_run(h2load_command(url, point.concurrency, data, seconds=max(warmup, 0.5)), tmp))
+            command = h2load_command(url, point.concurrency, data, count=max(100, round(warm.throughput * seconds)))
         else:
             body, header_length = http_body(point.nbytes)
             (tmp / "body.bin").write_bytes(body)
             (tmp / "post.lua").write_text(_WRK_SCRIPT.format(body=tmp / "body.bin", header_length=header_length))
             check_http(url, body, header_length, expected)
-            command, parse = (lambda s: wrk_command(url, point.concurrency, s, tmp / "post.lua")), parse_wrk
-        if warmup > 0:
-            _run(command(warmup), tmp, 60 + warmup)
-        served0, cpu0 = _served(server, point.model), cpu.now(server.process.pid, resource.RUSAGE_CHILDREN)
-        text = _run(command(seconds), tmp, 60 + 2 * seconds)
+            if warmup > 0:
+                _run(wrk_command(url, point.concurrency, warmup, tmp / "post.lua"), tmp)
+            command = wrk_command(url, point.concurrency, seconds, tmp / "post.lua")
+        served0 = _settled(server, point.model)  # the warm-up's last requests counted
+        cpu0 = cpu.now(server.process.pid, resource.RUSAGE_CHILDREN)
+        text = _run(command, tmp)
         cpu1 = cpu.now(server.process.pid, resource.RUSAGE_CHILDREN)
-    outcome = parse(text)
-    served1 = _counted(server, point.model, served0[0] + outcome.requests)
-    # the server may count a few more successes than the generator (requests in flight when it
-    # stopped), never fewer, and no failure
-    unserved = max(0, outcome.requests - (served1[0] - served0[0])) + (served1[1] - served0[1])
-    if outcome.errors or unserved or not outcome.requests:
-        raise RuntimeError(f"{outcome.errors} generator errors and {unserved} requests the server did not count "
-                           f"as successes, of {outcome.requests}: not a measurement")
+    outcome = parse_h2load(text) if point.protocol == "grpc" else parse_wrk(text)
+    counted = _counted(server, point.model, served0[0] + outcome.requests)
+    _judge(outcome, counted[0] - served0[0], counted[1] - served0[1], point)
     per = cpu.per_request_us(cpu0, cpu1, outcome.requests)
     return Sample(throughput=outcome.throughput, p50_ms=outcome.p50_ms, p99_ms=outcome.p99_ms,
                   count=outcome.requests, cpu_server_us=per[0], cpu_children_us=per[1], cpu_client_us=per[2])
+
+
+def _judge(outcome: Outcome, successes: int, failures: int, point: Point) -> None:
+    """Raises RuntimeError unless every request of the window succeeded.
+
+    gRPC (h2load, a count of requests): the server counted each as a success, none as a failure:
+    an answer with grpc-status other than 0, which h2load counts as succeeded, is a failure there.
+    HTTP (wrk, a duration): an error answer has an error status, which wrk counts; when its time
+    is up wrk drops the requests in flight (at most one per connection), which a server may count
+    as failed (pystub counts a request whose client left), so up to that many failures are
+    theirs, and the successes must cover what wrk completed."""
+    allowed = 0 if point.protocol == "grpc" else point.concurrency
+    if outcome.errors or successes < outcome.requests or failures > allowed or not outcome.requests:
+        raise RuntimeError(f"{outcome.errors} generator errors; the server counted {successes} successes and "
+                           f"{failures} failures for {outcome.requests} completed requests: not a measurement")
