@@ -172,7 +172,8 @@ def parse_wrk(text: str) -> Outcome:
                    p50_ms=fields["p50_us"] / 1000, p99_ms=fields["p99_us"] / 1000)
 
 
-_H2_FINISHED = re.compile(r"^finished in ([\d.]+)(m?s), ([\d.]+) req/s", re.MULTILINE)
+_H2_FINISHED = re.compile(r"^finished in ([\d.]+)(us|ms|s|min), ([\d.]+) req/s", re.MULTILINE)
+_H2_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0}
 _H2_REQUESTS = re.compile(r"^requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, "
                           r"(\d+) errored, (\d+) timeout", re.MULTILINE)
 _H2_STATUS = re.compile(r"^status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", re.MULTILINE)
@@ -185,7 +186,7 @@ def parse_h2load(text: str) -> Outcome:
         raise ValueError(f"no summary in h2load's output: {text.strip()[-300:]!r}")
     succeeded, failed, errored, timeout = (int(requests.group(i)) for i in range(4, 8))
     non_2xx = sum(int(status.group(i)) for i in range(2, 5))
-    seconds = float(finished.group(1)) / (1000 if finished.group(2) == "ms" else 1)
+    seconds = float(finished.group(1)) * _H2_UNITS[finished.group(2)]
     # h2load's failed, errored and timeout counts may overlap: their sum is only ever compared with 0
     return Outcome(requests=succeeded, seconds=seconds, errors=failed + errored + timeout + non_2xx)
 

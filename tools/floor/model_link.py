@@ -53,6 +53,9 @@ class ModelLink:
                 return
             except BlockingIOError:
                 self._loop.add_writer(self._sock.fileno(), self._drain)
+            except OSError:  # the model process is gone (EPIPE, ECONNRESET): this request with the rest
+                self._model_exited()
+                return
         self._backlog.append(datagram)
 
     def _drain(self) -> None:
@@ -60,6 +63,9 @@ class ModelLink:
             try:
                 self._sock.send(self._backlog[0])
             except BlockingIOError:
+                return
+            except OSError:
+                self._model_exited()
                 return
             self._backlog.popleft()
         self._loop.remove_writer(self._sock.fileno())
@@ -84,6 +90,7 @@ class ModelLink:
 
     def _model_exited(self) -> None:
         self.exited = True
+        self._backlog.clear()
         self._loop.remove_reader(self._sock.fileno())
         self._loop.remove_writer(self._sock.fileno())
         waiting, self._waiting = self._waiting, {}
