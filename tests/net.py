@@ -1,10 +1,13 @@
 """Network helpers the integration tests share: a JSON HTTP call that returns the error body too,
-and this machine's non-loopback address (a real peer from outside loopback, for access checks)."""
+this machine's non-loopback address (a real peer from outside loopback, for access checks), and
+the wait for a server process's readiness."""
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -43,3 +46,17 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def wait_http_ready(process: subprocess.Popen, http_port: int, name: str, timeout: float) -> None:
+    """Wait until the server `process` answers GET /v2/health/ready on `http_port`; an
+    AssertionError naming `name` when it exits first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"{name} exited with {process.returncode}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2):
+                return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    raise AssertionError(f"{name}: readiness on its HTTP port not answered within {timeout:.0f} s")

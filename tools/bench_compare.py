@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Side-by-side benchmark: pystub against Triton 2.51 (Python backend) and MLServer 1.7.1.
+"""Side-by-side benchmark: pystub against Triton 2.51 (Python backend), MLServer 1.7.1 and the floor.
 
 The peers are installed once into their own virtual environment, .bench/venv (never the
 project's .venv; see tools/compare/environment.py for what and why). Every server runs on
@@ -12,10 +12,19 @@ Load generators:
     asyncio         tritonclient's grpc.aio / http.aio clients (Python), C requests in flight for a
                     time window; drives all three servers (MLServer's HTTP rows use JSON tensors)
     perf_analyzer   the C++ load generator from the tritonclient 2.50.0 wheel, time-window mode;
-                    pystub and Triton only (it needs the model-config endpoint MLServer lacks)
+                    pystub, Triton and the floor (it needs the model-config endpoint MLServer lacks)
     stream          a decoupled model's 16 B responses (as an LLM sends tokens) over gRPC
                     ModelStreamInfer and HTTP SSE (generate_stream), 1 and 8 streams: responses/s and
                     CPU per response of the server and its stubs (compare/streaming.py); pystub, Triton
+    wrk-h2load      wrk (HTTP) and h2load (gRPC), C load generators posting one pre-built request,
+                    installed with apt-get when missing (compare/wrk_h2load.py); not by default
+
+The request path (`--request-path`): the floor (tools/floor, pystub's design reduced to what one
+request needs, in pure Python), Triton and pystub (and `--pystub-rev REV`, pystub at another
+revision), 16 B over HTTP and gRPC at c=1 and 8 with wrk/h2load and perf_analyzer, and the
+pipeline cells (BLS, ensemble, dynamic batching; compare/pipelines.py): markdown tables of CPU
+per request of each server process and its model processes, throughput, p50 and the ratios to
+Triton and to the floor.
 
 Also measured: client system shared memory at the largest size (pystub when its server metadata
 lists `system_shared_memory`, Triton always), and health / metadata latency from a separate
@@ -25,6 +34,7 @@ process while 32 small gRPC inferences are in flight. Exits 0 whether targets ar
     .venv/bin/python tools/bench_compare.py --quick           # one short round
     .venv/bin/python tools/bench_compare.py --servers pystub,triton --sizes 16,1M --concurrency 8
     .venv/bin/python tools/bench_compare.py --servers pystub,triton --loadgen stream --ceilings none --no-probe
+    .venv/bin/python tools/bench_compare.py --request-path --pystub-rev main   # ~10 min; --quick: ~2 min
 """
 
 from __future__ import annotations

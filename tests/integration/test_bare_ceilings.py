@@ -15,9 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +24,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from harness import ROOT
-from net import free_ports
+from net import free_ports, wait_http_ready
 from tritonclient.utils import InferenceServerException
 
 BARE = ROOT / "tools" / "compare" / "bare.py"
@@ -43,18 +40,6 @@ def _candidates_python() -> Path | None:
     return python if python.exists() else None
 
 
-def _wait_ready(process: subprocess.Popen, http_port: int, mode: str) -> None:
-    deadline = time.monotonic() + _START_TIMEOUT
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"{mode} exited with {process.returncode}"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2):
-                return
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.1)
-    raise AssertionError(f"{mode}: readiness on its HTTP port not answered within {_START_TIMEOUT:.0f} s")
-
-
 def _serve(mode: str, python: Path | str) -> Iterator[int]:
     """Run `mode` in its own session; yields its gRPC port; kills the whole group after."""
     http_port, grpc_port = free_ports(2)
@@ -62,7 +47,7 @@ def _serve(mode: str, python: Path | str) -> Iterator[int]:
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                                start_new_session=True)
     try:
-        _wait_ready(process, http_port, mode)
+        wait_http_ready(process, http_port, mode, _START_TIMEOUT)
         yield grpc_port
     finally:
         os.killpg(process.pid, signal.SIGKILL)

@@ -12,5 +12,10 @@ extension): throughput and p50/p99 latency, medians over rounds, and pystub's ra
     probe        health/metadata latency while inference saturates the server
     streaming    a decoupled model's streamed 16 B responses over gRPC streams and SSE (responses/s,
                  CPU per response of the server, its stubs and the load generator)
+    wrk_h2load   the C load generators (wrk for HTTP, h2load for gRPC), each window checked against
+                 the server's statistics; environment installs them with apt-get when missing
+    pipelines    the BLS, ensemble and dynamic-batching models and cells (perf_analyzer, gRPC)
+    revision     --pystub-rev: another revision's tree exported for pystub-base
     runner       rounds and interleaving;  report / targets: the table and the issue's targets
+    path_report  the request path's markdown tables: the floor (tools/floor), Triton, pystub
 """

@@ -26,6 +26,10 @@ The bare gRPC candidates that are not grpcio (compare/bare.py, bare_h2.py) get a
     uvloop==0.23.0                  the loop each of them recommends
     grpcio, tritonclient[grpc], orjson, aiohttp   what bare.py itself imports
 
+The C load generators of the "wrk-h2load" cells (compare/wrk_h2load.py) are Debian's packages,
+installed with apt-get when missing (`ensure_load_tools`): wrk (HTTP/1.1, scripted in Lua) and
+h2load from nghttp2-client (HTTP/2).
+
 Triton wants a backend directory laid out as backends/python/{libtriton_python.so,
 triton_python_backend_stub, triton_python_backend_utils.py}; it is assembled from symlinks in
 .bench/triton/backends. perf_analyzer looks for libb64.so.0d: a symlink in .bench/lib names the
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -53,6 +58,7 @@ CANDIDATE_PACKAGES = ("pygrpc-native==0.5.0", "grpclib==0.4.9", "h2>=4,<5", "hyp
                       "ngh2==0.3.0", "uvloop==0.23.0", "grpcio==1.85.3", "tritonclient[grpc]==2.73.0", "orjson",
                       "aiohttp")
 _INSTALL_TIMEOUT = 1800
+LOAD_TOOLS = {"wrk": "wrk", "h2load": "nghttp2-client"}  # program -> the Debian package that has it
 
 
 @dataclass
@@ -190,6 +196,26 @@ def _link(link: Path, target: Path) -> None:
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(target)
+
+
+def ensure_load_tools(install: bool = True) -> str | None:
+    """None when wrk and h2load are on PATH (installed now with apt-get if missing and `install`),
+    else why not, in words for the report's notes."""
+    missing = [program for program in LOAD_TOOLS if shutil.which(program) is None]
+    if not missing:
+        return None
+    packages = sorted({LOAD_TOOLS[program] for program in missing})
+    command = f"apt-get update && apt-get install -y {' '.join(packages)}"
+    if not install:
+        return f"{', '.join(missing)} missing (--no-install): install them with `{command}`"
+    _log(f"installing {', '.join(missing)}: {command}")
+    try:
+        _run(["apt-get", "update"])
+        _run(["apt-get", "install", "-y", *packages])
+    except (SystemExit, OSError, subprocess.TimeoutExpired) as error:
+        return f"{', '.join(missing)} missing and `{command}` failed ({str(error).strip()[-300:]})"
+    still = [program for program in missing if shutil.which(program) is None]
+    return f"{', '.join(still)} still missing after `{command}`" if still else None
 
 
 def perf_analyzer_works(env: BenchEnv) -> str | None:

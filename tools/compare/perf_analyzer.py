@@ -38,18 +38,20 @@ def command(env: BenchEnv, url: str, point: Point, window_ms: int, csv_path: Pat
     return args
 
 
-def _run(args: list[str], env: BenchEnv, output: Path, timeout: float) -> int:
-    """Run perf_analyzer to its end, or kill it on a stop request (StopRequested) or after
-    `timeout` (RuntimeError)."""
+def run_child(args: list[str], output: Path, timeout: float, environ: dict[str, str] | None = None,
+              what: str = "perf_analyzer") -> int:
+    """Run a load generator (`what`) to its end with its output into `output`; its exit status.
+    Kills it on a stop request (StopRequested) or after `timeout` (RuntimeError). Its CPU time
+    then counts in this process's RUSAGE_CHILDREN."""
     with open(output, "wb") as sink:
         process = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=env.perf_analyzer_env())
+                                   env=environ)
     deadline = time.monotonic() + timeout
     try:
         while process.poll() is None:
             stopping.check()
             if time.monotonic() > deadline:
-                raise RuntimeError(f"perf_analyzer gave no result within {timeout:.0f} s")
+                raise RuntimeError(f"{what} gave no result within {timeout:.0f} s")
             time.sleep(0.1)
         return process.returncode
     finally:
@@ -66,7 +68,7 @@ def measure(env: BenchEnv, url: str, server_pid: int, point: Point, window_ms: i
         args = command(env, url, point, window_ms, csv_path)
         output = Path(tmp) / "output.txt"
         began, cpu0 = time.perf_counter(), cpu.now(server_pid, resource.RUSAGE_CHILDREN)
-        returncode = _run(args, env, output, 60 + 12 * window_ms / 1000)
+        returncode = run_child(args, output, 60 + 12 * window_ms / 1000, env.perf_analyzer_env())
         elapsed, cpu1 = time.perf_counter() - began, cpu.now(server_pid, resource.RUSAGE_CHILDREN)
         if returncode != 0 or not csv_path.exists():
             text = output.read_text(errors="replace").strip()[-400:]

@@ -12,7 +12,8 @@ from compare.loadgen import Point, Sample
 
 LOADGEN_TITLES = {"asyncio": "tritonclient asyncio clients (Python)", "perf_analyzer": "perf_analyzer 2.50 (C++)",
                   "prebuilt": "pre-built JSON bodies over aiohttp (JSON tensors; the client does no JSON work)",
-                  "stream": "streamed responses of a decoupled model (grpc threads / aiohttp readers, raw bytes)"}
+                  "stream": "streamed responses of a decoupled model (grpc threads / aiohttp readers, raw bytes)",
+                  "wrk-h2load": "wrk (HTTP) and h2load (gRPC), C, one pre-built request each"}
 
 
 def size_text(nbytes: int) -> str:
@@ -32,6 +33,7 @@ class Results:
     failures: dict[tuple[str, str, Point], str] = field(default_factory=dict)
     probes: dict[str, list[dict[str, float]]] = field(default_factory=lambda: defaultdict(list))
     notes: list[str] = field(default_factory=list)
+    minutes: float = 0.0  # how long the run took
 
     def add(self, loadgen: str, server: str, point: Point, sample: Sample) -> None:
         self.samples[(loadgen, server, point)].append(sample)

@@ -10,13 +10,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from compare import loadgen, perf_analyzer, prebuilt, stopping, streaming
+from compare import loadgen, perf_analyzer, pipelines, prebuilt, stopping, streaming, wrk_h2load
 from compare.environment import BenchEnv
 from compare.loadgen import Point
 from compare.report import Results, size_text
 from compare.servers import Server
 
 SHM_EXTENSION = "system_shared_memory"
+# the servers that run Python-backend models (the pipeline cells, the streamed responses)
+_MODEL_SERVERS = ("pystub", "pystub-base", "triton")
+# the servers the C load generators drive: they serve the statistics their check reads
+_WRK_SERVERS = ("floor", *_MODEL_SERVERS)
 _PROBE = Path(__file__).with_name("probe.py")
 
 
@@ -46,6 +50,8 @@ class Plan:
             points += [Point("add_sub", 16, c, proto) for c in args.concurrency for proto in args.protocols]
         if "stream" in args.loadgen:
             points += [Point(streaming.MODEL, 16, s, proto) for s in args.streams for proto in args.stream_protocols]
+        if "pipelines" in args.models and "perf_analyzer" in args.loadgen:
+            points += list(pipelines.CELLS)
         if not args.no_shm and args.sizes and unary:
             largest = max(args.sizes)
             points += [Point("identity_fp32", largest, c, proto, shm=True)
@@ -62,9 +68,16 @@ class Plan:
         if (loadgen_name == "stream") != (point.model == streaming.MODEL):
             return False
         if loadgen_name == "stream":  # a decoupled Python-backend model: pystub and Triton serve it
-            return server.name in ("pystub", "pystub-base", "triton")
+            return server.name in _MODEL_SERVERS
+        if point.model in pipelines.MODELS:  # perf_analyzer over gRPC, on the servers that run them
+            return loadgen_name == "perf_analyzer" and server.name in _MODEL_SERVERS
         if point.shm and SHM_EXTENSION not in server.extensions:
             return False
+        if server.name == "floor" and (point.model != "identity_fp32" or point.protocol not in ("http", "grpc")):
+            return False
+        if loadgen_name == "wrk-h2load":
+            return server.name in _WRK_SERVERS and point.model == "identity_fp32" and not point.shm \
+                and point.protocol in ("http", "grpc")
         if server.name.startswith("bare-"):  # identity_fp32 only, over the candidate's own protocol
             wanted = ("grpc",) if server.name.startswith("bare-grpc") else ("http", "json")
             if point.model != "identity_fp32" or point.protocol not in wanted:
@@ -74,7 +87,7 @@ class Plan:
         if loadgen_name == "perf_analyzer":
             if point.protocol == "json":  # perf_analyzer sends binary tensors only
                 return False
-            return server.name in ("pystub", "pystub-base", "triton") or server.name.startswith("bare-")
+            return server.name in _WRK_SERVERS or server.name.startswith("bare-")
         return True
 
 
@@ -89,7 +102,11 @@ def _measure(plan: Plan, loadgen_name: str, server: Server, point: Point) -> Non
     stopping.check()
     point = _protocol(server, point)
     try:
-        if loadgen_name == "perf_analyzer":
+        if loadgen_name == "wrk-h2load":
+            sample = wrk_h2load.measure(server, point, plan.warmup, plan.seconds)
+        elif loadgen_name == "perf_analyzer":
+            if point.model in pipelines.MODELS:
+                pipelines.check(server.url("grpc"), point.model)
             window_ms = max(500, int(1000 * plan.seconds / 2))
             sample = perf_analyzer.measure(plan.env, server.url(point.protocol), server.process.pid, point, window_ms)
         elif loadgen_name == "stream":
@@ -109,7 +126,7 @@ def _measure(plan: Plan, loadgen_name: str, server: Server, point: Point) -> Non
         return
     plan.results.add(loadgen_name, server.name, point, sample)
     cpu = f" cpu/resp server {sample.cpu_server_us:.0f} stubs {sample.cpu_children_us:.0f} client " \
-          f"{sample.cpu_client_us:.0f} us" if loadgen_name in ("stream", "perf_analyzer") else ""
+          f"{sample.cpu_client_us:.0f} us" if loadgen_name in ("stream", "perf_analyzer", "wrk-h2load") else ""
     print(f"    {server.name:8} {loadgen_name:13} {sample.throughput:9.1f}/s p50 {sample.p50_ms:8.2f} ms "
           f"p99 {sample.p99_ms:8.2f} ms{cpu}", file=sys.stderr, flush=True)
 

@@ -3,6 +3,7 @@
     pystub    sys.executable -m pystub_backend.backend        examples/models/{identity_fp32,add_sub} as they are
     triton    .bench/.../tritonserver          the same model directories (model.py + config.pbtxt)
     mlserver  .bench/venv/bin/mlserver start   mlserver_runtime.Identity / AddSub, parallel_workers 1
+    floor     tools/floor/serve.py             the request path's pure-Python floor: identity_fp32 only
 
 Every server runs in its own session (process group). `stop()` asks the leader to shut down
 (SIGTERM), waits, then SIGKILLs whatever is left in the group and removes the shared-memory
@@ -43,6 +44,7 @@ class Server:
     log_path: Path
     shm_prefixes: list[str] = field(default_factory=list)
     extensions: list[str] = field(default_factory=list)
+    models: tuple[str, ...] = MODELS  # whose readiness start-up waits for
 
     def url(self, protocol: str) -> str:
         return f"127.0.0.1:{self.grpc_port if protocol == 'grpc' else self.http_port}"
@@ -91,9 +93,9 @@ def _spawn(name: str, command: list[str], log_path: Path, env: dict[str, str], c
                                 cwd=str(cwd), env=env, start_new_session=True)
 
 
-def _ready(port: int) -> bool:
+def _ready(port: int, models: tuple[str, ...]) -> bool:
     try:
-        for path in ("/v2/health/ready", *(f"/v2/models/{m}/ready" for m in MODELS)):
+        for path in ("/v2/health/ready", *(f"/v2/models/{m}/ready" for m in models)):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
                 if response.status != 200:
                     return False
@@ -108,7 +110,7 @@ def _wait_ready(server: Server) -> None:
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"{server.name} exited with {server.process.returncode}:\n{server.log_tail()}")
-        if _ready(server.http_port):
+        if _ready(server.http_port, server.models):
             with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/v2", timeout=5) as response:
                 server.extensions = list(json.load(response).get("extensions", []))
             return
@@ -171,6 +173,14 @@ def start_bare(name: str, workdir: Path, python: Path | None = None) -> Server:
     command = [str(python or sys.executable), str(Path(__file__).with_name("bare.py")), name, str(http), str(grpc)]
     process = _spawn(name, command, workdir / f"{name}.log", dict(os.environ), workdir)
     return Server(name, process, http, grpc, workdir / f"{name}.log")
+
+
+def start_floor(workdir: Path) -> Server:
+    """The floor (tools/floor/serve.py, a parent and its model process) under this interpreter."""
+    http, grpc = free_ports(2)
+    command = [sys.executable, str(ROOT / "tools" / "floor" / "serve.py"), str(http), str(grpc)]
+    process = _spawn("floor", command, workdir / "floor.log", dict(os.environ), workdir)
+    return Server("floor", process, http, grpc, workdir / "floor.log", models=("identity_fp32",))
 
 
 def wait_ready(servers: list[Server]) -> None:

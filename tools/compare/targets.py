@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 
+from compare import pipelines
 from compare.loadgen import Point, Sample
 from compare.report import Results, size_text
 
@@ -113,7 +114,7 @@ _PREFER = ("perf_analyzer", "asyncio")
 def _against(results: Results, point: Point, peer: str, what: str, goal: float,
              prefer: tuple[str, ...] = _PREFER) -> str:
     """One 'pystub vs peer' target: throughput >= goal x peer's, or p50 <= goal x peer's."""
-    label = f"{'add_sub' if point.model == 'add_sub' else size_text(point.nbytes)} c={point.concurrency} " \
+    label = f"{size_text(point.nbytes) if point.model == 'identity_fp32' else point.model} c={point.concurrency} " \
             f"{point.protocol} {what} {'>=' if what == 'throughput' else '<='} {goal:g}x {peer}"
     ours, loadgen = _pick(results, "pystub", point, prefer)
     theirs = results.median(loadgen, peer, point) if loadgen else None
@@ -173,9 +174,38 @@ def _streaming(results: Results) -> list[str]:
     return ["Targets (streaming):", *lines] if lines else []
 
 
+def request_path(results: Results) -> list[str]:
+    """The lean request path: a small request's CPU (server + model processes) at most 0.8x
+    Triton's and 3x the floor's, per load generator, protocol and concurrency; the pipeline cells
+    at least Triton's throughput, and step at c=1 at most Triton's p50."""
+    lines = []
+    for loadgen in ("wrk-h2load", "perf_analyzer"):
+        for point in results.points(loadgen):
+            if point.model != "identity_fp32" or point.shm or point.nbytes != 16 or point.protocol == "json":
+                continue
+            ours = results.median(loadgen, "pystub", point)
+            for peer, goal in (("triton", 0.8), ("floor", 3.0)):
+                theirs = results.median(loadgen, peer, point)
+                label = f"  16 B c={point.concurrency} {point.protocol} CPU per request <= {goal:g}x {peer} ({loadgen})"
+                if ours is None or theirs is None:
+                    lines.append(f"{label}: n/a (not measured)")
+                    continue
+                mine = ours.cpu_server_us + ours.cpu_children_us
+                other = theirs.cpu_server_us + theirs.cpu_children_us
+                lines.append(f"{label}: {mine:.0f} vs {other:.0f} us = {mine / other:.2f}x: "
+                             f"{_verdict(mine <= goal * other)}")
+    for point in pipelines.CELLS:
+        if point.model == "step" and point.concurrency == 1:
+            lines.append(_against(results, point, "triton", "p50", 1.0, ("perf_analyzer",)))
+        elif point.model != "step":
+            lines.append(_against(results, point, "triton", "throughput", 1.0, ("perf_analyzer",)))
+    measured = [line for line in lines if "n/a" not in line]
+    return ["Targets (the request path):", *lines] if measured else []
+
+
 def summary(results: Results) -> list[str]:
     """The targets of the issues, each with its measurement and verdict."""
     lines = ["Targets (medians of this run):"]
-    for part in (_throughput_16b, _p50_large, _shm, _p99_c32, _probes, _issue_20, _streaming):
+    for part in (_throughput_16b, _p50_large, _shm, _p99_c32, _probes, _issue_20, _streaming, request_path):
         lines += part(results)
     return lines
