@@ -36,11 +36,11 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each loads with i
         GpuInfo,
         GpuReading,
     )
-    from pystub_backend.devices.numbering import DeviceNumbering, numbering, pin
+    from pystub_backend.devices.numbering import DeviceNumbering, device_numbering, pin
     from pystub_backend.devices.pool import BufferPool
 
 __all__ = ["DeviceError", "DeviceMemory", "DeviceSystem", "GpuInfo", "GpuReading", "IPC_HANDLE_SIZE",
-           "NoDevices", "discover", "device_memory", "BufferPool", "DeviceNumbering", "numbering", "pin",
+           "NoDevices", "discover", "device_memory", "BufferPool", "DeviceNumbering", "device_numbering", "pin",
            "FAKE_VARIABLE", "fake_system", "fake_memory", "fake_cuda_capsule", "fake_device_array", "fake_kernel",
            "fake_write_later", "fake_side_stream", "FakeCudaTensor", "fake_array_of"]
 
@@ -49,7 +49,7 @@ __all__ = ["DeviceError", "DeviceMemory", "DeviceSystem", "GpuInfo", "GpuReading
 _MODULE_OF = {"DeviceError": "interface", "DeviceMemory": "interface", "DeviceSystem": "interface",
               "GpuInfo": "interface", "GpuReading": "interface", "IPC_HANDLE_SIZE": "interface",
               "NoDevices": "discovery", "discover": "discovery", "device_memory": "discovery",
-              "BufferPool": "pool", "DeviceNumbering": "numbering", "numbering": "numbering", "pin": "numbering",
+              "BufferPool": "pool", "DeviceNumbering": "numbering", "device_numbering": "numbering", "pin": "numbering",
               **{name: "fake" for name in ("FAKE_VARIABLE", "fake_system", "fake_memory", "fake_cuda_capsule",
                                            "fake_device_array", "fake_kernel", "fake_write_later", "fake_side_stream",
                                            "FakeCudaTensor", "fake_array_of")}}

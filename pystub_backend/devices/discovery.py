@@ -42,7 +42,7 @@ def discover(environ: Mapping[str, str]) -> DeviceSystem:
 def device_memory(environ: Mapping[str, str]) -> DeviceMemory:
     """The memory of this process's GPUs: the fake's under PYSTUB_FAKE_GPUS, else the CUDA runtime
     (imported now, creating the CUDA context on first use). Raises DeviceError without the `gpu` extra."""
-    from pystub_backend.devices.numbering import numbering
+    from pystub_backend.devices.numbering import device_numbering
 
     if environ.get(FAKE_VARIABLE):
         from pystub_backend.devices.fake import fake_memory
@@ -50,4 +50,4 @@ def device_memory(environ: Mapping[str, str]) -> DeviceMemory:
         return fake_memory()
     from pystub_backend.devices.cuda_runtime import open_cuda
 
-    return open_cuda(numbering())
+    return open_cuda(device_numbering())

@@ -37,7 +37,7 @@ from pystub_backend.devices import fake_bindings, fake_nvml
 from pystub_backend.devices import fake_engine as engine
 from pystub_backend.devices.cuda_runtime import CudaMemory
 from pystub_backend.devices.fake_engine import FAKE_VARIABLE, fake_uuid
-from pystub_backend.devices.numbering import numbering
+from pystub_backend.devices.numbering import device_numbering
 from pystub_backend.devices.nvml import NvmlSystem, open_nvml
 
 __all__ = ["FAKE_VARIABLE", "fake_uuid", "fake_system", "fake_memory", "fake_device_array", "fake_cuda_capsule",
@@ -55,7 +55,7 @@ def fake_memory(shape: str | None = None) -> CudaMemory:
     """This process's fake device memory: CudaMemory on the stand-in bindings of `shape` (default
     PYSTUB_FAKE_CUDA_BINDINGS, else "13")."""
     runtime, driver = fake_bindings.bindings(shape or os.environ.get(fake_bindings.SHAPE_VARIABLE) or "13")
-    return CudaMemory(runtime, driver, numbering())
+    return CudaMemory(runtime, driver, device_numbering())
 
 
 # -- what a test model does ----------------------------------------------------------------------
@@ -166,6 +166,8 @@ def fake_cuda_capsule(array: np.ndarray, device_id: int) -> object:
     managed = _capsule_pointer(capsule, b"dltensor")
     ctypes.c_int32.from_address(managed + _DEVICE_OFFSET).value = _KDL_CUDA
     ctypes.c_int32.from_address(managed + _DEVICE_OFFSET + 4).value = device_id
+    if array.size == 0:  # as an empty CUDA tensor (PyTorch's): its data pointer is NULL
+        ctypes.c_void_p.from_address(managed).value = None
     return capsule
 
 

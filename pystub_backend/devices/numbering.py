@@ -18,7 +18,7 @@ from collections.abc import Mapping, MutableMapping
 from pystub_backend.devices.interface import DeviceError
 from pystub_backend.devices.visible import pinned_entry
 
-__all__ = ["DeviceNumbering", "PINNED_VARIABLE", "numbering", "pin"]
+__all__ = ["DeviceNumbering", "PINNED_VARIABLE", "device_numbering", "pin"]
 
 PINNED_VARIABLE = "PYSTUB_PINNED_GPU"
 
@@ -58,7 +58,7 @@ class DeviceNumbering:
 _numbering: DeviceNumbering | None = None
 
 
-def numbering() -> DeviceNumbering:
+def device_numbering() -> DeviceNumbering:
     """This process's numbering, read from its environment on first use (after `pin`, if any)."""
     global _numbering
     if _numbering is None:

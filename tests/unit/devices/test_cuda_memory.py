@@ -15,7 +15,7 @@ import types
 
 import numpy as np
 import pytest
-from peer import Peer
+from device_peer import Peer
 
 from pystub_backend.devices import DeviceError, FakeCudaTensor, fake_device_array, fake_engine, fake_memory
 from pystub_backend.devices.cuda_runtime import CudaMemory

@@ -11,7 +11,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from peer import Peer
+from device_peer import Peer
 
 from pystub_backend.devices import DeviceError, fake_device_array, fake_engine, fake_memory, fake_write_later
 from pystub_backend.devices.fake import fake_side_stream
