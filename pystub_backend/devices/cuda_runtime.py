@@ -143,9 +143,11 @@ class CudaMemory:
                   nbytes: int) -> None:
         if nbytes == 0:
             return
-        source_ordinal = self._numbering.to_local(source_device)
-        with self._on(destination_device) as destination_ordinal:
-            stream = self._stream(destination_device)
+        # On the source's stream: the legacy stream orders only the work of its own device, and the
+        # source was written there (a stream of the destination would not wait for it).
+        destination_ordinal = self._numbering.to_local(destination_device)
+        with self._on(source_device) as source_ordinal:
+            stream = self._stream(source_device)
             self._call("cudaMemcpyPeerAsync", self._rt.cudaMemcpyPeerAsync, destination, destination_ordinal,
                        source, source_ordinal, nbytes, stream)
             self._call("cudaStreamSynchronize", self._rt.cudaStreamSynchronize, stream)

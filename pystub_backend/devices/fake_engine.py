@@ -57,7 +57,7 @@ __all__ = ["FAKE_VARIABLE", "fake_uuid", "visible_devices", "contexts", "FakeCud
            "Stream", "CONTEXT_BYTES", "HANDLE_SIZE", "MEMFD_PREFIX", "allocate", "release", "locate", "export",
            "open_handle", "close_handle", "enqueue", "wait", "synchronize", "synchronize_device",
            "legacy_stream", "create_stream", "destroy_stream", "stream_by_id", "touch_context", "live",
-           "freed_while_mapped", "counters", "copy_op", "LEGACY_STREAM_ID"]
+           "freed_while_mapped", "mapped_elsewhere", "counters", "copy_op", "LEGACY_STREAM_ID"]
 
 FAKE_VARIABLE = "PYSTUB_FAKE_GPUS"  # the fake machine's GPU count; a deployment never sets it
 HANDLE_SIZE = 64
@@ -262,6 +262,13 @@ def release(address: int, device: int, collected: bool = False) -> None:
         del _allocations[address]
         _counters["frees"] += 1
     _drop(allocation)
+
+
+def mapped_elsewhere(address: int) -> bool:
+    """Whether another process maps the allocation at `address` now (what makes a free unsafe)."""
+    with _lock:
+        allocation = _allocations.get(address)
+        return allocation is not None and _mapped_elsewhere(allocation)
 
 
 def freed_while_mapped() -> int:

@@ -269,9 +269,10 @@ class ClientShmRegistry:
         has closed it (a region requests still use closes when the last of them ends)."""
         before = set(_closing)
         self.cuda_unregister(name)
-        waits = [(key[0], future) for key, future in _closing.items() if key not in before]
+        waits = [(key, future) for key, future in _closing.items() if key not in before]
         deadline = asyncio.get_running_loop().time() + timeout
-        for stub, future in waits:
+        for key, future in waits:
+            stub = key[0]
             while not future.done() and stub.alive:
                 left = deadline - asyncio.get_running_loop().time()
                 if left <= 0:
@@ -279,6 +280,9 @@ class ClientShmRegistry:
                                 stub.instance_name, timeout)
                     break
                 await asyncio.wait([future], timeout=min(_POLL_S, left))
+            if not future.done():  # dead, or too slow: nobody waits for its answer any more
+                _closing.pop(key, None)
+                future.cancel()
 
     # -- requests ---------------------------------------------------------------------------------
     def resolve(self, request: InferRequest) -> Lease:

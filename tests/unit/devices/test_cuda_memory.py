@@ -68,16 +68,17 @@ def test_a_copy_waits_for_the_models_default_stream_work_and_a_dlpack_stream_for
     del out, tensor
 
 
-def test_copies_between_devices_take_the_peer_path() -> None:
+def test_copies_between_devices_take_the_peer_path_after_the_sources_work() -> None:
     memory = fake_memory()
-    source, destination = memory.alloc(0, 16), memory.alloc(1, 16)
-    memory.from_host(0, source, memoryview(np.full(4, 5.0, np.float32)).cast("B"))
+    source = fake_device_array(np.zeros(4, np.float32), 0)
+    destination = memory.alloc(1, 16)
+    fake_write_later(source, np.full(4, 5.0), 0)  # the model's kernel on GPU 0's default stream
     with pytest.raises(DeviceError, match="cudaMemcpyAsync failed: invalid argument"):
-        memory.device_copy(1, destination, source, 16)
-    memory.peer_copy(1, destination, 0, source, 16)
-    assert _raw(destination) == [5.0] * 4
-    memory.free(0, source)
+        memory.device_copy(1, destination, int(source.ctypes.data), 16)
+    memory.peer_copy(1, destination, 0, int(source.ctypes.data), 16)
+    assert _raw(destination) == [5.0] * 4  # a stream of GPU 1 would not have waited for GPU 0's kernel
     memory.free(1, destination)
+    del source
 
 
 def test_the_threads_device_is_given_back() -> None:
