@@ -6,14 +6,15 @@ that asks for its BLS outputs on that GPU maps the producer's stub's synchronize
 returns the mapped tensor to the HTTP client (its stub copies it to the host, reading through the
 mapping). So an output written by a kernel the producer never waited for, memory CUDA cannot
 export (a pool's, one the producer itself mapped), an empty output, and an export opened by the
-stub that made it (an async decoupled model calling itself) all reach the caller right. The export registry in the backend and both stubs' counts
-are read with `bls.inspect()` from inside the models: they empty after normal use, after the
-consumer is killed while it maps an export, and after the producer is killed while mapped.
+stub that made it (an async decoupled model calling itself) all reach the caller right. The
+export registry in the backend and both stubs' counts are read with `bls.inspect()` from inside
+the models: they empty after normal use, after the consumer is killed while it maps an export,
+and after the producer is killed while mapped.
 
 GPU inputs go the other way: a caller's fake-GPU input to `unforced` (FORCE_CPU_ONLY_INPUT_TENSORS
-"no", on that GPU) is mapped by the callee, with the same bookkeeping and deaths; every other
-target (the default, another GPU, a response cache, an ensemble, a dynamic batcher), and memory
-CUDA cannot export again, gets the caller's host copy.
+"no", on that GPU) is mapped by the callee (a copy the caller exported, a mapped tensor given on
+too), with the same bookkeeping and deaths; every other target (the default, another GPU, a
+response cache, an ensemble, a dynamic batcher) gets the caller's host copy.
 """
 
 from __future__ import annotations
