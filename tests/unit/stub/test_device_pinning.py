@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -21,10 +22,11 @@ def _args(kind: str, device: str, value: str | None) -> dict[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def _restored(monkeypatch: pytest.MonkeyPatch) -> None:
+def _restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(numbering, "_numbering", None)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,GPU-ab12")  # the server's view: two GPUs
-    monkeypatch.delenv(numbering.PINNED_VARIABLE, raising=False)
+    yield
+    os.environ.pop(numbering.PINNED_VARIABLE, None)  # pin() set it; monkeypatch knew it absent
 
 
 def test_a_pinned_gpu_instance_sees_its_gpu_alone() -> None:
