@@ -21,6 +21,7 @@ from pystub_backend.devices import (
     fake_write_later,
 )
 from pystub_backend.devices import numbering as numbering_module
+from pystub_backend.devices.fake_bindings import bindings
 from pystub_backend.devices.numbering import device_numbering
 from pystub_backend.ipc.arena import ArenaWriter
 from pystub_backend.ipc.names import DEFAULT_PREFIX, stub_base_name
@@ -126,6 +127,7 @@ def test_a_producer_on_a_side_stream_is_waited_for_on_its_stream() -> None:
 
 def test_a_pinned_stubs_model_sees_its_gpu_as_cuda_0(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(numbering_module, "_numbering", None)
+    bindings("13")[0].cudaSetDevice(0)  # this thread's device from earlier tests: one that exists pinned too
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     import os
 
@@ -133,6 +135,7 @@ def test_a_pinned_stubs_model_sees_its_gpu_as_cuda_0(monkeypatch: pytest.MonkeyP
     numbering_module.pin(environ, 1)  # the server's GPU 1 alone
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", environ["CUDA_VISIBLE_DEVICES"])
     monkeypatch.setenv(numbering_module.PINNED_VARIABLE, "1")
+    monkeypatch.setattr(device_outputs, "_memory", None)  # made after pinning, as in a stub (not by a finalizer before)
     assert environ["CUDA_VISIBLE_DEVICES"] == "1"
     tensor = Tensor.from_dlpack("OUT", fake_cuda_capsule(fake_device_array(np.ones(4, np.float32), 0), 0))
     assert tensor._device == (_dlpack.KDL_CUDA, 1) and tensor.__dlpack_device__() == (_dlpack.KDL_CUDA, 0)
