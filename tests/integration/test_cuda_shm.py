@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import base64
 import gc
-import os
+import importlib
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,9 +26,25 @@ from tritonclient.utils import InferenceServerException
 
 from pystub_backend.devices import FAKE_VARIABLE, fake_bindings, fake_engine
 
-os.environ.setdefault(FAKE_VARIABLE, "2")  # this process is the client, on the same fake machine
-fake_bindings.install("13")  # `import cuda.bindings.runtime` finds the stand-in, for tritonclient
-import tritonclient.utils.cuda_shared_memory as cudashm  # noqa: E402 - after the stand-in is installed
+cudashm: Any = None  # tritonclient.utils.cuda_shared_memory, imported on the stand-in by `_client_side`
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _client_side() -> Iterator[None]:
+    """This process is the client, on the same fake machine: `import cuda.bindings.runtime` finds the
+    stand-in (for tritonclient) while this module runs; other tests' backends see no GPU again after."""
+    global cudashm
+    saved = {name: module for name, module in sys.modules.items() if name == "cuda" or name.startswith("cuda.")}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(FAKE_VARIABLE, "2")
+        fake_bindings.install("13")
+        cudashm = importlib.import_module("tritonclient.utils.cuda_shared_memory")
+        yield
+    for name in [n for n in sys.modules if n == "cuda" or n.startswith("cuda.")
+                 or n.startswith("tritonclient.utils.cuda_shared_memory")]:
+        del sys.modules[name]
+    sys.modules.update(saved)
+    cudashm = None
 
 _MODEL = '''
 import numpy as np
