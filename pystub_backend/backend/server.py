@@ -92,7 +92,7 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
     from pystub_backend.backend.frontends.metrics import create_metrics_app
     read_timeouts = ReadTimeouts(options.http_header_timeout_secs, options.http_body_timeout_secs)
     if options.frontend_workers:  # workers serve the public ports; the core keeps the metrics port
-        await _start_frontend_workers(core, options, listeners)
+        await _start_frontend_workers(core, options, listeners, devices)
     if options.allow_grpc and not options.frontend_workers:
         await listeners.start_grpc(core, options.grpc_address, options.grpc_port, options.settings.exit_timeout_seconds,
                                    options.grpc)
@@ -101,7 +101,7 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
                               restrictions=options.http_restrictions,
                               header_forward_pattern=options.http_header_forward_pattern,
                               remote_control=options.remote_control, tracer=core.tracer)
-        app.add_routes(admin_routes(core))
+        app.add_routes(admin_routes(core, devices))
         await listeners.start_http(app, options.http_address, options.http_port, "HTTPService",
                                    options.settings.exit_timeout_seconds, options.reuse_http_port, read_timeouts)
     if options.allow_metrics:
@@ -117,7 +117,8 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
                                    options.settings.exit_timeout_seconds, read_timeouts=read_timeouts)
 
 
-async def _start_frontend_workers(core: Core, options: ServerOptions, listeners: Listeners) -> None:
+async def _start_frontend_workers(core: Core, options: ServerOptions, listeners: Listeners,
+                                  devices: DeviceSystem) -> None:
     """The core's full apps on private sockets, and the workers on the public ports."""
     from pystub_backend.backend.frontends.admin import admin_routes
     from pystub_backend.backend.frontends.http.server import create_http_app
@@ -125,7 +126,7 @@ async def _start_frontend_workers(core: Core, options: ServerOptions, listeners:
     app = create_http_app(core, max_input_size=options.http_max_input_size, restrictions=options.http_restrictions,
                           header_forward_pattern=options.http_header_forward_pattern,
                           remote_control=options.remote_control, tracer=core.tracer, trust_internal_peer=True)
-    app.add_routes(admin_routes(core))
+    app.add_routes(admin_routes(core, devices))
     workers = FrontendWorkers(core, core.tracer, options)
     listeners.add_stopper(workers.stop)  # before start: a failed start still cleans up
     http_port, grpc_port = await workers.start(app)

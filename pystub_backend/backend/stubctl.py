@@ -30,6 +30,7 @@ _COLUMNS = (
     ("ARENA", "arena"), ("QUEUE", "queue_depth"),
 )
 _MULTIPLEXED = ("SUB-MODELS", "multiplexed_models")  # shown when any stub holds sub-models
+_GPU_MEMORY = ("GPU_MB", "gpu_memory_by_device")  # shown when the server has a GPU: "<device>:<MiB>" each
 _MAX_IDS_CELL = 40
 _CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE
 
@@ -64,6 +65,9 @@ def fetch_stubs(url: str, timeout: float = 5.0) -> list[dict[str, Any]]:
 def _cell(row: dict[str, Any], key: str) -> str:
     if key == "multiplexed_models":
         return _ids_cell(row.get(key) or [])
+    if key == "gpu_memory_by_device":  # NVML's figure per GPU the stub holds memory on
+        held = row.get(key) or {}
+        return ",".join(f"{device}:{size / 2**20:.1f}" for device, size in held.items()) or "0"
     if key == "device":  # "GPU 1" for a GPU instance, else its kind (CPU, MODEL)
         kind = row.get("kind", "CPU")
         return f"{kind} {row.get('device_id', 0)}" if kind == "GPU" else kind
@@ -93,7 +97,8 @@ def _ids_cell(ids: list[str]) -> str:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    columns = _COLUMNS + ((_MULTIPLEXED,) if any(row.get("multiplexed_models") for row in rows) else ())
+    columns = _COLUMNS + ((_GPU_MEMORY,) if any(row.get("gpu_memory_bytes") is not None for row in rows) else ()) \
+        + ((_MULTIPLEXED,) if any(row.get("multiplexed_models") for row in rows) else ())
     table = [[title for title, _ in columns]] + [[_cell(row, key) for _, key in columns] for row in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()

@@ -2,7 +2,9 @@
 extra is installed and a driver is present, a fake for tests, none otherwise.
 
     backend ──discover()──▶ DeviceSystem (NVML | fake | none): placement, GPU metrics
-    stub    ──device_memory()─▶ DeviceMemory (CUDA runtime | fake): copies, CUDA IPC handles
+    stub    ──device_memory()─▶ DeviceMemory (CUDA runtime): copies, streams, CUDA IPC handles
+
+The fake machine (tests) is the same NVML and CUDA code on stand-ins of NVIDIA's modules.
 
 Nothing here imports pynvml or cuda at import time: a CPU install never loads them.
 """
@@ -16,10 +18,15 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each loads with i
     from pystub_backend.devices.discovery import NoDevices, device_memory, discover
     from pystub_backend.devices.fake import (
         FAKE_VARIABLE,
-        FakeMemory,
-        FakeSystem,
+        FakeCudaTensor,
+        fake_array_of,
         fake_cuda_capsule,
         fake_device_array,
+        fake_kernel,
+        fake_memory,
+        fake_side_stream,
+        fake_system,
+        fake_write_later,
     )
     from pystub_backend.devices.interface import (
         IPC_HANDLE_SIZE,
@@ -29,18 +36,23 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each loads with i
         GpuInfo,
         GpuReading,
     )
+    from pystub_backend.devices.numbering import DeviceNumbering, device_numbering, pin
+    from pystub_backend.devices.pool import BufferPool
 
 __all__ = ["DeviceError", "DeviceMemory", "DeviceSystem", "GpuInfo", "GpuReading", "IPC_HANDLE_SIZE",
-           "NoDevices", "discover", "device_memory", "FAKE_VARIABLE", "FakeMemory", "FakeSystem",
-           "fake_cuda_capsule", "fake_device_array"]
+           "NoDevices", "discover", "device_memory", "BufferPool", "DeviceNumbering", "device_numbering", "pin",
+           "FAKE_VARIABLE", "fake_system", "fake_memory", "fake_cuda_capsule", "fake_device_array", "fake_kernel",
+           "fake_write_later", "fake_side_stream", "FakeCudaTensor", "fake_array_of"]
 
 # Every stub imports this package (its tensors may be GPU tensors), so importing it costs nothing
 # until a name is used (PEP 562).
 _MODULE_OF = {"DeviceError": "interface", "DeviceMemory": "interface", "DeviceSystem": "interface",
               "GpuInfo": "interface", "GpuReading": "interface", "IPC_HANDLE_SIZE": "interface",
               "NoDevices": "discovery", "discover": "discovery", "device_memory": "discovery",
-              "FAKE_VARIABLE": "fake", "FakeMemory": "fake", "FakeSystem": "fake", "fake_cuda_capsule": "fake",
-              "fake_device_array": "fake"}
+              "BufferPool": "pool", "DeviceNumbering": "numbering", "device_numbering": "numbering", "pin": "numbering",
+              **{name: "fake" for name in ("FAKE_VARIABLE", "fake_system", "fake_memory", "fake_cuda_capsule",
+                                           "fake_device_array", "fake_kernel", "fake_write_later", "fake_side_stream",
+                                           "FakeCudaTensor", "fake_array_of")}}
 
 
 def __getattr__(name: str) -> Any:  # noqa: ANN401 - whichever public name is asked for

@@ -67,40 +67,76 @@ class DeviceSystem(Protocol):
         """The current sample of one GPU. Raises DeviceError when it cannot be read."""
         ...
 
+    def process_memory(self) -> dict[int, dict[int, int]]:
+        """{pid: {device id: bytes}}: the device memory each process holds on each visible GPU, as
+        the driver counts it (its CUDA context included); empty without a GPU."""
+        ...
+
     def close(self) -> None:
         """Release the driver library (idempotent)."""
         ...
 
 
 class DeviceMemory(Protocol):
-    """Device memory, as a stub uses it. Pointers are integers; every call raises DeviceError."""
+    """Device memory, as a stub uses it. Device ids are the server's logical ids; pointers are
+    integers; every call raises DeviceError (nothing else) and leaves the calling thread's current
+    device as it found it.
 
-    def alloc(self, device_id: int, byte_size: int) -> int: ...
+    Copies are done when they return: the bytes are at their destination, for any reader in any
+    process. Each is ordered after the work the model queued before it on the device's default
+    (legacy) stream, not after work on streams the model created non-blocking (hand pystub such a
+    tensor through `__dlpack__(stream=consumer_stream(d))`, then `wait_stream(d)`)."""
 
-    def free(self, device_id: int, pointer: int) -> None: ...
+    def alloc(self, device_id: int, byte_size: int) -> int:
+        """A new cudaMalloc block (0 for 0 bytes)."""
+        ...
+
+    def free(self, device_id: int, pointer: int) -> None:
+        """Free an `alloc` block (0: nothing). cudaFree synchronizes the device: free rarely."""
+        ...
 
     def to_host(self, device_id: int, pointer: int, destination: memoryview) -> None:
-        """Copy `len(destination)` bytes at `pointer` into host memory (synchronous)."""
+        """Copy `len(destination)` bytes at `pointer` into host memory."""
         ...
 
     def from_host(self, device_id: int, pointer: int, source: memoryview) -> None:
-        """Copy `source` to the device memory at `pointer` (synchronous)."""
+        """Copy `source` to the device memory at `pointer`."""
         ...
 
     def device_copy(self, device_id: int, destination: int, source: int, nbytes: int) -> None:
-        """Copy `nbytes` between two device addresses (synchronous)."""
+        """Copy `nbytes` between two addresses on one device."""
+        ...
+
+    def peer_copy(self, destination_device: int, destination: int, source_device: int, source: int,
+                  nbytes: int) -> None:
+        """Copy `nbytes` from one device's memory to another's (cudaMemcpyPeer)."""
+        ...
+
+    def consumer_stream(self, device_id: int) -> int:
+        """The stream (its handle as an int) on which this process consumes tensors handed over by
+        DLPack: `obj.__dlpack__(stream=...)` makes it wait for the producer's work."""
+        ...
+
+    def wait_stream(self, device_id: int) -> None:
+        """Wait until the work queued on `consumer_stream(device_id)` so far has finished."""
+        ...
+
+    def synchronize(self, device_id: int) -> None:
+        """Wait until every stream of this process on the device is idle (cudaDeviceSynchronize)."""
         ...
 
     def export_handle(self, device_id: int, pointer: int) -> tuple[bytes, int]:
-        """(IPC handle, offset): the handle (IPC_HANDLE_SIZE bytes) of the allocation that holds
-        `pointer`, and `pointer`'s offset in it (a tensor may start inside a cached block)."""
+        """(IPC handle, offset): the handle (IPC_HANDLE_SIZE bytes) of the cudaMalloc block that
+        holds `pointer`, and `pointer`'s offset in it. CUDA refuses NULL, memory another process
+        exported, and memory not from cudaMalloc (caching pools, expandable segments)."""
         ...
 
     def open_handle(self, device_id: int, handle: bytes) -> int:
-        """Map another process's allocation; returns its base pointer here. Fails once the
-        exporter freed it or exited."""
+        """Map an exported allocation; returns its base pointer here (this process's own export:
+        its own pointer, as CUDA cannot open it). Fails once the exporter freed it or exited."""
         ...
 
     def close_handle(self, device_id: int, pointer: int) -> None:
-        """Unmap what `open_handle` mapped."""
+        """Unmap what `open_handle` mapped (once per open). Work still queued on the mapping must
+        have finished (`synchronize`)."""
         ...

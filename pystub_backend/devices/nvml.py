@@ -2,8 +2,11 @@
 
 NVML is imported only here, and only by `open_nvml`: a CPU install never loads it. NVML creates
 no CUDA context, so the parent process can enumerate and measure GPUs without holding device
-memory. A reading a GPU does not support (NVML_ERROR_NOT_SUPPORTED, e.g. power on some boards)
-is None rather than an error.
+memory. A reading a GPU does not support (NVML_ERROR_NOT_SUPPORTED, e.g. power on some boards,
+utilization on a MIG device) is None rather than an error.
+
+The devices are those CUDA can enumerate, in NVML's order: each GPU, or, for a GPU in MIG mode,
+its MIG devices (UUIDs "MIG-..."), which CUDA_VISIBLE_DEVICES names by UUID.
 """
 
 from __future__ import annotations
@@ -32,9 +35,7 @@ class NvmlSystem:
         return list(self._infos)
 
     def reading(self, device_id: int) -> GpuReading:
-        if not self._open or not 0 <= device_id < len(self._handles):
-            raise DeviceError(f"no visible GPU {device_id}")
-        handle, nvml = self._handles[device_id], self._nvml
+        handle, nvml = self._handle(device_id), self._nvml
         utilization = self._value(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
         memory = self._value(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
         return GpuReading(
@@ -44,6 +45,29 @@ class NvmlSystem:
             power_watts=self._value(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / _MILLI),
             power_limit_watts=self._value(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / _MILLI),
             energy_joules=self._value(lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / _MILLI))
+
+    def process_memory(self) -> dict[int, dict[int, int]]:
+        """{pid: {logical device id: bytes}}: NVML's figure of each compute process on each visible
+        GPU (a process whose figure NVML cannot give, e.g. under Windows' WDDM, is left out)."""
+        found: dict[int, dict[int, int]] = {}
+        for device_id, handle in enumerate(self._handles if self._open else []):
+            processes = self._processes(handle)
+            for process in processes:
+                if process.usedGpuMemory is not None:
+                    per_device = found.setdefault(int(process.pid), {})
+                    per_device[device_id] = per_device.get(device_id, 0) + int(process.usedGpuMemory)
+        return found
+
+    def _processes(self, handle: Any) -> list[Any]:  # noqa: ANN401 - an NVML device handle
+        try:
+            return list(self._nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        except self._nvml.NVMLError:
+            return []
+
+    def _handle(self, device_id: int) -> Any:  # noqa: ANN401 - an NVML device handle
+        if not self._open or not 0 <= device_id < len(self._handles):
+            raise DeviceError(f"no visible GPU {device_id}")
+        return self._handles[device_id]
 
     def _value(self, read: Callable[[], Any]) -> Any:  # noqa: ANN401 - whatever NVML returns
         try:
@@ -60,27 +84,57 @@ class NvmlSystem:
                 pass
 
 
-def open_nvml(environ: Mapping[str, str]) -> NvmlSystem | None:
+def open_nvml(environ: Mapping[str, str], nvml: Any = None) -> NvmlSystem | None:  # noqa: ANN401 - pynvml
     """NVML's view of the visible GPUs; None when nvidia-ml-py is not installed or NVML cannot
-    start (no driver: NVMLError_LibraryNotFound / DriverNotLoaded), i.e. "no GPU"."""
+    start (no driver: NVMLError_LibraryNotFound / DriverNotLoaded), i.e. "no GPU". `nvml` is the
+    module to use (a stand-in in tests), default pynvml."""
+    if nvml is None:
+        try:
+            import pynvml  # the `gpu` extra
+        except ImportError:
+            return None
+        nvml = pynvml
     try:
-        import pynvml  # the `gpu` extra
-    except ImportError:
+        nvml.nvmlInit()
+    except nvml.NVMLError:
         return None
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
+        devices = _enumerable(nvml)
+    except nvml.NVMLError:
+        nvml.nvmlShutdown()
         return None
+    chosen = visible_physical([uuid for uuid, _, _ in devices], environ)
+    infos = [GpuInfo(logical, devices[index][0], devices[index][1]) for logical, index in enumerate(chosen)]
+    return NvmlSystem(nvml, [devices[index][2] for index in chosen], infos)
+
+
+def _enumerable(nvml: Any) -> list[tuple[str, str, Any]]:  # noqa: ANN401
+    """(UUID, name, handle) of every device CUDA could enumerate: each GPU, or its MIG devices."""
+    found = []
+    for index in range(nvml.nvmlDeviceGetCount()):
+        gpu = nvml.nvmlDeviceGetHandleByIndex(index)
+        name = _text(nvml.nvmlDeviceGetName(gpu))
+        migs = _mig_devices(nvml, gpu)
+        found += [(_text(nvml.nvmlDeviceGetUUID(h)), name, h) for h in migs] if migs else \
+            [(_text(nvml.nvmlDeviceGetUUID(gpu)), name, gpu)]
+    return found
+
+
+def _mig_devices(nvml: Any, gpu: Any) -> list[Any]:  # noqa: ANN401
+    """The MIG device handles of a GPU in MIG mode; [] for a GPU that is not (or cannot say)."""
     try:
-        physical = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        uuids = [_text(pynvml.nvmlDeviceGetUUID(handle)) for handle in physical]
-        names = [_text(pynvml.nvmlDeviceGetName(handle)) for handle in physical]
-    except pynvml.NVMLError:
-        pynvml.nvmlShutdown()
-        return None
-    chosen = visible_physical(uuids, environ)
-    infos = [GpuInfo(logical, uuids[index], names[index]) for logical, index in enumerate(chosen)]
-    return NvmlSystem(pynvml, [physical[index] for index in chosen], infos)
+        if nvml.nvmlDeviceGetMigMode(gpu)[0] != 1:
+            return []
+        slots = nvml.nvmlDeviceGetMaxMigDeviceCount(gpu)
+    except (nvml.NVMLError, AttributeError):  # no MIG support, or an nvidia-ml-py without it
+        return []
+    handles = []
+    for slot in range(slots):
+        try:
+            handles.append(nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot))
+        except nvml.NVMLError:  # an empty slot
+            continue
+    return handles
 
 
 def _text(value: str | bytes) -> str:

@@ -34,6 +34,7 @@ from pystub_backend.ipc.isolation import forbid_inspection
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.stub import output_buffers, pb_utils
 from pystub_backend.stub.batched import BatchedExecute, has_execute_batch
+from pystub_backend.stub.device_pinning import pinned_args
 from pystub_backend.stub.event_loop import InstanceLoop, unwrap
 from pystub_backend.stub.execute_batch import run_batch
 from pystub_backend.stub.executor import format_traceback, model_frames
@@ -298,6 +299,7 @@ class Stub:
         self.handlers.notify_phase(self, "initializing")
         self.boot_failure = StubExitCode.MODEL_IMPORT_FAILED
         try:
+            args = pinned_args(args)  # PYSTUB_PIN_GPU: before the model can start CUDA
             model_class = load_model_class(message.model_path, message.sources)
             if not callable(getattr(model_class, "execute", None)) and not has_execute_batch(model_class):
                 raise LoadError(f"Python model {message.model_path} does not implement `execute` method.")

@@ -57,7 +57,9 @@ def _response_parameters(response: Any) -> str:
 def _place_device(rid: int, writer: ArenaWriter, name: str, datatype: str, shape: list[int],
                   buffer: device_outputs.DeviceBuffer, target: list[Any] | None) -> WireTensor:
     if target is None and device_ipc.export_device(rid) == buffer.device_id:  # stays on the GPU
-        return device_ipc.export(name, datatype, shape, buffer)
+        exported = device_ipc.export(name, datatype, shape, buffer)
+        if exported is not None:  # else (empty, or CUDA refused): through the host, as to any caller
+            return exported
     if target is not None:
         return device_outputs.place_in_region(client_shm.REGIONS, name, datatype, shape, buffer, target)
     return device_outputs.place(writer, name, datatype, shape, buffer)

@@ -1,20 +1,25 @@
 """GPU tensors between models by CUDA IPC, with real stubs on the fake machine (PYSTUB_FAKE_GPUS=2).
 
-The producer returns its output in fake device memory (a memfd whose IPC handle crosses processes,
-pystub_backend.devices.fake_memory); a consumer that asks for its BLS outputs on that GPU maps the
-producer's very memory, and returns the mapped tensor to the HTTP client (its stub copies it to
-the host, reading through the mapping). The export registry in the backend and both stubs' counts
-are read with `bls.inspect()` from inside the models: they empty after normal use, after the
-consumer is killed while it maps an export, and after the producer is killed while mapped.
+The producer returns its output in fake device memory (pystub_backend.devices.fake_engine: memfds
+whose IPC handles cross processes, and work that lands only when its process waits); a consumer
+that asks for its BLS outputs on that GPU maps the producer's stub's synchronized copy of it, and
+returns the mapped tensor to the HTTP client (its stub copies it to the host, reading through the
+mapping). So an output written by a kernel the producer never waited for, memory CUDA cannot
+export (a pool's, one the producer itself mapped), an empty output, and an export opened by the
+stub that made it (an async decoupled model calling itself) all reach the caller right. The
+export registry in the backend and both stubs' counts are read with `bls.inspect()` from inside
+the models: they empty after normal use, after the consumer is killed while it maps an export,
+and after the producer is killed while mapped.
 
 GPU inputs go the other way: a caller's fake-GPU input to `unforced` (FORCE_CPU_ONLY_INPUT_TENSORS
-"no", on that GPU) is mapped by the callee, with the same bookkeeping and deaths; every other
-target (the default, another GPU, a response cache, an ensemble, a dynamic batcher), and memory
-CUDA cannot export again, gets the caller's host copy.
+"no", on that GPU) is mapped by the callee (a copy the caller exported, a mapped tensor given on
+too), with the same bookkeeping and deaths; every other target (the default, another GPU, a
+response cache, an ensemble, a dynamic batcher) gets the caller's host copy.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -34,7 +39,8 @@ import gc, json, os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from pystub_backend.devices import fake_cuda_capsule, fake_device_array
-from pystub_backend.devices.fake_memory import freed_while_mapped
+from pystub_backend.devices import fake_write_later
+from pystub_backend.devices.fake_engine import freed_while_mapped
 from pystub_backend.stub.features import bls
 
 
@@ -60,7 +66,10 @@ class TritonPythonModel:
         out = pb_utils.Tensor("OUT", data)
         mode = params.get("mode", "produce")
         if mode == "produce":
-            doubled = fake_device_array(data * 2, self.device)
+            doubled = fake_device_array(data * 2, self.device, exportable=not params.get("pooled"))
+            if params.get("late"):  # written by a kernel after a long one, never waited for
+                doubled = fake_device_array(np.zeros_like(data), self.device)
+                fake_write_later(doubled, data * 2, self.device)
             out = pb_utils.Tensor.from_dlpack("OUT", fake_cuda_capsule(doubled, self.device))
         elif mode == "call":
             kwargs = {}
@@ -72,8 +81,10 @@ class TritonPythonModel:
             if params.get("gpu_input"):  # the input on this instance's GPU
                 given = pb_utils.Tensor.from_dlpack(
                     "IN", fake_cuda_capsule(fake_device_array(sent, self.device), self.device))
+            callee_params = json.loads(params["callee"]) if "callee" in params else (
+                {"keep_input": True} if params.get("callee_keep") else {})
             answer = pb_utils.InferenceRequest(model_name=params.get("target", "producer"), inputs=[given],
-                                               parameters={"keep_input": True} if params.get("callee_keep") else {},
+                                               parameters=callee_params,
                                                requested_output_names=["OUT", "INFO"], **kwargs).exec()
             if answer.has_error():
                 raise pb_utils.TritonModelException(answer.error().message())
@@ -103,6 +114,65 @@ class TritonPythonModel:
 
 def _info(info):
     return pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_))
+'''
+
+
+# A decoupled async model on GPU 0 that answers "inner" requests with a GPU tensor and, otherwise,
+# calls itself for one with the answer on GPU 0: its stub maps its own export.
+_SELF_CALLER = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from pystub_backend.devices import fake_cuda_capsule, fake_device_array
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if json.loads(request.parameters() or "{}").get("inner"):
+                out = pb_utils.Tensor.from_dlpack("OUT", fake_cuda_capsule(fake_device_array(data * 3, 0), 0))
+            else:
+                call = pb_utils.InferenceRequest(
+                    model_name="self_caller", inputs=[pb_utils.Tensor("IN", data)], requested_output_names=["OUT"],
+                    parameters={"inner": True},
+                    preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU, 0))
+                answers = [a for a in await call.async_exec(decoupled=True) if a.output_tensors() or a.has_error()]
+                if answers[0].has_error():
+                    raise pb_utils.TritonModelException(answers[0].error().message())
+                out = pb_utils.get_output_tensor_by_name(answers[0], "OUT")
+                if out.is_cpu():
+                    raise pb_utils.TritonModelException("the inner answer did not arrive on the GPU")
+            sender.send(pb_utils.InferenceResponse([out]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+_SELF_CALLER_CONFIG = '''backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
+'''
+_SELF_DRIVER = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(model_name="self_caller", inputs=[pb_utils.get_input_tensor_by_name(
+                request, "IN")], requested_output_names=["OUT"])
+            answers = [a for a in call.exec(decoupled=True) if a.output_tensors() or a.has_error()]
+            if answers[0].has_error():
+                raise pb_utils.TritonModelException(answers[0].error().message())
+            out = pb_utils.get_output_tensor_by_name(answers[0], "OUT")
+            info = np.array([json.dumps({"mapped": True}).encode()], dtype=np.object_)
+            responses.append(pb_utils.InferenceResponse([out, pb_utils.Tensor("INFO", info)]))
+        return responses
 '''
 
 
@@ -141,6 +211,14 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(_MODEL)
         (root / name / "config.pbtxt").write_text(_config(gpu, cached, forced))
+    (root / "relay" / "1").mkdir(parents=True)  # a GPU 0 instance that hands on what it maps
+    (root / "relay" / "1" / "model.py").write_text(_MODEL)
+    (root / "relay" / "config.pbtxt").write_text(_config(0))
+    for name, code, config in (("self_caller", _SELF_CALLER, _SELF_CALLER_CONFIG),
+                               ("self_driver", _SELF_DRIVER, _config(0))):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(code)
+        (root / name / "config.pbtxt").write_text(config)
     (root / "unforced_batched" / "1").mkdir(parents=True)
     (root / "unforced_batched" / "1" / "model.py").write_text(_MODEL)
     (root / "unforced_batched" / "config.pbtxt").write_text(_config(0, force_cpu_inputs=False, batched=True))
@@ -294,11 +372,43 @@ def test_a_callee_killed_while_it_maps_a_gpu_input_releases_it(backend: Backend)
     _until("the dead callee's claim released", lambda: _all_idle(backend))
 
 
-def test_a_mapped_gpu_tensor_given_on_as_an_input_is_copied_since_cuda_cannot_export_it_again(
-        backend: Backend) -> None:
+def test_a_mapped_gpu_tensor_given_on_as_an_input_is_exported_again_as_a_copy(backend: Backend) -> None:
     data = np.arange(6, dtype=np.float32)
     out, info = _infer(backend, "producer", {"mode": "call", "target": "unforced", "device": 0, "pass_on": True},
                        data)
-    np.testing.assert_array_equal(out, data * 4)  # doubled by each call; the second read the host copy
-    assert (info["is_cpu"], info["callee"]["input_is_cpu"]) == (False, True)
+    np.testing.assert_array_equal(out, data * 2)  # doubled once by the first call; the second answers its input
+    assert (info["is_cpu"], info["callee"]["input_is_cpu"]) == (False, False)  # CUDA could not export the mapping
     _until("every export given back", lambda: _all_idle(backend))
+
+
+@pytest.mark.parametrize("produce", [{"late": True}, {"pooled": True}], ids=["written-late", "pool-memory"])
+def test_what_the_producer_wrote_reaches_the_caller_however_its_memory_came_to_be(
+        backend: Backend, produce: dict[str, Any]) -> None:
+    data = np.linspace(-1, 1, 1 << 12, dtype=np.float32)
+    callee = json.dumps({"mode": "produce", **produce})
+    out, info = _infer(backend, "consumer", {"mode": "call", "device": 0, "callee": callee}, data)
+    np.testing.assert_array_equal(out, data * 2)  # handing over its memory itself: zeros, or no export at all
+    assert (info["is_cpu"], info["during"]["device_mappings"]) == (False, 1)
+    _until("every export given back", lambda: _all_idle(backend))
+
+
+def test_a_callee_that_returns_a_tensor_it_mapped_hands_it_on(backend: Backend) -> None:
+    data = np.arange(6, dtype=np.float32)
+    callee = json.dumps({"mode": "call", "device": 0, "target": "producer"})  # the relay maps producer's answer
+    out, info = _infer(backend, "consumer", {"mode": "call", "device": 0, "target": "relay", "callee": callee}, data)
+    np.testing.assert_array_equal(out, data * 2)
+    assert (info["is_cpu"], info["during"]["device_mappings"]) == (False, 1)
+    _until("every export given back", lambda: _all_idle(backend))
+
+
+def test_an_empty_gpu_output_reaches_a_caller_that_prefers_the_gpu(backend: Backend) -> None:
+    out, info = _infer(backend, "consumer", {"mode": "call", "device": 0}, np.empty(0, np.float32))
+    assert out.shape == (0,) and (info["is_cpu"], info["device"]) == (False, 0)
+
+
+def test_a_stub_maps_its_own_export(backend: Backend) -> None:
+    """An async decoupled model that calls itself through BLS, asking for the answer on its GPU."""
+    data = np.arange(6, dtype=np.float32)
+    out, info = _infer(backend, "self_driver", {}, data)
+    np.testing.assert_array_equal(out, data * 3)
+    assert info == {"mapped": True}

@@ -1,7 +1,8 @@
 """A model's GPU tensors reach HTTP and gRPC clients: on the fake machine (PYSTUB_FAKE_GPUS=2) a
-KIND_GPU model returns `Tensor.from_dlpack` of a CUDA capsule (host memory that says it is on its
-instance's device); the stub copies it once into the response's arena block, through the same
-device interface a real GPU uses (pystub_backend.stub.device_outputs)."""
+KIND_GPU model returns `Tensor.from_dlpack` of a CUDA capsule of fake device memory on its
+instance's device, written by a kernel it never waits for; the stub copies it once into the
+response's arena block, through the CUDA code a real GPU runs (pystub_backend.stub.device_outputs);
+an empty GPU output is an empty output."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pystub_backend.devices import FAKE_VARIABLE
 _MODEL = '''
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from pystub_backend.devices import fake_cuda_capsule
+from pystub_backend.devices import fake_cuda_capsule, fake_device_array, fake_write_later
 
 
 class TritonPythonModel:
@@ -30,7 +31,9 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             doubled = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy() * 2
-            out = pb_utils.Tensor.from_dlpack("OUT", fake_cuda_capsule(doubled, self.device))
+            device = fake_device_array(np.zeros_like(doubled), self.device)
+            fake_write_later(device, doubled, self.device)  # queued: lands only when someone waits
+            out = pb_utils.Tensor.from_dlpack("OUT", fake_cuda_capsule(device, self.device))
             if out.is_cpu():
                 raise pb_utils.TritonModelException("a CUDA capsule made a CPU tensor")
             responses.append(pb_utils.InferenceResponse([out, pb_utils.Tensor("DEVICE", np.array([self.device]))]))
@@ -54,7 +57,7 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
         yield started
 
 
-@pytest.mark.parametrize("size", [4, 3 << 20], ids=["small", "12MiB"])
+@pytest.mark.parametrize("size", [0, 4, 3 << 20], ids=["empty", "small", "12MiB"])
 def test_http_client_gets_the_gpu_output(backend: Backend, size: int) -> None:
     data = np.random.default_rng(size).random(size, dtype=np.float32)
     client = httpclient.InferenceServerClient(backend.http_url)

@@ -14,6 +14,10 @@ clients registered, and the requests whose tensors live in them.
     unregister(name | "")                      the name is gone at once (status, new requests);
                                                the mappings, ours and the stubs' (ClientShmForget),
                                                go when the last request holding the region ends
+    cuda_unregister_closed(name | "")          a CUDA region's too, and answers once the stubs
+                                               that opened its handle closed it (ClientShmForgotten),
+                                               as Triton closes its handle before answering: the
+                                               client may free its buffer then
 
 The backend never maps a client's object (its owner may truncate it under us: SIGBUS): a
 `Region` holds an fd and reads with preadv, see pystub_backend.backend.features.client_regions. A
@@ -42,16 +46,17 @@ from pystub_backend.backend.features.client_regions import CudaRegion, Region, S
 from pystub_backend.backend.inference import InferRequest, RequestedOutput, Tensor
 from pystub_backend.devices.interface import IPC_HANDLE_SIZE
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
-from pystub_backend.ipc.messages.client_shm import ClientShmForget
+from pystub_backend.ipc.messages.client_shm import ClientShmForget, ClientShmForgotten
 from pystub_backend.ipc.posix_shm import open_client_object, shm_name
 from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
     from pystub_backend.backend.response_stream import ResponseStream
+    from pystub_backend.backend.supervision.handlers import BackendHandlers
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
 __all__ = ["ClientShmRegistry", "Region", "ShmTensor", "ShmOutput", "Lease", "attach_regions",
-           "region_handle", "REGION", "BYTE_SIZE", "OFFSET"]
+           "region_handle", "register", "REGION", "BYTE_SIZE", "OFFSET", "CLOSE_TIMEOUT_S"]
 
 log = logging.getLogger("pystub.client_shm")
 
@@ -60,6 +65,10 @@ BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
 DISABLED = ("system shared memory is disabled: start pystub-backend with --allow-client-shm=true "
             "to register regions")
+CLOSE_TIMEOUT_S = 30.0  # how long an unregister waits for a live stub to close a CUDA handle
+_POLL_S = 0.25  # ... checking meanwhile that the stub is still alive
+# (stub, generation) -> resolved when that stub closed its mappings of the registration
+_closing: dict[tuple[StubProcess, int], asyncio.Future[None]] = {}
 
 
 def _invalid(text: str) -> ServerError:
@@ -250,9 +259,30 @@ class ClientShmRegistry:
         log.info("registered CUDA shared memory region '%s' (device %d, %d bytes)", name, device_id, byte_size)
 
     def cuda_unregister(self, name: str = "") -> None:
-        """Forget one CUDA region, or all of them; an unknown name is not an error (as in Triton)."""
+        """Forget one CUDA region, or all of them; an unknown name is not an error (as in Triton).
+        The stubs close their handles soon after; `cuda_unregister_closed` waits for that."""
         names = [name] if name else [n for n, r in self._regions.items() if isinstance(r, CudaRegion)]
         self._unregister([n for n in names if isinstance(self._regions.get(n), CudaRegion)])
+
+    async def cuda_unregister_closed(self, name: str = "", timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """`cuda_unregister`, returning once every live stub that opened a retired region's handle
+        has closed it (a region requests still use closes when the last of them ends)."""
+        before = set(_closing)
+        self.cuda_unregister(name)
+        waits = [(key, future) for key, future in _closing.items() if key not in before]
+        deadline = asyncio.get_running_loop().time() + timeout
+        for key, future in waits:
+            stub = key[0]
+            while not future.done() and stub.alive:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    log.warning("stub '%s' did not close a CUDA shared memory handle within %.0f s",
+                                stub.instance_name, timeout)
+                    break
+                await asyncio.wait([future], timeout=min(_POLL_S, left))
+            if not future.done():  # dead, or too slow: nobody waits for its answer any more
+                _closing.pop(key, None)
+                future.cancel()
 
     # -- requests ---------------------------------------------------------------------------------
     def resolve(self, request: InferRequest) -> Lease:
@@ -298,12 +328,17 @@ class ClientShmRegistry:
 
     # -- retiring ---------------------------------------------------------------------------------
     def _retire(self, region: Region) -> None:
-        """Unregistered and unused: unmap it here and tell the stubs that mapped it."""
+        """Unregistered and unused: unmap it here and tell the stubs that mapped it (a CUDA
+        region's: noted, to wait for their answers)."""
         self._retiring.discard(region)
         region.unmap()
         forget = ClientShmForget([region.generation])
+        for key in [key for key in _closing if not key[0].alive]:  # dead stubs never answer
+            _closing.pop(key).cancel()
         for stub in list(region.stubs):
             if stub.alive:
+                if isinstance(region, CudaRegion):
+                    _closing[(stub, region.generation)] = asyncio.get_event_loop().create_future()
                 task = asyncio.ensure_future(self._send(stub, forget))
                 self._sends.add(task)
                 task.add_done_callback(self._sends.discard)
@@ -314,6 +349,7 @@ class ClientShmRegistry:
             await stub.send(forget)
         except (ChannelClosedError, ChannelTimeoutError) as exc:
             log.debug("stub '%s' did not take CLIENT_SHM_FORGET: %s", stub.instance_name, exc)
+            _closed(stub, forget.generations)
 
     def close(self) -> None:
         """Unmap everything (at shutdown, after the stubs stopped); never unlinks."""
@@ -345,3 +381,20 @@ def attach_regions(request: InferRequest, stub: StubProcess, stream: ResponseStr
         lease = _hold_all(regions)
         stream.when_final(lambda _: lease.release())
     return outputs
+
+
+# -- the stubs' answers ------------------------------------------------------------------------------
+def _closed(stub: StubProcess, generations: list[int]) -> None:
+    for generation in generations:
+        future = _closing.pop((stub, generation), None)
+        if future is not None and not future.done():
+            future.set_result(None)
+
+
+def _on_forgotten(stub: StubProcess, message: ClientShmForgotten) -> None:
+    _closed(stub, message.generations)
+
+
+def register(handlers: BackendHandlers) -> None:
+    """The stubs' answers to ClientShmForget: their mappings of those registrations are closed."""
+    handlers.on_frame(ClientShmForgotten, _on_forgotten)

@@ -32,6 +32,7 @@ def install_features(handlers: BackendHandlers) -> BackendHandlers:
     sequence_frames.register(handlers)  # sequence batching: rescheduled requests
     bls.register(handlers)  # BLS calls and model control from stubs
     multiplex.register(handlers)  # model multiplexing: what each stub holds
+    client_shm.register(handlers)  # client shared memory: the stubs closed a registration's mappings
     return handlers
 
 

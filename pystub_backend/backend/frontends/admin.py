@@ -1,6 +1,7 @@
 """The admin endpoint behind `stubctl`: per-stub facts, read from the supervisor and the OS.
 
-    GET  /v2/pystub/stubs                          -> {"stubs": [row, ...]}   (read-only)
+    GET  /v2/pystub/stubs                          -> {"stubs": [row, ...]}   (read-only; with a GPU a
+                                                      row has each stub's device memory, from NVML)
     GET  /v2/pystub/build                          -> whether the hot path runs compiled (read-only)
     POST /v2/pystub/stubs/{model}/restart          restart every instance of the model
     POST /v2/pystub/stubs/{model}/{instance}/restart
@@ -26,6 +27,7 @@ from pystub_backend.backend.models.version import ModelVersion
 from pystub_backend.backend.scheduling.multiplex import held_ids
 from pystub_backend.backend.supervision.instance import ModelInstance
 from pystub_backend.backend.telemetry.process_cpu import ProcessSampler
+from pystub_backend.devices import DeviceSystem
 
 __all__ = ["stub_rows", "admin_routes"]
 
@@ -37,7 +39,17 @@ def _process_facts(pid: int | None, sampler: ProcessSampler) -> dict[str, Any]:
     return {"rss_bytes": found.rss_bytes, "cpu_percent": found.cpu_percent}
 
 
-def _stub_row(model_version: ModelVersion, instance: ModelInstance, sampler: ProcessSampler) -> dict[str, Any]:
+def _gpu_facts(pid: int | None, gpu_memory: dict[int, dict[int, int]] | None) -> dict[str, Any]:
+    """The stub's device memory on each GPU (NVML's per-process figures); None without a GPU."""
+    if gpu_memory is None:
+        return {"gpu_memory_bytes": None, "gpu_memory_by_device": {}}
+    held = gpu_memory.get(pid, {}) if pid is not None else {}
+    return {"gpu_memory_bytes": sum(held.values()),
+            "gpu_memory_by_device": {str(device): size for device, size in sorted(held.items())}}
+
+
+def _stub_row(model_version: ModelVersion, instance: ModelInstance, sampler: ProcessSampler,
+              gpu_memory: dict[int, dict[int, int]] | None = None) -> dict[str, Any]:
     stub = instance.stub
     healthy = instance.healthy
     control = stub.control if stub is not None else None
@@ -67,14 +79,17 @@ def _stub_row(model_version: ModelVersion, instance: ModelInstance, sampler: Pro
         "multiplexed_models": held_ids(instance),  # sub-model ids the stub holds, LRU first
     }
     row.update(_process_facts(row["pid"] if healthy else None, sampler))
+    row.update(_gpu_facts(row["pid"] if healthy else None, gpu_memory))
     return row
 
 
-def stub_rows(core: Core, sampler: ProcessSampler | None = None) -> list[dict[str, Any]]:
+def stub_rows(core: Core, sampler: ProcessSampler | None = None,
+              gpu_memory: dict[int, dict[int, int]] | None = None) -> list[dict[str, Any]]:
     """One row per stub of every loaded model version. `sampler` keeps each stub's process across
-    calls, so CPU% is measured since the previous call (without one: since the stub started)."""
+    calls, so CPU% is measured since the previous call (without one: since the stub started).
+    `gpu_memory` is DeviceSystem.process_memory() (None: no GPU), for each stub's device memory."""
     sampler = sampler or ProcessSampler()
-    rows = [_stub_row(version, instance, sampler) for version in core.model_versions()
+    rows = [_stub_row(version, instance, sampler, gpu_memory) for version in core.model_versions()
             for instance in version.instances]
     sampler.forget_others({row["pid"] for row in rows if row["pid"] is not None})
     return rows
@@ -103,11 +118,14 @@ async def _restart(core: Core, request: web.Request) -> web.Response:
     return web.json_response({"restarted": [instance.name for instance in targets]})
 
 
-def admin_routes(core: Core) -> list[web.RouteDef]:
+def admin_routes(core: Core, devices: DeviceSystem | None = None) -> list[web.RouteDef]:
+    """The routes; `devices` (the server's GPUs) gives each stub row its device memory."""
     sampler = ProcessSampler()  # lives as long as the routes: CPU% between two `stubctl` calls
+    gpus = devices if devices is not None and devices.gpus() else None
 
     async def stubs(_: web.Request) -> web.Response:
-        return web.json_response({"stubs": stub_rows(core, sampler)})
+        gpu_memory = await asyncio.to_thread(gpus.process_memory) if gpus is not None else None  # NVML blocks
+        return web.json_response({"stubs": stub_rows(core, sampler, gpu_memory)})
 
     async def restart(request: web.Request) -> web.Response:
         return await _restart(core, request)

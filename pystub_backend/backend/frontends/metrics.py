@@ -12,6 +12,7 @@ format 0.0.4 (`pystub_backend.backend.telemetry.prometheus_text`), `text/plain; 
     nv_cpu_utilization, nv_cpu_memory_*      the machine, polled every --metrics-interval-ms
     nv_pinned_memory_pool_*                  always 0: pystub has no pinned-memory pool
     pystub_stub_* {model, version, instance} each stub: up, restarts, heartbeat age, RSS (polled),
+                                             GPU memory ({..., gpu_uuid}, NVML's per-process figure),
                                              p2s arena bytes used/total, requests in flight,
                                              requests served/failed
     pystub_multiplexed_*                     model multiplexing (scheduling.multiplex)
@@ -257,6 +258,10 @@ def render_metrics(core: Core, poller: SystemPoller | None = None) -> str:
     writer.raw(latency.summary_lines(windows))
     writer.raw(latency.histogram_lines(windows))  # --metrics-config histogram_latencies=true
     _stub_families(writer, versions, poller)
+    if poller is not None and poller.gpus is not None:  # pystub_stub_gpu_memory_bytes, per GPU
+        poller.gpus.write_stub_memory(writer, [(_version_labels(v) + [("instance", i.name)], i.stub.pid)
+                                               for v in versions for i in v.instances
+                                               if i.stub is not None and i.healthy and i.stub.pid is not None])
     writer.raw(multiplex_metrics(core))  # pystub_multiplexed_* (pystub_backend.backend.scheduling.multiplex_stats)
     _custom_families(writer, registry_for(core))
     token_metrics = token_metrics_for(core)  # the OpenAI port's pystub_openai_*

@@ -7,6 +7,10 @@
     nv_gpu_power_limit          gauge    watts
     nv_energy_consumption       counter  joules since the server started
 
+and, per stub, what NVML counts of its process on each GPU (its CUDA context and allocations):
+
+    pystub_stub_gpu_memory_bytes {model, version, instance, gpu_uuid}   gauge
+
 Sampled with the other polled gauges every --metrics-interval-ms (on the poller's worker thread:
 NVML calls block), read at scrape time. No GPU, or --allow-gpu-metrics=false: no family at all.
 A value a GPU cannot report (NVML_ERROR_NOT_SUPPORTED) is left out of its family.
@@ -19,7 +23,7 @@ from collections.abc import Callable
 from pystub_backend.backend.telemetry.prometheus_text import TextWriter
 from pystub_backend.devices import DeviceError, DeviceSystem, GpuInfo, GpuReading
 
-__all__ = ["GpuSampler", "GPU_FAMILIES"]
+__all__ = ["GpuSampler", "GPU_FAMILIES", "STUB_GPU_MEMORY"]
 
 _Value = Callable[[GpuReading], "float | int | None"]
 GPU_FAMILIES: tuple[tuple[str, str, str], ...] = (
@@ -32,14 +36,21 @@ GPU_FAMILIES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+STUB_GPU_MEMORY = ("pystub_stub_gpu_memory_bytes", "gauge",
+                   "Device memory the stub's process holds on the GPU, as the driver counts it (its CUDA context "
+                   "included), in bytes")
+
+
 class GpuSampler:
-    """The latest reading of every visible GPU; energy counted from the first sample."""
+    """The latest reading of every visible GPU and of each process's memory on them; energy counted
+    from the first sample."""
 
     def __init__(self, devices: DeviceSystem) -> None:
         self._devices = devices
         self._gpus: list[GpuInfo] = devices.gpus()
         self._readings: dict[int, GpuReading] = {}
         self._energy_start: dict[int, float] = {}
+        self.process_memory: dict[int, dict[int, int]] = {}  # pid -> {device id: bytes}
 
     @property
     def active(self) -> bool:
@@ -58,6 +69,7 @@ class GpuSampler:
                 self._energy_start.setdefault(gpu.device_id, reading.energy_joules)
             readings[gpu.device_id] = reading
         self._readings = readings  # one assignment: the loop's readers see a whole sample
+        self.process_memory = self._devices.process_memory()
 
     def write(self, writer: TextWriter) -> None:
         if not self._gpus:
@@ -83,3 +95,15 @@ class GpuSampler:
         if reading.energy_joules is None:
             return None
         return reading.energy_joules - self._energy_start.get(device_id, reading.energy_joules)
+
+    def write_stub_memory(self, writer: TextWriter, stubs: list[tuple[list[tuple[str, str]], int]]) -> None:
+        """`pystub_stub_gpu_memory_bytes` of each (labels, pid) stub, one series per GPU it holds memory on."""
+        if not self._gpus:
+            return
+        uuids = {gpu.device_id: gpu.uuid for gpu in self._gpus}
+        name = STUB_GPU_MEMORY[0]
+        writer.family(*STUB_GPU_MEMORY)
+        memory = self.process_memory
+        for labels, pid in stubs:
+            for device_id, size in sorted(memory.get(pid, {}).items()):
+                writer.sample(name, [*labels, ("gpu_uuid", uuids.get(device_id, str(device_id)))], size)

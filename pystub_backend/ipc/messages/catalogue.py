@@ -76,6 +76,7 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry(53, "MultiplexUnloaded", _B, "multiplex"),
     Entry(54, "MultiplexUsage", _B, "multiplex"),
     Entry(60, "ClientShmForget", _S, "client_shm"),
+    Entry(61, "ClientShmForgotten", _B, "client_shm"),  # ... its mappings are closed
     Entry(70, "WorkerHello", _C, "workers"),
     Entry(71, "WorkerInfer", _C, "workers"),
     Entry(72, "WorkerCancel", _C, "workers"),

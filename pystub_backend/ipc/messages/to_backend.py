@@ -21,6 +21,7 @@ from pystub_backend.ipc.messages.bls import (
     DeviceCleanup,
     ModelControl,
 )
+from pystub_backend.ipc.messages.client_shm import ClientShmForgotten
 from pystub_backend.ipc.messages.core import (
     AutoCompleteDone,
     ExecuteDone,
@@ -51,6 +52,7 @@ ToBackend = Union[
     MetricFamilyCreate, MetricOps, MetricValueQuery,
     SequenceRescheduled,
     MultiplexLoaded, MultiplexLoadFailed, MultiplexUnloaded, MultiplexUsage,
+    ClientShmForgotten,
 ]
 
 TO_BACKEND: tuple[type[ToBackend], ...] = get_args(ToBackend)

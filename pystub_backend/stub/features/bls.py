@@ -26,6 +26,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from pystub_backend.devices.interface import DeviceError
+from pystub_backend.devices.numbering import device_numbering
 from pystub_backend.ipc.arena import ArenaFullError
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg
@@ -310,7 +312,10 @@ def _preferred_device(request: Any) -> int | None:  # noqa: ANN401 - pb_utils.In
     """The GPU a call's outputs should be delivered on, or None for the CPU (Triton's default)."""
     preferred = request._preferred_memory
     if preferred.preferred_memory_type == int(pb_utils.TRITONSERVER_MEMORY_GPU):
-        return int(preferred.preferred_device_id)
+        try:  # the model's CUDA ordinal -> the server's id
+            return device_numbering().to_server(int(preferred.preferred_device_id))
+        except DeviceError as exc:
+            raise pb_utils.TritonModelException(str(exc)) from None
     return None
 
 

@@ -31,7 +31,8 @@ import weakref
 from typing import Any
 
 from pystub_backend.devices.interface import DeviceError
-from pystub_backend.ipc.messages.client_shm import ClientShmForget
+from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
+from pystub_backend.ipc.messages.client_shm import ClientShmForget, ClientShmForgotten
 from pystub_backend.ipc.posix_shm import open_client_object
 from pystub_backend.ipc.tensors import cuda_region_device
 from pystub_backend.stub.features import cuda_regions
@@ -158,9 +159,21 @@ def output_targets(rid: int) -> dict[str, list[Any]] | None:
     return None if entry is None else entry[1]
 
 
-def _on_forget(stub: Any, message: ClientShmForget) -> None:
-    REGIONS.forget(message.generations)
-    cuda_regions.forget(message.generations)
+def _on_forget(stub: Any, message: ClientShmForget) -> None:  # noqa: ANN401 - the stub
+    # Off the receiver thread: closing CUDA handles and answering are not its work to wait on.
+    threading.Thread(target=_forget_and_answer, args=(stub, message.generations), name="pystub-shm-forget",
+                     daemon=True).start()
+
+
+def _forget_and_answer(stub: Any, generations: list[int]) -> None:  # noqa: ANN401
+    REGIONS.forget(generations)
+    try:
+        cuda_regions.forget(generations)
+    finally:  # the backend answers the client's unregister once this arrives
+        try:
+            stub.send(ClientShmForgotten(generations))
+        except (ChannelClosedError, ChannelTimeoutError, OSError):
+            pass  # the backend is gone or stuck: nobody waits for the answer
 
 
 def register(handlers: StubHandlers) -> None:

@@ -1,18 +1,24 @@
 """A client's CUDA shared memory inside the stub: the stub opens the client's CUDA IPC handle (the
 backend never does: it holds no CUDA context) and moves the bytes itself.
 
-    input  in a CUDA region ──cudaMemcpy D2H──▶ host bytes the model gets (inputs arrive on the CPU)
-    output to a CUDA region ◀─cudaMemcpy H2D── a host output
-                            ◀─cudaMemcpy D2D── a GPU output (no host trip)
+    input  in a CUDA region ──device to host──▶ host bytes the model gets (inputs arrive on the CPU)
+    output to a CUDA region ◀─host to device── a host output
+                            ◀─device to device─ a GPU output on the region's GPU (no host trip)
+                            ◀─peer copy─────── a GPU output on another GPU (cudaMemcpyPeer, as Triton)
 
-Handles are opened once per registration (`generation`) and closed when the backend says the
-registration is gone (ClientShmForget), like system regions' mappings. The region's bounds were
-checked by the backend against the registered size; a handle that does not open (a bad or stale
-handle, an exporter that exited) fails the request with the driver's reason.
+Every copy is done when it returns (DeviceMemory: synchronized), so the client that reads its
+buffer once the response arrived reads the output, from its own process. Handles are opened once
+per registration (`generation`) and closed when the backend says the registration is gone
+(ClientShmForget), like system regions' mappings; the stub answers once they are closed, and the
+backend answers the client's unregister only then. No work of the model's is ever queued on a
+region (it sees only host copies), so closing needs no wait for the device. The region's bounds
+were checked by the backend against the registered size; a handle that does not open (a bad or
+stale handle, an exporter that exited) fails the request with the driver's reason.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -73,18 +79,23 @@ def write(name: str, datatype: str, shape: list[int], buffer: Any, target: list[
         memory = device_outputs._device_memory()
         if source is not None:
             memory.from_host(device_id, base + target[1], source)
-        else:
+        elif buffer.device_id == device_id:
             memory.device_copy(device_id, base + target[1], buffer.pointer, nbytes)
+        else:
+            memory.peer_copy(device_id, base + target[1], buffer.device_id, buffer.pointer, nbytes)
     return WireTensor(name, datatype, list(shape), list(EMPTY_HANDLE))
 
 
 def forget(generations: list[int]) -> None:
-    """Close the handles of registrations that are gone; later uses are refused."""
+    """Close the handles of registrations that are gone (before returning); later uses are refused."""
     with _lock:
         _forgotten.update(generations)
         dropped = [(g, _opened.pop(g)) for g in list(_opened) if g in _forgotten]
     for _, (device_id, base) in dropped:
-        device_outputs._device_memory().close_handle(device_id, base)
+        try:
+            device_outputs._device_memory().close_handle(device_id, base)
+        except DeviceError as exc:  # nothing to answer to but the log: the registration is gone anyway
+            print(f"pystub: closing a CUDA shared memory region failed: {exc}", file=sys.stderr, flush=True)
 
 
 def opened() -> int:

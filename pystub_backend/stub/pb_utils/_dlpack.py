@@ -15,7 +15,13 @@ cannot hold GPU memory. So capsules are read here with ctypes, following dlpack.
               uint64 byte_offset
 
 Import takes ownership the DLPack way: the capsule is renamed `used_dltensor[_versioned]` and the
-producer's deleter is called once the last view of the memory is gone. Export lets numpy build the
+producer's deleter is called once the last view of the memory is gone. An object on a CUDA device
+is asked for its capsule on this stub's consumer stream, `__dlpack__(stream=s)`, which makes s wait
+for the producer's work (PyTorch: its current stream), and s is then waited for, as Triton's
+`from_dlpack` does: so work on the model's own streams is finished before pystub copies the
+tensor. A capsule handed over directly carries no stream: it is ordered after the model's work
+on the default stream only. CUDA device ids are the model's (its process's ordinals) in capsules
+and the server's inside pystub (devices.numbering). Export lets numpy build the
 capsule (numpy owns the deleter, so no C callback is written here) and then rewrites the dtype
 field for the two types numpy cannot express (BOOL on old numpy, BF16).
 """
@@ -28,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from pystub_backend.devices.interface import DeviceError
+from pystub_backend.devices.numbering import device_numbering
 from pystub_backend.ipc.dtypes import numpy_dtype
 
 from ._errors import TritonModelException
@@ -168,8 +176,41 @@ def _capsule_of(obj: object) -> object:
     if type(obj).__name__ == "PyCapsule":
         return obj
     if hasattr(obj, "__dlpack__"):
-        return obj.__dlpack__()
+        device = _cuda_device_of(obj)
+        return obj.__dlpack__() if device is None else _synchronized_capsule(obj, device)
     raise TritonModelException(_NOT_SUPPORTED)
+
+
+def _cuda_device_of(obj: object) -> int | None:
+    """The CUDA ordinal `obj.__dlpack_device__()` names, or None for another device (or none said)."""
+    try:
+        device_type, device_id = obj.__dlpack_device__()  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return int(device_id) if int(device_type) == KDL_CUDA else None
+
+
+def _synchronized_capsule(obj: Any, local_id: int) -> object:  # noqa: ANN401 - a producer with __dlpack__
+    """The capsule of a CUDA producer, once its work so far has finished. Raises TritonModelException
+    when the device cannot be used (no CUDA bindings, a device this stub does not see)."""
+    from pystub_backend.stub.device_outputs import _device_memory  # CUDA is loaded only now
+
+    try:
+        server_id = device_numbering().to_server(local_id)
+        memory = _device_memory()
+        stream = memory.consumer_stream(server_id)
+    except DeviceError as exc:
+        raise TritonModelException(f"cannot take a tensor on cuda:{local_id}: {exc}") from None
+    try:
+        capsule = obj.__dlpack__(stream=stream)
+        wait = memory.wait_stream
+    except (TypeError, NotImplementedError):  # a producer that takes no stream: wait for the device
+        capsule, wait = obj.__dlpack__(), memory.synchronize
+    try:
+        wait(server_id)
+    except DeviceError as exc:
+        raise TritonModelException(f"waiting for a tensor on cuda:{local_id} failed: {exc}") from None
+    return capsule
 
 
 def _validate(tensor: Any) -> tuple[str, list[int], int]:
@@ -188,10 +229,17 @@ def _build(managed: Any, owner: _Owner, wire: str, shape: list[int], device_type
     tensor = managed.dl_tensor
     if device_type == KDL_CUDA:
         pointer = int(tensor.data or 0) + int(tensor.byte_offset)
-        return DLPackImport(wire, shape, KDL_CUDA, int(tensor.device.device_id), None, owner, pointer)
+        return DLPackImport(wire, shape, KDL_CUDA, _server_id(int(tensor.device.device_id)), None, owner, pointer)
     read_only = bool(getattr(managed, "flags", 0) & _READ_ONLY_FLAG)
     array = _host_array(tensor, wire, shape, owner, read_only)
     return DLPackImport(wire, shape, KDL_CPU, 0, array, owner)
+
+
+def _server_id(local_id: int) -> int:
+    try:
+        return device_numbering().to_server(local_id)
+    except DeviceError as exc:
+        raise TritonModelException(str(exc)) from None
 
 
 def _is_c_contiguous(shape: list[int], strides: list[int] | None) -> bool:
@@ -300,8 +348,8 @@ def _capsule_destructor(capsule_address: int) -> None:
 
 def export_device_capsule(pointer: int, device: tuple[int, int], shape: list[int], wire: str,
                           keeper: object) -> object:
-    """A legacy "dltensor" capsule of C-contiguous memory at `pointer` on `device` (type, id);
-    `keeper` is held until the capsule's consumer (or the capsule) is done with it."""
+    """A legacy "dltensor" capsule of C-contiguous memory at `pointer` on `device` (type, the
+    model's ordinal); `keeper` is held until the capsule's consumer (or the capsule) is done with it."""
     code, bits = _WIRE_TO_DL[wire]
     managed = _DLManagedTensor()
     dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)

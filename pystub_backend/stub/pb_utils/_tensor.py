@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from pystub_backend.devices.interface import DeviceError
+from pystub_backend.devices.numbering import device_numbering
 from pystub_backend.ipc.bytes_codec import serialize_bytes
 from pystub_backend.ipc.dtypes import WIRE_TO_CODE, wire_name_of
 from pystub_backend.stub.device_outputs import DeviceBuffer
@@ -83,7 +85,7 @@ class Tensor(PybindRepr):
 
     @classmethod
     def _on_device(cls, name: str, wire: str, shape: list[int], device_id: int, pointer: int, owner: object) -> Tensor:
-        """A GPU tensor over `pointer` on CUDA device `device_id`, kept valid by `owner` (stub-side)."""
+        """A GPU tensor over `pointer` on the server's GPU `device_id`, kept valid by `owner` (stub-side)."""
         tensor = cls.__new__(cls)
         tensor._setup(name, wire, None, shape)
         tensor._device = (_dlpack.KDL_CUDA, device_id)
@@ -151,7 +153,8 @@ class Tensor(PybindRepr):
         if self._wire == "BYTES":
             raise TritonModelException("DLPack does not have support for string tensors.")
         if not self.is_cpu():
-            return _dlpack.export_device_capsule(self._pointer, self._device, self._shape, self._wire, self)
+            return _dlpack.export_device_capsule(self._pointer, self.__dlpack_device__(), self._shape, self._wire,
+                                                 self)
         return _dlpack.export_capsule(self._exportable_array(), self._wire, max_version)
 
     def _exportable_array(self) -> np.ndarray:
@@ -179,7 +182,11 @@ class Tensor(PybindRepr):
         return self._array
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return self._device
+        """(DLPack device type, id): for a GPU tensor the CUDA ordinal in the model's process (the
+        server's id unless the instance is pinned to its GPU, where it is 0)."""
+        if self._device[0] != _dlpack.KDL_CUDA:
+            return self._device
+        return self._device[0], _local_id(self._device[1])
 
     def _wire_payload(self) -> tuple[str, list[int], object]:
         """(wire datatype, shape, buffer): a C-contiguous array, serialized `bytes` for BYTES, or a
@@ -197,6 +204,13 @@ class Tensor(PybindRepr):
                 self._serialized = _serialize(self._array)
             return self._wire, list(self._shape), self._serialized
         return self._wire, list(self._shape), np.ascontiguousarray(self._array)
+
+
+def _local_id(server_id: int) -> int:
+    try:
+        return device_numbering().to_local(server_id)
+    except DeviceError as exc:
+        raise TritonModelException(str(exc)) from None
 
 
 def _check_name(name: object) -> str:

@@ -89,7 +89,7 @@ def shm_routes(core: Any) -> list[web.RouteDef]:
         return web.Response(status=200)
 
     async def cuda_unregister(request: web.Request) -> web.Response:
-        registry.cuda_unregister(region(request))
+        await registry.cuda_unregister_closed(region(request))  # the stubs closed their handles
         return web.Response(status=200)
 
     routes = []

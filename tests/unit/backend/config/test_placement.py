@@ -11,8 +11,9 @@ from tritonclient.grpc import model_config_pb2
 
 from pystub_backend.backend.config.model_config import normalize, parse_config_text
 from pystub_backend.backend.config.placement import PlacementError, check_placement, placements
-from pystub_backend.devices import FAKE_VARIABLE, FakeSystem, NoDevices, discover
+from pystub_backend.devices import FAKE_VARIABLE, NoDevices, discover, fake_system
 from pystub_backend.devices.fake import fake_uuid
+from pystub_backend.devices.nvml import NvmlSystem
 from pystub_backend.devices.visible import visible_physical
 
 _Group = model_config_pb2.ModelInstanceGroup
@@ -77,10 +78,10 @@ def test_cuda_visible_devices_as_cuda_reads_it(variable: str | None, expected: l
 
 
 def test_the_fake_machine_numbers_visible_devices_logically() -> None:
-    system = FakeSystem(3, {"CUDA_VISIBLE_DEVICES": "2,0"})
+    system = fake_system({FAKE_VARIABLE: "3", "CUDA_VISIBLE_DEVICES": "2,0"})
     assert [(g.device_id, g.uuid) for g in system.gpus()] == [(0, fake_uuid(2)), (1, fake_uuid(0))]
     assert system.reading(0).memory_total_bytes == 3 * system.reading(1).memory_total_bytes
-    assert isinstance(discover({FAKE_VARIABLE: "2"}), FakeSystem)
+    assert isinstance(discover({FAKE_VARIABLE: "2"}), NvmlSystem)  # NVML's code, on the stand-in
 
 
 def test_discovery_on_this_machine_without_a_gpu_finds_none() -> None:

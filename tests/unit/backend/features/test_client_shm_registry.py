@@ -335,6 +335,31 @@ def test_unregister_waits_for_requests_in_flight_then_tells_the_stubs() -> None:
     asyncio.run(scenario())
 
 
+def test_a_cuda_unregister_answers_once_every_live_stub_closed_the_handle() -> None:
+    from pystub_backend.backend.features import client_shm as backend_shm
+    from pystub_backend.ipc.messages.client_shm import ClientShmForgotten
+
+    async def scenario() -> None:
+        registry = ClientShmRegistry(enabled=True, gpus=(0,))
+        registry.cuda_register("c", bytes(64), 0, 64)
+        generation = registry._regions["c"].generation
+        first, second = _FakeStub(), _FakeStub()
+        registry._regions["c"].stubs.update((first, second))  # both opened its handle
+        done = asyncio.ensure_future(registry.cuda_unregister_closed("c", timeout=30))
+        await asyncio.sleep(0.05)
+        assert not done.done() and registry.cuda_status() == []  # the name is gone, the answer waits
+        assert [type(msg.decode(f)).__name__ for s in (first, second) for f in s.channel.frames] == [
+            "ClientShmForget", "ClientShmForget"]
+        backend_shm._on_forgotten(first, ClientShmForgotten([generation]))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        assert not done.done()
+        second.alive = False  # a stub that dies never answers, and is not waited for
+        await asyncio.wait_for(done, 5)
+        assert backend_shm._closing == {}
+
+    asyncio.run(scenario())
+
+
 # -- the stub's side ------------------------------------------------------------------------------------
 def test_stub_maps_inputs_read_only_and_writes_outputs() -> None:
     regions = stub_shm.ClientRegions()

@@ -33,10 +33,11 @@ def test_the_public_face_is_what_it_says(package: str) -> None:
 def test_every_backend_feature_frame_kind_has_exactly_one_handler() -> None:
     from pystub_backend.backend.features.install import install_features
     from pystub_backend.backend.supervision.handlers import BackendHandlers
-    from pystub_backend.ipc.messages import bls, metrics, multiplex, sequences
+    from pystub_backend.ipc.messages import bls, client_shm, metrics, multiplex, sequences
 
     handlers = install_features(BackendHandlers())
     expected = {bls.BlsRequest, bls.BlsCancel, bls.BlsCleanup, bls.BlsInspect, bls.ModelControl, bls.DeviceCleanup,
+                client_shm.ClientShmForgotten,
                 metrics.MetricFamilyCreate, metrics.MetricOps, metrics.MetricValueQuery,
                 sequences.SequenceRescheduled, multiplex.MultiplexLoaded, multiplex.MultiplexLoadFailed,
                 multiplex.MultiplexUnloaded, multiplex.MultiplexUsage}

@@ -23,6 +23,9 @@ class _Board:
         return GpuReading(utilization=0.5, memory_total_bytes=10, memory_used_bytes=4, energy_joules=self.energy,
                           power_watts=None if device_id == 0 else 50.0)
 
+    def process_memory(self) -> dict[int, dict[int, int]]:
+        return {101: {0: 5 << 20, 1: 1 << 20}, 102: {1: 3 << 20}}
+
     def close(self) -> None:
         return None
 
@@ -55,3 +58,14 @@ def test_no_gpu_no_family() -> None:
     writer = TextWriter()
     sampler.write(writer)
     assert writer.text() == ""
+
+
+def test_each_stubs_memory_on_each_gpu_by_uuid() -> None:
+    sampler = GpuSampler(_Board())
+    sampler.sample()
+    writer = TextWriter()
+    sampler.write_stub_memory(writer, [([("model", "m"), ("instance", "m_0")], 101),
+                                       ([("model", "n"), ("instance", "n_0")], 999)])  # 999: holds none
+    lines = [line for line in writer.text().splitlines() if not line.startswith("#")]
+    assert lines == ['pystub_stub_gpu_memory_bytes{gpu_uuid="GPU-a",instance="m_0",model="m"} 5242880',
+                     'pystub_stub_gpu_memory_bytes{gpu_uuid="GPU-b",instance="m_0",model="m"} 1048576']
