@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import re
 import time
@@ -45,6 +44,7 @@ from pystub_backend.backend.frontends.http.json_body import parse_json_body
 from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_input_spec
 from pystub_backend.backend.frontends.http.restrict import restriction_middleware
 from pystub_backend.backend.frontends.http.shm import shm_routes
+from pystub_backend.backend.frontends.json_reply import json_reply
 from pystub_backend.backend.frontends.trace_settings import trace_routes
 from pystub_backend.backend.inference import InferRequest, ServerCore
 from pystub_backend.backend.options import Restrictions
@@ -147,16 +147,12 @@ async def _internal_peer_middleware(request: web.Request, handler: _Handler) -> 
 # -- responses and errors --------------------------------------------------------------------------
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
 def _json(value: Any, status: int = 200) -> web.Response:
-    return web.json_response(value, status=status, dumps=_dumps)
+    return json_reply(value, status)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": message}, status=status, dumps=_dumps, headers=headers)
+    return json_reply({"error": message}, status, headers)
 
 
 @web.middleware
