@@ -18,6 +18,7 @@ pystub goes further than Triton here (docs/reference/protocol.md#cancellation): 
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -26,7 +27,6 @@ from aiohttp import web
 from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.generate_request import generate_request
-from pystub_backend.backend.frontends.http.json_document import dump_header
 from pystub_backend.backend.frontends.http.json_tensors import tensor_to_json
 from pystub_backend.backend.frontends.json_reply import JSON_CONTENT_TYPE
 from pystub_backend.backend.inference import InferResponse, ServerCore
@@ -56,9 +56,15 @@ def response_object(response: InferResponse) -> dict[str, Any]:
     return document
 
 
+def _dump(document: dict[str, Any]) -> bytes:
+    """Compact JSON as Triton writes it: NaN and Infinity spelled so, and BYTES that are not UTF-8
+    (carried as surrogate escapes) as their raw bytes."""
+    text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+    return text.encode("utf-8", "surrogateescape")
+
+
 def _answer(document: dict[str, Any], status: int = 200) -> web.Response:
-    # dump_header writes non-UTF-8 BYTES elements as their raw bytes, as Triton does
-    return web.Response(body=dump_header(document), status=status, content_type=JSON_CONTENT_TYPE)
+    return web.Response(body=_dump(document), status=status, content_type=JSON_CONTENT_TYPE)
 
 
 def _outcome(response: InferResponse) -> tuple[dict[str, Any], bool]:
@@ -148,7 +154,7 @@ def _events(batch: list[InferResponse]) -> list[tuple[bytes, bool]]:
         if response.flags_only:
             continue
         document, failed = _outcome(response)
-        events.append((b"data: " + dump_header(document) + b"\n\n", failed))
+        events.append((b"data: " + _dump(document) + b"\n\n", failed))
         if failed:
             break
     return events
