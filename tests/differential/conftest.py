@@ -7,7 +7,8 @@ model's own pb_utils calls) names the variants it needs in `PYSTUB_VARIANTS_RUN`
 deselected.
 
 Both servers load the models of oracle.STARTUP_MODELS at start-up, or those a file names in
-`PAIR_MODELS` (the others stay in the repository, unloaded, for the repository API).
+`PAIR_MODELS` (the others stay in the repository, unloaded, for the repository API); a file's
+`PAIR_FLAGS` are given to both servers (flags whose reading is what the file compares).
 
 Known differences live in known.py, keyed by test id (without the pystub variant); this conftest
 marks those tests `xfail(strict=True)` with the difference as the reason, so a fix shows up as an
@@ -34,7 +35,8 @@ def _module_pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
     # A file that needs few of the models names them in PAIR_MODELS: each server then boots only
     # those stubs (every one of the tier's pairs boots about 40 of them otherwise).
     models = getattr(request.module, "PAIR_MODELS", STARTUP_MODELS)
-    with running_pair(models, *PYSTUB_VARIANTS[request.param]) as started:
+    flags = getattr(request.module, "PAIR_FLAGS", ())
+    with running_pair(models, *PYSTUB_VARIANTS[request.param], both_flags=flags) as started:
         yield started
 
 

@@ -229,12 +229,12 @@ def without_variant(name: str) -> str:
 
 
 @contextlib.contextmanager
-def running_pair(models: Sequence[str], *pystub_flags: str) -> Iterator[Pair]:
-    """Start Triton and pystub (with `pystub_flags` besides the common ones) on copies of the
-    repository, with `models` loaded; stop both at the end."""
+def running_pair(models: Sequence[str], *pystub_flags: str, both_flags: Sequence[str] = ()) -> Iterator[Pair]:
+    """Start Triton and pystub (with `pystub_flags` besides the common ones, and `both_flags` given
+    to both) on copies of the repository, with `models` loaded; stop both at the end."""
     workdir = Path(tempfile.mkdtemp(prefix="differential-"))
     try:
-        flags = control_flags(models)
+        flags = (*control_flags(models), *both_flags)
         triton = TritonServer(copy_models(workdir / "triton"), workdir, flags)
         backend = Backend(copy_models(workdir / "pystub"), *flags, "--allow-client-shm=true", *pystub_flags)
         try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -34,6 +33,7 @@ from pystub_backend.backend.frontends.grpc.codec import (
 )
 from pystub_backend.backend.frontends.grpc.stream import stream_infer
 from pystub_backend.backend.frontends.trace_settings import grpc_trace_setting
+from pystub_backend.backend.header_patterns import HeaderPattern
 from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 
@@ -110,7 +110,7 @@ def _answer_unimplemented_on_the_loop(cls: type) -> type:
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Answers the KServe v2 gRPC service from a `ServerCore`."""
 
-    def __init__(self, core: ServerCore, header_pattern: re.Pattern[str] | None = None,
+    def __init__(self, core: ServerCore, header_pattern: HeaderPattern | None = None,
                  tracer: Tracer | None = None) -> None:
         self._core = core
         self._header_pattern = header_pattern  # --grpc-header-forward-pattern
