@@ -8,7 +8,8 @@ deselected.
 
 Both servers load the models of oracle.STARTUP_MODELS at start-up, or those a file names in
 `PAIR_MODELS` (the others stay in the repository, unloaded, for the repository API); a file's
-`PAIR_FLAGS` are given to both servers (flags whose reading is what the file compares).
+`PAIR_FLAGS` and `PAIR_ENV` (environment variables) are given to both servers: what the file
+compares is how each reads them.
 
 Known differences live in known.py, keyed by test id (without the pystub variant); this conftest
 marks those tests `xfail(strict=True)` with the difference as the reason, so a fix shows up as an
@@ -39,7 +40,8 @@ def _module_pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
     # those stubs (every one of the tier's pairs boots about 40 of them otherwise).
     models = getattr(request.module, "PAIR_MODELS", STARTUP_MODELS)
     flags = getattr(request.module, "PAIR_FLAGS", ())
-    with running_pair(models, *PYSTUB_VARIANTS[request.param], both_flags=flags) as started:
+    environment = getattr(request.module, "PAIR_ENV", {})
+    with running_pair(models, *PYSTUB_VARIANTS[request.param], both_flags=flags, environment=environment) as started:
         yield started
 
 

@@ -8,6 +8,7 @@ Methods not implemented here answer UNIMPLEMENTED, from a coroutine too (see
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -21,6 +22,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 import pystub_backend.backend.frontends.grpc.shm as grpc_shm
 from pystub_backend.backend import log as backend_log
+from pystub_backend.backend.delay_hooks import delay_hooks
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, grpc_code, grpc_details
 from pystub_backend.backend.frontends.forwarding import forward_headers
 from pystub_backend.backend.frontends.grpc.codec import (
@@ -62,10 +64,19 @@ def _rpc(handler: _Handler[_Servicer, _Response]) -> _Handler[_Servicer, _Respon
     (`asyncio.CancelledError`) is not an `Exception` and passes through to grpc untouched.
     """
 
+    # Triton's test hooks (delay_hooks): inference waits before the model, the others before answering
+    hooks = delay_hooks()
+    before, after = (hooks.grpc_process_s, 0.0) if handler.__name__ == "ModelInfer" else (0.0, hooks.grpc_other_s)
+
     @functools.wraps(handler)
     async def wrapper(self: _Servicer, request: Any, context: grpc.aio.ServicerContext) -> _Response | None:
         try:
-            return await handler(self, request, context)
+            if before:
+                await asyncio.sleep(before)
+            answer = await handler(self, request, context)
+            if after:
+                await asyncio.sleep(after)
+            return answer
         except ServerError as exc:
             code, details = grpc_code(exc.status), exc.message
             forget_traceback(exc)
