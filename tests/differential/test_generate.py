@@ -56,6 +56,7 @@ DOCUMENTS: dict[str, tuple[str, object]] = {
     "pairs_into_batched_pairs": ("shape_b2", {"X": [1, 2, 3, 4, 5, 6]}),
     "odd_into_batched_pairs": ("shape_b2", {"X": [1, 2, 3]}),
     "scalar_into_batched_pairs": ("shape_b2", {"X": 5}),
+    "empty_into_batched_pairs": ("shape_b2", {"X": []}),
     "list_between_variable": ("shape_v2v", {"X": [1, 2, 3, 4]}),
     "empty_between_variable": ("shape_v2v", {"X": []}),
     "scalar_between_variable": ("shape_v2v", {"X": 5}),
