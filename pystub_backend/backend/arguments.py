@@ -106,8 +106,8 @@ def _add_listener_flags(add: _Adder) -> None:
     add("--reuse-grpc-port", type=values.parse_bool, default=False, metavar="BOOL")
     add("--grpc-server", choices=GRPC_STACKS, default=GRPC_STACKS[0],
         help="the gRPC serving stack: h2 (libnghttp2 on the event loop) or aio (grpc.aio)")
-    add("--http-header-forward-pattern", type=values.regex, default=None, metavar="REGEX")
-    add("--grpc-header-forward-pattern", type=values.regex, default=None, metavar="REGEX")
+    add("--http-header-forward-pattern", type=values.header_pattern, default=None, metavar="RE2")
+    add("--grpc-header-forward-pattern", type=values.header_pattern, default=None, metavar="RE2")
     add("--grpc-restricted-protocol", action="append", default=[], metavar="API[,API...],KEY=VALUE")
     add("--allow-remote-control", action="append", default=[], metavar="API[,API...]|all",
         help="state-changing API groups any peer may call (default: loopback peers only)")

@@ -7,13 +7,13 @@ that quotes the bad text; the formats are Triton's (`tritonserver --help`).
 from __future__ import annotations
 
 import argparse
-import re
 
+from pystub_backend.backend.header_patterns import HeaderPattern, HeaderPatternError
 from pystub_backend.backend.options import API_GROUPS, OPEN_FLAG, STATE_GROUPS, Restriction, Restrictions
 from pystub_backend.backend.scheduling.rate_limiter import ResourceLimit, parse_resource_limit
 
 __all__ = ["parse_bool", "positive_seconds", "non_negative_seconds", "positive_int", "non_negative_int",
-           "compression_level", "regex", "restrictions", "remote_control", "setting", "cache_setting",
+           "compression_level", "header_pattern", "restrictions", "remote_control", "setting", "cache_setting",
            "rate_limit_resource"]
 
 _COMPRESSION_LEVELS = ("none", "low", "medium", "high")  # grpc_compression_level 0..3
@@ -69,12 +69,12 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-def regex(text: str) -> re.Pattern[str]:
-    """A regular expression (the header forward patterns)."""
+def header_pattern(text: str) -> HeaderPattern:
+    """A header forward pattern, read as Triton reads it (header_patterns.py: RE2, case-insensitive)."""
     try:
-        return re.compile(text)
-    except re.error as exc:
-        raise argparse.ArgumentTypeError(f"invalid regular expression '{text}': {exc}") from None
+        return HeaderPattern(text)
+    except HeaderPatternError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def compression_level(text: str) -> int:

@@ -7,9 +7,9 @@ the frontends receive them without the rest.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
+from pystub_backend.backend.header_patterns import HeaderPattern
 from pystub_backend.backend.log import LogSettings
 from pystub_backend.backend.scheduling.rate_limiter import ResourceLimit
 from pystub_backend.backend.supervision.settings import StubSettings
@@ -63,7 +63,7 @@ class GrpcOptions:
     reuse_port: bool = False
     tls: TlsFiles | None = None
     restrictions: Restrictions = field(default_factory=dict)
-    header_forward_pattern: re.Pattern[str] | None = None  # metadata forwarded as request parameters
+    header_forward_pattern: HeaderPattern | None = None  # metadata forwarded as request parameters
     remote_control: frozenset[str] = frozenset()  # --allow-remote-control: groups any peer may change
     trust_internal_peer: bool = False  # the core's private socket behind frontend workers (access.INTERNAL_PEER)
     stack: str = GRPC_STACKS[0]  # --grpc-server: "h2" (libnghttp2 on the event loop) or "aio" (grpc.aio)
@@ -108,7 +108,7 @@ class ServerOptions:
     settings: StubSettings = field(default_factory=StubSettings)
     log: LogSettings = field(default_factory=LogSettings)
     reuse_http_port: bool = False
-    http_header_forward_pattern: re.Pattern[str] | None = None  # headers forwarded as request parameters
+    http_header_forward_pattern: HeaderPattern | None = None  # headers forwarded as request parameters
     http_restrictions: Restrictions = field(default_factory=dict)
     remote_control: frozenset[str] = frozenset()  # --allow-remote-control (frontends/access.py)
     grpc: GrpcOptions = field(default_factory=GrpcOptions)

@@ -19,6 +19,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from oracle import Endpoint, Pair
+from oracle_faults import OracleUnavailable
 from tritonclient.utils import InferenceServerException
 
 _TIMEOUT = 60.0
@@ -160,19 +161,36 @@ ORACLE_LOAD_FAULT = "boost::interprocess::lock_exception"
 
 def ask_triton(pair: Pair, call: Callable[..., T], *args: object, **kwargs: object) -> T:
     """`call(pair.triton, ...)`. Should Triton abort on ORACLE_LOAD_FAULT meanwhile, it is started
-    again and asked once more (pystub is never asked twice); any other death is the request's."""
+    again and asked once more (pystub is never asked twice); should that fail the same way, or
+    Triton not start again, OracleUnavailable makes the case the oracle's (oracle_faults.py).
+    Any other failure is the request's, as it always was."""
+    for attempt in ("first", "second"):
+        try:
+            return call(pair.triton, *args, **kwargs)
+        except Exception:
+            death = _load_fault_death(pair)
+            if death is None:
+                raise
+        print(f"the oracle aborted on its own lock timeout at the {attempt} try (restarted):\n{death}")
+        restart_oracle(pair, death)  # the second time: so that the next case finds an oracle
+    raise OracleUnavailable(f"it aborted on its own lock timeout ({ORACLE_LOAD_FAULT}) twice in a row, "
+                            f"restarted in between; the second time:\n{death}")
+
+
+def _load_fault_death(pair: Pair) -> str | None:
+    """Triton's exit status and last log lines when it died of ORACLE_LOAD_FAULT, else None."""
+    # The fault is logged before the abort closes Triton's sockets, so before the call failed.
+    if ORACLE_LOAD_FAULT not in pair.triton_server.log_tail():
+        return None
+    return pair.triton_server.died(within=30.0)  # the abort prints a stack trace, then exits
+
+
+def restart_oracle(pair: Pair, why: str) -> None:
+    """Start Triton again; OracleUnavailable when it will not start."""
     try:
-        return call(pair.triton, *args, **kwargs)
-    except Exception:
-        # The fault is logged before the abort closes Triton's sockets, so before this call fails.
-        if ORACLE_LOAD_FAULT not in pair.triton_server.log_tail():
-            raise
-        death = pair.triton_server.died(within=30.0)  # the abort prints a stack trace, then exits
-        if death is None:
-            raise
-    print(f"the oracle aborted on its own lock timeout (restarted, asked again):\n{death}")
-    pair.triton_server.restart()
-    return call(pair.triton, *args, **kwargs)
+        pair.triton_server.restart()
+    except RuntimeError as error:
+        raise OracleUnavailable(f"it died ({why.splitlines()[0]}) and did not start again: {error}") from None
 
 
 def both(pair: Pair, call: Callable[..., T], *args: object, **kwargs: object) -> tuple[T, T]:

@@ -25,7 +25,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,8 +124,10 @@ def triton_or_skip() -> BenchEnv:
 class TritonServer:
     """tritonserver on free loopback ports, in its own process group."""
 
-    def __init__(self, repository: Path, workdir: Path, flags: Sequence[str] = COMMON_FLAGS) -> None:
+    def __init__(self, repository: Path, workdir: Path, flags: Sequence[str] = COMMON_FLAGS,
+                 environment: Mapping[str, str] | None = None) -> None:
         self.env = triton_or_skip()
+        self.environment = dict(environment or {})  # besides the bench's (a test hook's variables)
         self.repository = repository
         self.flags = tuple(flags)
         self.log_path = workdir / "triton.log"
@@ -150,7 +152,7 @@ class TritonServer:
                    f"--backend-config=python,shm-region-prefix-name={self.prefix}", *self.flags]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            cwd=str(self.log_path.parent), env=env.triton_env(),
+                                            cwd=str(self.log_path.parent), env={**env.triton_env(), **self.environment},
                                             start_new_session=True)
         LONG_LIVED_PIDS.add(self.process.pid)
 
@@ -229,14 +231,17 @@ def without_variant(name: str) -> str:
 
 
 @contextlib.contextmanager
-def running_pair(models: Sequence[str], *pystub_flags: str) -> Iterator[Pair]:
-    """Start Triton and pystub (with `pystub_flags` besides the common ones) on copies of the
-    repository, with `models` loaded; stop both at the end."""
+def running_pair(models: Sequence[str], *pystub_flags: str, both_flags: Sequence[str] = (),
+                 environment: Mapping[str, str] | None = None) -> Iterator[Pair]:
+    """Start Triton and pystub (with `pystub_flags` besides the common ones, and `both_flags` and
+    the variables of `environment` given to both) on copies of the repository, with `models`
+    loaded; stop both at the end."""
     workdir = Path(tempfile.mkdtemp(prefix="differential-"))
     try:
-        flags = control_flags(models)
-        triton = TritonServer(copy_models(workdir / "triton"), workdir, flags)
-        backend = Backend(copy_models(workdir / "pystub"), *flags, "--allow-client-shm=true", *pystub_flags)
+        flags = (*control_flags(models), *both_flags)
+        triton = TritonServer(copy_models(workdir / "triton"), workdir, flags, environment)
+        backend = Backend(copy_models(workdir / "pystub"), *flags, "--allow-client-shm=true", *pystub_flags,
+                          env=dict(environment or {}))
         try:
             triton.launch()   # both load their models at once: the pair is up in the slower one's time
             with module_backend(backend):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
-from calls import agree, raw
+from calls import agree, both, raw
 from oracle import Endpoint, Pair
 
 PAIR_MODELS: tuple[str, ...] = ()  # `placed` is loaded, case by case, through the repository API
@@ -73,7 +73,7 @@ def test_force_cpu_only_input_tensors_values(pair: Pair, value: str) -> None:
         answer = raw(endpoint, "POST", "/v2/repository/models/placed/load", {"parameters": {"config": config}})
         raw(endpoint, "POST", "/v2/repository/models/placed/unload", {})
         return [answer.status, answer.json()]
-    agree(load(pair.triton), load(pair.pystub))
+    agree(*both(pair, load))
 
 
 # -- CUDA shared memory on a server without a GPU -----------------------------------------------------
@@ -103,7 +103,7 @@ def test_cuda_shared_memory_http_without_a_gpu(pair: Pair, case: str) -> None:
     def call(endpoint: Endpoint) -> list[object]:
         reply = raw(endpoint, method, path, body)  # type: ignore[arg-type]
         return [reply.status, reply.json()]
-    agree(call(pair.triton), call(pair.pystub))
+    agree(*both(pair, call))
 
 
 def test_cuda_shared_memory_grpc_without_a_gpu(pair: Pair) -> None:
@@ -121,4 +121,4 @@ def test_cuda_shared_memory_grpc_without_a_gpu(pair: Pair) -> None:
         finally:
             client.close()
         return answers
-    agree(calls(pair.triton), calls(pair.pystub))
+    agree(*both(pair, calls))

@@ -28,8 +28,8 @@ LAYER_ORDER = ("(start-up)", "worker_pool", "frontends", "(settings)", "core", "
                "supervision", "telemetry", "config", "(vocabulary)")
 MODULE_GROUPS = {
     "(start-up)": ("__main__", "cli", "server", "port_check", "stubctl"),
-    "(settings)": ("arguments", "options", "flags", "flag_values", "completion"),
-    "(vocabulary)": ("inference", "errors", "log", "response_stream", "client_link"),
+    "(settings)": ("arguments", "options", "flags", "flag_values", "header_patterns", "completion"),
+    "(vocabulary)": ("inference", "errors", "log", "response_stream", "client_link", "delay_hooks"),
 }
 Graph = dict[str, dict[str, list[str]]]
 

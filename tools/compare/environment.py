@@ -38,6 +38,7 @@ copy pytriton bundles. The stub embeds libpython, found through LD_LIBRARY_PATH.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -190,12 +191,18 @@ def _locate(venv: Path, python: Path) -> BenchEnv:
 
 
 def _link(link: Path, target: Path) -> None:
+    """`link` -> `target`, made so that concurrent callers cannot fail each other: test workers
+    and other checkouts sharing one .bench (through a symlinked path that differs per checkout)
+    all call this. A link that already reaches the same file is left alone; a new one is made
+    under a private name and renamed over the old (rename is atomic; unlink-then-create is not)."""
     link.parent.mkdir(parents=True, exist_ok=True)
-    if link.is_symlink() and os.readlink(link) == str(target):
+    if link.is_symlink() and os.path.realpath(link) == os.path.realpath(target):
         return
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(target)
+    fresh = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        fresh.unlink()
+    fresh.symlink_to(target)
+    os.replace(fresh, link)
 
 
 def ensure_load_tools(install: bool = True) -> str | None:

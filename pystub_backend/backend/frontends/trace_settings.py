@@ -21,6 +21,7 @@ from aiohttp import web
 from tritonclient.grpc import service_pb2
 
 from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.json_reply import json_reply
 from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.telemetry.tracing import Tracer, TraceSettingError
 
@@ -53,7 +54,7 @@ def trace_settings(tracer: Tracer, core: ServerCore, model: str = "",
 
 # -- HTTP ------------------------------------------------------------------------------------------
 def _json(value: object) -> web.Response:
-    return web.json_response(value, dumps=lambda v: json.dumps(v, separators=(",", ":")))
+    return json_reply(value)
 
 
 def _body(raw: bytes) -> dict[str, object]:

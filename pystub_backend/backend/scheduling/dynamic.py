@@ -28,6 +28,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from pystub_backend.backend.config.model_config import ModelConfig
+from pystub_backend.backend.delay_hooks import delay_hooks
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.response_stream import Outcome, ResponseStream
@@ -75,6 +76,7 @@ class DynamicBatcher(WorkerScheduler[Instance, list[_Item]]):
         self._kick_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_ns = 0
+        self._hold = delay_hooks().queue_hold()  # TRITONSERVER_DELAY_SCHEDULER, a test hook
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -193,6 +195,8 @@ class DynamicBatcher(WorkerScheduler[Instance, list[_Item]]):
         now = time.monotonic_ns()
         for entry in self._requests.expire(now):
             self._fail(entry, ServerError(TIMEOUT_MESSAGE, Status.UNAVAILABLE), REJECTED)  # type: ignore[arg-type]
+        if self._hold is not None and self._hold.holds(len(self._requests)):
+            return  # the test hook: no batch until enough are queued (each arrival kicks again)
         wake = None
         while self._idle:
             if self._idle[0].done():  # its worker was cancelled

@@ -31,6 +31,7 @@ from typing import Any
 from pystub_backend.backend import client_link
 from pystub_backend.backend.config.model_config import ModelConfig
 from pystub_backend.backend.config.sequence_controls import Controls, admitted_fields
+from pystub_backend.backend.delay_hooks import delay_hooks
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest
 from pystub_backend.backend.response_stream import Outcome, ResponseStream
@@ -55,6 +56,7 @@ __all__ = ["SequenceBatcher"]
 log = logging.getLogger("pystub.scheduler")
 
 _CANCELLED_REASONS = ("client_disconnected", "cancelled")
+_HOLD_POLL_S = 0.01  # TRITONSERVER_DELAY_SCHEDULER: as often as Triton's batcher threads look
 
 
 class SequenceBatcher(WorkerScheduler[Lane, list[SeqItem]]):
@@ -86,6 +88,7 @@ class SequenceBatcher(WorkerScheduler[Lane, list[SeqItem]]):
         self._loop: Any = None
         self._closed: ServerError | None = None  # fail_queued or stop: no new sequence work
         self.implicit_state: ImplicitState | None = None  # set by ModelVersion.load (sequence_batching.state)
+        self._hold = delay_hooks().queue_hold()  # TRITONSERVER_DELAY_SCHEDULER, a test hook
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -201,6 +204,9 @@ class SequenceBatcher(WorkerScheduler[Lane, list[SeqItem]]):
         wakeup = self._wakeups[lane]
         while True:
             wakeup.clear()
+            if self._hold is not None and self._hold.holds(self._table.queued()):
+                await asyncio.sleep(_HOLD_POLL_S)  # the test hook counts every lane's requests: look again
+                continue
             now = time.monotonic_ns()
             if self._oldest:
                 items, wake = oldest_batch(lane, now, self._limits)

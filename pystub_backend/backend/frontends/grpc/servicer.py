@@ -8,9 +8,9 @@ Methods not implemented here answer UNIMPLEMENTED, from a coroutine too (see
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -22,6 +22,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 import pystub_backend.backend.frontends.grpc.shm as grpc_shm
 from pystub_backend.backend import log as backend_log
+from pystub_backend.backend.delay_hooks import delay_hooks
 from pystub_backend.backend.errors import ServerError, Status, forget_traceback, grpc_code, grpc_details
 from pystub_backend.backend.frontends.forwarding import forward_headers
 from pystub_backend.backend.frontends.grpc.codec import (
@@ -34,6 +35,7 @@ from pystub_backend.backend.frontends.grpc.codec import (
 )
 from pystub_backend.backend.frontends.grpc.stream import stream_infer
 from pystub_backend.backend.frontends.trace_settings import grpc_trace_setting
+from pystub_backend.backend.header_patterns import HeaderPattern
 from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 
@@ -62,10 +64,19 @@ def _rpc(handler: _Handler[_Servicer, _Response]) -> _Handler[_Servicer, _Respon
     (`asyncio.CancelledError`) is not an `Exception` and passes through to grpc untouched.
     """
 
+    # Triton's test hooks (delay_hooks): inference waits before the model, the others before answering
+    hooks = delay_hooks()
+    before, after = (hooks.grpc_process_s, 0.0) if handler.__name__ == "ModelInfer" else (0.0, hooks.grpc_other_s)
+
     @functools.wraps(handler)
     async def wrapper(self: _Servicer, request: Any, context: grpc.aio.ServicerContext) -> _Response | None:
         try:
-            return await handler(self, request, context)
+            if before:
+                await asyncio.sleep(before)
+            answer = await handler(self, request, context)
+            if after:
+                await asyncio.sleep(after)
+            return answer
         except ServerError as exc:
             code, details = grpc_code(exc.status), exc.message
             forget_traceback(exc)
@@ -110,7 +121,7 @@ def _answer_unimplemented_on_the_loop(cls: type) -> type:
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Answers the KServe v2 gRPC service from a `ServerCore`."""
 
-    def __init__(self, core: ServerCore, header_pattern: re.Pattern[str] | None = None,
+    def __init__(self, core: ServerCore, header_pattern: HeaderPattern | None = None,
                  tracer: Tracer | None = None) -> None:
         self._core = core
         self._header_pattern = header_pattern  # --grpc-header-forward-pattern

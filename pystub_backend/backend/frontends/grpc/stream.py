@@ -31,7 +31,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -40,9 +39,11 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from pystub_backend.backend import client_link
+from pystub_backend.backend.delay_hooks import delay_hooks
 from pystub_backend.backend.errors import ServerError, forget_traceback, grpc_code, grpc_details
 from pystub_backend.backend.frontends.forwarding import forward_headers
 from pystub_backend.backend.frontends.grpc.codec import decode_infer_request, encode_infer_response, output_bytes
+from pystub_backend.backend.header_patterns import HeaderPattern
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 
@@ -160,7 +161,7 @@ class _StreamSession:
     """The requests of one stream, and the queue their responses are written from."""
 
     def __init__(self, core: ServerCore, grpc_errors: bool, forwarded: list[tuple[str, str | bytes]],
-                 header_pattern: re.Pattern[str] | None, tracer: Tracer | None = None) -> None:
+                 header_pattern: HeaderPattern | None, tracer: Tracer | None = None) -> None:
         self.core = core
         self._tracer = tracer
         self.grpc_errors = grpc_errors
@@ -283,7 +284,7 @@ class _StreamSession:
 
 
 async def stream_infer(core: ServerCore, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext,
-                       header_pattern: re.Pattern[str] | None = None, tracer: Tracer | None = None) -> None:
+                       header_pattern: HeaderPattern | None = None, tracer: Tracer | None = None) -> None:
     """Serve one `ModelStreamInfer` call, writing its responses with `context.write`."""
     metadata = list(context.invocation_metadata() or ())
     session = _StreamSession(core, _wants_grpc_errors(context), metadata, header_pattern, tracer)
@@ -299,11 +300,14 @@ async def stream_infer(core: ServerCore, request_iterator: AsyncIterator[Any], c
             await session.out.put((_DONE,))
 
     reader = asyncio.ensure_future(read())
+    late = delay_hooks().grpc_complete_s  # Triton's test hook: each response written this late
     try:
         while True:
             item = await session.out.get()
             if item[0] is _DONE:
                 break
+            if late:
+                await asyncio.sleep(late)
             if item[0] == "error":
                 _, request_id, error = item
                 if session.grpc_errors:

@@ -3,7 +3,8 @@
     server.py       routes, error middleware, body reading (--http-max-input-size: the JSON part)
     codec.py        JSON + binary request bodies;  raw.py  raw binary requests
     encode.py       responses;  compression.py  gzip/deflate both ways
-    generate.py     /generate and /generate_stream;  control.py  model control and logging
+    generate.py     /generate and /generate_stream (generate_request.py: Triton's document rules)
+    control.py      model control and logging
     shm.py          shared memory extension;  restrict.py  --http-restricted-api groups
     json_body.py    the one JSON body parser (depth-bounded, 400 on failure)
     timeouts.py     header and body read timeouts (--http-header/body-timeout-secs)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 from typing import Any
 
 from aiohttp import web
@@ -22,6 +21,7 @@ from aiohttp import web
 from pystub_backend.backend import log as backend_log
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.json_body import parse_json_body, parse_json_body_off_loop
+from pystub_backend.backend.frontends.json_reply import json_reply
 from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.models.overrides import FILE_PREFIX, check_override_count
 
@@ -34,7 +34,7 @@ _B64_CHUNK = 1 << 18  # characters, a multiple of 4: about 1 ms of decoding per 
 
 
 def _json(value: Any) -> web.Response:
-    return web.json_response(value, dumps=lambda v: json.dumps(v, separators=(",", ":")))
+    return json_reply(value)
 
 
 def _invalid(message: str) -> ServerError:

@@ -1,14 +1,16 @@
 """The generate extension: `POST …/generate` and `…/generate_stream` (docs/reference/protocol.md#generate-extension).
 
-Request: a JSON object whose top-level keys that name model inputs become those tensors (a scalar
-or a 1-D list; type and shape from the model's metadata, batch dimension 1 for batching models);
-other top-level keys and the members of `parameters` become request parameters. Compressed
-bodies are refused.
+Request: a JSON object whose members that name model inputs become those tensors, the others
+request parameters (`generate_request`, Triton's rules). Compressed bodies are refused.
 
-Response: `{"id", "model_name", "model_version", "<output>": value, ...}`, 1-element tensors as
-scalars. `generate` answers with one such object; `generate_stream` with server-sent events, one
-`data: <json>\\n\\n` per response; an error before the first event is a normal JSON error, after
-it a `data: {"error": ...}` event that ends the stream.
+Response: `{"<output>": value, ..., "id", "model_name", "model_version"}` with `Content-Type:
+application/json`, 1-element tensors as scalars; FP16 and BF16 outputs cannot be written as JSON
+(400, Triton's text). `generate` collects the request's responses: exactly one is the answer (an
+error response: 400 with its message), any other number is 200 with Triton's "exactly 1 response"
+error as the body. `generate_stream` answers with server-sent events, one `data: <json>\\n\\n` per
+response, `Content-Type: text/event-stream; charset=utf-8` as Triton 2.51 sends it; the status
+waits for the first response, as Triton's does: 400 when that one is an error (the event still
+says it), else 200; a later error is a `data: {"error": ...}` event that ends the stream.
 
 pystub goes further than Triton here (docs/reference/protocol.md#cancellation): a client that disconnects from
 `generate_stream` cancels the request (the model sees `is_cancelled()`).
@@ -24,110 +26,93 @@ from aiohttp import web
 
 from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError, Status
-from pystub_backend.backend.frontends.http.json_body import parse_json_body
-from pystub_backend.backend.frontends.http.json_tensors import json_to_tensor_bytes, tensor_to_json
-from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore, Tensor
+from pystub_backend.backend.frontends.http.generate_request import generate_request
+from pystub_backend.backend.frontends.http.json_tensors import tensor_to_json
+from pystub_backend.backend.frontends.json_reply import JSON_CONTENT_TYPE
+from pystub_backend.backend.inference import InferResponse, ServerCore
 from pystub_backend.backend.response_stream import ResponseStream
 
-__all__ = ["generate_request", "response_object", "generate", "generate_stream"]
+__all__ = ["EVENT_STREAM", "response_object", "generate", "generate_stream"]
 
-
-def _invalid(message: str) -> ServerError:
-    return ServerError(message, Status.INVALID_ARG)
-
-
-def _input_tensor(spec: dict[str, Any], value: Any, batching: bool) -> Tensor:
-    values = value if isinstance(value, list) else [value]
-    if any(isinstance(v, list) for v in values):
-        raise _invalid(f"generate input '{spec['name']}' must be a scalar or a 1-D list")
-    shape: tuple[int, ...] = (1, len(values)) if batching and len(spec["shape"]) > 1 else (len(values),)
-    if not batching and len(spec["shape"]) == 0:
-        shape = ()
-    data = json_to_tensor_bytes(spec["name"], spec["datatype"], shape, values)
-    return Tensor(spec["name"], spec["datatype"], shape, data)
-
-
-def generate_request(body: bytes, metadata: dict[str, Any], batching: bool, model_name: str,
-                     model_version: str) -> InferRequest:
-    """The InferRequest for a generate body. Raises ServerError(INVALID_ARG)."""
-    document = parse_json_body(body or b"{}")
-    if not isinstance(document, dict):
-        raise _invalid("the generate request must be a JSON object")
-    inputs = {spec["name"]: spec for spec in metadata["inputs"]}
-    parameters = document.pop("parameters", {}) or {}
-    if not isinstance(parameters, dict):
-        raise _invalid("'parameters' must be a JSON object")
-    request_id = document.pop("id", "")
-    tensors = []
-    for key, value in document.items():
-        if key in inputs:
-            tensors.append(_input_tensor(inputs[key], value, batching))
-        elif isinstance(value, (bool, int, float, str)):
-            parameters[key] = value
-        else:
-            raise _invalid(f"generate parameter '{key}' must be a bool, number or string")
-    for key, value in parameters.items():
-        if not isinstance(value, (bool, int, float, str)):
-            raise _invalid(f"generate parameter '{key}' must be a bool, number or string")
-    return InferRequest(model_name, model_version, str(request_id), tensors, [], parameters)
-
-
-def response_object(response: InferResponse) -> dict[str, Any]:
-    """The generate JSON form of one response (1-element tensors as scalars)."""
-    document: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
-    if response.id:
-        document["id"] = response.id
-    for tensor in response.outputs:
-        values = tensor_to_json(tensor)
-        document[tensor.name] = values[0] if math.prod(tensor.shape) == 1 else values
-    return document
-
-
-async def _start(core: ServerCore, request: web.Request) -> tuple[Any, InferRequest]:
-    if request.headers.get("Content-Encoding", "identity").lower() not in ("", "identity"):
-        raise ServerError("compressed bodies are not supported by the generate extension", Status.UNSUPPORTED)
-    name = request.match_info["model"]
-    version = request.match_info.get("version", "")
-    metadata = core.model_metadata(name, version)
-    batching = core.model_config(name, version).max_batch_size > 0
-    infer_request = generate_request(await request.read(), metadata, batching, name, version)
-    return await core.infer_stream(infer_request), infer_request
-
-
-async def generate(core: ServerCore, request: web.Request) -> web.Response:
-    stream, _ = await _start(core, request)
-    documents: list[dict[str, Any]] = []
-    try:
-        async for response in stream:
-            try:
-                if response.error is not None:
-                    raise response.error
-                if not response.flags_only:
-                    documents.append(response_object(response))
-            finally:
-                response.release()
-    finally:
-        stream.cancel()
-    if len(documents) > 1:  # Triton 2.51 answers 200 with the error as the body
-        return web.json_response({"error": _NOT_ONE_RESPONSE})
-    if not documents:
-        raise ServerError(_NOT_ONE_RESPONSE, Status.UNSUPPORTED)
-    return web.json_response(documents[0])
-
-
+EVENT_STREAM = "text/event-stream; charset=utf-8"
 _NOT_ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream for model that "
                      "generates various number of responses")
 
 
-async def generate_stream(core: ServerCore, request: web.Request) -> web.StreamResponse:
-    stream, _ = await _start(core, request)
-    reply = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                        "Cache-Control": "no-cache"})
+def response_object(response: InferResponse) -> dict[str, Any]:
+    """The generate JSON form of one response (1-element tensors as scalars), keys in Triton's
+    order. Raises ServerError(INVALID_ARG) for an output JSON cannot express (FP16, BF16)."""
+    document: dict[str, Any] = {}
+    for tensor in response.outputs:
+        if tensor.datatype in ("FP16", "BF16"):
+            raise ServerError(f"sending {tensor.datatype} data via JSON is not supported. Please use the binary "
+                              f"data format for output", Status.INVALID_ARG)
+        values = tensor_to_json(tensor)
+        document[tensor.name] = values[0] if math.prod(tensor.shape) == 1 else values
+    if response.id:
+        document["id"] = response.id
+    document["model_name"] = response.model_name
+    document["model_version"] = response.model_version
+    return document
+
+
+def _dump(document: dict[str, Any]) -> bytes:
+    """Compact JSON as Triton writes it: NaN and Infinity spelled so, and BYTES that are not UTF-8
+    (carried as surrogate escapes) as their raw bytes."""
+    text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _answer(document: dict[str, Any], status: int = 200) -> web.Response:
+    return web.Response(body=_dump(document), status=status, content_type=JSON_CONTENT_TYPE)
+
+
+def _outcome(response: InferResponse) -> tuple[dict[str, Any], bool]:
+    """The document a response becomes and whether it is an error: its own, or the reason it
+    cannot be written as JSON."""
+    if response.error is not None:
+        return {"error": response.error.message}, True
     try:
-        await reply.prepare(request)
+        return response_object(response), False
+    except ServerError as error:
+        return {"error": error.message}, True
+
+
+async def _start(core: ServerCore, request: web.Request) -> ResponseStream:
+    if request.headers.get("Content-Encoding", "identity").lower() not in ("", "identity"):
+        raise ServerError("compressed bodies are not supported by the generate extension", Status.UNSUPPORTED)
+    name = request.match_info["model"]
+    version = request.match_info.get("version", "")
+    infer_request = generate_request(await request.read(), core.model_metadata(name, version), name, version)
+    return await core.infer_stream(infer_request)
+
+
+async def generate(core: ServerCore, request: web.Request) -> web.Response:
+    stream = await _start(core, request)
+    responses: list[InferResponse] = []
+    try:
+        async for response in stream:
+            if response.flags_only:
+                response.release()
+            else:
+                responses.append(response)
+        if len(responses) != 1:  # Triton 2.51 answers 200 with the error as the body
+            return _answer({"error": _NOT_ONE_RESPONSE})
+        document, failed = _outcome(responses[0])
+        return _answer(document, 400 if failed else 200)  # Triton: 400 for every error response
+    finally:
+        for response in responses:
+            response.release()
+        stream.cancel()
+
+
+async def generate_stream(core: ServerCore, request: web.Request) -> web.StreamResponse:
+    stream = await _start(core, request)
+    reply = web.StreamResponse(headers={"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache"})
+    try:
         with http_request_link(request) as link:  # a client that leaves while the model is quiet
             link.watch(stream, stream.cancel)
-            await _write_events(reply, stream)
+            await _write_events(request, reply, stream)
         await reply.write_eof()
     except ConnectionError:  # reset, or "Connection lost" while waiting for room: cancelled below
         pass
@@ -138,35 +123,38 @@ async def generate_stream(core: ServerCore, request: web.Request) -> web.StreamR
     return reply
 
 
-async def _write_events(reply: web.StreamResponse, stream: ResponseStream) -> None:
+async def _write_events(request: web.Request, reply: web.StreamResponse, stream: ResponseStream) -> None:
     """One event per response, and one write for all the responses that queued while the last
     write was in flight (a model streaming tokens faster than one write each). `write` waits while
     the client's connection is full and the responses are released only after it, so what a stream
-    holds is its unread events in the socket buffers and the stub's send window."""
+    holds is its unread events in the socket buffers and the stub's send window. The headers go
+    with the first event: its status says whether that event is an error."""
     while (first := await stream.next()) is not None:
         batch = [first, *stream.take_ready()]
         try:
-            events, ended = _events(batch)
+            events = _events(batch)
+            if events and not reply.prepared:
+                reply.set_status(400 if events[0][1] else 200)
+                await reply.prepare(request)
             if events:
-                await reply.write(events)
+                await reply.write(b"".join(event for event, _ in events))
         finally:
             for response in batch:
                 response.release()
-        if ended:
+        if events and events[-1][1]:
             break
+    if not reply.prepared:  # no response at all: an empty stream
+        await reply.prepare(request)
 
 
-def _events(batch: list[InferResponse]) -> tuple[bytes, bool]:
-    """The SSE bytes of `batch` and whether it ended the stream (an error event is the last)."""
+def _events(batch: list[InferResponse]) -> list[tuple[bytes, bool]]:
+    """The SSE event of each response of `batch` and whether it is an error (which ends the stream)."""
     events = []
     for response in batch:
-        if response.error is not None:
-            events.append(_event({"error": response.error.message}))
-            return b"".join(events), True
-        if not response.flags_only:
-            events.append(_event(response_object(response)))
-    return b"".join(events), False
-
-
-def _event(document: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(document, separators=(",", ":")).encode() + b"\n\n"
+        if response.flags_only:
+            continue
+        document, failed = _outcome(response)
+        events.append((b"data: " + _dump(document) + b"\n\n", failed))
+        if failed:
+            break
+    return events

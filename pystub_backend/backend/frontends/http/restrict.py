@@ -16,6 +16,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from pystub_backend.backend.frontends.access import STATE_GROUPS, AccessPolicy
+from pystub_backend.backend.frontends.json_reply import json_reply
 
 __all__ = ["path_group", "changes_state", "restriction_middleware"]
 
@@ -75,11 +76,11 @@ def restriction_middleware(policy: AccessPolicy) -> Middleware:
         restriction = restrictions.get(group) if group else None
         if restriction is not None and request.headers.get(restriction.key) != restriction.value:
             text = f"This API is restricted, expecting header '{restriction.key}'"
-            return web.json_response({"error": text}, status=403)
+            return json_reply({"error": text}, status=403)
         if group is not None and changes_state(request.method, request.path, group):
             refusal = policy.refusal(group, request.remote or "")
             if refusal is not None:
-                return web.json_response({"error": refusal}, status=403)
+                return json_reply({"error": refusal}, status=403)
         return await handler(request)
 
     return restrict

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -45,7 +43,9 @@ from pystub_backend.backend.frontends.http.json_body import parse_json_body
 from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_input_spec
 from pystub_backend.backend.frontends.http.restrict import restriction_middleware
 from pystub_backend.backend.frontends.http.shm import shm_routes
+from pystub_backend.backend.frontends.json_reply import json_reply
 from pystub_backend.backend.frontends.trace_settings import trace_routes
+from pystub_backend.backend.header_patterns import HeaderPattern
 from pystub_backend.backend.inference import InferRequest, ServerCore
 from pystub_backend.backend.options import Restrictions
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
@@ -72,7 +72,7 @@ _MODEL_VERSION = "/v2/models/{model}/versions/{version:[0-9]+}"
 
 def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
                     restrictions: Restrictions | None = None,
-                    header_forward_pattern: re.Pattern[str] | None = None,
+                    header_forward_pattern: HeaderPattern | None = None,
                     remote_control: frozenset[str] = frozenset(),
                     tracer: Tracer | None = None, trust_internal_peer: bool = False) -> web.Application:
     """The aiohttp application serving `core`; a JSON part above `max_input_size` gets 400, a
@@ -112,7 +112,7 @@ def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
 
 def create_inference_app(core: ServerCore, fallback: _Handler, front: Middleware, *,
                          max_input_size: int = 64 * 2**20, restrictions: Restrictions | None = None,
-                         header_forward_pattern: re.Pattern[str] | None = None,
+                         header_forward_pattern: HeaderPattern | None = None,
                          remote_control: frozenset[str] = frozenset()) -> web.Application:
     """A frontend worker's application: the infer routes of `create_http_app`, and `fallback` for
     every other request. `front` runs first (it may hand a request to `fallback` itself)."""
@@ -147,16 +147,12 @@ async def _internal_peer_middleware(request: web.Request, handler: _Handler) -> 
 # -- responses and errors --------------------------------------------------------------------------
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
 def _json(value: Any, status: int = 200) -> web.Response:
-    return web.json_response(value, status=status, dumps=_dumps)
+    return json_reply(value, status)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": message}, status=status, dumps=_dumps, headers=headers)
+    return json_reply({"error": message}, status, headers)
 
 
 @web.middleware
@@ -206,7 +202,7 @@ def _model_ref(request: web.Request) -> tuple[str, str]:
 class _Routes:
     """The route handlers, bound to one core."""
 
-    def __init__(self, core: ServerCore, max_input_size: int, header_pattern: re.Pattern[str] | None,
+    def __init__(self, core: ServerCore, max_input_size: int, header_pattern: HeaderPattern | None,
                  tracer: Tracer) -> None:
         self._core = core
         self._tracer = tracer

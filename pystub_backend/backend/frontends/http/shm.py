@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from typing import Any
 
 from aiohttp import web
 
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.json_body import parse_json_body
+from pystub_backend.backend.frontends.json_reply import json_reply
 
 __all__ = ["shm_routes"]
 
@@ -32,7 +32,7 @@ _CUDA = "/v2/cudasharedmemory"
 
 
 def _json(value: Any) -> web.Response:
-    return web.json_response(value, dumps=lambda v: json.dumps(v, separators=(",", ":")))
+    return json_reply(value)
 
 
 def _register_body(body: bytes) -> dict[str, Any]:

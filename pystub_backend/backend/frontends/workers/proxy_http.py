@@ -16,6 +16,7 @@ from yarl import URL
 from pystub_backend.backend.client_link import cancel_when_gone, http_request_link
 from pystub_backend.backend.errors import ServerError, Status, http_status
 from pystub_backend.backend.frontends.access import INTERNAL_PEER
+from pystub_backend.backend.frontends.json_reply import json_reply
 
 __all__ = ["HttpProxy"]
 
@@ -56,7 +57,7 @@ class HttpProxy:
         except aiohttp.ClientConnectionError as exc:
             # Before the app's error middleware (a raw infer body comes here from the front): answer here.
             error = ServerError(f"the server's core did not answer this frontend worker: {exc}", Status.UNAVAILABLE)
-            return web.json_response({"error": error.message}, status=http_status(error.status))
+            return json_reply({"error": error.message}, status=http_status(error.status))
 
 
 async def _relay(request: web.Request, answer: aiohttp.ClientResponse) -> web.StreamResponse:

@@ -268,20 +268,39 @@ def test_raw_request_without_batching_deduces_a_variable_dim() -> None:
     assert tensor.shape == (2, 3)
 
 
-def test_raw_request_bytes_input_counts_elements() -> None:
-    spec = raw_input_spec(_metadata("BYTES", [-1, -1]), {"max_batch_size": 4})
-    (tensor,) = decode_raw_request(serialize_bytes([b"a", b"bc"]), spec, "m").request.inputs
-    assert tensor.shape == (1, 2)
+@pytest.mark.parametrize("batching, shape", [(False, (1,)), (True, (1, 1))])
+def test_raw_request_bytes_input_is_the_one_element(batching: bool, shape: tuple[int, ...]) -> None:
+    # Triton 2.51: the body is the element itself, not length-prefixed BYTES
+    dims = [-1, 1] if batching else [1]
+    spec = raw_input_spec(_metadata("BYTES", dims), {"max_batch_size": 4 if batching else 0})
+    (tensor,) = decode_raw_request(b"\x05hello", spec, "m").request.inputs
+    assert tensor.shape == shape
+    assert bytes(tensor.data) == serialize_bytes([b"\x05hello"])
+
+
+# Triton 2.51's texts (its core's InferenceRequest::Normalize); the variable dimension rounds down.
+_NO_ID = r"^\[request id: <id_unknown>\] "
 
 
 @pytest.mark.parametrize(
     "metadata, config, body, match",
     [
-        (_metadata("FP32", [4], inputs=2), {}, b"", "must only have 1 input.*got 2"),
-        (_metadata("FP32", [-1]), {}, b"123", "not a multiple"),
-        (_metadata("FP32", [-1, -1]), {}, b"1234", "more than one variable"),
-        (_metadata("FP32", [-1, 3]), {}, b"12345678", "do not fit"),
-        (_metadata("BYTES", [-1]), {}, b"\x05\x00\x00\x00a", "IN0.*beyond"),
+        (_metadata("FP32", [4], inputs=3), {}, b"",
+         _NO_ID + r"Raw request must only have 1 input \(found 1\) to be deduced but got 3 inputs in 'm' model "
+         r"configuration$"),
+        (_metadata("FP32", [-1]), {}, b"123",
+         _NO_ID + r"input byte size mismatch for input 'raw_input' for model 'm'. Expected 0, got 3$"),
+        (_metadata("FP32", [-1, -1]), {}, b"1234",
+         _NO_ID + r"The shape of the raw input 'IN0' can not be deduced because there are more than one "
+         r"variable-sized dimension$"),
+        (_metadata("FP32", [-1, 3]), {}, b"12345678" * 2,
+         _NO_ID + r"input byte size mismatch for input 'raw_input' for model 'm'. Expected 12, got 16$"),
+        (_metadata("FP32", [4]), {}, b"1234",
+         _NO_ID + r"input byte size mismatch for input 'raw_input' for model 'm'. Expected 16, got 4$"),
+        (_metadata("BYTES", [-1]), {}, b"a",
+         _NO_ID + r"For BYTE datatype raw input 'IN0', the model must have input shape \[1\]$"),
+        (_metadata("BYTES", [-1, 2]), {"max_batch_size": 4}, b"a",
+         _NO_ID + r"For BYTE datatype raw input 'IN0', the model must have input shape \[1\]$"),
     ],
 )
 def test_raw_request_errors(metadata: dict[str, Any], config: dict[str, Any], body: bytes,

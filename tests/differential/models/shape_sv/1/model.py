@@ -1,0 +1,1 @@
+../../shape_s1/1/model.py
