@@ -1,0 +1,142 @@
+"""One tool call written as a JSON object, `{"name": "f", "arguments": {...}}` ("parameters" as
+Llama 3 writes it), read as its characters arrive.
+
+In the usual order (the name first, the arguments an object) the call's id and name go out as
+soon as the name is complete and the arguments as they come, character for character as the model
+wrote them (OpenAI's `arguments` is JSON text: the model's own spacing is as good as any). In any
+other order, or with arguments that are a string, the whole call goes out when the object is
+complete. A text that is not a call (not an object, not JSON, no name) is `invalid`: the parser
+that framed it gives its text back as content.
+
+    feed(text) -> (pieces, rest)    rest: the text after the object once it is complete, else None
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pystub_backend.backend.frontends.openai.tool_calls.pieces import CallDelta, IdMaker, Piece
+
+__all__ = ["CallScanner"]
+
+# The usual head of a call, up to the "{" that opens its arguments (not consumed).
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+_ARGUMENT_KEYS = ("arguments", "parameters")
+
+
+class CallScanner:
+    def __init__(self, index: int, new_id: IdMaker, name: str | None = None) -> None:
+        """With `name`, the text is the arguments object alone (Mistral's `name[ARGS]{...}`)."""
+        self.index = index
+        self._new_id = new_id
+        self._text = ""
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+        self._opened = False
+        self._commas = 0  # at the top level of the object: past the first, the usual head cannot come
+        self._name = name
+        self._head_end: int | None = 0 if name is not None else None  # where the arguments begin
+        self._value_depth = 1 if name is not None else 2  # the depth inside the arguments object
+        self._value_end: int | None = None
+        self._sent = 0  # characters of the arguments sent
+        self.complete = False
+        self.invalid = False
+        self.streaming = False  # the id and name have gone out
+
+    @property
+    def raw(self) -> str:
+        """What was read (for a parser that gives an invalid call back as text)."""
+        return self._text
+
+    def feed(self, text: str) -> tuple[list[Piece], str | None]:
+        scanned = len(self._text)
+        self._text += text
+        pieces: list[Piece] = []
+        if not self.streaming and self._head_end is None and self._commas <= 1:
+            pieces += self._head()
+        elif not self.streaming and self._name is not None:
+            pieces.append(CallDelta(self.index, "", self._new_id(), self._name))
+            self.streaming = True
+        rest = self._scan(scanned)
+        if self.invalid:
+            return pieces, rest
+        if self.streaming:
+            pieces += self._arguments()
+        elif self.complete:
+            pieces += self._whole()
+        return pieces, rest
+
+    def flush(self) -> list[Piece]:
+        """The text ended inside the object: what is left of the arguments, if they were streaming."""
+        return self._arguments() if self.streaming else []
+
+    def _head(self) -> list[Piece]:
+        match = _HEAD.match(self._text)
+        if match is None:
+            return []
+        try:
+            name = json.loads(f'"{match[1]}"')
+        except ValueError:
+            return []
+        self._head_end = match.end()
+        self.streaming = True
+        return [CallDelta(self.index, "", self._new_id(), name)]
+
+    def _scan(self, start: int) -> str | None:
+        """Depth and strings from `start` on; the text after the object once it closes."""
+        text = self._text
+        for position in range(start, len(text)):
+            char = text[position]
+            if not self._opened:
+                if char.isspace():
+                    continue
+                if char != "{":
+                    self.invalid = True
+                    self._text = text[:position]
+                    return text[position:]
+                self._opened = True
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == '"':
+                    self._in_string = False
+                continue
+            if char == '"':
+                self._in_string = True
+            elif char in "{[":
+                self._depth += 1
+            elif char in "}]":
+                self._depth -= 1
+                if self._depth == self._value_depth - 1 and self._head_end is not None and position >= self._head_end:
+                    self._value_end = self._value_end or position + 1
+            elif char == "," and self._depth == 1:
+                self._commas += 1
+            if self._depth == 0:
+                self.complete = True
+                self._text = text[:position + 1]
+                return text[position + 1:]
+        return None
+
+    def _arguments(self) -> list[Piece]:
+        assert self._head_end is not None
+        end = self._value_end if self._value_end is not None else len(self._text.rstrip())
+        fragment = self._text[self._head_end + self._sent:end]
+        self._sent += len(fragment)
+        return [CallDelta(self.index, fragment)] if fragment else []
+
+    def _whole(self) -> list[Piece]:
+        try:
+            document = json.loads(self._text)
+        except (ValueError, RecursionError):
+            document = None
+        if not isinstance(document, dict) or not isinstance(document.get("name"), str):
+            self.invalid = True
+            return []
+        arguments: Any = next((document[key] for key in _ARGUMENT_KEYS if key in document), {})
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        return [CallDelta(self.index, text, self._new_id(), document["name"])]
