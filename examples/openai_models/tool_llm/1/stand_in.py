@@ -100,9 +100,19 @@ _VALUES = {"object": _object, "array": _array, "string": _string, "integer": _nu
 
 
 def json_object(words):
-    """json_object mode: the keys the message writes in backticks, else one "text" key."""
+    """json_object mode (no schema): the keys the message writes in backticks, else one "text" key,
+    with the message's capitalised words and numbers as values, in the order it has them."""
     keys = re.findall(r"`(\w+)`", words.message) or ["text"]
-    return {key: words.text() for key in keys}
+    found = re.findall(r"(?<!`)\b(?:[A-Z][\w-]*|-?\d+(?:\.\d+)?)\b", words.message)
+    values = [_value(v) for v in (found[1:] if found and words.message.startswith(found[0]) else found)]
+    return {key: values.pop(0) if values else words.text() for key in keys}
+
+
+def _value(text):
+    try:
+        return int(text)
+    except ValueError:
+        return float(text) if text[-1].isdigit() else text
 
 
 def from_regex(pattern):
