@@ -98,7 +98,8 @@ def test_langchain_bind_tools_whole_and_streamed(backend: Backend, http: httpx.C
     merged = None
     for chunk in llm.stream("Please multiply 6 by 7"):
         merged = chunk if merged is None else merged + chunk
-    assert merged is not None and [(c["name"], c["args"]) for c in merged.tool_calls] == [("multiply", {"a": 6, "b": 7})]
+    assert merged is not None
+    assert [(c["name"], c["args"]) for c in merged.tool_calls] == [("multiply", {"a": 6, "b": 7})]
     assert len(merged.tool_call_chunks) == 1 and merged.response_metadata["finish_reason"] == "tool_calls"
 
 
@@ -179,10 +180,10 @@ def test_litellm_tools_and_response_format(backend: Backend, oai: openai.OpenAI)
     call = reply.choices[0].message.tool_calls[0]
     assert (call.function.name, call.function.arguments, reply.choices[0].finish_reason) == \
         ("get_weather", '{"city": "Rome"}', "tool_calls")
-    chunks = list(litellm.completion(model="openai/tool_llm", messages=[{"role": "user", "content": "weather in Rome?"}],
-                                     tools=tools, stream=True, **common))
+    asked = [{"role": "user", "content": "weather in Rome?"}]
+    chunks = list(litellm.completion(model="openai/tool_llm", messages=asked, tools=tools, stream=True, **common))
     rebuilt = litellm.stream_chunk_builder(chunks)
     assert rebuilt.choices[0].message.tool_calls[0].function.arguments == '{"city": "Rome"}'
-    formatted = litellm.completion(model="openai/tool_llm", messages=[{"role": "user", "content": "My friend Anna is 31"}],
-                                   response_format=Person, **common)
+    formatted = litellm.completion(model="openai/tool_llm", response_format=Person, **common,
+                                   messages=[{"role": "user", "content": "My friend Anna is 31"}])
     assert Person.model_validate_json(formatted.choices[0].message.content) == Person(name="Anna", age=31)

@@ -148,7 +148,7 @@ def test_async_client_streams_calls(backend: Backend) -> None:
             assert calls_of(whole.choices[0].message) == EXPECTED
             return await asyncio.gather(*(one() for _ in range(8)))
 
-    for content, calls, finish in asyncio.run(run()):
+    for _, calls, finish in asyncio.run(run()):
         assert [(call["name"], json.loads(call["arguments"])) for call in calls] == EXPECTED
         assert len({call["id"] for call in calls}) == 2 and finish == "tool_calls"
 

@@ -99,7 +99,7 @@ def _raise_exception(message: str) -> None:
     raise ValueError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     """transformers' tojson: plain JSON (jinja2's own escapes <, > and & for HTML)."""
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)

@@ -30,7 +30,9 @@ class TokenLogprob:
     top: tuple[tuple[str, float], ...] = ()
 
 
-def _entry(item: Any) -> TokenLogprob:
+def _entry(item: object) -> TokenLogprob:
+    if not isinstance(item, dict):
+        raise TypeError("a token's entry is not an object")
     top = item.get("top_logprobs") or []
     return TokenLogprob(str(item["token"]), float(item["logprob"]),
                         tuple((str(alt["token"]), float(alt["logprob"])) for alt in top))

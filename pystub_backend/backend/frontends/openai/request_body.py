@@ -171,7 +171,7 @@ def chat_messages(document: dict[str, Any]) -> list[dict[str, Any]]:
     return [_message(message, index) for index, message in enumerate(messages)]
 
 
-def _message(message: Any, index: int) -> dict[str, Any]:
+def _message(message: object, index: int) -> dict[str, Any]:
     param = f"messages[{index}]"
     if not isinstance(message, dict):
         raise invalid(f"{param} must be an object", param)
@@ -185,12 +185,13 @@ def _message(message: Any, index: int) -> dict[str, Any]:
     return checked
 
 
-def _templated_call(call: Any) -> Any:
+def _templated_call(call: object) -> object:
     """A call of the history as chat templates read it: its arguments an object, not JSON text
     (Hugging Face's convention; vLLM converts them the same way)."""
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict) or \
+            not isinstance(call["function"].get("arguments"), str):
         return call
+    function = call["function"]
     try:
         arguments = json.loads(function["arguments"])
     except ValueError:
@@ -198,7 +199,7 @@ def _templated_call(call: Any) -> Any:
     return {**call, "function": {**function, "arguments": arguments}} if isinstance(arguments, dict) else call
 
 
-def _content_text(content: Any, param: str) -> str:
+def _content_text(content: object, param: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list) and all(isinstance(part, dict) for part in content):

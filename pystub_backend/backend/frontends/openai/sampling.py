@@ -19,15 +19,15 @@ from pystub_backend.backend.frontends.openai.errors import invalid
 
 __all__ = ["SAMPLING_FIELDS", "sampling_fields", "number", "integer", "boolean", "text_list"]
 
-_Check = Callable[[str, Any], Any]
+_Check = Callable[[str, object], Any]
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     return json.dumps(value, default=str)[:200]
 
 
 def number(low: float = -math.inf, high: float = math.inf) -> _Check:
-    def check(name: str, value: Any) -> float:
+    def check(name: str, value: object) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise invalid(f"'{name}' must be a number, got {_shown(value)}", name)
         if not low <= value <= high:
@@ -37,7 +37,7 @@ def number(low: float = -math.inf, high: float = math.inf) -> _Check:
 
 
 def integer(low: int = -(2**63)) -> _Check:
-    def check(name: str, value: Any) -> int:
+    def check(name: str, value: object) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise invalid(f"'{name}' must be an integer, got {_shown(value)}", name)
         if value < low:
@@ -46,25 +46,25 @@ def integer(low: int = -(2**63)) -> _Check:
     return check
 
 
-def boolean(name: str, value: Any) -> bool:
+def boolean(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise invalid(f"'{name}' must be a boolean, got {_shown(value)}", name)
     return value
 
 
-def text_list(name: str, value: Any) -> list[str]:
+def text_list(name: str, value: object) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise invalid(f"'{name}' must be a list of strings", name)
     return value
 
 
-def _integers(name: str, value: Any) -> list[int]:
+def _integers(name: str, value: object) -> list[int]:
     if not isinstance(value, list) or any(isinstance(item, bool) or not isinstance(item, int) for item in value):
         raise invalid(f"'{name}' must be a list of integers (token ids)", name)
     return value
 
 
-def _object(name: str, value: Any) -> dict[str, Any]:
+def _object(name: str, value: object) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise invalid(f"'{name}' must be an object", name)
     return value

@@ -47,7 +47,7 @@ class Guide:
         return json.dumps(self.fields, ensure_ascii=False)
 
 
-def _checked(fields: dict[str, Any], name: str, value: Any, param: str) -> None:
+def _checked(fields: dict[str, Any], name: str, value: object, param: str) -> None:
     if not isinstance(value, _TYPES[name]) or (isinstance(value, list) and not all(isinstance(c, str) for c in value)):
         raise invalid(f"'{param}' has the wrong type for guided decoding's '{name}'", param)
     if value is not False:  # json_object: false asks for nothing

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from pystub_backend.backend.frontends.openai.errors import invalid
 
@@ -46,10 +46,26 @@ class WordCounter:
                       "tokenizer.json", "prompt")
 
 
+class _Encoding(Protocol):
+    @property
+    def ids(self) -> list[int]: ...
+
+
+class _Tokenizer(Protocol):
+    """What this module uses of a `tokenizers.Tokenizer`."""
+
+    def encode(self, sequence: str, pair: None = ..., is_pretokenized: bool = ...,
+               add_special_tokens: bool = ...) -> _Encoding: ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+    def get_vocab_size(self, with_added_tokens: bool = ...) -> int: ...
+
+
 class TokenizerCounter:
     exact = True
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: _Tokenizer) -> None:
         self._tokenizer = tokenizer
         self._size = tokenizer.get_vocab_size(with_added_tokens=True)
 

@@ -53,7 +53,7 @@ class ToolRequest:
         return schema
 
 
-def _tool(tool: Any, index: int) -> str:
+def _tool(tool: object, index: int) -> str:
     param = f"tools[{index}]"
     function = tool.get("function") if isinstance(tool, dict) else None
     if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict):
@@ -66,7 +66,7 @@ def _tool(tool: Any, index: int) -> str:
     return name
 
 
-def _choice(value: Any, names: list[str]) -> tuple[str, str | None]:
+def _choice(value: object, names: list[str]) -> tuple[str, str | None]:
     if value is None:
         return (AUTO if names else NONE), None
     if value in (NONE, AUTO, REQUIRED):

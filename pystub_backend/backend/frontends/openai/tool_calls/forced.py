@@ -15,8 +15,10 @@ class NamedCallParser:
         self._started = False
 
     def feed(self, text: str) -> list[Piece]:
+        if not text:
+            return []
         if self._started:
-            return [CallDelta(0, text)] if text else []
+            return [CallDelta(0, text)]
         self._started = True
         return [CallDelta(0, text, self._new_id(), self._name)]
 
