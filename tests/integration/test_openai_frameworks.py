@@ -65,6 +65,8 @@ def test_langchain_invoke_stream_and_async(backend: Backend, http: httpx.Client)
     assert len(chunks) > 2 and "".join(str(chunk.content) for chunk in chunks) == "You said: hello there"
     usage = chat(backend, http, stream_usage=True).invoke("count me").usage_metadata
     assert usage is not None and usage["output_tokens"] > 0
+    assert llm.invoke("hello there", stop=["ere"]).content == "You said: hello th"  # the server enforces stop
+    assert "".join(str(chunk.content) for chunk in llm.stream("hello there", stop=["ere"])) == "You said: hello th"
 
     async def in_a_loop() -> Any:
         async with httpx.AsyncClient(timeout=60) as connections:
@@ -166,6 +168,10 @@ def test_litellm_chat_whole_streamed_and_text_completion(backend: Backend, oai: 
     assert "".join(chunk.choices[0].delta.content or "" for chunk in stream) == "You said: hi"
     text = litellm.text_completion(model="openai/tool_llm", prompt="one two", **common)
     assert text.choices[0].text == "You said: one two"
+    several = litellm.completion(model="openai/tool_llm", messages=[{"role": "user", "content": "hi"}], n=2,
+                                 stop=["d: "], **common)
+    assert [(c.index, c.message.content, c.finish_reason) for c in several.choices] == \
+        [(0, "You sai", "stop"), (1, "You sai", "stop")]
     vectors = litellm.embedding(model="openai/word_embedding", input=["a b", "c"], **common)
     assert [len(item["embedding"]) for item in vectors.data] == [8, 8]
 
