@@ -57,8 +57,9 @@ def completion_choice(index: int, text: str, finish_reason: str | None, logprobs
 
 def chat_choice(index: int, assembled: Assembled, finish_reason: str, logprobs: dict[str, Any] | None
                 ) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": assembled.content or None if assembled.calls
-                               else assembled.content, "refusal": None}
+    content = assembled.content
+    message: dict[str, Any] = {"role": "assistant", "content": content if content or not assembled.calls else None,
+                               "refusal": None}
     if assembled.calls:
         message["tool_calls"] = _calls(assembled)
     return {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": logprobs}

@@ -111,10 +111,10 @@ class Generation:
         contract = llm_contract(self._core, generation.model)  # 404 or 400 before anything starts
         serving = self._serving
         request[MODEL_KEY] = generation.model
+        response_id = request[REQUEST_ID_KEY] = documents.new_id(endpoint.id_prefix)
         failed = True
         try:
             how = await plan(contract, generation, serving.counter, serving.tool_call_parser, serving.max_model_len)
-            response_id = request[REQUEST_ID_KEY] = documents.new_id(endpoint.id_prefix)
             trace = self._start_trace(request, generation.model)
             streams: list[ResponseStream] = []
             try:
@@ -179,8 +179,7 @@ class Generation:
         finished = []
         for choice in choices:
             choice.finish()
-            reason = choice.finish_reason(await how.completion_tokens(choice), how.generation.max_tokens)
-            finished.append(endpoint.whole_choice(choice, reason))
+            finished.append(endpoint.whole_choice(choice, await how.finish_reason(choice)))
         document = documents.whole(endpoint.kind, response_id, how.generation.model, int(time.time()), finished,
                                    await how.usage(choices))
         timing.sent()
@@ -257,8 +256,7 @@ class _Relay:
 
     async def _finish(self, choice: Choice) -> None:
         await self._step(choice, choice.finish())
-        reason = choice.finish_reason(await self._how.completion_tokens(choice), self._how.generation.max_tokens)
-        await self._write(self._endpoint.delta(choice, ([], []), reason))
+        await self._write(self._endpoint.delta(choice, ([], []), await self._how.finish_reason(choice)))
 
     async def _write(self, choice_document: dict[str, Any]) -> None:
         document = documents.chunk(self._endpoint.chunk_kind, self._response_id, self._how.generation.model,

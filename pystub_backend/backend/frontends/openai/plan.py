@@ -75,6 +75,12 @@ class Plan:
         return Choice(index, generation.model, stop, self.parser() if self.parser is not None else None,
                       tools is None or tools.parallel, generation.logprobs is not None)
 
+    async def finish_reason(self, choice: Choice) -> str:
+        """Its finish_reason; the text is counted only where it may have reached max_tokens."""
+        if self.generation.max_tokens is None or choice.assembled.calls or choice.stopped:
+            return choice.finish_reason(0, None)
+        return choice.finish_reason(await self.completion_tokens(choice), self.generation.max_tokens)
+
     async def completion_tokens(self, choice: Choice) -> int:
         if choice.completion_tokens is not None:
             return choice.completion_tokens

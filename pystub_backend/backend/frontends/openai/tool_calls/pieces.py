@@ -56,13 +56,19 @@ class ToolCall:
 
 @dataclass
 class Assembled:
-    content: str = ""
     calls: list[ToolCall] = field(default_factory=list)
+    _content: list[str] = field(default_factory=list)  # joined once asked: a long answer is many pieces
+
+    @property
+    def content(self) -> str:
+        if len(self._content) > 1:
+            self._content[:] = ["".join(self._content)]
+        return self._content[0] if self._content else ""
 
     def add(self, pieces: Iterable[Piece]) -> None:
         for piece in pieces:
             if isinstance(piece, Content):
-                self.content += piece.text
+                self._content.append(piece.text)
             elif piece.id is not None:
                 self.calls.append(ToolCall(piece.id, piece.name or "", piece.arguments))
             else:
