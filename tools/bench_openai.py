@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -221,7 +223,7 @@ def _start(command: list[str], ready: Callable[[], bool], what: str, timeout: fl
     deadline = time.monotonic() + timeout
     while not ready():
         if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
+            _stop(process)
             raise RuntimeError(f"{what} did not start within {timeout:.0f} s (exit {process.poll()})")
         time.sleep(0.2)
     return process
@@ -239,12 +241,14 @@ def _answers(url: str) -> Callable[[], bool]:
 
 
 def _stop(process: subprocess.Popen[str]) -> None:
-    os.killpg(process.pid, 15)
-    try:
+    """Stop the server and every process of its session (LitServe forks its workers)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
-        process.wait(30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # what the server left of its own
+    process.wait(30)
 
 
 def main() -> None:

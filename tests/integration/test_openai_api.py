@@ -11,6 +11,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import numpy as np
@@ -271,3 +272,10 @@ def test_example_models_serve_the_openai_client() -> None:
         assert reply.choices[0].message.content == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         vectors = plain.embeddings.create(model="word_embedding", input=["a b", "c"]).data
         assert [len(item.embedding) for item in vectors] == [8, 8]
+        tools: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": {  # docs/openai.md's
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+        reply = plain.chat.completions.create(model="tool_llm", tools=tools,
+                                              messages=[{"role": "user", "content": "The weather in Paris?"}])
+        calls = reply.choices[0].message.tool_calls or []
+        assert [(call.function.name, call.function.arguments) for call in calls] == [("get_weather",
+                                                                                    '{"city": "Paris"}')]

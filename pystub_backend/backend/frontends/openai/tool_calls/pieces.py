@@ -47,32 +47,41 @@ class ToolCallParser(Protocol):
     def finish(self) -> list[Piece]: ...
 
 
+def _joined(parts: list[str]) -> str:
+    """The parts as one text (kept joined: a long answer or call is many fragments)."""
+    if len(parts) > 1:
+        parts[:] = ["".join(parts)]
+    return parts[0] if parts else ""
+
+
 @dataclass
 class ToolCall:
     id: str
     name: str
-    arguments: str = ""
+    _arguments: list[str] = field(default_factory=list)
+
+    @property
+    def arguments(self) -> str:
+        return _joined(self._arguments)
 
 
 @dataclass
 class Assembled:
     calls: list[ToolCall] = field(default_factory=list)
-    _content: list[str] = field(default_factory=list)  # joined once asked: a long answer is many pieces
+    _content: list[str] = field(default_factory=list)
 
     @property
     def content(self) -> str:
-        if len(self._content) > 1:
-            self._content[:] = ["".join(self._content)]
-        return self._content[0] if self._content else ""
+        return _joined(self._content)
 
     def add(self, pieces: Iterable[Piece]) -> None:
         for piece in pieces:
             if isinstance(piece, Content):
                 self._content.append(piece.text)
             elif piece.id is not None:
-                self.calls.append(ToolCall(piece.id, piece.name or "", piece.arguments))
+                self.calls.append(ToolCall(piece.id, piece.name or "", [piece.arguments]))
             else:
-                self.calls[piece.index].arguments += piece.arguments
+                self.calls[piece.index]._arguments.append(piece.arguments)
 
 
 def assemble(pieces: Iterable[Piece]) -> Assembled:

@@ -9,6 +9,9 @@ complete. A text that is not a call (not an object, not JSON, no name) is `inval
 that framed it gives its text back as content.
 
     feed(text) -> (pieces, rest)    rest: the text after the object once it is complete, else None
+
+Each character is looked at once: what was sent is dropped, what waits is kept as pieces and
+joined when needed, so a call of a megabyte in four-character responses costs what its length does.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ __all__ = ["CallScanner"]
 
 # The usual head of a call, up to the "{" that opens its arguments (not consumed).
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+_HEAD_WITHIN = 1024  # characters: a head that has not come by then is not the usual one
 _ARGUMENT_KEYS = ("arguments", "parameters")
 
 
@@ -31,7 +35,9 @@ class CallScanner:
         """With `name`, the text is the arguments object alone (Mistral's `name[ARGS]{...}`)."""
         self.index = index
         self._new_id = new_id
-        self._text = ""
+        self._parts: list[str] = []  # read and not sent
+        self._offset = 0  # characters read before the first of _parts (sent and dropped)
+        self._length = 0  # characters read
         self._depth = 0
         self._in_string = False
         self._escaped = False
@@ -41,7 +47,6 @@ class CallScanner:
         self._head_end: int | None = 0 if name is not None else None  # where the arguments begin
         self._value_depth = 1 if name is not None else 2  # the depth inside the arguments object
         self._value_end: int | None = None
-        self._sent = 0  # characters of the arguments sent
         self.complete = False
         self.invalid = False
         self.streaming = False  # the id and name have gone out
@@ -49,18 +54,19 @@ class CallScanner:
     @property
     def raw(self) -> str:
         """What was read (for a parser that gives an invalid call back as text)."""
-        return self._text
+        return "".join(self._parts)
 
     def feed(self, text: str) -> tuple[list[Piece], str | None]:
-        scanned = len(self._text)
-        self._text += text
+        start = self._length
+        self._parts.append(text)
+        self._length += len(text)
         pieces: list[Piece] = []
-        if not self.streaming and self._head_end is None and self._commas <= 1:
-            pieces += self._head()
-        elif not self.streaming and self._name is not None:
+        if not self.streaming and self._name is not None:
             pieces.append(CallDelta(self.index, "", self._new_id(), self._name))
             self.streaming = True
-        rest = self._scan(scanned)
+        elif not self.streaming and self._head_end is None and self._commas <= 1 and start < _HEAD_WITHIN:
+            pieces += self._head()
+        rest = self._scan(text, start)
         if self.invalid:
             return pieces, rest
         if self.streaming:
@@ -74,7 +80,7 @@ class CallScanner:
         return self._arguments() if self.streaming else []
 
     def _head(self) -> list[Piece]:
-        match = _HEAD.match(self._text)
+        match = _HEAD.match(self.raw)
         if match is None:
             return []
         try:
@@ -85,18 +91,22 @@ class CallScanner:
         self.streaming = True
         return [CallDelta(self.index, "", self._new_id(), name)]
 
-    def _scan(self, start: int) -> str | None:
-        """Depth and strings from `start` on; the text after the object once it closes."""
-        text = self._text
-        for position in range(start, len(text)):
-            char = text[position]
+    def _cut_last(self, keep: int) -> str:
+        """Keep `keep` characters of the last part; the rest is what followed the object."""
+        last = self._parts[-1]
+        self._parts[-1] = last[:keep]
+        self._length -= len(last) - keep
+        return last[keep:]
+
+    def _scan(self, text: str, start: int) -> str | None:
+        """Depth and strings through `text` (read from `start` on); what followed the object once it closes."""
+        for offset, char in enumerate(text):
             if not self._opened:
                 if char.isspace():
                     continue
                 if char != "{":
                     self.invalid = True
-                    self._text = text[:position]
-                    return text[position:]
+                    return self._cut_last(offset)
                 self._opened = True
             if self._in_string:
                 if self._escaped:
@@ -112,26 +122,32 @@ class CallScanner:
                 self._depth += 1
             elif char in "}]":
                 self._depth -= 1
-                if self._depth == self._value_depth - 1 and self._head_end is not None and position >= self._head_end:
-                    self._value_end = self._value_end or position + 1
+                if self._depth == self._value_depth - 1 and self._head_end is not None and \
+                        start + offset >= self._head_end and self._value_end is None:
+                    self._value_end = start + offset + 1
             elif char == "," and self._depth == 1:
                 self._commas += 1
             if self._depth == 0:
                 self.complete = True
-                self._text = text[:position + 1]
-                return text[position + 1:]
+                return self._cut_last(offset + 1)
         return None
 
     def _arguments(self) -> list[Piece]:
+        """The arguments read and not sent; trailing whitespace waits (it may end the value)."""
         assert self._head_end is not None
-        end = self._value_end if self._value_end is not None else len(self._text.rstrip())
-        fragment = self._text[self._head_end + self._sent:end]
-        self._sent += len(fragment)
-        return [CallDelta(self.index, fragment)] if fragment else []
+        pending = self.raw
+        end = self._value_end if self._value_end is not None else self._offset + len(pending.rstrip())
+        begin = max(self._head_end, self._offset)
+        if end <= begin:
+            return []
+        fragment = pending[begin - self._offset:end - self._offset]
+        self._parts = [pending[end - self._offset:]]
+        self._offset = end
+        return [CallDelta(self.index, fragment)]
 
     def _whole(self) -> list[Piece]:
         try:
-            document = json.loads(self._text)
+            document = json.loads(self.raw)
         except (ValueError, RecursionError):
             document = None
         if not isinstance(document, dict) or not isinstance(document.get("name"), str):
