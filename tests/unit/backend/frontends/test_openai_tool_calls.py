@@ -120,3 +120,18 @@ def test_guided_forms_named_and_required() -> None:
 
 def test_the_flag_s_names_are_the_parsers() -> None:
     assert set(TOOL_CALL_PARSERS) == set(PARSERS)
+
+
+def test_a_streaming_call_keeps_only_what_it_has_not_sent() -> None:
+    """A long call costs its length: the scanner holds back a few characters, never what it sent."""
+    from pystub_backend.backend.frontends.openai.tool_calls.pieces import openai_id
+    from pystub_backend.backend.frontends.openai.tool_calls.scanner import CallScanner
+
+    text = json.dumps({"name": "write", "arguments": {"content": "x " * 50_000}})
+    scanner, held, sent = CallScanner(0, openai_id), 0, ""
+    for start in range(0, len(text), 4):
+        pieces, _ = scanner.feed(text[start:start + 4])
+        sent += "".join(p.arguments for p in pieces if isinstance(p, CallDelta))
+        held = max(held, len(scanner.raw))
+    assert scanner.complete and json.loads(sent) == {"content": "x " * 50_000}
+    assert held < 64  # the head, then a trailing space or the closing braces
