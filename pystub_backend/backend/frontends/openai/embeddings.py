@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+import pystub_backend.backend.frontends.openai.documents as documents
 from pystub_backend.backend.frontends.http.access_log import MODEL_KEY, REQUEST_ID_KEY
-from pystub_backend.backend.frontends.openai import documents
 from pystub_backend.backend.frontends.openai.contract import EmbeddingContract, embedding_contract, embedding_vector
 from pystub_backend.backend.frontends.openai.errors import invalid
 from pystub_backend.backend.frontends.openai.plan import count_tokens

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pystub_backend.backend.frontends.openai import tool_calls
 from pystub_backend.backend.frontends.openai.choice import Choice
 from pystub_backend.backend.frontends.openai.contract import LlmContract
 from pystub_backend.backend.frontends.openai.documents import Usage
@@ -29,6 +28,7 @@ from pystub_backend.backend.frontends.openai.request_body import GenerationReque
 from pystub_backend.backend.frontends.openai.stop import StopFilter
 from pystub_backend.backend.frontends.openai.structured import SAMPLING_KEY, Guide
 from pystub_backend.backend.frontends.openai.tokens import TokenCounter
+from pystub_backend.backend.frontends.openai.tool_calls import PARSERS, JsonListParser, NamedCallParser, ToolCallParser
 from pystub_backend.backend.frontends.openai.tools import NAMED, REQUIRED, ToolRequest
 from pystub_backend.backend.inference import InferRequest
 
@@ -50,7 +50,7 @@ class Plan:
     prompts: list[str]
     sampling: dict[str, Any]
     counter: TokenCounter
-    parser: Callable[[], tool_calls.ToolCallParser] | None = None
+    parser: Callable[[], ToolCallParser] | None = None
     prompt_counts: list[int | None] = field(default_factory=list)
 
     @property
@@ -127,24 +127,24 @@ def _guide(contract: LlmContract, generation: GenerationRequest) -> Guide | None
 
 
 def _parser(contract: LlmContract, tools: ToolRequest | None, default: str, guided: bool
-            ) -> Callable[[], tool_calls.ToolCallParser] | None:
+            ) -> Callable[[], ToolCallParser] | None:
     if tools is None:
         return None
     if guided:
         function = tools.function
         if function is not None:
-            return lambda: tool_calls.NamedCallParser(function)
-        return tool_calls.JsonListParser
+            return lambda: NamedCallParser(function)
+        return JsonListParser
     name = contract.tool_call_parser or default
     if not name:
         raise invalid(f"tool calls of model '{contract.model}' cannot be read: start the server with "
                       "--tool-call-parser (hermes, llama3 or mistral), or give the model's config a tool_call_parser "
                       "parameter" + ("" if tools.choice == "auto" else ", or declare structured outputs"),
                       "tool_choice" if tools.choice != "auto" else "tools")
-    if name not in tool_calls.PARSERS:
+    if name not in PARSERS:
         raise OpenAIError(500, f"model '{contract.model}' names tool_call_parser {name!r}: not one of "
-                               f"{', '.join(sorted(tool_calls.PARSERS))}")
-    return tool_calls.PARSERS[name]
+                               f"{', '.join(sorted(PARSERS))}")
+    return PARSERS[name]
 
 
 def _prompts(generation: GenerationRequest, counter: TokenCounter) -> list[str]:
