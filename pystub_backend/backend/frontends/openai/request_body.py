@@ -27,6 +27,7 @@ __all__ = ["GenerationRequest", "Prompt", "parse_body", "completion_request", "c
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MAX_CHOICES = 256  # n times the prompts of one request: each is a request to the model
 _MAX_STOPS, _MAX_LOGPROBS = 4, 20
+_MAX_STOP_CHARACTERS = 1024  # a longer one would make the server's look-ahead for it costly per response
 
 Prompt = str | list[int]  # text, or token ids (decoded with the tokenizer)
 Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
@@ -82,6 +83,8 @@ def _stop(document: dict[str, Any]) -> list[str]:
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > _MAX_STOPS:
         raise invalid(f"'stop' must be a string or a list of at most {_MAX_STOPS} strings", "stop")
+    if any(len(stop) > _MAX_STOP_CHARACTERS for stop in stops):
+        raise invalid(f"a stop string may have at most {_MAX_STOP_CHARACTERS} characters", "stop")
     return stops
 
 

@@ -145,6 +145,7 @@ def test_calls_in_the_history_reach_the_template_with_object_arguments() -> None
     ({"model": "m", "prompt": "x", "temperature": float("inf")}, "temperature"),
     ({"model": "m", "prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
     ({"model": "m", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"model": "m", "prompt": "x", "stop": "s" * 1025}, "stop"),
     ({"model": "m", "prompt": "x", "logprobs": 21}, "logprobs"),
     ({"model": "m", "prompt": "x", "stream": "yes"}, "stream"),
     ({"model": "m", "prompt": "x", "echo": 1}, "echo"),
