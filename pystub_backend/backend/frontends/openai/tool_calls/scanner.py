@@ -10,8 +10,9 @@ that framed it gives its text back as content.
 
     feed(text) -> (pieces, rest)    rest: the text after the object once it is complete, else None
 
-Each character is looked at once: what was sent is dropped, what waits is kept as pieces and
-joined when needed, so a call of a megabyte in four-character responses costs what its length does.
+Each character is looked at once, and kept only while it waits: what was sent is dropped, and a
+call that cannot stream is kept as pieces joined once, so a call of a megabyte in four-character
+responses costs what its length does.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ class CallScanner:
         """With `name`, the text is the arguments object alone (Mistral's `name[ARGS]{...}`)."""
         self.index = index
         self._new_id = new_id
-        self._parts: list[str] = []  # read and not sent
-        self._offset = 0  # characters read before the first of _parts (sent and dropped)
+        self._text = ""  # read and not sent
+        self._parts: list[str] | None = None  # instead of _text, for a long call that did not stream
+        self._offset = 0  # characters read before _text (sent and dropped)
         self._length = 0  # characters read
         self._depth = 0
         self._in_string = False
@@ -53,12 +55,20 @@ class CallScanner:
 
     @property
     def raw(self) -> str:
-        """What was read (for a parser that gives an invalid call back as text)."""
-        return "".join(self._parts)
+        """What was read and not sent (all of it, for a parser that gives an invalid call back as text)."""
+        if self._parts is not None:
+            self._parts[:] = ["".join(self._parts)]
+            return self._parts[0]
+        return self._text
 
     def feed(self, text: str) -> tuple[list[Piece], str | None]:
         start = self._length
-        self._parts.append(text)
+        if self._parts is not None:
+            self._parts.append(text)
+        else:
+            self._text += text
+            if not self.streaming and start >= _HEAD_WITHIN:  # it will not stream: pieces from now on
+                self._parts, self._text = [self._text], ""
         self._length += len(text)
         pieces: list[Piece] = []
         if not self.streaming and self._name is not None:
@@ -91,12 +101,16 @@ class CallScanner:
         self.streaming = True
         return [CallDelta(self.index, "", self._new_id(), name)]
 
-    def _cut_last(self, keep: int) -> str:
-        """Keep `keep` characters of the last part; the rest is what followed the object."""
-        last = self._parts[-1]
-        self._parts[-1] = last[:keep]
-        self._length -= len(last) - keep
-        return last[keep:]
+    def _cut(self, text: str, keep: int) -> str:
+        """Keep `keep` characters of `text`, the last read; the rest is what followed the object."""
+        cut = len(text) - keep
+        if cut:
+            if self._parts is not None:
+                self._parts[-1] = self._parts[-1][:-cut]
+            else:
+                self._text = self._text[:-cut]
+            self._length -= cut
+        return text[keep:]
 
     def _scan(self, text: str, start: int) -> str | None:
         """Depth and strings through `text` (read from `start` on); what followed the object once it closes."""
@@ -106,7 +120,7 @@ class CallScanner:
                     continue
                 if char != "{":
                     self.invalid = True
-                    return self._cut_last(offset)
+                    return self._cut(text, offset)
                 self._opened = True
             if self._in_string:
                 if self._escaped:
@@ -129,19 +143,19 @@ class CallScanner:
                 self._commas += 1
             if self._depth == 0:
                 self.complete = True
-                return self._cut_last(offset + 1)
+                return self._cut(text, offset + 1)
         return None
 
     def _arguments(self) -> list[Piece]:
         """The arguments read and not sent; trailing whitespace waits (it may end the value)."""
         assert self._head_end is not None
-        pending = self.raw
+        pending = self._text
         end = self._value_end if self._value_end is not None else self._offset + len(pending.rstrip())
         begin = max(self._head_end, self._offset)
         if end <= begin:
             return []
         fragment = pending[begin - self._offset:end - self._offset]
-        self._parts = [pending[end - self._offset:]]
+        self._text = pending[end - self._offset:]
         self._offset = end
         return [CallDelta(self.index, fragment)]
 
