@@ -15,11 +15,12 @@ Paths (each POST /v1/chat/completions with "stream": true, from clients in this 
                    a Hermes tool call of as many words: every word goes through the parser, the
                    client gets `delta.tool_calls` fragments
 
-Each stream generates --tokens words. For 1 and 16 concurrent streams the table shows tokens per
-second over all streams, the median time to first token, the server's CPU per 1000 tokens (its
-processes' user + system time while the path ran) and each path's tokens per second against
-LitServe's. After it, each parser's own cost per streamed token, measured in this process. The
-load average is printed before and after: the figures are only comparable within one run.
+Each stream generates --tokens words. For 1 and 16 concurrent streams the paths take turns, round
+by round; the table shows tokens per second over all streams, the median time to first token, the
+server's CPU per 1000 tokens (its processes' user + system time while the path ran) and each
+path's tokens per second against LitServe's. After it, each parser's own cost per streamed token,
+measured in this process. The load average is printed before and after: the figures are only
+comparable within one run.
 
     .venv/bin/python tools/bench_openai.py --tokens 64 --rounds 20
 """
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -156,33 +157,48 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-async def _measure(stream: Stream, server_pids: list[int], concurrency: int, rounds: int, words: int,
-                   tools: bool) -> Measured:
-    message = _message(words, tools)
-    await stream(message)  # warm up the connection(s)
-    firsts: list[float] = []
-    seconds, cpu_before = 0.0, _cpu_seconds(server_pids)
-    for _ in range(rounds):
-        started = time.perf_counter()
-        results = await asyncio.gather(*(stream(message) for _ in range(concurrency)))
-        seconds += time.perf_counter() - started
+@dataclass
+class _Path:
+    """One path's tally over the rounds it ran."""
+
+    stream: Stream
+    pids: list[int]
+    tools: bool
+    seconds: float = 0.0
+    cpu: float = 0.0
+    tokens: int = 0
+    firsts: list[float] = field(default_factory=list)
+
+    async def round(self, concurrency: int, words: int) -> None:
+        message = _message(words, self.tools)
+        cpu, started = _cpu_seconds(self.pids), time.perf_counter()
+        results = await asyncio.gather(*(self.stream(message) for _ in range(concurrency)))
+        self.seconds += time.perf_counter() - started
+        self.cpu += _cpu_seconds(self.pids) - cpu
         for first, chunks in results:
-            if chunks < (words // 2 if tools else words):  # the parser holds some text back: fewer chunks
+            if chunks < (words // 2 if self.tools else words):  # the parser holds some text back: fewer chunks
                 raise AssertionError(f"a stream delivered {chunks} chunks of {words} words")
-            firsts.append(first)
-    tokens = words * concurrency * rounds
-    cpu = _cpu_seconds(server_pids) - cpu_before
-    return Measured(tokens / seconds, statistics.median(firsts), cpu * 1e6 / tokens)
+            self.firsts.append(first)
+        self.tokens += words * concurrency
+
+    def measured(self) -> Measured:
+        return Measured(self.tokens / self.seconds, statistics.median(self.firsts), self.cpu * 1e6 / self.tokens)
 
 
 async def _run_all(urls: dict[str, tuple[str, list[int]]], args: argparse.Namespace) -> dict[tuple[str, int], Measured]:
+    """Each concurrency level's rounds, the paths taking turns round by round: a load that drifts
+    during the run (the machine is shared) falls on all of them alike."""
     results: dict[tuple[str, int], Measured] = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for concurrency in (1, 16):
-            for name, (url, pids) in urls.items():
-                tools = name.endswith("tools")
-                results[name, concurrency] = await _measure(_sse_stream(session, url, tools), pids, concurrency,
-                                                            args.rounds, args.tokens, tools)
+            paths = {name: _Path(_sse_stream(session, url, name.endswith("tools")), pids, name.endswith("tools"))
+                     for name, (url, pids) in urls.items()}
+            for path in paths.values():
+                await path.stream(_message(args.tokens, path.tools))  # warm up a connection
+            for _ in range(args.rounds):
+                for path in paths.values():
+                    await path.round(concurrency, args.tokens)
+            results.update({(name, concurrency): path.measured() for name, path in paths.items()})
     return results
 
 
