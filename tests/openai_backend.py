@@ -1,8 +1,14 @@
-"""A backend serving the OpenAI-compatible port for the tests/integration/test_openai_*.py modules:
-the mock LLM (tests/models/openai_echo), the same model batched with dims [1, 1] and an INT32
-`max_tokens` input, a small embedding model written here, and add_sub (off contract), behind the
-restricted group "openai" (the client's API key is the header), traced to a local OTLP collector,
-with a tokenizer directory whose chat template the chat tests see."""
+"""Backends serving the OpenAI-compatible port for the tests/integration/test_openai_*.py modules.
+
+`openai_backend`: the mock LLM (tests/models/openai_echo), the same model batched with dims [1, 1]
+and an INT32 `max_tokens` input, a small embedding model written here, and add_sub (off contract),
+behind the restricted group "openai" (the client's API key is the header), traced to a local OTLP
+collector, with a tokenizer directory whose chat template the chat tests see.
+
+`agent_backend`: the example models of examples/openai_models (tool_llm calls tools and follows
+guided decoding), tool_llm again writing Llama 3 and Mistral calls, a Matryoshka variant of the
+example embedding, with a tokenizer this module builds with the `tokenizers` library (nothing is
+downloaded), the default chat template, CORS for one origin and a context length by flag."""
 
 from __future__ import annotations
 
@@ -15,8 +21,10 @@ from pathlib import Path
 
 import httpx
 import openai
-from harness import Backend, make_repository, module_backend
+from harness import ROOT, Backend, make_repository, module_backend
 from otlp_collector import Collector
+
+from pystub_backend.backend.frontends.openai.chat_template import DEFAULT_TEMPLATE
 
 API_KEY = "sekrit"
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
@@ -98,3 +106,55 @@ def client(backend: Backend, **kwargs: object) -> openai.OpenAI:
 def raw(backend: Backend) -> httpx.Client:
     """An httpx client for the raw bodies, with the API key."""
     return httpx.Client(base_url=backend.openai_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+
+
+ORIGIN = "https://app.example"
+CONTEXT_FLAG = 512  # --max-model-len: echo_llm declares none (tool_llm declares 8192)
+SPECIAL_TOKENS = ["<s>", "<|im_start|>", "<|im_end|>", "[UNK]"]
+_CORPUS = ["the quick brown fox jumps over the lazy dog", "hello there , how are you ?", "user assistant system"]
+
+
+def build_tokenizer(directory: Path) -> Path:
+    """A word-level tokenizer (words and punctuation apart, ChatML's markers one token each, a BOS
+    added to completion prompts) trained on a few sentences, saved as tokenizer.json with the
+    default chat template in tokenizer_config.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(_CORPUS, trainers.WordLevelTrainer(special_tokens=SPECIAL_TOKENS))
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[
+        ("<s>", tokenizer.token_to_id("<s>"))])
+    directory.mkdir(parents=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": DEFAULT_TEMPLATE}))
+    return directory
+
+
+def _variant(repository: Path, source: str, name: str, replacements: dict[str, str]) -> None:
+    shutil.copytree(repository / source, repository / name)
+    config = (repository / name / "config.pbtxt").read_text()
+    for old, new in replacements.items():
+        assert old in config, (name, old)
+        config = config.replace(old, new)
+    (repository / name / "config.pbtxt").write_text(config)
+
+
+def _agent_repository(directory: Path) -> Path:
+    repository = directory / "models"
+    shutil.copytree(ROOT / "examples" / "openai_models", repository)
+    for style in ("llama3", "mistral"):
+        _variant(repository, "tool_llm", f"tool_llm_{style}", {'string_value: "hermes"': f'string_value: "{style}"'})
+    _variant(repository, "word_embedding", "matryoshka_embedding", {
+        "dynamic_batching": 'parameters [ { key: "matryoshka", value: { string_value: "true" } } ]\ndynamic_batching'})
+    return repository
+
+
+@contextlib.contextmanager
+def agent_backend(directory: Path) -> Iterator[Backend]:
+    tokenizer = build_tokenizer(directory / "tokenizer")
+    backend = Backend(_agent_repository(directory), "--openai-port", "0", "--tokenizer", str(tokenizer),
+                      "--http-restricted-api", f"openai:authorization=Bearer {API_KEY}",
+                      "--openai-cors-origin", ORIGIN, "--max-model-len", str(CONTEXT_FLAG))
+    with module_backend(backend):
+        yield backend

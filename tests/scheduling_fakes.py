@@ -86,5 +86,9 @@ class FakeInstance:
             if self.fail_batch:
                 stream.fail(ServerError("Failed to process the request(s)", Status.INTERNAL))
             else:
-                stream.put(InferResponse(request.model_name, "", request.id, error=self.error_for(request)), True)
+                self.answer(request, stream)
         end.end()
+
+    def answer(self, request: InferRequest, stream: ResponseStream) -> None:
+        """The model's answer to one request (by default its response, with `error_for`'s error)."""
+        stream.put(InferResponse(request.model_name, "", request.id, error=self.error_for(request)), True)

@@ -13,7 +13,14 @@ from pystub_backend.backend import flag_values as values
 from pystub_backend.backend.completion import SHELLS, PrintCompletion
 from pystub_backend.backend.flags import FLAGS, Effect, flag_named
 from pystub_backend.backend.log import CLI_LOG_FORMATS, LogSettings
-from pystub_backend.backend.options import GRPC_STACKS, GrpcOptions, OpenAIOptions, ServerOptions, TlsFiles
+from pystub_backend.backend.options import (
+    GRPC_STACKS,
+    TOOL_CALL_PARSERS,
+    GrpcOptions,
+    OpenAIOptions,
+    ServerOptions,
+    TlsFiles,
+)
 from pystub_backend.backend.scheduling.rate_limiter import RATE_LIMIT_MODES
 from pystub_backend.backend.supervision.settings import BackendConfigError, StubSettings, parse_backend_config
 from pystub_backend.backend.telemetry import latency
@@ -101,6 +108,10 @@ def _add_listener_flags(add: _Adder) -> None:
     add("--openai-address", default="127.0.0.1")
     add("--tokenizer", default="", metavar="PATH")
     add("--chat-template", default="", metavar="FILE_OR_TEXT")
+    add("--tool-call-parser", choices=TOOL_CALL_PARSERS, default="",
+        help="how the OpenAI port reads tool calls in a model's text")
+    add("--max-model-len", type=values.positive_int, default=None, metavar="TOKENS")
+    add("--openai-cors-origin", action="append", default=[], metavar="ORIGIN[,ORIGIN...]")
     add("--reuse-http-port", type=values.parse_bool, default=False, metavar="BOOL")
     add("--http-restricted-api", action="append", default=[], metavar="API[,API...],KEY=VALUE")
     add("--reuse-grpc-port", type=values.parse_bool, default=False, metavar="BOOL")
@@ -277,7 +288,10 @@ def parse_args(argv: list[str]) -> ServerOptions:
     options = _base_options(args, settings)
     options.grpc = _grpc_options(args, parser)
     options.frontend_workers = args.frontend_workers
-    options.openai = OpenAIOptions(args.openai_port, args.openai_address, args.tokenizer, args.chat_template)
+    origins = tuple(origin.strip() for given in args.openai_cors_origin for origin in given.split(",")
+                    if origin.strip())
+    options.openai = OpenAIOptions(args.openai_port, args.openai_address, args.tokenizer, args.chat_template,
+                                   args.tool_call_parser, args.max_model_len, origins)
     options.argv = list(argv)
     try:
         _composite_options(options, args)

@@ -179,6 +179,15 @@ PYSTUB_FLAGS: tuple[Flag, ...] = (
          "messages; nothing is downloaded"),
     Flag("--chat-template", "/models/llm/template.jinja", _I,
          "the chat template: a Jinja file, or the template's text; overrides the tokenizer's"),
+    Flag("--tool-call-parser", "hermes", _I,
+         "read tool calls from the model's text: hermes (qwen), llama3 (llama3_json) or mistral; a model's "
+         "config parameter tool_call_parser overrides it (docs/openai.md)"),
+    Flag("--max-model-len", "8192", _I,
+         "the context length of models whose config declares no max_model_len: a longer prompt plus max_tokens "
+         "is a 400 context_length_exceeded before the model runs"),
+    Flag("--openai-cors-origin", "https://app.example.com", _I,
+         "an origin (or several, comma-separated; * for any) a browser may call the OpenAI port from; "
+         "repeatable; none by default"),
 )
 
 _BY_NAME = {flag.name: flag for flag in FLAGS + PYSTUB_FLAGS}

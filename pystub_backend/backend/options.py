@@ -15,8 +15,8 @@ from pystub_backend.backend.scheduling.rate_limiter import ResourceLimit
 from pystub_backend.backend.supervision.settings import StubSettings
 from pystub_backend.backend.telemetry.tracing.settings import TraceConfig
 
-__all__ = ["ServerOptions", "GrpcOptions", "GRPC_STACKS", "OpenAIOptions", "TlsFiles", "Restriction", "Restrictions",
-           "API_GROUPS", "STATE_GROUPS", "OPEN_FLAG"]
+__all__ = ["ServerOptions", "GrpcOptions", "GRPC_STACKS", "OpenAIOptions", "TOOL_CALL_PARSERS", "TlsFiles",
+           "Restriction", "Restrictions", "API_GROUPS", "STATE_GROUPS", "OPEN_FLAG"]
 
 # Triton's API groups of --http-restricted-api / --grpc-restricted-protocol. pystub's admin
 # endpoint (/v2/pystub/stubs) belongs to "model-repository": it restarts models; "openai" (pystub's)
@@ -69,6 +69,10 @@ class GrpcOptions:
     stack: str = GRPC_STACKS[0]  # --grpc-server: "h2" (libnghttp2 on the event loop) or "aio" (grpc.aio)
 
 
+# --tool-call-parser's names (frontends/openai/tool_calls has the parser of each)
+TOOL_CALL_PARSERS = ("hermes", "qwen", "llama3", "llama3_json", "mistral")
+
+
 @dataclass(frozen=True)
 class OpenAIOptions:
     """The OpenAI-compatible listener (--openai-port; None there: off) and its chat template."""
@@ -77,6 +81,9 @@ class OpenAIOptions:
     address: str = "127.0.0.1"
     tokenizer: str = ""  # --tokenizer: a local tokenizer directory or tokenizer_config.json
     chat_template: str = ""  # --chat-template: a template file, or the template's text
+    tool_call_parser: str = ""  # --tool-call-parser: one of TOOL_CALL_PARSERS; "" parses no tool calls
+    max_model_len: int | None = None  # --max-model-len: the context length of models that declare none
+    cors_origins: tuple[str, ...] = ()  # --openai-cors-origin: origins browsers may call from ("*": any)
 
 
 @dataclass

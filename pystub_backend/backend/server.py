@@ -33,7 +33,7 @@ from pystub_backend.ipc.isolation import forbid_inspection
 from pystub_backend.ipc.names import sweep_stale
 
 if TYPE_CHECKING:
-    from pystub_backend.backend.frontends.openai import ChatTemplate
+    from pystub_backend.backend.frontends.openai import OpenAIServing
 
 __all__ = ["serve", "Listeners"]
 
@@ -86,7 +86,7 @@ class Listeners:
 
 
 async def _open_listeners(core: Core, options: ServerOptions, listeners: Listeners, devices: DeviceSystem,
-                          template: ChatTemplate | None = None) -> None:
+                          openai: OpenAIServing | None = None) -> None:
     from pystub_backend.backend.frontends.admin import admin_routes
     from pystub_backend.backend.frontends.http.server import create_http_app
     from pystub_backend.backend.frontends.metrics import create_metrics_app
@@ -109,9 +109,9 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
         metrics_app = create_metrics_app(core, options.metrics_interval_ms, options.allow_cpu_metrics, gpus)
         await listeners.start_http(metrics_app, options.metrics_address, options.metrics_port, "Metrics Service",
                                    options.settings.exit_timeout_seconds, read_timeouts=read_timeouts)
-    if template is not None and options.openai.port is not None:  # the core serves it, with or without workers
+    if openai is not None and options.openai.port is not None:  # the core serves it, with or without workers
         from pystub_backend.backend.frontends.openai import create_openai_app
-        openai_app = create_openai_app(core, template, max_input_size=options.http_max_input_size,
+        openai_app = create_openai_app(core, openai, max_input_size=options.http_max_input_size,
                                        restrictions=options.http_restrictions, tracer=core.tracer)
         await listeners.start_http(openai_app, options.openai.address, options.openai.port, "OpenAIService",
                                    options.settings.exit_timeout_seconds, read_timeouts=read_timeouts)
@@ -157,22 +157,22 @@ def _install_signal_handlers(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
-def _preflight(options: ServerOptions) -> tuple[list[str], ChatTemplate | None]:
-    """What keeps the listeners from starting (busy ports, a chat template that cannot load), and
-    the OpenAI port's chat template."""
+def _preflight(options: ServerOptions) -> tuple[list[str], OpenAIServing | None]:
+    """What keeps the listeners from starting (busy ports, a chat template or tokenizer that cannot
+    load), and what the OpenAI port is set up with."""
     problems = busy_listeners(options)
     if options.openai.port is None:
         return problems, None
-    from pystub_backend.backend.frontends.openai import ChatTemplateError, load_chat_template
+    from pystub_backend.backend.frontends.openai import OpenAISetupError, load_openai_serving
     try:
-        return problems, load_chat_template(options.openai)
-    except ChatTemplateError as exc:
+        return problems, load_openai_serving(options.openai)
+    except OpenAISetupError as exc:
         return [*problems, str(exc)], None
 
 
 async def serve(options: ServerOptions) -> int:
     """Run until SIGINT/SIGTERM. Returns the process exit status."""
-    busy, template = _preflight(options)
+    busy, openai = _preflight(options)
     if busy:  # before any model loads: an operator should not wait for every initialize to learn it
         for problem in busy:
             log.error("failed to start a listener: %s", problem)
@@ -188,7 +188,7 @@ async def serve(options: ServerOptions) -> int:
         log.info("removed stale model override directory %s", path)
     devices = _discover_gpus(options)
     try:
-        return await _serve_with(options, devices, stop, template)
+        return await _serve_with(options, devices, stop, openai)
     finally:
         devices.close()
 
@@ -212,7 +212,7 @@ def _discover_gpus(options: ServerOptions) -> DeviceSystem:
 
 
 async def _serve_with(options: ServerOptions, devices: DeviceSystem, stop: asyncio.Event,
-                      template: ChatTemplate | None) -> int:
+                      openai: OpenAIServing | None) -> int:
     try:
         core = _core(options)
     except CacheConfigError as exc:  # response cache hook: Triton fails at start-up too
@@ -231,7 +231,7 @@ async def _serve_with(options: ServerOptions, devices: DeviceSystem, stop: async
                       ", ".join(repr(name) for name in failed))
             return 1
         try:
-            await _open_listeners(core, options, listeners, devices, template)
+            await _open_listeners(core, options, listeners, devices, openai)
         except (OSError, WorkerStartError) as exc:
             log.error("failed to start a listener: %s", exc)
             return 1

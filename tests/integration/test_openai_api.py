@@ -8,12 +8,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import numpy as np
 import openai
 import pytest
+import requests
 from harness import Backend
 from openai.pagination import SyncPage
 from openai.types import Completion, CreateEmbeddingResponse, Model
@@ -107,13 +111,46 @@ def test_completion_streamed_token_by_token_with_usage(backend: Backend, oai: op
 
 def test_sampling_parameters_and_flags_reach_the_model(oai: openai.OpenAI) -> None:
     text = oai.completions.create(model="openai_echo", prompt="<params>", max_tokens=7, temperature=0.5, top_p=0.9,
-                                  seed=3, stop=["x"]).choices[0].text
+                                  seed=3).choices[0].text
     seen = json.loads(text)
-    assert seen["sampling"] == {"temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": ["x"], "max_tokens": 7}
+    assert seen["sampling"] == {"temperature": 0.5, "top_p": 0.9, "seed": 3, "max_tokens": 7}
+    cut = oai.completions.create(model="openai_echo", prompt="<params>", stop=["@@"]).choices[0].text
+    assert cut.endswith('{"stop": ["')  # the stop string reached the model, and its echo of it was cut there
     assert seen["stream"] is False and seen["exclude"] is True and seen["prompt"] == "<params>"
     assert seen["max_tokens_input"] == 7  # the model declares an INT32 max_tokens input too
     odd = "<params>  héllo\n\twörld 🙂 \u0000 end  "
     assert json.loads(oai.completions.create(model="openai_echo", prompt=odd).choices[0].text)["prompt"] == odd
+
+
+# vLLM's sampling fields beyond OpenAI's, with a value of the right type each
+VLLM_EXTRAS = {"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.2, "length_penalty": 0.9, "min_tokens": 2,
+               "ignore_eos": True, "stop_token_ids": [2], "include_stop_str_in_output": False, "bad_words": ["x"],
+               "allowed_token_ids": [1, 2], "logit_bias": {"7": -100}, "prompt_logprobs": 1, "detokenize": True,
+               "skip_special_tokens": False, "spaces_between_special_tokens": True, "truncate_prompt_tokens": 64,
+               "use_beam_search": False, "extra_args": {"a": [1]}}
+
+
+def test_vllm_sampling_fields_reach_the_model_unchanged(oai: openai.OpenAI) -> None:
+    for create in (oai.completions.create, oai.chat.completions.create):
+        asked = {"prompt": "<params>"} if create == oai.completions.create else \
+            {"messages": [{"role": "user", "content": "<params>"}]}
+        text = create(model="openai_echo", **asked, extra_body={**VLLM_EXTRAS, "no_such_field": 1,  # type: ignore[operator]
+                                                                 "metadata": {"k": "v"}})
+        answer = text.choices[0].text if hasattr(text.choices[0], "text") else text.choices[0].message.content
+        seen = json.loads(answer[answer.index("{"):answer.rindex("}") + 1])
+        assert seen["sampling"] == VLLM_EXTRAS  # every field unchanged; the unknown ones ignored
+
+
+def test_n_choices_are_n_requests_with_their_own_seed(oai: openai.OpenAI) -> None:
+    reply = oai.completions.create(model="openai_echo", prompt="<params>", n=3, seed=7)
+    seeds = [json.loads(choice.text)["sampling"]["seed"] for choice in reply.choices]
+    assert [choice.index for choice in reply.choices] == [0, 1, 2] and seeds == [7, 8, 9]
+
+
+def test_chat_usage_without_a_tokenizer_counts_the_messages_words(oai: openai.OpenAI) -> None:
+    reply = oai.chat.completions.create(model="openai_echo", messages=[{"role": "system", "content": "be brief"},
+                                                                       {"role": "user", "content": "one two three"}])
+    assert reply.usage is not None and reply.usage.prompt_tokens == 5  # not the template's markers
 
 
 def test_batched_model_dims_and_int32_max_tokens(oai: openai.OpenAI) -> None:
@@ -185,6 +222,27 @@ def test_closing_a_stream_cancels_the_request_in_the_model(backend: Backend, oai
     assert 2 <= words < 201
 
 
+def _counters(backend: Backend) -> dict[str, int]:
+    text = requests.get(backend.metrics_url, timeout=30).text
+    found = {"success": re.search(r'nv_inference_request_success\{model="openai_echo",version="1"\} (\d+)', text),
+             "canceled": re.search(r'nv_inference_request_failure\{model="openai_echo",reason="CANCELED",'
+                                   r'version="1"\} (\d+)', text)}
+    return {name: int(match.group(1)) if match else 0 for name, match in found.items()}
+
+
+def test_a_cancelled_stream_counts_as_canceled_not_success(backend: Backend, oai: openai.OpenAI) -> None:
+    before = _counters(backend)
+    stream = oai.completions.create(model="openai_echo", prompt="<delay=0.2> " + "word " * 200, stream=True)
+    next(stream)
+    stream.close()
+    deadline = time.monotonic() + 60
+    while _counters(backend)["canceled"] == before["canceled"]:
+        assert time.monotonic() < deadline, f"no CANCELED failure counted for openai_echo within 60 s: {before}"
+        time.sleep(0.1)
+    after = _counters(backend)
+    assert after == {"success": before["success"], "canceled": before["canceled"] + 1}
+
+
 def test_a_hundred_concurrent_streams_lose_nothing(backend: Backend) -> None:
     async def one(client: openai.AsyncOpenAI, index: int) -> tuple[str, str]:
         prompt = f"stream {index} " + " ".join(f"w{index}.{k}" for k in range(20))
@@ -214,3 +272,10 @@ def test_example_models_serve_the_openai_client() -> None:
         assert reply.choices[0].message.content == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         vectors = plain.embeddings.create(model="word_embedding", input=["a b", "c"]).data
         assert [len(item.embedding) for item in vectors] == [8, 8]
+        tools: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": {  # docs/openai.md's
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+        reply = plain.chat.completions.create(model="tool_llm", tools=tools,
+                                              messages=[{"role": "user", "content": "The weather in Paris?"}])
+        calls = reply.choices[0].message.tool_calls or []
+        assert [(call.function.name, call.function.arguments) for call in calls] == [("get_weather",
+                                                                                    '{"city": "Paris"}')]

@@ -30,6 +30,11 @@ The C load generators of the "wrk-h2load" cells (compare/wrk_h2load.py) are Debi
 installed with apt-get when missing (`ensure_load_tools`): wrk (HTTP/1.1, scripted in Lua) and
 h2load from nghttp2-client (HTTP/2).
 
+LitServe, the OpenAI-compatible server tools/bench_openai.py runs beside pystub, gets a venv of its
+own too, `.bench/litserve` (`ensure_litserve`):
+
+    litserve==0.2.19                Lightning's serving framework, with its OpenAISpec (FastAPI, uvicorn)
+
 Triton wants a backend directory laid out as backends/python/{libtriton_python.so,
 triton_python_backend_stub, triton_python_backend_utils.py}; it is assembled from symlinks in
 .bench/triton/backends. perf_analyzer looks for libb64.so.0d: a symlink in .bench/lib names the
@@ -58,6 +63,7 @@ PEER_PACKAGES = ("mlserver==1.7.1", "uvloop<0.22", "numpy<2", "nvidia-cuda-runti
 CANDIDATE_PACKAGES = ("pygrpc-native==0.5.0", "grpclib==0.4.9", "h2>=4,<5", "hypercorn==0.18.0", "h2corn==2.0.0",
                       "ngh2==0.3.0", "uvloop==0.23.0", "grpcio==1.85.3", "tritonclient[grpc]==2.73.0", "orjson",
                       "aiohttp")
+LITSERVE_PACKAGES = ("litserve==0.2.19",)
 _INSTALL_TIMEOUT = 1800
 LOAD_TOOLS = {"wrk": "wrk", "h2load": "nghttp2-client"}  # program -> the Debian package that has it
 
@@ -139,10 +145,22 @@ def ensure_candidates(install: bool = True) -> Path:
 
     Raises SystemExit when it is missing and `install` is false, or an install step fails.
     """
-    venv = BENCH / "candidates"
-    stamp = venv / f".installed-{hashlib.sha256('|'.join(CANDIDATE_PACKAGES).encode()).hexdigest()[:16]}"
-    return _filled_once(venv, stamp, install, lambda pip: _run([*pip, "--only-binary", ":all:", *CANDIDATE_PACKAGES]),
-                        f"installing the bare gRPC candidates into {venv} (once)")
+    return _wheels_venv("candidates", CANDIDATE_PACKAGES, install, "the bare gRPC candidates")
+
+
+def ensure_litserve(install: bool = True) -> Path:
+    """The python of .bench/litserve, created and filled once (wheels only).
+
+    Raises SystemExit when it is missing and `install` is false, or an install step fails.
+    """
+    return _wheels_venv("litserve", LITSERVE_PACKAGES, install, "LitServe")
+
+
+def _wheels_venv(name: str, packages: tuple[str, ...], install: bool, what: str) -> Path:
+    venv = BENCH / name
+    stamp = venv / f".installed-{hashlib.sha256('|'.join(packages).encode()).hexdigest()[:16]}"
+    return _filled_once(venv, stamp, install, lambda pip: _run([*pip, "--only-binary", ":all:", *packages]),
+                        f"installing {what} into {venv} (once)")
 
 
 def _filled_once(venv: Path, stamp: Path, install: bool, fill: Callable[[list[str]], None], announce: str) -> Path:

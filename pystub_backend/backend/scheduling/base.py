@@ -234,10 +234,10 @@ class Scheduler(abc.ABC):
 
     def _record_final(self, stream: ResponseStream, work: Queued, started_ns: int, timing: BatchTiming) -> None:
         finished, enqueued = time.monotonic_ns(), work.enqueued_ns
-        if stream.error is None:
+        if stream.error is None and not stream.cancelled:
             self._stats.record_success(work.batch_size, finished - enqueued, started_ns - enqueued, timing)
-        else:  # an error response of the model is an inference; a stream the stub failed is not
-            self._stats.record_failure(finished - enqueued, reason_for(stream.error),
+        else:  # an error response of the model is an inference, so is a cancelled one; a stream the stub failed is not
+            self._stats.record_failure(finished - enqueued, reason_for(stream.error, stream.cancelled),
                                        0 if stream.failed else work.batch_size)
 
 

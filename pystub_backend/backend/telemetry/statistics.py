@@ -68,10 +68,10 @@ class _BatchStats:
     compute_output: Duration = field(default_factory=Duration)
 
 
-def reason_for(error: ServerError | None) -> str:
+def reason_for(error: ServerError | None, cancelled: bool = False) -> str:
     """The failure reason of a request that ended with `error` after it reached the model:
-    CANCELED when it was answered as cancelled, else BACKEND."""
-    return CANCELED if error is not None and error.status == Status.CANCELLED else BACKEND
+    CANCELED when it was answered as cancelled or cancelled by its client, else BACKEND."""
+    return CANCELED if cancelled or (error is not None and error.status == Status.CANCELLED) else BACKEND
 
 
 class ModelStatistics:

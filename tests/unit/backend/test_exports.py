@@ -16,7 +16,8 @@ FACES = {
                                               "method_group"},
     "pystub_backend.backend.worker_pool": {"FrontendWorkers", "WorkerStartError"},
     "pystub_backend.backend.frontends.openai": {"create_openai_app", "ChatTemplate", "ChatTemplateError",
-                                                "load_chat_template"},
+                                                "load_chat_template", "OpenAIServing", "OpenAISetupError",
+                                                "load_openai_serving"},
 }
 
 

@@ -24,6 +24,21 @@ def test_flags_reach_the_options() -> None:
     assert options.openai == OpenAIOptions(9000, "0.0.0.0", "/tok", "t.jinja")
     options = parse_args(["--model-repository", "/m", "--openai-port", "9000"])
     assert options.openai.address == "127.0.0.1"
+    assert (options.openai.tool_call_parser, options.openai.max_model_len, options.openai.cors_origins) == \
+        ("", None, ())
+
+
+def test_tool_parser_context_length_and_cors_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    options = parse_args(["--model-repository", "/m", "--openai-port", "0", "--tool-call-parser", "llama3_json",
+                          "--max-model-len", "4096", "--openai-cors-origin", "https://a, https://b",
+                          "--openai-cors-origin", "*"])
+    assert options.openai.tool_call_parser == "llama3_json" and options.openai.max_model_len == 4096
+    assert options.openai.cors_origins == ("https://a", "https://b", "*")
+    for bad in (["--tool-call-parser", "gpt"], ["--max-model-len", "0"]):
+        with pytest.raises(SystemExit) as caught:
+            parse_args(["--model-repository", "/m", *bad])
+        assert caught.value.code == 2
+    assert "invalid choice: 'gpt'" in capsys.readouterr().err
 
 
 def test_a_busy_openai_port_is_reported_before_models_load() -> None:

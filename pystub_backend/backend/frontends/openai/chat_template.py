@@ -6,12 +6,14 @@ Where the template comes from, first found wins (all local files; nothing is dow
     --tokenizer PATH               PATH/chat_template.jinja, or "chat_template" in
                                    PATH/tokenizer_config.json (PATH may name that file);
                                    its bos_token and eos_token are passed to the template
-    neither                        DEFAULT_TEMPLATE (ChatML)
+    neither                        DEFAULT_TEMPLATE (ChatML; tools as Qwen 2.5 and Hermes show them)
 
 The template is compiled once at start-up in jinja2's immutable sandbox (as transformers'
 `apply_chat_template` does), with `messages`, `add_generation_prompt=True`, `bos_token`,
-`eos_token`, `tools=None`, `documents=None`, `raise_exception(text)` for templates that refuse a
-conversation and `strftime_now(format)`, as transformers gives them.
+`eos_token`, `tools` (the request's, as OpenAI's `{"type": "function", "function": {...}}`
+objects, or None), `documents=None`, `raise_exception(text)` for templates that refuse a
+conversation, `strftime_now(format)` and transformers' `tojson` (no HTML escaping), as
+transformers gives them. The calls in the history come with their arguments as objects.
 """
 
 from __future__ import annotations
@@ -25,8 +27,40 @@ from pystub_backend.backend.options import OpenAIOptions
 
 __all__ = ["ChatTemplate", "ChatTemplateError", "load_chat_template", "DEFAULT_TEMPLATE"]
 
-DEFAULT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
-                    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# ChatML; with tools, the system turn lists them and calls and results are written as Qwen 2.5's
+# template writes them (<tool_call> JSON, <tool_response> in a user turn), which the hermes parser reads.
+DEFAULT_TEMPLATE = r"""
+{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\n\n' }}{%- endif %}
+{{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function '
+    'signatures within <tools></tools> XML tags:\n<tools>' }}
+{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
+{{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within '
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+    '</tool_call><|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message['role'] == 'system' and tools and loop.first %}
+{%- elif message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] %}
+{{- '<|im_start|>assistant' }}
+{%- if message['content'] %}{{- '\n' + message['content'] }}{%- endif %}
+{%- for call in message['tool_calls'] %}
+{%- set function = call['function'] if call['function'] is defined else call %}
+{{- '\n<tool_call>\n{"name": "' + function['name'] + '", "arguments": ' + (function['arguments'] | tojson)
+    + '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- elif message['role'] == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
+{%- else %}
+{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
+"""
 
 
 class ChatTemplateError(Exception):
@@ -46,6 +80,7 @@ class ChatTemplate:
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         environment.globals["raise_exception"] = _raise_exception
         environment.globals["strftime_now"] = _strftime_now  # Llama 3.x templates date their system prompt
+        environment.filters["tojson"] = _tojson
         try:
             self._template = environment.from_string(source)
         except TemplateError as exc:
@@ -53,15 +88,21 @@ class ChatTemplate:
         self.origin = origin
         self._tokens = dict(special_tokens or {})
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
-        # tools and documents as transformers passes them when a request has none: templates test
-        # `tools is not none`, which an undefined name would pass
-        return self._template.render(messages=messages, add_generation_prompt=True, tools=None, documents=None,
-                                     **self._tokens)
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        # tools and documents None as transformers passes them when a request has none: templates
+        # test `tools is not none`, which an undefined name would pass
+        return self._template.render(messages=messages, add_generation_prompt=True, tools=tools or None,
+                                     documents=None, **self._tokens)
 
 
 def _raise_exception(message: str) -> None:
     raise ValueError(message)
+
+
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """transformers' tojson: plain JSON (jinja2's own escapes <, > and & for HTML)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _strftime_now(format_text: str) -> str:

@@ -21,6 +21,16 @@ Embeddings:
 Every input is shaped from the model's own metadata, with 1 for each variable dimension (and for
 the batch dimension), so vLLM's `dims: [1]` and `dims: [1, 1]` both work. A model without the
 required names is refused (400) with a message naming what it lacks and what it declares.
+
+What a model declares beyond the names, in its config's `parameters` (string values):
+
+    structured_outputs  "true"      it follows `guided_decoding` in its sampling parameters
+                                    (structured.py); a model of backend "vllm" does unless "false"
+    max_model_len       "N"         its context length, over --max-model-len
+    tool_call_parser    "NAME"      the parser of its tool calls, over --tool-call-parser
+    matryoshka          "true"      an embedding model whose vectors may be truncated (`dimensions`)
+
+and, as outputs: `logprobs` (BYTES, logprobs.py), with `return_logprobs` (BOOL) if it wants asking.
 """
 
 from __future__ import annotations
@@ -32,15 +42,16 @@ from typing import Any
 
 import numpy as np
 
+from pystub_backend.backend.config.model_config import config_parameters
 from pystub_backend.backend.frontends.openai.errors import OpenAIError
 from pystub_backend.backend.frontends.openai.request_body import GenerationRequest
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore, Tensor, tensor_to_numpy
 from pystub_backend.ipc.bytes_codec import serialize_bytes
 
 __all__ = ["LlmContract", "EmbeddingContract", "llm_contract", "embedding_contract", "response_text",
-           "token_counts", "embedding_vector"]
+           "response_logprobs", "token_counts", "embedding_vector"]
 
-_TEXT_IN, _TEXT_OUT, _EMBEDDING = "text_input", "text_output", "embedding"
+_TEXT_IN, _TEXT_OUT, _EMBEDDING, _LOGPROBS = "text_input", "text_output", "embedding", "logprobs"
 _FLOATS = ("FP32", "FP16", "FP64")
 
 
@@ -86,18 +97,23 @@ def _scalar(spec: _Spec, value: bool | int) -> Tensor:
 
 @dataclass(frozen=True)
 class LlmContract:
-    """An LLM model's inputs as the OpenAI port fills them."""
+    """An LLM model's inputs as the OpenAI port fills them, and what it declares."""
 
     model: str
     inputs: dict[str, _Spec]
+    structured_outputs: bool = False
+    logprobs: bool = False
+    max_model_len: int | None = None
+    tool_call_parser: str = ""
 
-    def request(self, generation: GenerationRequest, request_id: str) -> InferRequest:
+    def request(self, prompt: str, generation: GenerationRequest, sampling: dict[str, Any],
+                request_id: str) -> InferRequest:
         inputs = self.inputs
-        tensors = [_tensor(inputs[_TEXT_IN], serialize_bytes([generation.prompt.encode()]))]
+        tensors = [_tensor(inputs[_TEXT_IN], serialize_bytes([prompt.encode()]))]
         if "stream" in inputs:
             tensors.append(_scalar(inputs["stream"], generation.stream))
         if "sampling_parameters" in inputs:
-            text = json.dumps(generation.sampling, allow_nan=False).encode()
+            text = json.dumps(sampling, allow_nan=False).encode()
             tensors.append(_tensor(inputs["sampling_parameters"], serialize_bytes([text])))
         if "exclude_input_in_output" in inputs:
             tensors.append(_scalar(inputs["exclude_input_in_output"], not generation.echo))
@@ -106,7 +122,23 @@ class LlmContract:
         for name in ("return_num_input_tokens", "return_num_output_tokens"):
             if name in inputs:
                 tensors.append(_scalar(inputs[name], True))
+        if "return_logprobs" in inputs:
+            tensors.append(_scalar(inputs["return_logprobs"], generation.logprobs is not None))
         return InferRequest(self.model, "", request_id, tensors)
+
+
+def _declared(parameters: dict[str, str], key: str, default: bool = False) -> bool:
+    value = parameters.get(key, "").strip().lower()
+    return default if not value else value in ("true", "1", "yes", "on")
+
+
+def _length(model: str, parameters: dict[str, str]) -> int | None:
+    text = parameters.get("max_model_len", "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise OpenAIError(500, f"model '{model}' declares max_model_len {text!r}: not a positive integer")
+    return int(text)
 
 
 def llm_contract(core: ServerCore, model: str) -> LlmContract:
@@ -116,13 +148,19 @@ def llm_contract(core: ServerCore, model: str) -> LlmContract:
     missing = _missing(inputs, outputs, _TEXT_IN, _TEXT_OUT, ("BYTES",))
     if missing:
         raise _refusal(model, "LLM", missing, metadata)
-    return LlmContract(model, inputs)
+    config = core.model_config(model)
+    parameters = config_parameters(config)
+    return LlmContract(model, inputs, _declared(parameters, "structured_outputs", config.backend == "vllm"),
+                       _LOGPROBS in outputs and outputs[_LOGPROBS].datatype == "BYTES", _length(model, parameters),
+                       parameters.get("tool_call_parser", "").strip())
 
 
 @dataclass(frozen=True)
 class EmbeddingContract:
     model: str
     text_input: _Spec
+    size: int | None = None  # the vector's length where the model's output shape fixes it
+    matryoshka: bool = False  # a shorter vector is its beginning, renormalised
 
     def request(self, text: str, request_id: str) -> InferRequest:
         return InferRequest(self.model, "", request_id, [_tensor(self.text_input, serialize_bytes([text.encode()]))],
@@ -136,7 +174,11 @@ def embedding_contract(core: ServerCore, model: str) -> EmbeddingContract:
     missing = _missing(inputs, outputs, _TEXT_IN, _EMBEDDING, _FLOATS)
     if missing:
         raise _refusal(model, "embedding", missing, metadata)
-    return EmbeddingContract(model, inputs[_TEXT_IN])
+    shape = next(e["shape"] for e in metadata["outputs"] if e["name"] == _EMBEDDING)
+    dims = shape[1:] if shape and shape[0] == -1 else shape  # without the batch dimension
+    size = int(np.prod(dims)) if dims and all(d > 0 for d in dims) else None
+    return EmbeddingContract(model, inputs[_TEXT_IN], size,
+                             _declared(config_parameters(core.model_config(model)), "matryoshka"))
 
 
 def _output(response: InferResponse, name: str) -> Tensor | None:
@@ -149,6 +191,14 @@ def response_text(response: InferResponse) -> str:
     if tensor is None:
         return ""
     return "".join(bytes(item).decode("utf-8", "replace") for item in tensor_to_numpy(tensor).reshape(-1))
+
+
+def response_logprobs(response: InferResponse) -> bytes | None:
+    """The response's `logprobs` element (logprobs.py reads it), or None."""
+    tensor = _output(response, _LOGPROBS)
+    if tensor is None or not tensor.nbytes:
+        return None
+    return bytes(tensor_to_numpy(tensor).reshape(-1)[0])
 
 
 def token_counts(response: InferResponse) -> tuple[int | None, int | None]:

@@ -2,7 +2,10 @@
 dynamic batching batches them), answered as OpenAI's CreateEmbeddingResponse.
 
 `encoding_format` "float" gives lists of numbers; "base64" (the `openai` client's default) the
-little-endian float32 bytes, base64-encoded, as OpenAI sends them.
+little-endian float32 bytes, base64-encoded, as OpenAI sends them. `dimensions` is the model's own
+size, or, for a model that declares `matryoshka`, any size up to it: the vector's beginning,
+renormalised to unit length (as OpenAI's text-embedding-3 and vLLM's Matryoshka models answer).
+`usage` counts tokens with a tokenizer, else words.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+import pystub_backend.backend.frontends.openai.documents as documents
 from pystub_backend.backend.frontends.http.access_log import MODEL_KEY, REQUEST_ID_KEY
-from pystub_backend.backend.frontends.openai import documents
-from pystub_backend.backend.frontends.openai.contract import embedding_contract, embedding_vector
+from pystub_backend.backend.frontends.openai.contract import EmbeddingContract, embedding_contract, embedding_vector
 from pystub_backend.backend.frontends.openai.errors import invalid
+from pystub_backend.backend.frontends.openai.plan import count_tokens
+from pystub_backend.backend.frontends.openai.tokens import TokenCounter
 from pystub_backend.backend.inference import InferResponse, ServerCore
 from pystub_backend.backend.telemetry.token_latency import TokenMetrics
 
@@ -45,24 +50,50 @@ def _encoding(document: dict[str, Any]) -> str:
     encoding = document.get("encoding_format") or "float"
     if encoding not in _FORMATS:
         raise invalid(f"'encoding_format' must be 'float' or 'base64', got {encoding!r}", "encoding_format")
-    if document.get("dimensions") is not None:
-        raise invalid("'dimensions' is not supported: the model decides the embedding's size", "dimensions")
     return str(encoding)
+
+
+def _dimensions(document: dict[str, Any], contract: EmbeddingContract) -> int | None:
+    """The size asked for, when it differs from the model's. Raises OpenAIError(400)."""
+    dimensions = document.get("dimensions")
+    if dimensions is None or dimensions == contract.size:
+        return None
+    if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1:
+        raise invalid(f"'dimensions' must be a positive integer, got {dimensions!r}", "dimensions")
+    if not contract.matryoshka:
+        size = f"its size, {contract.size}" if contract.size is not None else "its own size"
+        raise invalid(f"model '{contract.model}' gives vectors of {size}; other 'dimensions' need a model that "
+                      "declares matryoshka (docs/openai.md)", "dimensions")
+    if contract.size is not None and dimensions > contract.size:
+        raise invalid(f"'dimensions' {dimensions} exceeds model '{contract.model}''s size, {contract.size}",
+                      "dimensions")
+    return dimensions
+
+
+def _shortened(vector: np.ndarray, dimensions: int | None) -> np.ndarray:
+    if dimensions is None:
+        return vector
+    if dimensions > vector.size:
+        raise invalid(f"'dimensions' {dimensions} exceeds the model's vector of {vector.size}", "dimensions")
+    head = vector[:dimensions]
+    norm = float(np.linalg.norm(head))
+    return head / norm if norm else head
 
 
 def _encoded(vector: np.ndarray, encoding: str) -> Any:
     return base64.b64encode(vector.astype("<f4").tobytes()).decode() if encoding == "base64" else vector.tolist()
 
 
-def _data(responses: list[InferResponse | BaseException], encoding: str) -> list[dict[str, Any]]:
+def _data(responses: list[InferResponse | BaseException], encoding: str, dimensions: int | None
+          ) -> list[dict[str, Any]]:
     """The embeddings of every response; raises the first failure. Releases every response."""
     try:
         data = []
         for index, response in enumerate(responses):
             if isinstance(response, BaseException):
                 raise response
-            data.append({"object": "embedding", "index": index,
-                         "embedding": _encoded(embedding_vector(response), encoding)})
+            vector = _shortened(embedding_vector(response), dimensions)
+            data.append({"object": "embedding", "index": index, "embedding": _encoded(vector, encoding)})
         return data
     finally:
         for response in responses:
@@ -70,7 +101,7 @@ def _data(responses: list[InferResponse | BaseException], encoding: str) -> list
                 response.release()
 
 
-async def embeddings(core: ServerCore, metrics: TokenMetrics, request: web.Request,
+async def embeddings(core: ServerCore, metrics: TokenMetrics, counter: TokenCounter, request: web.Request,
                      document: dict[str, Any]) -> web.Response:
     """Raises OpenAIError / ServerError (the first failed input's)."""
     model = document.get("model")
@@ -78,15 +109,16 @@ async def embeddings(core: ServerCore, metrics: TokenMetrics, request: web.Reque
         raise invalid("'model' is required: the name of a served model", "model")
     texts, encoding = embedding_inputs(document), _encoding(document)
     contract = embedding_contract(core, model)
+    dimensions = _dimensions(document, contract)
     request[MODEL_KEY] = model
     request_id = request[REQUEST_ID_KEY] = documents.new_id("embd")
     failed = True
     try:
         calls = [core.infer(contract.request(text, f"{request_id}-{index}")) for index, text in enumerate(texts)]
-        data = _data(await asyncio.gather(*calls, return_exceptions=True), encoding)
+        data = _data(await asyncio.gather(*calls, return_exceptions=True), encoding, dimensions)
         failed = False
     finally:
         metrics.request(model, "embeddings", failed)
-    words = sum(documents.count_words(text) for text in texts)
+    tokens = sum([await count_tokens(counter, text, special_tokens=True) for text in texts])
     return web.json_response({"object": "list", "data": data, "model": model,
-                              "usage": {"prompt_tokens": words, "total_tokens": words}})
+                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})

@@ -2,14 +2,17 @@
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "messages", "code": null}}
 
-    400 BadRequestError   invalid_request_error   a missing or malformed field, a refused model
-    401/403               permission_error        a restricted group without its header
-    404 NotFoundError     not_found_error         an unknown model (code "model_not_found"), route
-    500/503               server_error / service_unavailable_error
+    400 BadRequestError       invalid_request_error   a missing or malformed field, a refused model
+                                                      (code "context_length_exceeded": too long)
+    401 AuthenticationError   invalid_request_error   a restricted group without its header (code "invalid_api_key")
+    404 NotFoundError         invalid_request_error   an unknown model (code "model_not_found"), route
+    500/503                   server_error / service_unavailable_error
+
+as OpenAI types them (its unknown model and wrong key are invalid_request_error).
 
 Every error raised in a handler (`OpenAIError`, the core's `ServerError`, aiohttp's HTTP
 exceptions) leaves through `error_middleware` in this form; an error after a stream has started
-becomes an `error` event of the stream instead (streaming.py).
+becomes an `error` event of the stream instead (generation.py).
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ __all__ = ["OpenAIError", "invalid", "error_body", "error_response", "error_midd
 
 _log = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 501: "invalid_request_error",
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
+          404: "invalid_request_error", 405: "invalid_request_error", 501: "invalid_request_error",
           503: "service_unavailable_error"}
 
 

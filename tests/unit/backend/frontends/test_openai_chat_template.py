@@ -77,3 +77,24 @@ def test_tokenizer_without_a_template_is_refused(tmp_path: Path) -> None:
 def test_hugging_face_template_helpers() -> None:
     source = "{% if tools is not none %}tools{% endif %}{{ strftime_now('%Y') | length }}"
     assert load_chat_template(OpenAIOptions(chat_template=source)).render(MESSAGES) == "4"
+
+
+def test_the_default_template_shows_tools_as_qwen_does_and_chatml_without() -> None:
+    from pystub_backend.backend.frontends.openai.chat_template import DEFAULT_TEMPLATE, ChatTemplate
+
+    template = ChatTemplate(DEFAULT_TEMPLATE, "the default")
+    plain = template.render([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+    assert plain == "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n"
+    tool = {"type": "function", "function": {"name": "f", "description": "a <b> & c", "parameters": {}}}
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": "é"}}}
+    prompt = template.render([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                              {"role": "assistant", "content": "", "tool_calls": [call]},
+                              {"role": "tool", "tool_call_id": "c1", "content": "r1"},
+                              {"role": "tool", "tool_call_id": "c2", "content": "r2"}], [tool])
+    assert prompt.startswith("<|im_start|>system\ns\n\n# Tools\n")
+    assert '<tools>\n{"type": "function", "function": {"name": "f", "description": "a <b> & c"' in prompt  # tojson
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {"x": "é"}}\n</tool_call><|im_end|>' \
+        in prompt
+    assert prompt.endswith("<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n"
+                           "</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert prompt.count("<|im_start|>system") == 1

@@ -22,11 +22,19 @@ from pystub_backend.ipc.status import Status
 
 class FakeInstance(fakes.FakeInstance):
     """Answers each request by its id: "ok…" succeeds, "model…" fails in the model, "cancel…"
-    is answered CANCELLED; `hold` keeps a batch running; `dead` fails it before the model."""
+    is answered CANCELLED, "left…" is cancelled by its client and then ended by the model without an
+    error; `hold` keeps a batch running; `dead` fails it before the model."""
 
     def error_for(self, request: InferRequest) -> ServerError | None:
         return {"model": ServerError("model error", Status.INTERNAL),
                 "cancel": ServerError("cancelled", Status.CANCELLED)}.get(request.id.rstrip("0123456789"))
+
+    def answer(self, request: InferRequest, stream: ResponseStream) -> None:
+        if request.id.startswith("left"):  # the client cancelled; the model ended it without an error
+            stream.cancel(keep_responses=True)
+            stream.put(InferResponse("m", "", request.id), True)
+        else:
+            super().answer(request, stream)
 
 
 def request(rid: str, rows: int = 1) -> InferRequest:
@@ -88,6 +96,15 @@ def test_executions_and_inferences_are_counted_apart() -> None:
     assert stats.load_duration_s is None
     stats.loaded()
     assert stats.load_duration_s is not None and stats.load_duration_s >= 0
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["default", "dynamic_batcher"])
+def test_a_request_its_client_cancelled_counts_as_canceled_not_success(batching: bool) -> None:
+    async def body(scheduler: Any, instance: FakeInstance, stats: ModelStatistics) -> None:
+        await asyncio.gather(*(outcome(scheduler.schedule(request(rid), 1)) for rid in ("ok1", "left1")))
+        assert failures(stats) == {"CANCELED": 1} and stats.success.count == 1 and stats.inference_count == 2
+
+    run(body, batching)
 
 
 @pytest.mark.parametrize("batching", [False, True], ids=["default", "dynamic_batcher"])
