@@ -65,7 +65,7 @@ class ExportGoneError(Exception):
     """A GPU tensor (a BLS output or input) cannot reach its consumer: the stub that exported it died."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Tensor:
     """A named tensor: wire datatype (`FP32`, `BYTES`, ...), shape, and its raw bytes.
 
@@ -85,7 +85,7 @@ class Tensor:
         return self.device.nbytes if self.device is not None else buffer_view(self.data).nbytes
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestedOutput:
     """An output the client asked for. `parameters` may carry `binary_data` or shm references."""
 
@@ -93,7 +93,7 @@ class RequestedOutput:
     parameters: dict[str, ParameterValue] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class InferRequest:
     model_name: str
     model_version: str = ""  # "" means the model's default (latest) version
@@ -116,7 +116,7 @@ def _no_release() -> None:
     return None
 
 
-@dataclass
+@dataclass(slots=True)
 class InferResponse:
     """A model's answer. Output data may view shared memory: call `release()` once encoded.
 

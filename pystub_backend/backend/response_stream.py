@@ -25,6 +25,9 @@ CREDIT_WINDOW = 64
 
 
 class ResponseStream:
+    __slots__ = ("request_id", "model_name", "model_version", "_on_cancel", "_queue", "_wakeup", "_final",
+                 "cancelled", "_dropping", "_on_final", "error", "failed", "on_put", "_answer", "__weakref__")
+
     def __init__(self, request_id: str, model_name: str, on_cancel: Callable[[], None]) -> None:
         self.request_id = request_id
         self.model_name = model_name

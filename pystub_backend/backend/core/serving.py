@@ -27,7 +27,7 @@ from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.bls.device_inputs import check_device_inputs
 from pystub_backend.backend.features.classification import class_counts, classify
 from pystub_backend.backend.features.client_shm import REGION, ClientShmRegistry
-from pystub_backend.backend.inference import InferRequest, InferResponse, ServingTarget
+from pystub_backend.backend.inference import InferRequest, InferResponse, RequestedOutput, ServingTarget
 from pystub_backend.backend.models.lifecycle import InFlight, ModelEntry
 from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.version import ModelVersion
@@ -39,6 +39,13 @@ __all__ = ["Serving"]
 
 log = logging.getLogger("pystub.core")
 _T = TypeVar("_T")
+
+
+def _has_parameters(outputs: list[RequestedOutput]) -> bool:
+    for output in outputs:  # noqa: SIM110 - a loop: no generator per request on the hot path
+        if output.parameters:
+            return True
+    return False
 
 
 def _names_a_region(request: InferRequest) -> bool:
@@ -167,7 +174,7 @@ class Serving:
         """The request's single response. `target`: the frontend's `target(...)` for the request,
         if it asked. Raises ServerError."""
         model_version = self._serving(request, target)
-        counts = class_counts(request)  # the classification extension
+        counts = class_counts(request) if _has_parameters(request.outputs) else None  # the classification extension
         if not _names_a_region(request):
             batch_size = self._validate(model_version, request)
             response = await self._tracked(model_version, model_version.infer(request, batch_size))

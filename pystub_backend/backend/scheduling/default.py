@@ -161,7 +161,7 @@ class DefaultScheduler(Scheduler):
             while queue:
                 instance = self._free_instance()
                 if instance is None:
-                    if not any(other.usable for other in self._instances):
+                    if not any(self._busy.values()) and not any(other.usable for other in self._instances):
                         self._fail_all_queued(self._instances[0].unhealthy_error() if self._instances else
                                               ServerError("no instances", Status.UNAVAILABLE), BACKEND)
                     return
@@ -206,7 +206,13 @@ class DefaultScheduler(Scheduler):
         """The request's `execute` returned (or it never reached the model): count it, free the
         slot, and let the queue move."""
         try:
-            self._finish([work], submission.outcomes, begun, submission.timing)
+            outcome = submission.outcomes[0]
+            if work.request.trace is None and isinstance(outcome, ResponseStream) and outcome.finished:
+                # the usual answer: its final response came with EXECUTE_DONE (no callback to keep)
+                self._stats.record_execution(work.batch_size, submission.timing)
+                self._record_final(outcome, work, begun, submission.timing)
+            else:
+                self._finish([work], submission.outcomes, begun, submission.timing)
         finally:
             self._busy[instance] -= 1
             gate = instance.gate

@@ -33,7 +33,14 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import ExportGoneError, InferRequest, InferResponse, Tensor, model_parameters_json
+from pystub_backend.backend.inference import (
+    ExportGoneError,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    Tensor,
+    model_parameters_json,
+)
 from pystub_backend.backend.response_stream import Outcome, ResponseStream
 from pystub_backend.backend.supervision.frames import FrameLink
 from pystub_backend.backend.supervision.outbox import StubOutbox
@@ -324,8 +331,16 @@ class RequestExchange:
         record = _InFlight(rid, request, stream)
         features = self._features
         wire_inputs: list[WireTensor] = []
+        plain = True  # only plain tensors (no client region, no GPU memory): the common request
         try:
             for tensor in request.inputs:
+                if type(tensor) is Tensor and tensor.device is None:  # in the request's own bytes
+                    placed = tensors.place(self._p2s, tensor.name, tensor.datatype, tensor.shape, tensor.data, budget)
+                    wire_inputs.append(placed)
+                    if placed.handle[0] != tensors.INLINE_TAG:
+                        record.input_handles.append(placed.handle)
+                    continue
+                plain = False
                 if tensor.device is not None:  # a BLS caller's GPU input: the stub maps it (no copy)
                     wire_inputs.append(features.claim_input(tensor))
                     continue
@@ -342,7 +357,10 @@ class RequestExchange:
             features.release_unsent(wire_inputs)
             raise
         # output_regions: outputs the stub writes straight into client regions
-        output_regions = features.attach_regions(request, stream) or None
+        if plain and all(type(output) is RequestedOutput for output in request.outputs):
+            output_regions = None
+        else:
+            output_regions = features.attach_regions(request, stream) or None
         record.wire = WireRequest(rid, request.id, wire_inputs, [o.name for o in request.outputs],
                                   model_parameters_json(request), request.correlation_id, request.flags,
                                   int(request.parameters.get("timeout", 0) or 0), output_regions,

@@ -68,6 +68,19 @@ class _BatchStats:
     compute_output: Duration = field(default_factory=Duration)
 
 
+def _add3(compute_input: Duration, compute_infer: Duration, compute_output: Duration, timing: BatchTiming) -> None:
+    """One batch's three compute durations, added in one call (two per request on the hot path)."""
+    compute_input.count += 1
+    compute_infer.count += 1
+    compute_output.count += 1
+    if timing.compute_input_ns > 0:  # a clock step can make a span negative: it counts as 0
+        compute_input.ns += timing.compute_input_ns
+    if timing.compute_infer_ns > 0:
+        compute_infer.ns += timing.compute_infer_ns
+    if timing.compute_output_ns > 0:
+        compute_output.ns += timing.compute_output_ns
+
+
 def reason_for(error: ServerError | None, cancelled: bool = False) -> str:
     """The failure reason of a request that ended with `error` after it reached the model:
     CANCELED when it was answered as cancelled or cancelled by its client, else BACKEND."""
@@ -103,10 +116,10 @@ class ModelStatistics:
 
     def record_execution(self, batch_size: int, timing: BatchTiming) -> None:
         self.execution_count += 1
-        stats = self._batches.setdefault(batch_size, _BatchStats())
-        stats.compute_input.add(timing.compute_input_ns)
-        stats.compute_infer.add(timing.compute_infer_ns)
-        stats.compute_output.add(timing.compute_output_ns)
+        stats = self._batches.get(batch_size)
+        if stats is None:
+            stats = self._batches[batch_size] = _BatchStats()
+        _add3(stats.compute_input, stats.compute_infer, stats.compute_output, timing)
 
     def record_success(self, batch_size: int, total_ns: int, queue_ns: int, timing: BatchTiming) -> None:
         """One request of `batch_size` that succeeded (and so is an inference)."""
@@ -114,9 +127,7 @@ class ModelStatistics:
         self.last_inference_ms = int(time.time() * 1000)
         self.success.add(total_ns)
         self.queue.add(queue_ns)
-        self.compute_input.add(timing.compute_input_ns)
-        self.compute_infer.add(timing.compute_infer_ns)
-        self.compute_output.add(timing.compute_output_ns)
+        _add3(self.compute_input, self.compute_infer, self.compute_output, timing)
         if self.latency is not None:
             self.latency.observe(request=total_ns, queue=queue_ns, compute_input=timing.compute_input_ns,
                                  compute_infer=timing.compute_infer_ns, compute_output=timing.compute_output_ns)

@@ -12,7 +12,8 @@ import scheduling_fakes as fakes
 from tritonclient.grpc import model_config_pb2
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.inference import InferRequest, Tensor
+from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
+from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.default import DefaultScheduler
 from pystub_backend.backend.scheduling.dynamic import DynamicBatcher
 from pystub_backend.backend.scheduling.sequence import SequenceBatcher
