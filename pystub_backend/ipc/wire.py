@@ -116,8 +116,13 @@ def _apply(cls: type, what: str, values: list[Any]) -> None:
     """Check `values` (the fields of `cls`, in order) and build their records, in place."""
     apply = _APPLIERS.get(cls)
     if apply is None:
-        apply = _APPLIERS[cls] = _compile(cls, what, _spec_of(cls))
+        apply = _applier(cls, what)
     apply(values)
+
+
+def _applier(cls: type, what: str) -> Callable[[list[Any]], None]:
+    apply = _APPLIERS[cls] = _compile(cls, what, _spec_of(cls))
+    return apply
 
 
 def _compile(cls: type, what: str, spec: _Spec) -> Callable[[list[Any]], None]:
@@ -159,10 +164,14 @@ def _record_parser(cls: type) -> _Convert:
     defaults = [cls._field_defaults[name] for name in fields if name in cls._field_defaults]  # type: ignore[attr-defined]
     total, required = len(fields), len(fields) - len(defaults)
 
+    apply: list[Callable[[list[Any]], None]] = []  # compiled on first use (records may refer to each other)
+
     def parse(value: Any) -> Any:
         if type(value) is not list or not required <= len(value) <= total:
             raise MessageDecodeError(f"a {cls.__name__} record must be an array of {required}-{total} fields")
-        _apply(cls, "record", value)
+        if not apply:
+            apply.append(_APPLIERS.get(cls) or _applier(cls, "record"))
+        apply[0](value)
         if len(value) < total:
             value.extend(defaults[len(value) - required:])
         return _new_tuple(cls, value)

@@ -44,17 +44,26 @@ __all__ = ["DefaultScheduler", "PIPELINE_DEPTH"]
 log = logging.getLogger("pystub.scheduler")
 
 
-class _Pending:
-    """A request waiting in the queue, and the future its caller awaits: its stream (or why it never
-    ran), or for a unary request (`answer`) its one response itself, so that its caller wakes once."""
+class _Work:
+    """What accounting keeps of a request sent to an instance."""
 
-    __slots__ = ("request", "batch_size", "enqueued_ns", "future", "answer", "stream")
+    __slots__ = ("request", "batch_size", "enqueued_ns")
 
-    def __init__(self, request: InferRequest, batch_size: int, future: asyncio.Future[Any],
-                 answer: bool = False) -> None:
+    def __init__(self, request: InferRequest, batch_size: int) -> None:
         self.request = request
         self.batch_size = batch_size
         self.enqueued_ns = time.monotonic_ns()
+
+
+class _Pending(_Work):
+    """A request waiting in the queue, and the future its caller awaits: its stream (or why it never
+    ran), or for a unary request (`answer`) its one response itself, so that its caller wakes once."""
+
+    __slots__ = ("future", "answer", "stream")
+
+    def __init__(self, request: InferRequest, batch_size: int, future: asyncio.Future[Any],
+                 answer: bool = False) -> None:
+        super().__init__(request, batch_size)
         self.future = future
         self.answer = answer
         self.stream: ResponseStream | None = None  # a unary request's, once sent
@@ -129,7 +138,7 @@ class DefaultScheduler(Scheduler):
         instance = None if self._queue else self._free_instance()
         if instance is None or instance.gate is not None:
             return None
-        outcome = self._send(instance, request, batch_size, time.monotonic_ns(), wait=False)
+        outcome = self._send(instance, _Work(request, batch_size), wait=False)
         if isinstance(outcome, ServerError):
             raise outcome
         return outcome
@@ -174,21 +183,19 @@ class DefaultScheduler(Scheduler):
                     self._running.add(task)
                     task.add_done_callback(self._running.discard)
                 else:
-                    self._deliver(pending, self._send(instance, pending.request, pending.batch_size,
-                                                      pending.enqueued_ns, wait=True))
+                    self._deliver(pending, self._send(instance, pending, wait=True))
         finally:
             self._pumping = False
 
     # -- sending -----------------------------------------------------------------------------------
-    def _send(self, instance: Instance, request: InferRequest, batch_size: int, enqueued_ns: int,
-              wait: bool, taken: bool = False) -> Outcome | None:
+    def _send(self, instance: Instance, work: _Work, wait: bool, taken: bool = False) -> Outcome | None:
         """Submit the request to `instance` now: its outcome; None (nothing kept) when `wait` is
         False and it cannot go now. `taken`: its slot was taken already (the gated way)."""
         if not taken:
             self._busy[instance] += 1
         begun = time.monotonic_ns()
         try:
-            submission = instance.submit([request], wait=wait)
+            submission = instance.submit([work.request], wait=wait)
         except Exception as exc:  # a bug below us fails this request, as `_execute` does
             log.exception("scheduler: sending a request to '%s' failed", instance.name)
             submission = Submission([ServerError(f"failed to execute the request: {exc}", Status.INTERNAL)],
@@ -196,13 +203,12 @@ class DefaultScheduler(Scheduler):
         if submission is None:
             self._busy[instance] -= 1
             return None
-        work = _Pending(request, batch_size, None)  # type: ignore[arg-type]  # what accounting keeps of it
-        work.enqueued_ns = enqueued_ns
-        self._begin([work], begun)
+        if work.request.trace is not None:
+            self._begin([work], begun)
         submission.when_executed(functools.partial(self._executed, instance, work, submission, begun))
         return submission.outcomes[0]
 
-    def _executed(self, instance: Instance, work: _Pending, submission: Submission, begun: int) -> None:
+    def _executed(self, instance: Instance, work: _Work, submission: Submission, begun: int) -> None:
         """The request's `execute` returned (or it never reached the model): count it, free the
         slot, and let the queue move."""
         try:
@@ -238,8 +244,7 @@ class DefaultScheduler(Scheduler):
                 self._queue.appendleft(pending)
             self._pump()
             return
-        self._deliver(pending, self._send(instance, pending.request, pending.batch_size, pending.enqueued_ns,
-                                          wait=True, taken=True))
+        self._deliver(pending, self._send(instance, pending, wait=True, taken=True))
 
     @staticmethod
     def _deliver(pending: _Pending, outcome: Outcome | None) -> None:

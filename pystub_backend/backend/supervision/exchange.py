@@ -216,19 +216,21 @@ class RequestExchange:
         if self._link.closed or (self._rescheduled and not wait):
             return None if not wait else Submission([self.unhealthy_error()] * len(requests), BatchTiming(), None)
         timing = BatchTiming()
-        outcomes, rids = self._place_batch(requests, timing)
+        started = time.monotonic_ns()
+        outcomes, rids = self._place_batch(requests)
+        staged = time.monotonic_ns()
+        timing.compute_input_ns = staged - started
         if not rids:
             return Submission(outcomes, timing, None)
-        batch = self._send(rids, timing, wait)
+        batch = self._send(rids, timing, staged, wait)
         if batch is False:
             self._fail(rids, ServerError("not sent", Status.UNAVAILABLE))  # never seen: frees what they held
             return None
         return Submission(outcomes, timing, None if batch is True else batch.end)
 
-    def _place_batch(self, requests: list[InferRequest], timing: BatchTiming) -> tuple[list[Outcome], list[int]]:
+    def _place_batch(self, requests: list[InferRequest]) -> tuple[list[Outcome], list[int]]:
         """Per request its stream (inputs placed in p2s) or why it could not be placed, and the
-        rids placed; sets the batch's compute_input time."""
-        started = time.monotonic_ns()
+        rids placed."""
         outcomes: list[Outcome] = []
         rids: list[int] = []
         budget = tensors.InlineBudget()  # small inputs ride in the EXECUTE frame itself
@@ -242,10 +244,9 @@ class RequestExchange:
                 continue
             rids.append(record.rid)
             outcomes.append(record.stream)
-        timing.compute_input_ns = time.monotonic_ns() - started
         return outcomes, rids
 
-    def _send(self, rids: list[int], timing: BatchTiming, wait: bool) -> _Batch | bool:
+    def _send(self, rids: list[int], timing: BatchTiming, staged: int, wait: bool) -> _Batch | bool:
         """EXECUTE for the records `rids`: the batch, which ends at EXECUTE_DONE (or death); False
         when `wait` is False and the stub's queue is full (nothing sent, the records still
         placed); True when no request of the batch could be sent (they failed already).
@@ -255,7 +256,7 @@ class RequestExchange:
         batch_id = self.next_id()
         releases = self.outbox.take_releases()
         while rids:
-            batch = self._batches[batch_id] = _Batch(rids, timing, time.monotonic_ns())
+            batch = self._batches[batch_id] = _Batch(rids, timing, staged)
             frame = msg.Execute(batch_id, [self._wire(rid) for rid in rids], releases)
             try:
                 if wait:

@@ -149,14 +149,22 @@ class InferenceRequest(PybindRepr):
 
         `sender_source` (instead of `response_sender`) makes the sender when the model first asks
         for it: most models answer by returning responses and never need one."""
+        # The attributes `_setup` sets, set here directly: this runs for every request a stub gets.
         request = cls.__new__(cls)
-        request._setup(
-            inputs=inputs, request_id=request_id, correlation_id=correlation_id, flags=flags,
-            timeout=timeout, parameters_json=parameters_json, requested_output_names=requested_output_names,
-            model_name=model_name, model_version=model_version,
-            trace=InferenceTrace._with_context(trace_context) if trace_context else _NO_TRACE,
-            response_sender=response_sender, sender_source=sender_source,
-        )
+        request._inputs = inputs
+        request._request_id = request_id
+        request._correlation_id = correlation_id
+        request._flags = flags
+        request._timeout = timeout
+        request._parameters = parameters_json
+        request._requested_output_names = requested_output_names
+        request._model_name = model_name
+        request._model_version = model_version
+        request._trace = InferenceTrace._with_context(trace_context) if trace_context else _NO_TRACE
+        request._response_sender = response_sender
+        request._sender_source = sender_source
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        request._preferred_memory = _DEFAULT_MEMORY
         return request
 
     @_method("List[triton::backend::python::PbTensor]")

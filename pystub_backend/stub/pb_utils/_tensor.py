@@ -30,6 +30,9 @@ def _method(returns: str) -> Any:
     return binding(f"(self: {MODULE}.Tensor) -> {returns}")
 
 
+_CPU_DEVICE = (_dlpack.KDL_CPU, 0)
+
+
 class Tensor(PybindRepr):
     """`Tensor(name, array)`, positional arguments only.
 
@@ -64,7 +67,7 @@ class Tensor(PybindRepr):
         self._array = array
         self._shape = [int(d) for d in (array.shape if shape is None else shape)]  # type: ignore[union-attr]
         self._serialized = None
-        self._device = (_dlpack.KDL_CPU, 0)
+        self._device = _CPU_DEVICE
         self._pointer = 0  # GPU tensors: the device address of their first byte
         self._owner: Any = None
         self._exported: np.ndarray | None = None
@@ -79,8 +82,17 @@ class Tensor(PybindRepr):
         wire = wire_dtype or _wire_of(array.dtype)
         if wire is None:
             raise TritonModelException("NumPy dtype is not supported.")
+        # `_setup`'s attributes, set here directly: every input of every request comes this way.
         tensor = cls.__new__(cls)
-        tensor._setup(name, wire, array)
+        tensor._name = name
+        tensor._wire = wire
+        tensor._array = array
+        tensor._shape = list(array.shape)
+        tensor._serialized = None
+        tensor._device = _CPU_DEVICE
+        tensor._pointer = 0
+        tensor._owner = None
+        tensor._exported = None
         return tensor
 
     @classmethod
@@ -233,10 +245,14 @@ def _as_ndarray(array: object) -> np.ndarray:
         raise TypeError(f"Tensor data must be a numpy array: {exc}") from None
 
 
+_WIRE_OF: dict[np.dtype, str | None] = {}  # dtype -> wire name, as wire_name_of answers (cached)
+
+
 def _wire_of(dtype: np.dtype) -> str | None:
-    if dtype.kind == "O":
-        return "BYTES"
-    return wire_name_of(dtype)
+    wire = _WIRE_OF.get(dtype, "")
+    if wire == "":
+        wire = _WIRE_OF[dtype] = "BYTES" if dtype.kind == "O" else wire_name_of(dtype)
+    return wire
 
 
 def _serialize(array: np.ndarray) -> bytes:
