@@ -20,12 +20,12 @@ import json
 import math
 from typing import Any
 
-from aiohttp import web
-
-from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.json_body import parse_json_body
 from pystub_backend.backend.frontends.http.json_tensors import json_to_tensor_bytes, tensor_to_json
+from pystub_backend.backend.frontends.http.request import HttpRequest
+from pystub_backend.backend.frontends.http.request_link import http_request_link
+from pystub_backend.backend.frontends.http.response import Response, StreamResponse, json_response
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore, Tensor
 from pystub_backend.backend.response_stream import ResponseStream
 
@@ -83,7 +83,7 @@ def response_object(response: InferResponse) -> dict[str, Any]:
     return document
 
 
-async def _start(core: ServerCore, request: web.Request) -> tuple[Any, InferRequest]:
+async def _start(core: ServerCore, request: HttpRequest) -> tuple[Any, InferRequest]:
     if request.headers.get("Content-Encoding", "identity").lower() not in ("", "identity"):
         raise ServerError("compressed bodies are not supported by the generate extension", Status.UNSUPPORTED)
     name = request.match_info["model"]
@@ -94,7 +94,7 @@ async def _start(core: ServerCore, request: web.Request) -> tuple[Any, InferRequ
     return await core.infer_stream(infer_request), infer_request
 
 
-async def generate(core: ServerCore, request: web.Request) -> web.Response:
+async def generate(core: ServerCore, request: HttpRequest) -> Response:
     stream, _ = await _start(core, request)
     documents: list[dict[str, Any]] = []
     try:
@@ -109,19 +109,19 @@ async def generate(core: ServerCore, request: web.Request) -> web.Response:
     finally:
         stream.cancel()
     if len(documents) > 1:  # Triton 2.51 answers 200 with the error as the body
-        return web.json_response({"error": _NOT_ONE_RESPONSE})
+        return json_response({"error": _NOT_ONE_RESPONSE})
     if not documents:
         raise ServerError(_NOT_ONE_RESPONSE, Status.UNSUPPORTED)
-    return web.json_response(documents[0])
+    return json_response(documents[0])
 
 
 _NOT_ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream for model that "
                      "generates various number of responses")
 
 
-async def generate_stream(core: ServerCore, request: web.Request) -> web.StreamResponse:
+async def generate_stream(core: ServerCore, request: HttpRequest) -> StreamResponse:
     stream, _ = await _start(core, request)
-    reply = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+    reply = StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                         "Cache-Control": "no-cache"})
     try:
         await reply.prepare(request)
@@ -138,7 +138,7 @@ async def generate_stream(core: ServerCore, request: web.Request) -> web.StreamR
     return reply
 
 
-async def _write_events(reply: web.StreamResponse, stream: ResponseStream) -> None:
+async def _write_events(reply: StreamResponse, stream: ResponseStream) -> None:
     """One event per response, and one write for all the responses that queued while the last
     write was in flight (a model streaming tokens faster than one write each). `write` waits while
     the client's connection is full and the responses are released only after it, so what a stream

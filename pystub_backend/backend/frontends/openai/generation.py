@@ -20,9 +20,9 @@ from typing import Any
 
 from aiohttp import web
 
-from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.frontends.http.access_log import MODEL_KEY, REQUEST_ID_KEY
+from pystub_backend.backend.frontends.http.request_link import http_request_link
 from pystub_backend.backend.frontends.openai import documents
 from pystub_backend.backend.frontends.openai.contract import llm_contract, response_text, token_counts
 from pystub_backend.backend.frontends.openai.documents import Usage
