@@ -17,12 +17,11 @@ a sequence whose client went away without sending END.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 
-__all__ = ["ClientLink", "current", "open_link", "as_current", "cancel_when_gone"]
+__all__ = ["ClientLink", "current", "open_link", "cancel_when_gone"]
 
 log = logging.getLogger("pystub.scheduler")
 
@@ -71,24 +70,13 @@ def current() -> ClientLink | None:
     return _CURRENT.get()
 
 
-def open_link() -> ClientLink:
+def open_link(on_first_watch: Callable[[], None] | None = None) -> ClientLink:
     """A new link, current for the rest of the running task and for the tasks it starts from now
     on. The caller closes it when the client is gone. (No context reset: an async generator may be
     finalized in another task, where a reset would fail; the task's context dies with it.)"""
-    link = ClientLink()
+    link = ClientLink(on_first_watch)
     _CURRENT.set(link)
     return link
-
-
-@contextlib.contextmanager
-def as_current(link: ClientLink) -> Iterator[ClientLink]:
-    """`link` is the current link inside the block (frontends/http/request_link.py opens one per
-    HTTP request this way)."""
-    token = _CURRENT.set(link)
-    try:
-        yield link
-    finally:
-        _CURRENT.reset(token)
 
 
 def cancel_when_gone(link: ClientLink) -> None:

@@ -78,7 +78,10 @@ class HttpApp:
         else:
             handler, request.match_info = found
         if self._front is not None:
-            return await self._front(request, functools.partial(self._checked, handler))
+            try:
+                return await self._front(request, functools.partial(self._checked, handler))
+            except Exception as exc:  # noqa: BLE001 - the front's own failure still answers in JSON
+                return _failure(request, exc)
         try:  # _checked, inline: one coroutine less on the way of every request
             refusal = refusal_response(self._policy, request)
             return refusal if refusal is not None else await handler(request)

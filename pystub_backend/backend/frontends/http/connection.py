@@ -13,8 +13,10 @@ them. `Expect: 100-continue` is answered by the app when the handler starts (as 
 
 Limits (aiohttp's, which served this port before): a request target of at most 8190 bytes, a
 header name plus value of at most 8190, at most 128 headers, `Host` required in HTTP/1.1, single
-Content-Length, Content-Type, Host ...; a head still incomplete after `MAX_INCOMPLETE_HEAD` bytes
-(which no head within those limits reaches) is refused without waiting for its end. A malformed
+Content-Length, Content-Type, Host ...: the target as it arrives, a header once its line is
+complete (httptools reports no less). A line that does not end is refused once `MAX_INCOMPLETE_FIELD`
+bytes came since the last complete one (8190 plus one read of the socket, so no line within the
+limits is refused for the bytes of the requests before it in the same read). A malformed
 head gets `400` with the parser's reason as text (HTTP/1.0, as aiohttp) and the connection closes;
 it is logged at debug level only (client_errors.py), and at --log-verbose 1 by its access line.
 
@@ -43,7 +45,7 @@ from pystub_backend.backend.frontends.http.response import Answer, Response, enc
 from pystub_backend.backend.log import verbose
 
 __all__ = ["HttpConnection", "ConnectionSettings", "Application", "MAX_QUEUED", "KEEP_ALIVE_SECONDS",
-           "MAX_LINE", "MAX_FIELD", "MAX_HEADERS", "MAX_INCOMPLETE_HEAD"]
+           "MAX_LINE", "MAX_FIELD", "MAX_HEADERS", "MAX_INCOMPLETE_FIELD"]
 
 _log = logging.getLogger(__name__)
 _client_log = logging.getLogger("pystub.http")  # client_errors.py's logger: malformed requests
@@ -51,7 +53,8 @@ _client_log = logging.getLogger("pystub.http")  # client_errors.py's logger: mal
 MAX_LINE = 8190  # bytes of a request target
 MAX_FIELD = 8190  # bytes of a header's name and value together
 MAX_HEADERS = 128
-MAX_INCOMPLETE_HEAD = 2 << 20  # above 128 fields of 8190 bytes, plus one read of the socket
+_READ_SIZE = 256 * 1024  # the most one data_received brings (asyncio's selector transports)
+MAX_INCOMPLETE_FIELD = MAX_FIELD + _READ_SIZE
 MAX_QUEUED = 32  # pipelined requests waiting behind the one in progress (aiohttp's queue)
 KEEP_ALIVE_SECONDS = 3630.0  # an idle kept-alive connection closes after this (aiohttp's default)
 _SMALL_BODY = 64 * 1024  # a body up to this is joined to its head: one write, one send
@@ -117,7 +120,8 @@ class HttpConnection(asyncio.Protocol):
         self._url: list[bytes] = []
         self._url_size = 0
         self._headers: list[tuple[bytes, bytes]] = []
-        self._head_bytes = 0  # bytes received while a head was incomplete (the memory guard)
+        self._head_bytes = 0  # bytes received since a head line last completed (the memory guard)
+        self._field_done = False  # a line of the head completed in this read
         self._raw_body = 0  # body bytes to pass by hand after an upgrade head (llhttp stops there)
         self._closing = False  # no request after the current ones: the connection closes then
         self._read_paused = False
@@ -202,7 +206,11 @@ class HttpConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(name) + len(value) > MAX_FIELD:
             raise _BadHead(f"Got more than {MAX_FIELD} bytes when reading: {(name + b': ' + value)[:100]!r}...")
-        self._headers.append((name, value))
+        headers = self._headers
+        if len(headers) >= MAX_HEADERS:
+            raise _BadHead("Too many headers received")
+        headers.append((name, value))
+        self._field_done = True
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -256,14 +264,13 @@ class HttpConnection(asyncio.Protocol):
 
     def send_head(self, request: HttpRequest, status: int, headers: Mapping[str, str], reason: str | None) -> None:
         """A streamed response's head (its headers may be relayed from elsewhere: checked)."""
-        self.send(encode_head(_status_version(request), status, headers, self._connection_header(request), reason,
+        self.send(encode_head(request.status_version, status, headers, _connection_header(request), reason,
                               relayed=True))
 
     def send_response(self, request: HttpRequest, response: Response) -> None:
         """Write a whole response at once (a handler may, to time its sending; else the connection does)."""
         response.sent = True
-        head = encode_head(_status_version(request), response.status, response.headers,
-                           self._connection_header(request))
+        head = encode_head(request.status_version, response.status, response.headers, _connection_header(request))
         body = response.body
         if request.method == "HEAD" or not body:
             self.send(head)
@@ -285,9 +292,10 @@ class HttpConnection(asyncio.Protocol):
     def _after_data(self, size: int) -> None:
         deadlines = self._deadlines
         if self._in_head:
-            self._head_bytes += size
-            if self._head_bytes > MAX_INCOMPLETE_HEAD:
-                self._malformed(f"a request head longer than {MAX_INCOMPLETE_HEAD} bytes")
+            self._head_bytes = size if self._field_done else self._head_bytes + size
+            self._field_done = False
+            if self._head_bytes > MAX_INCOMPLETE_FIELD:
+                self._malformed(f"Got more than {MAX_FIELD} bytes when reading a header line that does not end")
             elif deadlines.phase is not Phase.HEAD or self._deadline_head != self._heads:
                 self._deadline_head = self._heads
                 deadlines.head()
@@ -314,27 +322,34 @@ class HttpConnection(asyncio.Protocol):
         self._resume_if_drained()
 
     async def _serve(self, request: HttpRequest) -> None:
+        """One request's task: the app's answer, written; then the next request."""
         started = self._loop.time() if verbose(1) else None  # no access line: no clock read
+        keep_alive = False
         try:
             answer = await self._app.handle(request)
-        except asyncio.CancelledError:  # the client left (its inference was cancelled), or shutdown
-            self._done(request, keep_alive=False)
-            return
-        keep_alive = request.keep_alive
-        try:
-            if isinstance(answer, Response):
-                if not answer.sent:
-                    self.send_response(request, answer)
-            elif not answer.prepared:
-                await answer.prepare(request)
-                await answer.write_eof()
-            elif not answer.finished:  # a stream that broke off: its end cannot be told
-                keep_alive = False
-        except (ConnectionError, asyncio.CancelledError):
-            keep_alive = False
-        if started is not None:
-            self._app.log_access(request, answer.status, self._loop.time() - started, self.peer)
-        self._done(request, keep_alive)
+            try:
+                keep_alive = await self._send(request, answer)
+            finally:
+                if started is not None:
+                    self._app.log_access(request, answer.status, self._loop.time() - started, self.peer)
+        except (asyncio.CancelledError, ConnectionError):  # the client left (its inference was cancelled), or shutdown
+            pass
+        except Exception:  # the app answers every failure itself: a bug, so the connection closes
+            _log.exception("HTTP %s %s: no answer could be made", request.method, request.path)
+        finally:
+            self._done(request, keep_alive)
+
+    async def _send(self, request: HttpRequest, answer: Answer) -> bool:
+        """Write `answer` unless its handler did; whether the connection may serve another request."""
+        if isinstance(answer, Response):
+            if not answer.sent:
+                self.send_response(request, answer)
+        elif not answer.prepared:
+            await answer.prepare(request)
+            await answer.write_eof()
+        elif not answer.finished:  # a stream that broke off: its end cannot be told
+            return False
+        return request.keep_alive
 
     def _done(self, request: HttpRequest, keep_alive: bool) -> None:
         self._active = None
@@ -427,12 +442,6 @@ class HttpConnection(asyncio.Protocol):
             self._receiving = None
         return data[take:]
 
-    @staticmethod
-    def _connection_header(request: HttpRequest) -> str | None:
-        if request.version >= (1, 1):
-            return None if request.keep_alive else "close"
-        return "keep-alive" if request.keep_alive else None
-
     def _expired(self, phase: Phase) -> None:
         if phase is Phase.IDLE and self._active is not None:
             return  # the keep-alive deadline of a request that arrived whole: it is being served
@@ -467,9 +476,7 @@ class HttpConnection(asyncio.Protocol):
 
 def _headers(raw: list[tuple[bytes, bytes]]) -> CIMultiDictProxy[str]:
     """The headers as text (values as aiohttp read them: UTF-8, trailing blanks cut). Raises
-    _BadHead for too many, or a header that may come once coming twice."""
-    if len(raw) > MAX_HEADERS:
-        raise _BadHead("Too many headers received")
+    _BadHead for a header that may come once coming twice."""
     headers = CIMultiDict([(name.decode("latin-1"), value.rstrip(b" \t").decode("utf-8", "surrogateescape"))
                            for name, value in raw])
     if len({name.lower() for name, _ in raw}) < len(raw):  # some name twice
@@ -491,6 +498,8 @@ def _version(text: str) -> tuple[int, int]:
     return int(major), int(minor or 0)
 
 
-def _status_version(request: HttpRequest) -> str:
-    major, minor = request.version
-    return f"HTTP/{major}.{minor}"
+def _connection_header(request: HttpRequest) -> str | None:
+    """The `Connection` header a response needs: HTTP/1.1 keeps alive unless told, 1.0 closes."""
+    if request.version >= (1, 1):
+        return None if request.keep_alive else "close"
+    return "keep-alive" if request.keep_alive else None

@@ -23,6 +23,8 @@ The paths are decoded as aiohttp (yarl) decoded them, so routes and model names 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from multidict import CIMultiDictProxy
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["HttpRequest", "BodyTooLarge", "InvalidTarget", "HIGH_WATER"]
 
 HIGH_WATER = 256 * 1024  # unread body bytes of a request that no reader waits for: stop reading
+_NO_VARIABLES: Mapping[str, str] = MappingProxyType({})
 
 
 class BodyTooLarge(Exception):
@@ -69,6 +72,7 @@ class HttpRequest:
     """A request of one connection; built by the connection when its head is complete."""
 
     __slots__ = ("connection", "method", "path", "path_safe", "raw_path_qs", "version", "headers", "keep_alive",
+                 "status_version",
                  "remote", "match_info", "request_id", "content_length", "chunked", "max_size",
                  "_chunks", "_size", "_complete", "_waiter", "_limit", "_error", "_wants_all", "_discard")
 
@@ -79,10 +83,11 @@ class HttpRequest:
         self.method = method
         self.path, self.path_safe, self.raw_path_qs = target
         self.version = version
+        self.status_version = "HTTP/1.1" if version == (1, 1) else f"HTTP/{version[0]}.{version[1]}"  # answers'
         self.headers = headers
         self.keep_alive = keep_alive
         self.remote: str = connection.peer
-        self.match_info: dict[str, str] = {}
+        self.match_info: Mapping[str, str] = _NO_VARIABLES
         self.request_id = ""
         self.content_length = content_length
         self.chunked = chunked

@@ -12,13 +12,18 @@ on up to "/", trying each index entry's routes in the order they were added. The
 pattern and method match wins; a pattern that matches with other methods only adds them to the
 `Allow` of a 405; nothing at all is a 404. A GET route answers HEAD too; method "*" answers any.
 Variables are matched on the path with %2F and %25 still encoded, then decoded.
+
+Resolved routes are remembered by method and path (at most `_CACHE_SIZE` short paths, forgotten
+all at once when full): a request to a path seen before costs one dictionary lookup. The variables
+are shared by the requests of one path, hence read-only.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,6 +36,9 @@ Handler = Callable[["HttpRequest"], Awaitable["Answer"]]
 
 _VARIABLE = re.compile(r"\{(?P<var>[_a-zA-Z][_a-zA-Z0-9]*)(?::(?P<re>.+))?\}")
 _SPLIT = re.compile(r"(\{[_a-zA-Z][^{}]*(?:\{[^{}]*\}[^{}]*)*\})")  # aiohttp's ROUTE_RE
+_CACHE_SIZE = 1024
+_CACHED_PATH = 256  # characters: a longer path is resolved each time (bounds the cache's memory)
+Match = tuple["Handler", Mapping[str, str]]
 
 
 @dataclass(frozen=True)
@@ -101,10 +109,12 @@ class Router:
     def __init__(self, routes: Iterable[Route] = ()) -> None:
         self._resources: list[_Resource] = []
         self._index: dict[str, list[_Resource]] = {}
+        self._cache: dict[tuple[str, str], Match] = {}
         for each in routes:
             self.add(each)
 
     def add(self, each: Route) -> None:
+        self._cache.clear()
         last = self._resources[-1] if self._resources else None
         if last is not None and last.path == each.path:  # aiohttp's reuse of the last resource
             resource = last
@@ -120,8 +130,21 @@ class Router:
         for each in routes:
             self.add(each)
 
-    def resolve(self, method: str, path_safe: str) -> tuple[Handler, dict[str, str]] | RouteMiss:
-        """The handler and variables of the route for `method` and `path_safe`, else the miss."""
+    def resolve(self, method: str, path_safe: str) -> Match | RouteMiss:
+        """The handler and (read-only) variables of the route for `method` and `path_safe`, else
+        the miss."""
+        key = (method, path_safe)
+        found = self._cache.get(key)
+        if found is not None:
+            return found
+        resolved = self._resolve(method, path_safe)
+        if not isinstance(resolved, RouteMiss) and len(path_safe) <= _CACHED_PATH:
+            if len(self._cache) >= _CACHE_SIZE:
+                self._cache.clear()
+            self._cache[key] = resolved
+        return resolved
+
+    def _resolve(self, method: str, path_safe: str) -> Match | RouteMiss:
         allowed: set[str] = set()
         index = self._index
         part = path_safe
@@ -132,7 +155,7 @@ class Router:
                     continue
                 handler = resource.handlers.get(method) or resource.handlers.get("*")
                 if handler is not None:
-                    return handler, variables
+                    return handler, MappingProxyType(variables)
                 allowed |= resource.allowed()
             if part == "/":
                 break
