@@ -41,7 +41,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from pystub_backend.backend.frontends.heap_trim import TRIM_AFTER_BYTES, HeapTrimmer
 from pystub_backend.backend.frontends.http.deadlines import Phase, ReadDeadlines, ReadTimeouts
 from pystub_backend.backend.frontends.http.request import HIGH_WATER, HttpRequest, InvalidTarget, split_target
-from pystub_backend.backend.frontends.http.response import Answer, Response, encode_head, text_response
+from pystub_backend.backend.frontends.http.response import Answer, Response, StreamResponse, encode_head, text_response
 from pystub_backend.backend.log import verbose
 
 __all__ = ["HttpConnection", "ConnectionSettings", "Application", "MAX_QUEUED", "KEEP_ALIVE_SECONDS",
@@ -121,13 +121,15 @@ class HttpConnection(asyncio.Protocol):
         self._url_size = 0
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0  # bytes received since a head line last completed (the memory guard)
-        self._field_done = False  # a line of the head completed in this read
+        self._fields = 0  # header lines complete when the last read ended
         self._raw_body = 0  # body bytes to pass by hand after an upgrade head (llhttp stops there)
         self._closing = False  # no request after the current ones: the connection closes then
         self._read_paused = False
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._carried = 0  # bytes received over the connection's life
+        self._served = 0  # requests answered: the keep-alive timer looks whether it moved
+        self._keep_alive: asyncio.TimerHandle | None = None
         # Called once when the connection drops (http/client_link.py registers here, so a request
         # learns at once that its client left; a handler is not cancelled by the connection).
         self.lost_callbacks: dict[object, Callable[[], None]] = {}
@@ -145,6 +147,9 @@ class HttpConnection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self.transport = None
         self._deadlines.cancel()
+        if self._keep_alive is not None:
+            self._keep_alive.cancel()
+            self._keep_alive = None
         self._queue.clear()
         if self._receiving is not None:
             self._receiving.fail(ConnectionResetError("Connection lost"))
@@ -204,17 +209,16 @@ class HttpConnection(asyncio.Protocol):
             raise _BadHead(f"Got more than {MAX_LINE} bytes when reading: {b''.join(self._url)[:100]!r}...")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        # The count is checked after each read (_after_data) and with the head: one call less here.
         if len(name) + len(value) > MAX_FIELD:
             raise _BadHead(f"Got more than {MAX_FIELD} bytes when reading: {(name + b': ' + value)[:100]!r}...")
-        headers = self._headers
-        if len(headers) >= MAX_HEADERS:
-            raise _BadHead("Too many headers received")
-        headers.append((name, value))
-        self._field_done = True
+        self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._head_bytes = 0
+        self._head_bytes = self._fields = 0
+        if len(self._headers) > MAX_HEADERS:
+            raise _BadHead("Too many headers received")
         parser = self._parser
         method = parser.get_method().decode("latin-1")
         version = _VERSIONS.get(parser.get_http_version()) or _version(parser.get_http_version())
@@ -292,9 +296,12 @@ class HttpConnection(asyncio.Protocol):
     def _after_data(self, size: int) -> None:
         deadlines = self._deadlines
         if self._in_head:
-            self._head_bytes = size if self._field_done else self._head_bytes + size
-            self._field_done = False
-            if self._head_bytes > MAX_INCOMPLETE_FIELD:
+            fields = len(self._headers)
+            self._head_bytes = size if fields != self._fields else self._head_bytes + size
+            self._fields = fields
+            if fields > MAX_HEADERS:
+                self._malformed("Too many headers received")
+            elif self._head_bytes > MAX_INCOMPLETE_FIELD:
                 self._malformed(f"Got more than {MAX_FIELD} bytes when reading a header line that does not end")
             elif deadlines.phase is not Phase.HEAD or self._deadline_head != self._heads:
                 self._deadline_head = self._heads
@@ -328,7 +335,12 @@ class HttpConnection(asyncio.Protocol):
         try:
             answer = await self._app.handle(request)
             try:
-                keep_alive = await self._send(request, answer)
+                if isinstance(answer, Response):
+                    if not answer.sent:
+                        self.send_response(request, answer)
+                    keep_alive = request.keep_alive
+                else:
+                    keep_alive = await self._end_stream(request, answer)
             finally:
                 if started is not None:
                     self._app.log_access(request, answer.status, self._loop.time() - started, self.peer)
@@ -339,12 +351,10 @@ class HttpConnection(asyncio.Protocol):
         finally:
             self._done(request, keep_alive)
 
-    async def _send(self, request: HttpRequest, answer: Answer) -> bool:
-        """Write `answer` unless its handler did; whether the connection may serve another request."""
-        if isinstance(answer, Response):
-            if not answer.sent:
-                self.send_response(request, answer)
-        elif not answer.prepared:
+    @staticmethod
+    async def _end_stream(request: HttpRequest, answer: StreamResponse) -> bool:
+        """Finish a streamed answer; whether the connection may serve another request."""
+        if not answer.prepared:
             await answer.prepare(request)
             await answer.write_eof()
         elif not answer.finished:  # a stream that broke off: its end cannot be told
@@ -361,14 +371,29 @@ class HttpConnection(asyncio.Protocol):
             self._next()  # (a malformed head queued behind it is answered there)
         elif self._closing:
             self._close()
-        elif not self._in_head and self._receiving is None:
-            self._deadlines.idle(KEEP_ALIVE_SECONDS)
+        self._served += 1
+        if self._keep_alive is None and not self._closing:
+            self._keep_alive = self._loop.call_later(KEEP_ALIVE_SECONDS, self._check_keep_alive, self._served)
         self._resume_if_drained()
+
+    def _check_keep_alive(self, served: int) -> None:
+        """Close a connection that served nothing and waited for nothing for KEEP_ALIVE_SECONDS
+        (one timer for all its requests: it looks whether one came since it was armed)."""
+        self._keep_alive = None
+        if served == self._served and self._active is None and not self._queue and not self._in_head \
+                and self._receiving is None:
+            _log.debug("closing an HTTP connection idle for %g s", KEEP_ALIVE_SECONDS)
+            self._close()
+        elif not self._closing:
+            self._keep_alive = self._loop.call_later(KEEP_ALIVE_SECONDS, self._check_keep_alive, self._served)
 
     def _close(self) -> None:
         self._closing = True
         self._queue.clear()
         self._deadlines.cancel()
+        if self._keep_alive is not None:
+            self._keep_alive.cancel()
+            self._keep_alive = None
         if self.transport is not None:
             self.transport.close()  # after what is buffered is sent
 
@@ -443,8 +468,6 @@ class HttpConnection(asyncio.Protocol):
         return data[take:]
 
     def _expired(self, phase: Phase) -> None:
-        if phase is Phase.IDLE and self._active is not None:
-            return  # the keep-alive deadline of a request that arrived whole: it is being served
         _log.debug("closing an HTTP connection: the request %s did not arrive in time", phase.value)
         self._closing = True
         if self.transport is not None:

@@ -32,6 +32,7 @@ __all__ = ["Answer", "Response", "StreamResponse", "json_response", "text_respon
 JSON_TYPE = "application/json; charset=utf-8"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _REASONS = {status.value: status.phrase for status in http.HTTPStatus}
+_STATUS_LINES = {status: f" {status} {phrase}\r\n" for status, phrase in _REASONS.items()}  # after the version
 _date = ["", -1.0]  # the Date header's text and the second it is for (formatting it costs 3 us)
 
 
@@ -51,15 +52,14 @@ def encode_head(version: str, status: int, headers: Mapping[str, str], connectio
     """The status line and header block (ending in the blank line); `connection` is the value of a
     `Connection` header to add, if any. `relayed` headers (not the server's own) are checked:
     ValueError for a CR or LF in one (a response splitting attempt)."""
-    lines = [f"{version} {status} {reason or reason_of(status)}"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    if relayed and any("\r" in line or "\n" in line for line in lines):
+    parts = [version, _STATUS_LINES[status] if reason is None and status in _STATUS_LINES else
+             f" {status} {reason or reason_of(status)}\r\n"]
+    for name, value in headers.items():
+        parts += (name, ": ", value, "\r\n")
+    if relayed and any("\r" in part or "\n" in part for part in parts[2::4] + parts[4::4]):
         raise ValueError("a CR or LF in a response header")
-    lines.append("Date: " + _http_date())
-    if connection is not None:
-        lines.append("Connection: " + connection)
-    lines.append("\r\n")
-    return "\r\n".join(lines).encode("utf-8")
+    parts += ("Date: ", _http_date(), "\r\n\r\n" if connection is None else f"\r\nConnection: {connection}\r\n\r\n")
+    return "".join(parts).encode("utf-8")
 
 
 class Response:

@@ -177,25 +177,28 @@ class _Routes:
         return await generate_stream(self._core, request)
 
     async def infer(self, request: HttpRequest) -> Response:
-        if not self._tracer.active:
-            return await self._infer(request, None)
-        trace = self._tracer.start(request.match_info["model"], "HTTP", request.headers.get("traceparent"))
-        if trace is None:
-            return await self._infer(request, None)
+        match_info = request.match_info
+        model, version = match_info["model"], match_info.get("version", "")
+        # Tracing off: no trace, no clock read.
+        trace = self._tracer.start(model, "HTTP", request.headers.get("traceparent")) if self._tracer.active else None
         try:
-            return await self._infer(request, trace)
+            return await self._infer(request, model, version, trace)
         finally:
-            trace.finish()
+            if trace is not None:
+                trace.finish()
 
-    async def _infer(self, request: HttpRequest, trace: RequestTrace | None) -> Response:
-        received = time.monotonic_ns()
-        model, version = _model_ref(request)
+    async def _infer(self, request: HttpRequest, model: str, version: str, trace: RequestTrace | None) -> Response:
+        received = time.monotonic_ns() if trace is not None else 0
         target = self._core.target(model, version)  # the one lookup of this request
         if target is not None and target.decoupled:
             raise ServerError(DECOUPLED_REFUSAL, Status.UNSUPPORTED)
         headers = request.headers
         header_length = headers.get(INFERENCE_HEADER)
-        body = await self._read_body(request, header_length)
+        body_limit = self._body_limit(request, header_length)
+        body: Body | None = request.complete_body()  # a small body came with its head: no wait
+        if body is None or (body_limit is not None and len(body) > body_limit) \
+                or not is_identity(headers.get("Content-Encoding")):
+            body = await self._read_body(request, body_limit)
         decoded = self._decode(body, header_length, model, version)
         request.request_id = decoded.request.id  # for the access line (frontends.access_log)
         if MODEL_ID_HEADER in headers:
@@ -211,7 +214,7 @@ class _Routes:
         with http_request_link(request) as link:
             cancel_when_gone(link)
             response = await self._core.infer(decoded.request, target)
-        completed = time.monotonic_ns()
+        completed = time.monotonic_ns() if trace is not None else 0
         try:
             encoded = encode_infer_response(response, decoded.output_format)
         finally:
@@ -236,21 +239,28 @@ class _Routes:
         )
         return decode_raw_request(body, spec, model, version)
 
-    async def _read_body(self, request: HttpRequest, header_length: str | None) -> bytes | bytearray:
-        """The decompressed body, refused with 400 as soon as its JSON part passes the size limit.
+    def _body_limit(self, request: HttpRequest, header_length: str | None) -> int | None:
+        """What the body may hold (None: unbounded), refusing with 400 what its head already says
+        is too large.
 
         `--http-max-input-size` bounds the JSON part only, as in Triton: the whole body when there
         is no `Inference-Header-Content-Length`, else the length that header declares (checked
         before reading); binary tensor data after the JSON is not counted.
         """
         limit = self._max_input_size
-        declared = _declared_json_length(header_length)
-        if declared is not None and declared > limit:
-            raise _too_large(limit, "JSON part")
-        body_limit = limit if header_length is None else None
-        if body_limit is not None and request.content_length is not None and request.content_length > body_limit:
+        if header_length is not None:
+            declared = _declared_json_length(header_length)
+            if declared is not None and declared > limit:
+                raise _too_large(limit, "JSON part")
+            return None
+        if request.content_length is not None and request.content_length > limit:
             raise _too_large(limit)
-        body = request.complete_body()  # a small body came with the head: nothing to wait for
+        return limit
+
+    async def _read_body(self, request: HttpRequest, body_limit: int | None) -> bytes | bytearray:
+        """The decompressed body, refused with 400 as soon as it passes `body_limit`."""
+        limit = self._max_input_size
+        body = request.complete_body()
         if body is None:
             try:
                 body = await request.read_body(body_limit)
