@@ -80,7 +80,7 @@ async def _serve_and_count(requests: int, verbose: bool) -> list[HopCounter]:
         failed = await core.load_repository()
         if failed:
             raise SystemExit(f"failed to load {failed}")
-        port = await listeners.start_http(create_http_app(core), "127.0.0.1", 0, "HTTPService")
+        port = await listeners.start_inference_http(create_http_app(core), "127.0.0.1", 0)
         for _ in range(20):  # warm-up: imports, caches, first arena allocations
             await asyncio.to_thread(_post, port)
         for _ in range(requests):

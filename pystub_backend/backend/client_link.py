@@ -6,9 +6,7 @@ current link of the task serving it (a context variable: tasks that task starts 
     gRPC ModelStreamInfer   one link per stream; closed when the stream ends (the client closed it,
                             cancelled it, or its connection dropped)
     HTTP /infer,            one link per request; closed if the connection drops while the
-    generate_stream         request is in flight (aiohttp does not cancel the handler: the
-                            connection's protocol calls back from `connection_lost`; a protocol
-                            without that hook is polled, once someone watches the link)
+    generate_stream         request is in flight (frontends/http/request_link.py)
 
 A scheduler reads `current()` while admitting a request and `watch`es the link; `close()` runs the
 watchers' callbacks once, on the event loop. `detach()` drops them silently (the request ended
@@ -19,20 +17,14 @@ a sequence whose client went away without sending END.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
-from collections.abc import Callable, Hashable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Hashable
 
-if TYPE_CHECKING:
-    from aiohttp import web
-
-__all__ = ["ClientLink", "current", "open_link", "http_request_link", "cancel_when_gone", "HTTP_POLL_SECONDS"]
+__all__ = ["ClientLink", "current", "open_link", "cancel_when_gone"]
 
 log = logging.getLogger("pystub.scheduler")
 
-HTTP_POLL_SECONDS = 0.1
 _CURRENT: contextvars.ContextVar[ClientLink | None] = contextvars.ContextVar("pystub_client_link", default=None)
 
 
@@ -78,45 +70,13 @@ def current() -> ClientLink | None:
     return _CURRENT.get()
 
 
-def open_link() -> ClientLink:
+def open_link(on_first_watch: Callable[[], None] | None = None) -> ClientLink:
     """A new link, current for the rest of the running task and for the tasks it starts from now
     on. The caller closes it when the client is gone. (No context reset: an async generator may be
     finalized in another task, where a reset would fail; the task's context dies with it.)"""
-    link = ClientLink()
+    link = ClientLink(on_first_watch)
     _CURRENT.set(link)
     return link
-
-
-@contextlib.contextmanager
-def http_request_link(request: web.BaseRequest, poll_seconds: float = HTTP_POLL_SECONDS) -> Iterator[ClientLink]:
-    """A link for one aiohttp request: closed if its connection drops before the block ends,
-    detached when the block ends. The connection's protocol calls back when it drops (the
-    frontends' TimedRequestHandler); another protocol's transport is polled once the link is watched."""
-    poller: list[asyncio.Task[None]] = []
-
-    async def poll() -> None:
-        while request.transport is not None:
-            await asyncio.sleep(poll_seconds)
-        link.close()
-
-    hooks: dict[object, Callable[[], None]] | None = getattr(request.protocol, "lost_callbacks", None)
-    if hooks is not None:
-        link = ClientLink()
-        hooks[link] = link.close
-        if request.transport is None:  # gone already
-            link.close()
-    else:
-        link = ClientLink(on_first_watch=lambda: poller.append(asyncio.ensure_future(poll())))
-    token = _CURRENT.set(link)
-    try:
-        yield link
-    finally:
-        _CURRENT.reset(token)
-        if hooks is not None:
-            hooks.pop(link, None)
-        for task in poller:
-            task.cancel()
-        link.detach()
 
 
 def cancel_when_gone(link: ClientLink) -> None:

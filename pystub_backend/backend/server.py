@@ -20,6 +20,7 @@ from pystub_backend._native_loader import STATE as NATIVE_STATE
 from pystub_backend.backend.core import Core, CoreOptions
 from pystub_backend.backend.features.response_cache import CacheConfigError
 from pystub_backend.backend.frontends.http.access_log import HttpAccessLogger
+from pystub_backend.backend.frontends.http.listener import HttpListener
 from pystub_backend.backend.frontends.http.timeouts import ReadTimeouts, TimedAppRunner
 from pystub_backend.backend.models.overrides import sweep_stale_override_dirs
 from pystub_backend.backend.models.repository import RepositoryError
@@ -33,6 +34,7 @@ from pystub_backend.ipc.isolation import forbid_inspection
 from pystub_backend.ipc.names import sweep_stale
 
 if TYPE_CHECKING:
+    from pystub_backend.backend.frontends.http.app import HttpApp
     from pystub_backend.backend.frontends.openai import OpenAIServing
 
 __all__ = ["serve", "Listeners"]
@@ -46,9 +48,20 @@ class Listeners:
     def __init__(self) -> None:
         self._stoppers: list[Callable[[], Awaitable[Any]]] = []
 
+    async def start_inference_http(self, app: HttpApp, address: str, port: int, grace: float = 60.0,
+                                   reuse_port: bool = False, read_timeouts: ReadTimeouts | None = None) -> int:
+        """The inference port (frontends/http/listener.py); `grace` bounds how long stopping waits
+        for requests in progress. The bound port."""
+        listener = HttpListener(app, read_timeouts)
+        bound = await listener.start_tcp(address, port, reuse_port=reuse_port)  # --reuse-http-port
+        self._stoppers.append(lambda: listener.stop(grace))
+        log.info("Started HTTPService at %s:%d", address, bound)
+        return bound
+
     async def start_http(self, app: web.Application, address: str, port: int, label: str,
                          grace: float = 60.0, reuse_port: bool = False,
                          read_timeouts: ReadTimeouts | None = None) -> int:
+        """An aiohttp application's port (metrics, OpenAI). The bound port."""
         # `grace` bounds how long stopping waits for running handlers (aiohttp's default is 60 s,
         # whatever --exit-timeout-secs says).
         # The access logger checks --log-verbose per request (frontends.http.access_log).
@@ -102,8 +115,9 @@ async def _open_listeners(core: Core, options: ServerOptions, listeners: Listene
                               header_forward_pattern=options.http_header_forward_pattern,
                               remote_control=options.remote_control, tracer=core.tracer)
         app.add_routes(admin_routes(core, devices))
-        await listeners.start_http(app, options.http_address, options.http_port, "HTTPService",
-                                   options.settings.exit_timeout_seconds, options.reuse_http_port, read_timeouts)
+        await listeners.start_inference_http(app, options.http_address, options.http_port,
+                                             options.settings.exit_timeout_seconds, options.reuse_http_port,
+                                             read_timeouts)
     if options.allow_metrics:
         gpus = GpuSampler(devices) if options.allow_gpu_metrics and devices.gpus() else None
         metrics_app = create_metrics_app(core, options.metrics_interval_ms, options.allow_cpu_metrics, gpus)

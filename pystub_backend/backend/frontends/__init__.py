@@ -1,9 +1,9 @@
 """Protocol frontends: the listeners that translate the wire into `pystub_backend.backend.inference`.
 
-    http/      KServe v2 over HTTP (aiohttp): inference, generate, model control, shared memory
+    http/      KServe v2 over HTTP (a server of its own, on httptools): inference, generate, model
+               control, shared memory
     grpc/      KServe v2 over gRPC (pystub's h2 stack, or grpc.aio), with grpc.health.v1 and reflection
     heap_trim.py  a closed connection that carried much gives the freed heap back (both protocols)
-    json_reply.py JSON replies with Triton's exact Content-Type (HTTP and the trace settings)
     forwarding.py --http/grpc-header-forward-pattern: matching headers become request parameters
     openai/    the OpenAI-compatible API on --openai-port (aiohttp): completions, chat, embeddings
     metrics.py Prometheus text on the metrics port

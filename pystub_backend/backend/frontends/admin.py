@@ -17,12 +17,13 @@ import asyncio
 import time
 from typing import Any
 
-from aiohttp import web
-
 from pystub_backend._native_loader import STATE as NATIVE_STATE
 from pystub_backend.backend.core import Core
 from pystub_backend.backend.core.table import check_model_name
 from pystub_backend.backend.errors import ServerError
+from pystub_backend.backend.frontends.http.request import HttpRequest
+from pystub_backend.backend.frontends.http.response import Response, json_response
+from pystub_backend.backend.frontends.http.router import Route, get, post
 from pystub_backend.backend.models.version import ModelVersion
 from pystub_backend.backend.scheduling.multiplex import held_ids
 from pystub_backend.backend.supervision.instance import ModelInstance
@@ -95,11 +96,11 @@ def stub_rows(core: Core, sampler: ProcessSampler | None = None,
     return rows
 
 
-def _error(status: int, text: str) -> web.Response:
-    return web.json_response({"error": text}, status=status)
+def _error(status: int, text: str) -> Response:
+    return json_response({"error": text}, status=status)
 
 
-async def _restart(core: Core, request: web.Request) -> web.Response:
+async def _restart(core: Core, request: HttpRequest) -> Response:
     model = request.match_info["model"]
     wanted = request.match_info.get("instance")
     try:
@@ -115,25 +116,25 @@ async def _restart(core: Core, request: web.Request) -> web.Response:
         await asyncio.gather(*(instance.restart() for instance in targets))
     except Exception as exc:  # the instance records it; the operator sees it here
         return _error(500, f"restart failed: {exc}")
-    return web.json_response({"restarted": [instance.name for instance in targets]})
+    return json_response({"restarted": [instance.name for instance in targets]})
 
 
-def admin_routes(core: Core, devices: DeviceSystem | None = None) -> list[web.RouteDef]:
+def admin_routes(core: Core, devices: DeviceSystem | None = None) -> list[Route]:
     """The routes; `devices` (the server's GPUs) gives each stub row its device memory."""
     sampler = ProcessSampler()  # lives as long as the routes: CPU% between two `stubctl` calls
     gpus = devices if devices is not None and devices.gpus() else None
 
-    async def stubs(_: web.Request) -> web.Response:
+    async def stubs(_: HttpRequest) -> Response:
         gpu_memory = await asyncio.to_thread(gpus.process_memory) if gpus is not None else None  # NVML blocks
-        return web.json_response({"stubs": stub_rows(core, sampler, gpu_memory)})
+        return json_response({"stubs": stub_rows(core, sampler, gpu_memory)})
 
-    async def restart(request: web.Request) -> web.Response:
+    async def restart(request: HttpRequest) -> Response:
         return await _restart(core, request)
 
-    async def build(_: web.Request) -> web.Response:
-        return web.json_response(NATIVE_STATE.as_dict())
+    async def build(_: HttpRequest) -> Response:
+        return json_response(NATIVE_STATE.as_dict())
 
-    return [web.get("/v2/pystub/stubs", stubs),
-            web.get("/v2/pystub/build", build),
-            web.post("/v2/pystub/stubs/{model}/restart", restart),
-            web.post("/v2/pystub/stubs/{model}/{instance}/restart", restart)]
+    return [get("/v2/pystub/stubs", stubs),
+            get("/v2/pystub/build", build),
+            post("/v2/pystub/stubs/{model}/restart", restart),
+            post("/v2/pystub/stubs/{model}/{instance}/restart", restart)]

@@ -1,4 +1,5 @@
-"""The trace extension's settings endpoints, for both protocols (Triton 2.51's shapes and texts).
+"""The trace extension's settings, for both protocols (Triton 2.51's shapes and texts); the HTTP
+routes are in http/trace_routes.py.
 
     GET  /v2/trace/setting                  -> the global settings
     POST /v2/trace/setting                  {"trace_rate": "10", "trace_level": ["TIMESTAMPS"], ...}
@@ -13,19 +14,16 @@ apply to these routes through the frontends' restriction layers).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 
 import grpc
-from aiohttp import web
 from tritonclient.grpc import service_pb2
 
 from pystub_backend.backend.errors import ServerError, Status
-from pystub_backend.backend.frontends.json_reply import json_reply
 from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.telemetry.tracing import Tracer, TraceSettingError
 
-__all__ = ["trace_settings", "trace_routes", "grpc_trace_setting", "UpdateGuard"]
+__all__ = ["trace_settings", "grpc_trace_setting", "UpdateGuard"]
 
 # Access-policy hook for the state-changing call (POST / a gRPC request with settings): given the
 # request's headers (metadata), it raises ServerError to refuse. None: no policy beyond the
@@ -50,37 +48,6 @@ def trace_settings(tracer: Tracer, core: ServerCore, model: str = "",
         return tracer.update(update, model)
     except TraceSettingError as exc:
         raise ServerError(str(exc), _STATUS.get(exc.status, Status.INVALID_ARG)) from None
-
-
-# -- HTTP ------------------------------------------------------------------------------------------
-def _json(value: object) -> web.Response:
-    return json_reply(value)
-
-
-def _body(raw: bytes) -> dict[str, object]:
-    if not raw.strip():
-        return {}
-    try:
-        document = json.loads(raw)
-    except ValueError as exc:
-        raise ServerError(f"failed to parse the request JSON buffer: {exc}", Status.INVALID_ARG) from None
-    if not isinstance(document, dict):
-        raise ServerError("the request body must be a JSON object", Status.INVALID_ARG)
-    return document
-
-
-def trace_routes(tracer: Tracer, core: ServerCore, guard: UpdateGuard | None = None) -> list[web.RouteDef]:
-    async def get(request: web.Request) -> web.Response:
-        return _json(trace_settings(tracer, core, request.match_info.get("model", "")))
-
-    async def post(request: web.Request) -> web.Response:
-        update = _body(await request.read())
-        if guard is not None:
-            await guard(dict(request.headers))
-        return _json(trace_settings(tracer, core, request.match_info.get("model", ""), update))
-
-    return [web.get("/v2/trace/setting", get), web.post("/v2/trace/setting", post),
-            web.get("/v2/models/{model}/trace/setting", get), web.post("/v2/models/{model}/trace/setting", post)]
 
 
 # -- gRPC ------------------------------------------------------------------------------------------

@@ -22,11 +22,10 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from aiohttp import web
-
 from pystub_backend.backend.frontends.grpc.listener import GrpcListener, create_grpc_listener
-from pystub_backend.backend.frontends.http.access_log import HttpAccessLogger
-from pystub_backend.backend.frontends.http.timeouts import ReadTimeouts, TimedAppRunner
+from pystub_backend.backend.frontends.http.app import HttpApp
+from pystub_backend.backend.frontends.http.deadlines import ReadTimeouts
+from pystub_backend.backend.frontends.http.listener import HttpListener
 from pystub_backend.backend.frontends.workers.paths import CORE_SOCKET, DIRECTORY_PREFIX, GRPC_SOCKET, HTTP_SOCKET
 from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.options import ServerOptions
@@ -81,7 +80,7 @@ class FrontendWorkers:
             log.info("removed the frontend-worker directory %s of a dead server", stale)
         self._directory = Path(tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-"))  # mode 0700
         self._link = LinkServer(core, tracer, str(self._directory / CORE_SOCKET), self._serving)
-        self._runner: web.AppRunner | None = None
+        self._http: HttpListener | None = None
         self._grpc: GrpcListener | None = None
         self._pool: WorkerPool | None = None
 
@@ -93,7 +92,7 @@ class FrontendWorkers:
     def pids(self) -> dict[int, int]:
         return self._pool.pids if self._pool is not None else {}
 
-    async def start(self, http_app: web.Application) -> tuple[int, int]:
+    async def start(self, http_app: HttpApp) -> tuple[int, int]:
         """Open the private listeners, start the workers, wait until they all listen; the public
         (HTTP, gRPC) ports they listen on (0 for a protocol that is off).
 
@@ -121,14 +120,11 @@ class FrontendWorkers:
                  sorted(self._pool.pids.values()))
         return ports[0], ports[1]
 
-    async def _start_http(self, app: web.Application) -> None:
+    async def _start_http(self, app: HttpApp) -> None:
         options = self._options
         timeouts = ReadTimeouts(options.http_header_timeout_secs, options.http_body_timeout_secs)
-        self._runner = TimedAppRunner(app, read_timeouts=timeouts, access_log=log, access_log_class=HttpAccessLogger,
-                                      handle_signals=False, shutdown_timeout=options.settings.exit_timeout_seconds)
-        await self._runner.setup()
-        path = str(self._directory / HTTP_SOCKET)
-        await web.UnixSite(self._runner, path).start()
+        self._http = HttpListener(app, timeouts)
+        await self._http.start_unix(str(self._directory / HTTP_SOCKET))
 
     def _command(self, index: int, http_port: int, grpc_port: int) -> list[str]:
         return [sys.executable, "-m", "pystub_backend.backend.frontends.workers.worker",
@@ -146,9 +142,9 @@ class FrontendWorkers:
             if self._grpc is not None:
                 await self._grpc.stop(self._options.settings.exit_timeout_seconds)
                 self._grpc = None
-            if self._runner is not None:
-                await self._runner.cleanup()
-                self._runner = None
+            if self._http is not None:
+                await self._http.stop(self._options.settings.exit_timeout_seconds)
+                self._http = None
             await self._link.stop()
         finally:
             shutil.rmtree(self._directory, ignore_errors=True)

@@ -16,12 +16,13 @@ import base64
 import binascii
 from typing import Any
 
-from aiohttp import web
-
 from pystub_backend.backend import log as backend_log
 from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.http.app import compact_json
 from pystub_backend.backend.frontends.http.json_body import parse_json_body, parse_json_body_off_loop
-from pystub_backend.backend.frontends.json_reply import json_reply
+from pystub_backend.backend.frontends.http.request import HttpRequest
+from pystub_backend.backend.frontends.http.response import Response
+from pystub_backend.backend.frontends.http.router import Route, get, post
 from pystub_backend.backend.inference import ServerCore
 from pystub_backend.backend.models.overrides import FILE_PREFIX, check_override_count
 
@@ -31,10 +32,6 @@ __all__ = ["control_routes"]
 # A load body above this is parsed and decoded off the event loop (`_load_parameters`).
 _OFF_LOOP_BYTES = 1 << 18
 _B64_CHUNK = 1 << 18  # characters, a multiple of 4: about 1 ms of decoding per step
-
-
-def _json(value: Any) -> web.Response:
-    return json_reply(value)
 
 
 def _invalid(message: str) -> ServerError:
@@ -101,26 +98,26 @@ def _b64decode(value: str) -> bytes:
                     for start in range(0, len(value), _B64_CHUNK))
 
 
-def control_routes(core: ServerCore) -> list[web.RouteDef]:
+def control_routes(core: ServerCore) -> list[Route]:
     """The routes, bound to `core`."""
 
-    async def load(request: web.Request) -> web.Response:
+    async def load(request: HttpRequest) -> Response:
         await core.load_model(request.match_info["model"], await _load_parameters(await request.read()))
-        return web.Response(status=200)
+        return Response(status=200)
 
-    async def unload(request: web.Request) -> web.Response:
+    async def unload(request: HttpRequest) -> Response:
         await core.unload_model(request.match_info["model"], _parameters(await request.read()))
-        return web.Response(status=200)
+        return Response(status=200)
 
-    async def get_logging(_: web.Request) -> web.Response:
-        return _json(backend_log.settings.as_dict())
+    async def get_logging(_: HttpRequest) -> Response:
+        return compact_json(backend_log.settings.as_dict())
 
-    async def post_logging(request: web.Request) -> web.Response:
-        return _json(backend_log.update_settings(_document(await request.read())))
+    async def post_logging(request: HttpRequest) -> Response:
+        return compact_json(backend_log.update_settings(_document(await request.read())))
 
     return [
-        web.post("/v2/repository/models/{model:[^/]+}/load", load),  # any name, braces too, as Triton
-        web.post("/v2/repository/models/{model:[^/]+}/unload", unload),
-        web.get("/v2/logging", get_logging),
-        web.post("/v2/logging", post_logging),
+        post("/v2/repository/models/{model:[^/]+}/load", load),  # any name, braces too, as Triton
+        post("/v2/repository/models/{model:[^/]+}/unload", unload),
+        get("/v2/logging", get_logging),
+        post("/v2/logging", post_logging),
     ]

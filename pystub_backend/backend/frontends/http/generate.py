@@ -22,13 +22,12 @@ import json
 import math
 from typing import Any
 
-from aiohttp import web
-
-from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.generate_request import generate_request
 from pystub_backend.backend.frontends.http.json_tensors import tensor_to_json
-from pystub_backend.backend.frontends.json_reply import JSON_CONTENT_TYPE
+from pystub_backend.backend.frontends.http.request import HttpRequest
+from pystub_backend.backend.frontends.http.request_link import http_request_link
+from pystub_backend.backend.frontends.http.response import JSON_TYPE, Response, StreamResponse
 from pystub_backend.backend.inference import InferResponse, ServerCore
 from pystub_backend.backend.response_stream import ResponseStream
 
@@ -63,8 +62,8 @@ def _dump(document: dict[str, Any]) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def _answer(document: dict[str, Any], status: int = 200) -> web.Response:
-    return web.Response(body=_dump(document), status=status, content_type=JSON_CONTENT_TYPE)
+def _answer(document: dict[str, Any], status: int = 200) -> Response:
+    return Response(body=_dump(document), status=status, content_type=JSON_TYPE)
 
 
 def _outcome(response: InferResponse) -> tuple[dict[str, Any], bool]:
@@ -78,7 +77,7 @@ def _outcome(response: InferResponse) -> tuple[dict[str, Any], bool]:
         return {"error": error.message}, True
 
 
-async def _start(core: ServerCore, request: web.Request) -> ResponseStream:
+async def _start(core: ServerCore, request: HttpRequest) -> ResponseStream:
     if request.headers.get("Content-Encoding", "identity").lower() not in ("", "identity"):
         raise ServerError("compressed bodies are not supported by the generate extension", Status.UNSUPPORTED)
     name = request.match_info["model"]
@@ -87,7 +86,7 @@ async def _start(core: ServerCore, request: web.Request) -> ResponseStream:
     return await core.infer_stream(infer_request)
 
 
-async def generate(core: ServerCore, request: web.Request) -> web.Response:
+async def generate(core: ServerCore, request: HttpRequest) -> Response:
     stream = await _start(core, request)
     responses: list[InferResponse] = []
     try:
@@ -106,9 +105,9 @@ async def generate(core: ServerCore, request: web.Request) -> web.Response:
         stream.cancel()
 
 
-async def generate_stream(core: ServerCore, request: web.Request) -> web.StreamResponse:
+async def generate_stream(core: ServerCore, request: HttpRequest) -> StreamResponse:
     stream = await _start(core, request)
-    reply = web.StreamResponse(headers={"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache"})
+    reply = StreamResponse(headers={"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache"})
     try:
         with http_request_link(request) as link:  # a client that leaves while the model is quiet
             link.watch(stream, stream.cancel)
@@ -123,7 +122,7 @@ async def generate_stream(core: ServerCore, request: web.Request) -> web.StreamR
     return reply
 
 
-async def _write_events(request: web.Request, reply: web.StreamResponse, stream: ResponseStream) -> None:
+async def _write_events(request: HttpRequest, reply: StreamResponse, stream: ResponseStream) -> None:
     """One event per response, and one write for all the responses that queued while the last
     write was in flight (a model streaming tokens faster than one write each). `write` waits while
     the client's connection is full and the responses are released only after it, so what a stream
@@ -134,7 +133,7 @@ async def _write_events(request: web.Request, reply: web.StreamResponse, stream:
         try:
             events = _events(batch)
             if events and not reply.prepared:
-                reply.set_status(400 if events[0][1] else 200)
+                reply.status = 400 if events[0][1] else 200
                 await reply.prepare(request)
             if events:
                 await reply.write(b"".join(event for event, _ in events))

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import re
 
-from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
-
 from pystub_backend.backend.frontends.access import STATE_GROUPS, AccessPolicy
-from pystub_backend.backend.frontends.json_reply import json_reply
+from pystub_backend.backend.frontends.http.request import HttpRequest
+from pystub_backend.backend.frontends.http.response import Response, json_response
 
-__all__ = ["path_group", "changes_state", "restriction_middleware"]
+__all__ = ["path_group", "changes_state", "refusal_response"]
 
 _MODEL = r"/v2/models/[^/]+(?:/versions/[^/]+)?"
 _PATTERNS = [(re.compile(pattern), group) for pattern, group in (
@@ -63,24 +61,18 @@ def changes_state(method: str, path: str, group: str | None) -> bool:
     return group in STATE_GROUPS and method not in _READ_METHODS and not _INDEX.fullmatch(path)
 
 
-def restriction_middleware(policy: AccessPolicy) -> Middleware:
-    """An aiohttp middleware refusing requests of a restricted group without the expected header,
-    and state-changing requests the access policy refuses."""
+def refusal_response(policy: AccessPolicy, request: HttpRequest) -> Response | None:
+    """The 403 for a request of a restricted group without the expected header, or for a
+    state-changing request the access policy refuses; None when it may go on."""
     restrictions = policy.restrictions
-
-    @web.middleware
-    async def restrict(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not restrictions and not _may_change_state(request.method, request.path):
-            return await handler(request)  # inference and reads: no pattern matching on the hot path
-        group = path_group(request.path)
-        restriction = restrictions.get(group) if group else None
-        if restriction is not None and request.headers.get(restriction.key) != restriction.value:
-            text = f"This API is restricted, expecting header '{restriction.key}'"
-            return json_reply({"error": text}, status=403)
-        if group is not None and changes_state(request.method, request.path, group):
-            refusal = policy.refusal(group, request.remote or "")
-            if refusal is not None:
-                return json_reply({"error": refusal}, status=403)
-        return await handler(request)
-
-    return restrict
+    if not restrictions and not _may_change_state(request.method, request.path):
+        return None  # inference and reads: no pattern matching on the hot path
+    group = path_group(request.path)
+    restriction = restrictions.get(group) if group else None
+    if restriction is not None and request.headers.get(restriction.key) != restriction.value:
+        return json_response({"error": f"This API is restricted, expecting header '{restriction.key}'"}, status=403)
+    if group is not None and changes_state(request.method, request.path, group):
+        refusal = policy.refusal(group, request.remote or "")
+        if refusal is not None:
+            return json_response({"error": refusal}, status=403)
+    return None

@@ -19,20 +19,17 @@ import base64
 import binascii
 from typing import Any
 
-from aiohttp import web
-
 from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.http.app import compact_json
 from pystub_backend.backend.frontends.http.json_body import parse_json_body
-from pystub_backend.backend.frontends.json_reply import json_reply
+from pystub_backend.backend.frontends.http.request import HttpRequest
+from pystub_backend.backend.frontends.http.response import Response
+from pystub_backend.backend.frontends.http.router import Route, get, post
 
 __all__ = ["shm_routes"]
 
 _SYSTEM = "/v2/systemsharedmemory"
 _CUDA = "/v2/cudasharedmemory"
-
-
-def _json(value: Any) -> web.Response:
-    return json_reply(value)
 
 
 def _register_body(body: bytes) -> dict[str, Any]:
@@ -61,45 +58,45 @@ def _check_cuda_register_body(body: bytes) -> tuple[bytes, Any, Any]:
     return raw_handle, document["device_id"], document["byte_size"]
 
 
-def shm_routes(core: Any) -> list[web.RouteDef]:
+def shm_routes(core: Any) -> list[Route]:
     """The routes, bound to `core` (a `pystub_backend.backend.core.Core`, whose `client_shm` does the work)."""
     registry = core.client_shm
 
-    def region(request: web.Request) -> str:
+    def region(request: HttpRequest) -> str:
         return request.match_info.get("region", "")
 
-    async def system_status(request: web.Request) -> web.Response:
-        return _json(registry.status(region(request)))
+    async def system_status(request: HttpRequest) -> Response:
+        return compact_json(registry.status(region(request)))
 
-    async def system_register(request: web.Request) -> web.Response:
+    async def system_register(request: HttpRequest) -> Response:
         body = _register_body(await request.read())
         registry.register(region(request), body.get("key"), body.get("offset", 0), body.get("byte_size"))
-        return web.Response(status=200)
+        return Response(status=200)
 
-    async def system_unregister(request: web.Request) -> web.Response:
+    async def system_unregister(request: HttpRequest) -> Response:
         registry.unregister(region(request))
-        return web.Response(status=200)
+        return Response(status=200)
 
-    async def cuda_status(request: web.Request) -> web.Response:
-        return _json(registry.cuda_status(region(request)))
+    async def cuda_status(request: HttpRequest) -> Response:
+        return compact_json(registry.cuda_status(region(request)))
 
-    async def cuda_register(request: web.Request) -> web.Response:
+    async def cuda_register(request: HttpRequest) -> Response:
         raw_handle, device_id, byte_size = _check_cuda_register_body(await request.read())
         registry.cuda_register(region(request), raw_handle, device_id, byte_size)
-        return web.Response(status=200)
+        return Response(status=200)
 
-    async def cuda_unregister(request: web.Request) -> web.Response:
+    async def cuda_unregister(request: HttpRequest) -> Response:
         await registry.cuda_unregister_closed(region(request))  # the stubs closed their handles
-        return web.Response(status=200)
+        return Response(status=200)
 
-    routes = []
+    routes: list[Route] = []
     for prefix, status, register, unregister in ((_SYSTEM, system_status, system_register, system_unregister),
                                                  (_CUDA, cuda_status, cuda_register, cuda_unregister)):
         routes += [
-            web.get(prefix + "/status", status),
-            web.get(prefix + "/region/{region}/status", status),
-            web.post(prefix + "/region/{region}/register", register),
-            web.post(prefix + "/unregister", unregister),
-            web.post(prefix + "/region/{region}/unregister", unregister),
+            get(prefix + "/status", status),
+            get(prefix + "/region/{region}/status", status),
+            post(prefix + "/region/{region}/register", register),
+            post(prefix + "/unregister", unregister),
+            post(prefix + "/region/{region}/unregister", unregister),
         ]
     return routes

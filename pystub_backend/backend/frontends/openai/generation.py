@@ -22,9 +22,9 @@ import orjson
 from aiohttp import web
 
 import pystub_backend.backend.frontends.openai.documents as documents
-from pystub_backend.backend.client_link import http_request_link
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.frontends.http.access_log import MODEL_KEY, REQUEST_ID_KEY
+from pystub_backend.backend.frontends.http.request_link import http_request_link
 from pystub_backend.backend.frontends.openai.choice import Choice, Step
 from pystub_backend.backend.frontends.openai.contract import llm_contract
 from pystub_backend.backend.frontends.openai.errors import error_body, from_server_error

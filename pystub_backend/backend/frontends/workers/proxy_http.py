@@ -8,15 +8,18 @@ are not forwarded; the body is passed as sent (no decompression here: the core a
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import aiohttp
-from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from pystub_backend.backend.client_link import cancel_when_gone, http_request_link
+from pystub_backend.backend.client_link import cancel_when_gone
 from pystub_backend.backend.errors import ServerError, Status, http_status
 from pystub_backend.backend.frontends.access import INTERNAL_PEER
-from pystub_backend.backend.frontends.json_reply import json_reply
+from pystub_backend.backend.frontends.http.request import HttpRequest
+from pystub_backend.backend.frontends.http.request_link import http_request_link
+from pystub_backend.backend.frontends.http.response import Response, StreamResponse, json_response
 
 __all__ = ["HttpProxy"]
 
@@ -36,12 +39,12 @@ class HttpProxy:
     async def close(self) -> None:
         await self._session.close()
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: HttpRequest) -> Response | StreamResponse:
         """The core's answer to `request` (503 when the core is unreachable)."""
         headers = CIMultiDict((key, value) for key, value in request.headers.items()
                               if key.lower() not in _HOP_BY_HOP)
         headers[INTERNAL_PEER] = request.remote or ""
-        body = request.content if request.body_exists else None
+        body = _body_of(request) if request.body_exists else None
         try:
             # A client that leaves (a quiet generate_stream) cancels this task at once: the core's
             # connection closes with it and the core cancels the request.
@@ -49,7 +52,7 @@ class HttpProxy:
                 cancel_when_gone(link)
                 # encoded=True: the path as the client sent it, `.` and `..` included (yarl would
                 # resolve them, and the core must route exactly what an in-process server would)
-                async with self._session.request(request.method, URL("http://core" + request.rel_url.raw_path_qs,
+                async with self._session.request(request.method, URL("http://core" + request.raw_path_qs,
                                                                      encoded=True),
                                                  headers=headers, data=body, allow_redirects=False,
                                                  skip_auto_headers=("User-Agent", "Content-Type")) as answer:
@@ -57,11 +60,17 @@ class HttpProxy:
         except aiohttp.ClientConnectionError as exc:
             # Before the app's error middleware (a raw infer body comes here from the front): answer here.
             error = ServerError(f"the server's core did not answer this frontend worker: {exc}", Status.UNAVAILABLE)
-            return json_reply({"error": error.message}, status=http_status(error.status))
+            return json_response({"error": error.message}, status=http_status(error.status))
 
 
-async def _relay(request: web.Request, answer: aiohttp.ClientResponse) -> web.StreamResponse:
-    response = web.StreamResponse(status=answer.status, reason=answer.reason)
+async def _body_of(request: HttpRequest) -> AsyncIterator[bytes]:
+    """The client's body as it arrives (the connection stops reading while it waits unread)."""
+    while chunk := await request.readany():
+        yield chunk
+
+
+async def _relay(request: HttpRequest, answer: aiohttp.ClientResponse) -> StreamResponse:
+    response = StreamResponse(status=answer.status, reason=answer.reason)
     for key, value in answer.headers.items():
         if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
             response.headers.add(key, value)

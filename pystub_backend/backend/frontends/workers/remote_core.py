@@ -9,7 +9,7 @@ the request arrived, the HTTP request whose client may leave) travels in the con
 
 `target` answers None: the core looks the model up and makes the decoupled check itself.
 A single poller watches the transports of in-flight HTTP requests and sends a cancel frame for a
-client that left (what `client_link.http_request_link` does in-process, without a task per request).
+client that left (what `http/request_link.py` does in-process, without a task per request).
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import cast
 
-from aiohttp import web
-
 from pystub_backend.backend.errors import ServerError, Status
+from pystub_backend.backend.frontends.http.request import HttpRequest
 from pystub_backend.backend.frontends.workers.link import FrameProtocol, request_record, response_from_record
 from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore, ServingTarget
 from pystub_backend.ipc.messages.workers import (
@@ -40,7 +39,7 @@ from pystub_backend.ipc.records import WireError
 __all__ = ["RemoteCore", "CallContext", "CALL"]
 
 _log = logging.getLogger("pystub.workers")
-_POLL_SECONDS = 0.1  # as client_link.HTTP_POLL_SECONDS
+_POLL_SECONDS = 0.1  # as http/request_link.py's HTTP_POLL_SECONDS
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ class CallContext:
     protocol: str  # "HTTP" or "GRPC"
     received_ns: int
     traceparent: str | None = None
-    http_request: web.Request | None = None
+    http_request: HttpRequest | None = None
 
 
 CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("pystub_worker_call", default=None)
@@ -64,7 +63,7 @@ class RemoteCore(FrameProtocol):
         self._path = path
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[WorkerAnswer | WorkerError]] = {}
-        self._watched: dict[int, web.Request] = {}
+        self._watched: dict[int, HttpRequest] = {}
         self._poller: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()  # set when the link is gone: the worker then stops
 

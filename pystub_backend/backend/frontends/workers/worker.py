@@ -26,8 +26,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
-from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 
 from pystub_backend.backend.arguments import parse_args
 from pystub_backend.backend.frontends.access import AccessPolicy
@@ -41,10 +39,14 @@ from pystub_backend.backend.frontends.grpc.listener import (
 )
 from pystub_backend.backend.frontends.grpc.restrict import RestrictionInterceptor
 from pystub_backend.backend.frontends.grpc.servicer import InferenceServicer
-from pystub_backend.backend.frontends.http.access_log import HttpAccessLogger
+from pystub_backend.backend.frontends.http.app import Front
 from pystub_backend.backend.frontends.http.codec import INFERENCE_HEADER
+from pystub_backend.backend.frontends.http.deadlines import ReadTimeouts
+from pystub_backend.backend.frontends.http.listener import HttpListener
+from pystub_backend.backend.frontends.http.request import HttpRequest
+from pystub_backend.backend.frontends.http.response import Answer
+from pystub_backend.backend.frontends.http.router import Handler
 from pystub_backend.backend.frontends.http.server import create_inference_app
-from pystub_backend.backend.frontends.http.timeouts import ReadTimeouts, TimedAppRunner
 from pystub_backend.backend.frontends.workers.paths import CORE_SOCKET, GRPC_SOCKET, HTTP_SOCKET
 from pystub_backend.backend.frontends.workers.proxy_grpc import GrpcProxy
 from pystub_backend.backend.frontends.workers.proxy_http import HttpProxy
@@ -68,9 +70,8 @@ def _is_raw(value: str | None) -> bool:
     return text.isdigit() and int(text) == 0
 
 
-def _front(proxy: HttpProxy) -> Middleware:
-    @web.middleware
-    async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
+def _front(proxy: HttpProxy) -> Front:
+    async def front(request: HttpRequest, handler: Handler) -> Answer:
         if request.method == "POST" and request.path.endswith("/infer"):
             if _is_raw(request.headers.get(INFERENCE_HEADER)):
                 return await proxy.handle(request)  # a raw body needs the model's metadata: the core's
@@ -86,16 +87,12 @@ async def _serve_http(options: ServerOptions, remote: RemoteCore, directory: Pat
                                max_input_size=options.http_max_input_size, restrictions=options.http_restrictions,
                                header_forward_pattern=options.http_header_forward_pattern,
                                remote_control=options.remote_control)
-    grace = options.settings.exit_timeout_seconds
     timeouts = ReadTimeouts(options.http_header_timeout_secs, options.http_body_timeout_secs)
-    runner = TimedAppRunner(app, read_timeouts=timeouts, access_log=log, access_log_class=HttpAccessLogger,
-                            handle_signals=False, shutdown_timeout=grace)
-    await runner.setup()
-    site = web.TCPSite(runner, options.http_address, options.http_port, reuse_address=True, reuse_port=True)
-    await site.start()
+    listener = HttpListener(app, timeouts)
+    await listener.start_tcp(options.http_address, options.http_port, reuse_port=True)
 
     async def stop() -> None:
-        await runner.cleanup()
+        await listener.stop(options.settings.exit_timeout_seconds)
         await proxy.close()
 
     return stop

@@ -1,13 +1,14 @@
 """The frontends give a closed connection's freed memory back: one trim per burst of closes of
 connections that carried much, none for small ones; on real sockets, with grpcio's client for the
-h2 stack and aiohttp's for the HTTP listener (TimedAppRunner)."""
+h2 stack and aiohttp's for the HTTP listeners (aiohttp's TimedAppRunner and the inference port's
+HttpListener)."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import aiohttp
 import grpc
@@ -16,7 +17,13 @@ from aiohttp import web
 from h2_server import RunningH2Server
 from test_grpc_h2_calls import _SERVICE, _handlers, _Probe
 
+from pystub_backend.backend.frontends.access import AccessPolicy
 from pystub_backend.backend.frontends.heap_trim import TRIM_AFTER_BYTES, HeapTrimmer
+from pystub_backend.backend.frontends.http.app import HttpApp
+from pystub_backend.backend.frontends.http.listener import HttpListener
+from pystub_backend.backend.frontends.http.request import HttpRequest
+from pystub_backend.backend.frontends.http.response import Response
+from pystub_backend.backend.frontends.http.router import post
 from pystub_backend.backend.frontends.http.timeouts import ReadTimeouts, TimedAppRunner
 
 _WAIT = 10.0
@@ -71,34 +78,45 @@ def test_a_small_connection_does_not_trim(server: RunningH2Server) -> None:
     assert _trims_after(server, b"small") == 0
 
 
-async def _http_trims_after(body: bytes) -> int:
-    """Trims counted after one HTTP connection posts `body` and closes."""
+async def _http_trims_after(body: bytes, listener: str) -> int:
+    """Trims counted after one HTTP connection posts `body` and closes, on aiohttp's listener (the
+    metrics and OpenAI ports) or on the inference port's."""
     async def echo_size(request: web.Request) -> web.Response:
         return web.Response(text=str(len(await request.read())))
 
-    app = web.Application(client_max_size=2 * TRIM_AFTER_BYTES)
-    app.router.add_post("/", echo_size)
-    runner = TimedAppRunner(app, read_timeouts=ReadTimeouts())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    async def echo_size_here(request: HttpRequest) -> Response:
+        return Response(str(len(await request.read())).encode())
+
+    stop: Callable[[], Awaitable[None]]
+    if listener == "aiohttp":
+        app = web.Application(client_max_size=2 * TRIM_AFTER_BYTES)
+        app.router.add_post("/", echo_size)
+        runner = TimedAppRunner(app, read_timeouts=ReadTimeouts())
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        port, heap, stop = runner.addresses[0][1], runner.heap, runner.cleanup
+    else:
+        inference = HttpListener(HttpApp([post("/", echo_size_here)], max_input_size=2 * TRIM_AFTER_BYTES,
+                                         policy=AccessPolicy.of(None)))
+        port, heap, stop = await inference.start_tcp("127.0.0.1", 0), inference.heap, inference.stop
     try:
         timeout = aiohttp.ClientTimeout(total=_WAIT)
         async with aiohttp.ClientSession(timeout=timeout) as session, session.post(f"http://127.0.0.1:{port}/",
                                                                                    data=io.BytesIO(body)) as reply:
             assert await reply.text() == str(len(body))
         deadline = time.monotonic() + 3.0  # the close, the settle (0.1 s); a small connection never trims
-        while time.monotonic() < deadline and runner.heap.trims == 0:
+        while time.monotonic() < deadline and heap.trims == 0:
             await asyncio.sleep(0.05)
-        return runner.heap.trims
+        return heap.trims
     finally:
-        await runner.cleanup()
+        await stop()
 
 
-def test_an_http_connection_that_carried_much_trims_when_it_closes() -> None:
-    assert asyncio.run(_http_trims_after(bytes(TRIM_AFTER_BYTES))) == 1
+@pytest.mark.parametrize("listener", ["aiohttp", "inference"])
+def test_an_http_connection_that_carried_much_trims_when_it_closes(listener: str) -> None:
+    assert asyncio.run(_http_trims_after(bytes(TRIM_AFTER_BYTES), listener)) == 1
 
 
-def test_a_small_http_connection_does_not_trim() -> None:
-    assert asyncio.run(_http_trims_after(b"small")) == 0
+@pytest.mark.parametrize("listener", ["aiohttp", "inference"])
+def test_a_small_http_connection_does_not_trim(listener: str) -> None:
+    assert asyncio.run(_http_trims_after(b"small", listener)) == 0

@@ -1,7 +1,8 @@
 """The HTTP frontend's routes, status codes and headers, then the real tritonclient against it.
 
 The server under test is `create_http_app` over `EchoCore`, an in-test core whose models return
-their inputs as outputs (INPUTn -> OUTPUTn) without pruning, so the frontend's pruning shows.
+their inputs as outputs (INPUTn -> OUTPUTn) without pruning, so the frontend's pruning shows,
+served by the inference port's listener on 127.0.0.1 and asked by aiohttp's client.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import aiohttp
 import gevent
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
-from aiohttp.test_utils import TestClient, TestServer
 from tritonclient.utils import InferenceServerException
 
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.codec import INFERENCE_HEADER
+from pystub_backend.backend.frontends.http.listener import HttpListener
 from pystub_backend.backend.frontends.http.server import create_http_app
 from pystub_backend.backend.inference import InferRequest, InferResponse, Tensor
 
@@ -117,7 +119,24 @@ class EchoCore:
                  "inference_count": len(self.requests)}]
 
 
-Scenario = Callable[[TestClient, EchoCore], Awaitable[_T]]
+class Client:
+    """aiohttp's client session for one server: paths relative to it, and its port."""
+
+    def __init__(self, session: aiohttp.ClientSession, port: int) -> None:
+        self.session = session
+        self.port = port
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self.session.get(path, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> Any:
+        return self.session.post(path, **kwargs)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.session.request(method, path, **kwargs)
+
+
+Scenario = Callable[[Client, EchoCore], Awaitable[_T]]
 
 
 def _serve(scenario: Scenario[_T], core: EchoCore | None = None, **options: Any) -> _T:
@@ -125,19 +144,23 @@ def _serve(scenario: Scenario[_T], core: EchoCore | None = None, **options: Any)
     core = core or EchoCore()
 
     async def main() -> _T:
-        server = TestServer(create_http_app(core, **options), host="127.0.0.1")
-        async with TestClient(server, auto_decompress=False) as client:
-            return await scenario(client, core)
+        listener = HttpListener(create_http_app(core, **options))
+        port = await listener.start_tcp("127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession(f"http://127.0.0.1:{port}", auto_decompress=False) as session:
+                return await scenario(Client(session, port), core)
+        finally:
+            await listener.stop()
 
     return asyncio.run(main())
 
 
-async def _get(client: TestClient, path: str) -> tuple[int, bytes, Any]:
+async def _get(client: Client, path: str) -> tuple[int, bytes, Any]:
     async with client.get(path) as response:
         return response.status, await response.read(), response.headers
 
 
-async def _post(client: TestClient, path: str, body: bytes = b"",
+async def _post(client: Client, path: str, body: bytes = b"",
                 headers: dict[str, str] | None = None) -> tuple[int, bytes, Any]:
     # aiohttp's client asks for gzip by default, which the server honours.
     headers = {"Accept-Encoding": "identity", **(headers or {})}
@@ -156,7 +179,7 @@ def _error_of(status: int, body: bytes, headers: Any) -> tuple[int, str]:
 
 
 def test_health_reflects_the_core() -> None:
-    async def scenario(client: TestClient, core: EchoCore) -> list[tuple[int, bytes]]:
+    async def scenario(client: Client, core: EchoCore) -> list[tuple[int, bytes]]:
         results = []
         for live, ready in ((True, True), (False, False)):
             core.live, core.ready = live, ready
@@ -169,7 +192,7 @@ def test_health_reflects_the_core() -> None:
 
 
 def test_server_and_model_metadata_config_and_ready() -> None:
-    async def scenario(client: TestClient, core: EchoCore) -> dict[str, Any]:
+    async def scenario(client: Client, core: EchoCore) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for path in ("/v2", "/v2/models/identity", "/v2/models/identity/versions/1",
                      "/v2/models/identity/config", "/v2/models/identity/versions/1/config"):
@@ -195,7 +218,7 @@ def test_server_and_model_metadata_config_and_ready() -> None:
 
 
 def test_lookup_errors_unknown_routes_and_wrong_methods() -> None:
-    async def scenario(client: TestClient, core: EchoCore) -> list[Any]:
+    async def scenario(client: Client, core: EchoCore) -> list[Any]:
         requests = [("GET", "/v2/models/nope"), ("GET", "/v2/models/identity/versions/7/config"),
                     ("GET", "/v2/nothing"), ("GET", "/v2/models/identity/versions/x"),
                     ("GET", "/v2/models/identity/infer"), ("POST", "/v2/health/live"),
@@ -219,7 +242,7 @@ def test_lookup_errors_unknown_routes_and_wrong_methods() -> None:
 
 
 def test_statistics_routes() -> None:
-    async def scenario(client: TestClient, core: EchoCore) -> list[Any]:
+    async def scenario(client: Client, core: EchoCore) -> list[Any]:
         results = []
         for path in ("/v2/models/stats", "/v2/models/identity/stats",
                      "/v2/models/identity/versions/1/stats"):
@@ -233,7 +256,7 @@ def test_statistics_routes() -> None:
 
 
 def test_repository_index() -> None:
-    async def scenario(client: TestClient, core: EchoCore) -> list[Any]:
+    async def scenario(client: Client, core: EchoCore) -> list[Any]:
         results: list[Any] = []
         for path, body in (("/v2/repository/index", b""),
                            ("/v2/repository/index", b'{"ready": true}'),
@@ -262,7 +285,7 @@ def _infer_json(**extra: Any) -> bytes:
 
 
 def test_infer_json_request_gets_json_response_and_releases_once() -> None:
-    async def scenario(client: TestClient, core: EchoCore) -> Any:
+    async def scenario(client: Client, core: EchoCore) -> Any:
         status, body, headers = await _post(client, "/v2/models/identity/versions/1/infer",
                                             _infer_json(id="q"))
         assert core.requests[0].model_version == "1" and core.requests[0].id == "q"
@@ -285,7 +308,7 @@ def test_infer_binary_request_with_binary_and_pruned_outputs() -> None:
         "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
     }).encode()
 
-    async def scenario(client: TestClient, core: EchoCore) -> Any:
+    async def scenario(client: Client, core: EchoCore) -> Any:
         return await _post(client, "/v2/models/identity/infer", header + a.tobytes(),
                            {"Inference-Header-Content-Length": str(len(header)),
                             "Content-Type": "application/octet-stream"})
@@ -302,7 +325,7 @@ def test_infer_binary_request_with_binary_and_pruned_outputs() -> None:
 def test_raw_request_uses_the_model_metadata() -> None:
     a = np.arange(4, dtype=np.float32)
 
-    async def scenario(client: TestClient, core: EchoCore) -> Any:
+    async def scenario(client: Client, core: EchoCore) -> Any:
         reply = await _post(client, "/v2/models/identity/infer", a.tobytes(),
                             {"Inference-Header-Content-Length": "0"})
         return reply, core.requests[0].inputs[0]
@@ -315,7 +338,7 @@ def test_raw_request_uses_the_model_metadata() -> None:
 
 
 def test_raw_request_for_an_unknown_model_is_404() -> None:
-    async def scenario(client: TestClient, core: EchoCore) -> Any:
+    async def scenario(client: Client, core: EchoCore) -> Any:
         return _error_of(*await _post(client, "/v2/models/nope/infer", b"1234",
                                       {"Inference-Header-Content-Length": "0"}))
 
@@ -327,7 +350,7 @@ def test_compressed_request_and_response(encoding: str) -> None:
     compress = gzip.compress if encoding == "gzip" else zlib.compress
     decompress = gzip.decompress if encoding == "gzip" else zlib.decompress
 
-    async def scenario(client: TestClient, core: EchoCore) -> Any:
+    async def scenario(client: Client, core: EchoCore) -> Any:
         return await _post(client, "/v2/models/identity/infer", compress(_infer_json()),
                            {"Content-Encoding": encoding, "Accept-Encoding": encoding})
 
@@ -348,7 +371,7 @@ def test_compressed_request_and_response(encoding: str) -> None:
 )
 def test_malformed_infer_requests(body: bytes, headers: dict[str, str],
                                   expected: tuple[int, str]) -> None:
-    async def scenario(client: TestClient, core: EchoCore) -> Any:
+    async def scenario(client: Client, core: EchoCore) -> Any:
         return _error_of(*await _post(client, "/v2/models/identity/infer", body, headers))
 
     status, message = _serve(scenario)
@@ -358,7 +381,7 @@ def test_malformed_infer_requests(body: bytes, headers: dict[str, str],
 def test_core_errors_map_to_statuses_and_unexpected_ones_to_500(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async def scenario(client: TestClient, core: EchoCore) -> Any:
+    async def scenario(client: Client, core: EchoCore) -> Any:
         results = []
         for model in ("nope", "busy", "boom", "bad_output"):
             results.append(_error_of(*await _post(client, f"/v2/models/{model}/infer",
@@ -379,7 +402,7 @@ def test_core_errors_map_to_statuses_and_unexpected_ones_to_500(
 def test_body_above_the_limit_is_refused(chunked: bool) -> None:
     body = _infer_json() + b" " * 2000
 
-    async def scenario(client: TestClient, core: EchoCore) -> Any:
+    async def scenario(client: Client, core: EchoCore) -> Any:
         async def chunks() -> Any:
             yield body
 
@@ -395,7 +418,7 @@ def test_body_above_the_limit_is_refused(chunked: bool) -> None:
 def test_decompressed_body_above_the_limit_is_refused() -> None:
     bomb = gzip.compress(_infer_json() + b" " * 100_000)
 
-    async def scenario(client: TestClient, core: EchoCore) -> Any:
+    async def scenario(client: Client, core: EchoCore) -> Any:
         return _error_of(*await _post(client, "/v2/models/identity/infer", bomb,
                                       {"Content-Encoding": "gzip"}))
 
@@ -418,7 +441,7 @@ def _client_inputs(binary: bool) -> tuple[list[Any], np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("binary", [True, False])
 def test_aio_tritonclient_identity(binary: bool) -> None:
-    async def scenario(client: TestClient, core: EchoCore) -> None:
+    async def scenario(client: Client, core: EchoCore) -> None:
         url = f"127.0.0.1:{client.port}"
         async with aioclient.InferenceServerClient(url) as triton:
             assert await triton.is_server_live() and await triton.is_server_ready()
@@ -475,7 +498,7 @@ def test_sync_tritonclient_in_a_thread() -> None:
             # outlive the thread (and fail the fd leak check) unless the loop is destroyed.
             gevent.get_hub().destroy(destroy_loop=True)
 
-    async def scenario(client: TestClient, core: EchoCore) -> None:
+    async def scenario(client: Client, core: EchoCore) -> None:
         loop = asyncio.get_running_loop()
         port = client.port
         assert port is not None

@@ -1,0 +1,528 @@
+"""One client connection of the HTTP listener: HTTP/1.1 parsed by `httptools` (llhttp, strict), its
+requests handed to the app one at a time, in order, and their responses written back.
+
+    data_received ─► parser callbacks ─► HttpRequest (head complete) ─► queue ─► one task per
+                     (limits checked)     body chunks fed as they come          request: app.handle
+    the response ◄── written in one piece (head + body) when the handler returns, then the next
+
+Pipelining: requests queue behind the one in progress (at most `MAX_QUEUED`; then, or while more
+than request.HIGH_WATER body bytes wait unread, the connection stops reading from the client).
+Keep-alive follows HTTP/1.0 and 1.1 (`Connection`); a request that asks to close, a malformed
+head or an upgrade of a request with a chunked body end the connection after the responses before
+them. `Expect: 100-continue` is answered by the app when the handler starts (as aiohttp did).
+
+Limits (aiohttp's, which served this port before): a request target of at most 8190 bytes, a
+header name plus value of at most 8190, at most 128 headers, `Host` required in HTTP/1.1, single
+Content-Length, Content-Type, Host ...: the target as it arrives, a header once its line is
+complete (httptools reports no less). A line that does not end is refused once `MAX_INCOMPLETE_FIELD`
+bytes came since the last complete one (8190 plus one read of the socket, so no line within the
+limits is refused for the bytes of the requests before it in the same read). A malformed
+head gets `400` with the parser's reason as text (HTTP/1.0, as aiohttp) and the connection closes;
+it is logged at debug level only (client_errors.py), and at --log-verbose 1 by its access line.
+
+A client that leaves: its body reader fails, `lost_callbacks` run (http/client_link.py: an
+in-flight inference is cancelled), nothing is written any more. Read deadlines as deadlines.py
+draws them; a connection that carried `TRIM_AFTER_BYTES` asks the listener's heap trimmer for a trim
+when it closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from pystub_backend.backend.frontends.heap_trim import TRIM_AFTER_BYTES, HeapTrimmer
+from pystub_backend.backend.frontends.http.deadlines import Phase, ReadDeadlines, ReadTimeouts
+from pystub_backend.backend.frontends.http.request import HIGH_WATER, HttpRequest, InvalidTarget, split_target
+from pystub_backend.backend.frontends.http.response import Answer, Response, StreamResponse, encode_head, text_response
+from pystub_backend.backend.log import verbose
+
+__all__ = ["HttpConnection", "ConnectionSettings", "Application", "MAX_QUEUED", "KEEP_ALIVE_SECONDS",
+           "MAX_LINE", "MAX_FIELD", "MAX_HEADERS", "MAX_INCOMPLETE_FIELD"]
+
+_log = logging.getLogger(__name__)
+_client_log = logging.getLogger("pystub.http")  # client_errors.py's logger: malformed requests
+
+MAX_LINE = 8190  # bytes of a request target
+MAX_FIELD = 8190  # bytes of a header's name and value together
+MAX_HEADERS = 128
+_READ_SIZE = 256 * 1024  # the most one data_received brings (asyncio's selector transports)
+MAX_INCOMPLETE_FIELD = MAX_FIELD + _READ_SIZE
+MAX_QUEUED = 32  # pipelined requests waiting behind the one in progress (aiohttp's queue)
+KEEP_ALIVE_SECONDS = 3630.0  # an idle kept-alive connection closes after this (aiohttp's default)
+_SMALL_BODY = 64 * 1024  # a body up to this is joined to its head: one write, one send
+# Headers a request may carry once (aiohttp's SINGLETON_HEADERS): two would be read two ways.
+_SINGLETONS = ("Content-Length", "Content-Location", "Content-Range", "Content-Type", "ETag", "Host", "Max-Forwards",
+               "Server", "Transfer-Encoding", "User-Agent")
+_VERSIONS = {"1.1": (1, 1), "1.0": (1, 0)}
+
+
+class Application(Protocol):
+    """What a connection hands its requests to (app.py's `HttpApp`)."""
+
+    max_input_size: int
+
+    async def handle(self, request: HttpRequest) -> Answer:
+        """The response to `request`; raises only CancelledError."""
+
+    def log_access(self, request: HttpRequest | None, status: int, seconds: float, peer: str) -> None:
+        """One access line (at --log-verbose 1); `request` None for a head that was not understood."""
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """What every connection of one listener shares."""
+
+    app: Application
+    timeouts: ReadTimeouts
+    heap: HeapTrimmer
+    opened: Callable[[HttpConnection], None]
+    closed: Callable[[HttpConnection], None]
+
+
+class _BadHead(Exception):
+    """A head the limits refuse (raised in a parser callback; the parser then stops)."""
+
+
+class _Malformed:
+    """A head the parser refused: answered with 400 when its turn comes, then the connection closes."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class HttpConnection(asyncio.Protocol):
+    """The protocol of one client connection."""
+
+    def __init__(self, settings: ConnectionSettings) -> None:
+        self._settings = settings
+        self._app = settings.app
+        self._loop = asyncio.get_event_loop()
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self._parser = httptools.HttpRequestParser(self)
+        self._deadlines = ReadDeadlines(self._loop, settings.timeouts, self._expired)
+        self._queue: collections.deque[HttpRequest | _Malformed] = collections.deque()
+        self._active: asyncio.Task[None] | None = None
+        self._receiving: HttpRequest | None = None  # head parsed, body still coming
+        self._in_head = False
+        self._heads = 0  # heads begun: a new one restarts the head deadline ...
+        self._deadline_head = 1  # ... but the first one's counts from the connection
+        self._url: list[bytes] = []
+        self._url_size = 0
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._head_bytes = 0  # bytes received since a head line last completed (the memory guard)
+        self._fields = 0  # header lines complete when the last read ended
+        self._raw_body = 0  # body bytes to pass by hand after an upgrade head (llhttp stops there)
+        self._closing = False  # no request after the current ones: the connection closes then
+        self._read_paused = False
+        self._write_paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self._carried = 0  # bytes received over the connection's life
+        self._served = 0  # requests answered: the keep-alive timer looks whether it moved
+        self._keep_alive: asyncio.TimerHandle | None = None
+        # Called once when the connection drops (http/client_link.py registers here, so a request
+        # learns at once that its client left; a handler is not cancelled by the connection).
+        self.lost_callbacks: dict[object, Callable[[], None]] = {}
+
+    # -- the transport's side ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, (list, tuple)) else str(peer or "")
+        self._deadlines.head()  # an idle new connection is a head that never comes
+        self._settings.opened(self)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.transport = None
+        self._deadlines.cancel()
+        if self._keep_alive is not None:
+            self._keep_alive.cancel()
+            self._keep_alive = None
+        self._queue.clear()
+        if self._receiving is not None:
+            self._receiving.fail(ConnectionResetError("Connection lost"))
+            self._receiving = None
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)  # drain() then raises: the client is gone
+        callbacks, self.lost_callbacks = self.lost_callbacks, {}
+        for callback in callbacks.values():
+            callback()
+        if self._carried >= TRIM_AFTER_BYTES:
+            self._settings.heap.released()
+        self._settings.closed(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return  # after a request that closes the connection, or a malformed one: not read
+        self._carried += len(data)
+        if self._raw_body:
+            data = self._pass_raw_body(data)
+            if not data:
+                self._after_data(0)
+                return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            self._upgraded(data[upgrade.args[0]:])
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            self._malformed(str(cause) if isinstance(cause, _BadHead) else "Invalid request")
+        except httptools.HttpParserError as exc:
+            self._malformed(_reason(exc, data))
+        self._after_data(len(data))
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        if self._active is None:
+            self._next()
+
+    # -- the parser's callbacks --------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._in_head = True
+        self._heads += 1
+        self._url = []
+        self._url_size = 0
+        self._headers = []
+
+    def on_url(self, part: bytes) -> None:
+        self._url.append(part)
+        self._url_size += len(part)
+        if self._url_size > MAX_LINE:
+            raise _BadHead(f"Got more than {MAX_LINE} bytes when reading: {b''.join(self._url)[:100]!r}...")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # The count is checked after each read (_after_data) and with the head: one call less here.
+        if len(name) + len(value) > MAX_FIELD:
+            raise _BadHead(f"Got more than {MAX_FIELD} bytes when reading: {(name + b': ' + value)[:100]!r}...")
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = self._fields = 0
+        if len(self._headers) > MAX_HEADERS:
+            raise _BadHead("Too many headers received")
+        parser = self._parser
+        method = parser.get_method().decode("latin-1")
+        version = _VERSIONS.get(parser.get_http_version()) or _version(parser.get_http_version())
+        headers = _headers(self._headers)
+        if version >= (1, 1) and "Host" not in headers:
+            raise _BadHead("Missing 'Host' header in request.")
+        try:
+            target = split_target(method, b"".join(self._url).decode("utf-8", "surrogateescape"))
+        except InvalidTarget as exc:
+            raise _BadHead(f"Invalid URL: {exc}") from None
+        length = headers.get("Content-Length")
+        chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
+        request = HttpRequest(self, method, target, version, headers, parser.should_keep_alive(),
+                              int(length) if length else None, chunked, self._app.max_input_size)
+        self._receiving = request
+        self._queue.append(request)
+
+    def on_body(self, chunk: bytes) -> None:
+        receiving = self._receiving
+        if receiving is not None:
+            receiving.feed(chunk)
+
+    def on_message_complete(self) -> None:
+        receiving = self._receiving
+        if receiving is not None:
+            receiving.finish()
+            self._receiving = None
+
+    # -- what requests and responses call ----------------------------------------------------------
+
+    def send(self, data: bytes | bytearray | memoryview) -> None:
+        """Write `data` (dropped once the client is gone: the reader of a response learns it from
+        drain)."""
+        if self.transport is not None:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait while the client's connection is full. Raises ConnectionResetError once it is gone."""
+        if self._write_paused and self.transport is not None:
+            self._drained = self._loop.create_future()
+            try:
+                await self._drained
+            finally:
+                self._drained = None
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("Connection lost")
+
+    def send_head(self, request: HttpRequest, status: int, headers: Mapping[str, str], reason: str | None) -> None:
+        """A streamed response's head (its headers may be relayed from elsewhere: checked)."""
+        self.send(encode_head(request.status_version, status, headers, _connection_header(request), reason,
+                              relayed=True))
+
+    def send_response(self, request: HttpRequest, response: Response) -> None:
+        """Write a whole response at once (a handler may, to time its sending; else the connection does)."""
+        response.sent = True
+        head = encode_head(request.status_version, response.status, response.headers, _connection_header(request))
+        body = response.body
+        if request.method == "HEAD" or not body:
+            self.send(head)
+        elif len(body) <= _SMALL_BODY:
+            self.send(head + body)
+        else:
+            self.send(head)
+            self.send(body)
+
+    def body_wanted(self) -> None:
+        """A reader waits for the whole body: it must keep arriving."""
+        self._resume_if_drained()
+
+    def body_taken(self) -> None:
+        self._resume_if_drained()
+
+    # -- the requests, one at a time ---------------------------------------------------------------
+
+    def _after_data(self, size: int) -> None:
+        deadlines = self._deadlines
+        if self._in_head:
+            fields = len(self._headers)
+            self._head_bytes = size if fields != self._fields else self._head_bytes + size
+            self._fields = fields
+            if fields > MAX_HEADERS:
+                self._malformed("Too many headers received")
+            elif self._head_bytes > MAX_INCOMPLETE_FIELD:
+                self._malformed(f"Got more than {MAX_FIELD} bytes when reading a header line that does not end")
+            elif deadlines.phase is not Phase.HEAD or self._deadline_head != self._heads:
+                self._deadline_head = self._heads
+                deadlines.head()
+        elif self._receiving is not None:
+            if deadlines.phase is not Phase.BODY:
+                deadlines.body()
+            else:
+                deadlines.body_received += size
+        elif deadlines.phase is not Phase.IDLE:
+            deadlines.idle()
+        if self._active is None:
+            self._next()
+        self._pause_if_full()
+
+    def _next(self) -> None:
+        """Start the next queued request, unless one runs or the client does not read."""
+        if self._write_paused or not self._queue or self.transport is None:
+            return
+        item = self._queue.popleft()
+        if isinstance(item, _Malformed):
+            self._answer_malformed(item)
+            return
+        self._active = self._loop.create_task(self._serve(item))
+        self._resume_if_drained()
+
+    async def _serve(self, request: HttpRequest) -> None:
+        """One request's task: the app's answer, written; then the next request."""
+        started = self._loop.time() if verbose(1) else None  # no access line: no clock read
+        keep_alive = False
+        try:
+            answer = await self._app.handle(request)
+            try:
+                if isinstance(answer, Response):
+                    if not answer.sent:
+                        self.send_response(request, answer)
+                    keep_alive = request.keep_alive
+                else:
+                    keep_alive = await self._end_stream(request, answer)
+            finally:
+                if started is not None:
+                    self._app.log_access(request, answer.status, self._loop.time() - started, self.peer)
+        except (asyncio.CancelledError, ConnectionError):  # the client left (its inference was cancelled), or shutdown
+            pass
+        except Exception:  # the app answers every failure itself: a bug, so the connection closes
+            _log.exception("HTTP %s %s: no answer could be made", request.method, request.path)
+        finally:
+            self._done(request, keep_alive)
+
+    @staticmethod
+    async def _end_stream(request: HttpRequest, answer: StreamResponse) -> bool:
+        """Finish a streamed answer; whether the connection may serve another request."""
+        if not answer.prepared:
+            await answer.prepare(request)
+            await answer.write_eof()
+        elif not answer.finished:  # a stream that broke off: its end cannot be told
+            return False
+        return request.keep_alive
+
+    def _done(self, request: HttpRequest, keep_alive: bool) -> None:
+        self._active = None
+        if not request.body_complete:
+            request.discard()  # the rest of its body is read and dropped (deadlines still apply)
+        if not keep_alive:
+            self._close()
+        elif self._queue:
+            self._next()  # (a malformed head queued behind it is answered there)
+        elif self._closing:
+            self._close()
+        self._served += 1
+        if self._keep_alive is None and not self._closing:
+            self._keep_alive = self._loop.call_later(KEEP_ALIVE_SECONDS, self._check_keep_alive, self._served)
+        self._resume_if_drained()
+
+    def _check_keep_alive(self, served: int) -> None:
+        """Close a connection that served nothing and waited for nothing for KEEP_ALIVE_SECONDS
+        (one timer for all its requests: it looks whether one came since it was armed)."""
+        self._keep_alive = None
+        if served == self._served and self._active is None and not self._queue and not self._in_head \
+                and self._receiving is None:
+            _log.debug("closing an HTTP connection idle for %g s", KEEP_ALIVE_SECONDS)
+            self._close()
+        elif not self._closing:
+            self._keep_alive = self._loop.call_later(KEEP_ALIVE_SECONDS, self._check_keep_alive, self._served)
+
+    def _close(self) -> None:
+        self._closing = True
+        self._queue.clear()
+        self._deadlines.cancel()
+        if self._keep_alive is not None:
+            self._keep_alive.cancel()
+            self._keep_alive = None
+        if self.transport is not None:
+            self.transport.close()  # after what is buffered is sent
+
+    # -- flow control ------------------------------------------------------------------------------
+
+    def _pause_if_full(self) -> None:
+        if self._read_paused or self.transport is None:
+            return
+        receiving = self._receiving
+        if len(self._queue) >= MAX_QUEUED or (receiving is not None and receiving.unread > HIGH_WATER):
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def _resume_if_drained(self) -> None:
+        if not self._read_paused or self.transport is None:
+            return
+        receiving = self._receiving
+        if len(self._queue) < MAX_QUEUED and (receiving is None or receiving.unread <= HIGH_WATER):
+            self._read_paused = False
+            self.transport.resume_reading()
+
+    # -- heads that are not served -----------------------------------------------------------------
+
+    def _malformed(self, reason: str) -> None:
+        """Stop reading; answer 400 after the responses of the requests before it."""
+        if self._closing:
+            return
+        self._closing = True
+        self._in_head = False
+        self._deadlines.cancel()
+        if self._receiving is not None:  # its head was fine; its body is cut short
+            self._receiving.fail(ConnectionResetError("malformed request body"))
+            self._queue = collections.deque(item for item in self._queue if item is not self._receiving)
+            self._receiving = None
+        self._queue.append(_Malformed(reason))
+        if self._active is None:
+            self._next()
+
+    def _answer_malformed(self, item: _Malformed) -> None:
+        _client_log.debug("malformed HTTP request from %s: %s", self.peer, item.reason)
+        response = text_response(item.reason, status=400)
+        self.send(encode_head("HTTP/1.0", 400, response.headers, None) + response.body)
+        if verbose(1):
+            self._app.log_access(None, 400, 0.0, self.peer)
+        self._close()
+
+    def _upgraded(self, rest: bytes) -> None:
+        """llhttp stops after the head of an `Upgrade` (or CONNECT) request; no route upgrades, so
+        the request is served as any other and parsing goes on with a new parser after its body."""
+        request = self._queue[-1] if self._queue else None
+        self._parser = httptools.HttpRequestParser(self)
+        if isinstance(request, HttpRequest) and request.body_exists:
+            if request.chunked:
+                self._malformed("an upgrade request with a chunked body")
+                return
+            self._receiving = request
+            self._raw_body = request.content_length or 0
+            request.reopen_body()  # llhttp reported its end with the head
+        if rest:
+            self.data_received(rest)
+
+    def _pass_raw_body(self, data: bytes) -> bytes:
+        """Feed up to the remaining raw body bytes to the receiving request; what follows them."""
+        take = min(self._raw_body, len(data))
+        receiving = self._receiving
+        if receiving is not None and take:
+            receiving.feed(data[:take])
+        self._raw_body -= take
+        if not self._raw_body and receiving is not None:
+            receiving.finish()
+            self._receiving = None
+        return data[take:]
+
+    def _expired(self, phase: Phase) -> None:
+        _log.debug("closing an HTTP connection: the request %s did not arrive in time", phase.value)
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- the listener's side -----------------------------------------------------------------------
+
+    def close_if_idle(self) -> bool:
+        """Close now when no request is in progress; whether it was idle."""
+        if self._active is None and not self._queue:
+            self._close()
+            return True
+        return False
+
+    def finish_then_close(self) -> asyncio.Task[None] | None:
+        """Serve no request after the one in progress (returned, to be awaited), then close."""
+        self._closing = True
+        self._queue.clear()
+        if self._active is None:
+            self._close()
+        return self._active
+
+    def force_close(self) -> None:
+        """Close (after what is buffered is sent), cancelling a request still in progress."""
+        if self._active is not None:
+            self._active.cancel()
+        self._close()
+
+
+def _headers(raw: list[tuple[bytes, bytes]]) -> CIMultiDictProxy[str]:
+    """The headers as text (values as aiohttp read them: UTF-8, trailing blanks cut). Raises
+    _BadHead for a header that may come once coming twice."""
+    headers = CIMultiDict([(name.decode("latin-1"), value.rstrip(b" \t").decode("utf-8", "surrogateescape"))
+                           for name, value in raw])
+    if len({name.lower() for name, _ in raw}) < len(raw):  # some name twice
+        for name in _SINGLETONS:
+            if len(headers.getall(name, ())) > 1:
+                raise _BadHead(f"Duplicate '{name}' header found.")
+    return CIMultiDictProxy(headers)
+
+
+def _reason(error: httptools.HttpParserError, data: bytes) -> str:
+    """The parser's reason for refusing a head (aiohttp's text for TLS sent to the plain port)."""
+    if isinstance(error, httptools.HttpParserInvalidMethodError) and data.startswith(b"\x16\x03"):
+        return "Received HTTPS traffic on an HTTP port"
+    return str(error.args[0]) if error.args else "Invalid request"
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, _, minor = text.partition(".")
+    return int(major), int(minor or 0)
+
+
+def _connection_header(request: HttpRequest) -> str | None:
+    """The `Connection` header a response needs: HTTP/1.1 keeps alive unless told, 1.0 closes."""
+    if request.version >= (1, 1):
+        return None if request.keep_alive else "close"
+    return "keep-alive" if request.keep_alive else None

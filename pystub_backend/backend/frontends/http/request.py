@@ -1,0 +1,214 @@
+"""One HTTP request as the handlers of the HTTP listener see it: its head, parsed once by the
+connection (connection.py), and its body, which the connection feeds in as it arrives.
+
+    method, path (percent-decoded), path_safe (decoded but for %2F and %25: what routes match),
+    raw_path_qs, version, headers (case-insensitive), keep_alive, remote (the peer's address),
+    match_info (the route's variables), request_id (the access line's `id=`)
+
+The body is read in one of three ways:
+
+    complete_body()       the whole body when all of it has arrived already (small requests
+                          arrive with their head), else None; never waits
+    await read_body(n)    the whole body, refused with BodyTooLarge as soon as more than n bytes
+                          came; `await read()` is read_body(the listener's --http-max-input-size)
+    await readany()       what has arrived since the last call (b"" at the end): a relay streams
+                          the body on with it, and the connection stops reading from the client
+                          while more than `HIGH_WATER` bytes wait unread
+
+A client that disconnects first makes a waiting read raise ConnectionResetError.
+
+The paths are decoded as aiohttp (yarl) decoded them, so routes and model names are unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from multidict import CIMultiDictProxy
+from yarl import URL
+
+if TYPE_CHECKING:
+    from pystub_backend.backend.frontends.http.connection import HttpConnection
+
+__all__ = ["HttpRequest", "BodyTooLarge", "InvalidTarget", "HIGH_WATER"]
+
+HIGH_WATER = 256 * 1024  # unread body bytes of a request that no reader waits for: stop reading
+_NO_VARIABLES: Mapping[str, str] = MappingProxyType({})
+
+
+class BodyTooLarge(Exception):
+    """The body passed the limit its reader set."""
+
+
+class InvalidTarget(ValueError):
+    """The request target is neither a path, `*` (OPTIONS) nor an absolute URL with a host."""
+
+
+def split_target(method: str, target: str) -> tuple[str, str, str]:
+    """(path, path_safe, raw path with its query) of a request target, decoded as aiohttp's parser
+    and yarl do. Raises InvalidTarget."""
+    if target.startswith("/"):
+        raw = target.partition("#")[0]
+        path = raw.partition("?")[0]
+        if "%" not in path:  # nothing to decode (yarl changes nothing else), the common case
+            return path, path, raw
+        url = URL.build(path=path, encoded=True)
+        return url.path, url.path_safe, raw
+    if target == "*" and method == "OPTIONS":
+        return "*", "*", "*"
+    try:
+        url = URL(target, encoded=True)
+    except ValueError:
+        raise InvalidTarget(target) from None
+    if not url.raw_host:
+        raise InvalidTarget(target)
+    return url.path, url.path_safe, url.raw_path_qs
+
+
+class HttpRequest:
+    """A request of one connection; built by the connection when its head is complete."""
+
+    __slots__ = ("connection", "method", "path", "path_safe", "raw_path_qs", "version", "headers", "keep_alive",
+                 "status_version",
+                 "remote", "match_info", "request_id", "content_length", "chunked", "max_size",
+                 "_chunks", "_size", "_complete", "_waiter", "_limit", "_error", "_wants_all", "_discard")
+
+    def __init__(self, connection: HttpConnection, method: str, target: tuple[str, str, str],
+                 version: tuple[int, int], headers: CIMultiDictProxy[str], keep_alive: bool,
+                 content_length: int | None, chunked: bool, max_size: int) -> None:
+        self.connection = connection
+        self.method = method
+        self.path, self.path_safe, self.raw_path_qs = target
+        self.version = version
+        self.status_version = "HTTP/1.1" if version == (1, 1) else f"HTTP/{version[0]}.{version[1]}"  # answers'
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.remote: str = connection.peer
+        self.match_info: Mapping[str, str] = _NO_VARIABLES
+        self.request_id = ""
+        self.content_length = content_length
+        self.chunked = chunked
+        self.max_size = max_size
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._complete = not chunked and not content_length
+        self._waiter: asyncio.Future[None] | None = None
+        self._limit: int | None = None
+        self._error: BaseException | None = None
+        self._wants_all = False
+        self._discard = False
+
+    # -- what handlers use -------------------------------------------------------------------------
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """The connection's transport; None once the client is gone."""
+        return self.connection.transport
+
+    @property
+    def protocol(self) -> HttpConnection:
+        return self.connection
+
+    @property
+    def body_exists(self) -> bool:
+        return self.chunked or bool(self.content_length)
+
+    def complete_body(self) -> bytes | None:
+        """The whole body if it has all arrived, else None."""
+        if not self._complete:
+            return None
+        chunks = self._chunks
+        if len(chunks) == 1:
+            return chunks[0]
+        body = b"".join(chunks)
+        self._chunks = [body] if body else []
+        return body
+
+    async def read_body(self, limit: int | None = None) -> bytes:
+        """The whole body. Raises BodyTooLarge as soon as more than `limit` bytes arrived, and
+        ConnectionResetError when the client leaves first."""
+        self._wants_all = True
+        self.connection.body_wanted()
+        while not self._complete:
+            if limit is not None and self._size > limit:
+                raise BodyTooLarge(limit)
+            self._limit = limit
+            await self._wait()
+        if limit is not None and self._size > limit:
+            raise BodyTooLarge(limit)
+        body = self.complete_body()
+        assert body is not None
+        return body
+
+    async def read(self) -> bytes:
+        """The whole body, at most `max_size` bytes (BodyTooLarge above)."""
+        return await self.read_body(self.max_size)
+
+    async def readany(self) -> bytes:
+        """What arrived since the last call, waiting for something; b"" at the end of the body.
+        Raises ConnectionResetError when the client leaves first."""
+        while not self._chunks and not self._complete:
+            await self._wait()
+        chunks, self._chunks = self._chunks, []
+        self.connection.body_taken()
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _wait(self) -> None:
+        if self._error is not None:
+            raise self._error
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+        if self._error is not None:
+            raise self._error
+
+    # -- what the connection calls -----------------------------------------------------------------
+
+    @property
+    def unread(self) -> int:
+        """Body bytes buffered that no reader waits for (the connection's reason to stop reading)."""
+        return 0 if self._wants_all or self._discard else sum(map(len, self._chunks))
+
+    def feed(self, chunk: bytes) -> None:
+        if self._discard:
+            return
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and (not self._wants_all or (
+                self._limit is not None and self._size > self._limit)):
+            waiter.set_result(None)
+
+    def finish(self) -> None:
+        self._complete = True
+        self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        """The connection dropped before the body ended."""
+        if not self._complete:
+            self._error = error
+            self._wake()
+
+    def reopen_body(self) -> None:
+        """The parser called the body complete with the head (llhttp, for an upgrade request): the
+        connection passes it by hand."""
+        self._complete = False
+
+    def discard(self) -> None:
+        """The handler is done: the rest of the body is read and dropped."""
+        self._discard = True
+        self._chunks = []
+
+    @property
+    def body_complete(self) -> bool:
+        return self._complete
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
