@@ -23,6 +23,7 @@ class FakeInstance:
 
     stub = None  # the sequence batcher asks which stub holds a sequence's state
     gate = None
+    held = False  # no BLS call holds an execute of it
 
     def __init__(self, name: str = "fake_0") -> None:
         self.name = name

@@ -20,12 +20,27 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Callable, Hashable
+from typing import Protocol
 
-__all__ = ["ClientLink", "current", "open_link", "cancel_when_gone"]
+__all__ = ["ClientLink", "Link", "CURRENT", "current", "open_link", "cancel_when_gone"]
 
 log = logging.getLogger("pystub.scheduler")
 
-_CURRENT: contextvars.ContextVar[ClientLink | None] = contextvars.ContextVar("pystub_client_link", default=None)
+class Link(Protocol):
+    """What a scheduler may do with a client's link: be told when the client goes. `ClientLink`
+    is one; the HTTP port's requests are their own (frontends/http/request.py)."""
+
+    closed: bool
+
+    def watch(self, key: Hashable, callback: Callable[[], object]) -> None:
+        """Call `callback()` when the client goes away (now, if it already has)."""
+
+    def unwatch(self, key: Hashable) -> None: ...
+
+
+# The link of the request the running task serves; a frontend sets it (`open_link`, or `.set` of
+# a link of its own).
+CURRENT: contextvars.ContextVar[Link | None] = contextvars.ContextVar("pystub_client_link", default=None)
 
 
 class ClientLink:
@@ -65,9 +80,9 @@ class ClientLink:
         self._on_first_watch = None
 
 
-def current() -> ClientLink | None:
+def current() -> Link | None:
     """The link of the client whose request the running task serves, if its frontend set one."""
-    return _CURRENT.get()
+    return CURRENT.get()
 
 
 def open_link(on_first_watch: Callable[[], None] | None = None) -> ClientLink:
@@ -75,7 +90,7 @@ def open_link(on_first_watch: Callable[[], None] | None = None) -> ClientLink:
     on. The caller closes it when the client is gone. (No context reset: an async generator may be
     finalized in another task, where a reset would fail; the task's context dies with it.)"""
     link = ClientLink(on_first_watch)
-    _CURRENT.set(link)
+    CURRENT.set(link)
     return link
 
 

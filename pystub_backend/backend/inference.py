@@ -42,6 +42,7 @@ __all__ = [
     "buffer_view",
     "DeviceRef",
     "ExportGoneError",
+    "no_release",
 ]
 
 Buffer = Union[bytes, bytearray, memoryview, np.ndarray]
@@ -112,7 +113,8 @@ class InferRequest:
     device_outputs: int | None = None
 
 
-def _no_release() -> None:
+def no_release() -> None:
+    """The release of a response that holds nothing (a caller may skip calling it)."""
     return None
 
 
@@ -130,7 +132,7 @@ class InferResponse:
     id: str = ""
     outputs: list[Tensor] = field(default_factory=list)
     parameters: dict[str, ParameterValue] = field(default_factory=dict)
-    release: Callable[[], None] = _no_release
+    release: Callable[[], None] = no_release
     error: ServerError | None = None
     final: bool = True
     flags_only: bool = False

@@ -25,7 +25,7 @@ CREDIT_WINDOW = 64
 
 
 class ResponseStream:
-    __slots__ = ("request_id", "model_name", "model_version", "_on_cancel", "_queue", "_wakeup", "_final",
+    __slots__ = ("request_id", "model_name", "model_version", "_on_cancel", "_queue", "_wakeup", "finished",
                  "cancelled", "_dropping", "_on_final", "error", "failed", "on_put", "_answer", "__weakref__")
 
     def __init__(self, request_id: str, model_name: str, on_cancel: Callable[[], None]) -> None:
@@ -35,7 +35,7 @@ class ResponseStream:
         self._on_cancel = on_cancel
         self._queue: collections.deque[InferResponse] = collections.deque()
         self._wakeup: asyncio.Future | None = None
-        self._final = False
+        self.finished = False
         self.cancelled = False
         self._dropping = False  # cancelled, and what still arrives is released unseen
         self._on_final: list[Callable[[ResponseStream], None]] = []
@@ -46,12 +46,8 @@ class ResponseStream:
         self._answer: asyncio.Future[InferResponse] | None = None  # see answer()
 
     # -- producer side (the stub's frames) --------------------------------------------------------
-    @property
-    def finished(self) -> bool:
-        return self._final
-
     def put(self, response: InferResponse, final: bool) -> None:
-        if self._final:
+        if self.finished:
             response.release()
             return
         if response.error is not None:
@@ -74,19 +70,19 @@ class ResponseStream:
 
     def fail(self, error: ServerError) -> None:
         """End the stream with an error response (stub death, batch failure)."""
-        if not self._final:
+        if not self.finished:
             self.failed = True
             self.put(InferResponse(self.model_name, "", self.request_id, error=error, final=True), final=True)
 
     def _finish(self) -> None:
-        self._final = True
+        self.finished = True
         callbacks, self._on_final = self._on_final, []
         for callback in callbacks:
             callback(self)
 
     def when_final(self, callback: Callable[[ResponseStream], None]) -> None:
         """Call `callback(stream)` once the final response is in (now, if it already is)."""
-        if self._final:
+        if self.finished:
             callback(self)
         else:
             self._on_final.append(callback)
@@ -99,7 +95,7 @@ class ResponseStream:
     async def next(self) -> InferResponse | None:
         """The next response, or None once the final one has been taken."""
         while not self._queue:
-            if self._final:
+            if self.finished:
                 return None
             self._wakeup = asyncio.get_running_loop().create_future()
             await self._wakeup
@@ -132,7 +128,7 @@ class ResponseStream:
         for response in self._queue:  # what arrived before the caller asked
             self._keep_for_answer(response)
         self._queue.clear()
-        if self._final:
+        if self.finished:
             self._resolve_answer()
 
     def _keep_for_answer(self, response: InferResponse) -> None:
@@ -176,7 +172,7 @@ class ResponseStream:
         """The client is gone or cancelled: tell the stub, drop what is queued. With
         `keep_responses` (a BLS caller's `iterator.cancel()`) the consumer still gets what the stub
         sends until its final response, as on Triton."""
-        if self._final:
+        if self.finished:
             return
         if not keep_responses:
             self._dropping = True

@@ -71,7 +71,7 @@ class ArenaWriter:
         # views (a cheap first test that rejects foreign buffers without computing addresses).
         self._addresses: list[int] = []
         self._exporters: set[int] = set()
-        self._unsent: list[Segment] = []  # created, descriptor not yet taken for the peer
+        self.unsent_segments: list[Segment] = []  # created, descriptor not yet taken for the peer
         self._lock = threading.Lock()
 
     # -- sizes ---------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ class ArenaWriter:
         except BaseException:
             segment.close()  # crash-safe: its descriptor was the only handle, nothing stays
             raise
-        self._unsent.append(segment)
+        self.unsent_segments.append(segment)
         self._segments.append(segment)
         self._allocators.append(allocator)
         self._addresses.append(address)
@@ -134,10 +134,10 @@ class ArenaWriter:
     def take_new_fds(self) -> list[int]:
         """Descriptors (read-only) of the segments created since the last call, in index order,
         for the reader's process. The caller sends them with its next frame and closes them."""
-        if not self._unsent:  # every frame asks: answer without the lock when nothing grew
+        if not self.unsent_segments:  # every frame asks: answer without the lock when nothing grew
             return []
         with self._lock:
-            unsent, self._unsent = self._unsent, []
+            unsent, self.unsent_segments = self.unsent_segments, []
         return [segment.take_fd() for segment in unsent]
 
     def free(self, handle: Handle | list[int]) -> None:
@@ -214,7 +214,7 @@ class ArenaWriter:
         """Unmap every segment and close any descriptor not handed over (views still exported
         keep their mapping alive)."""
         with self._lock:
-            self._unsent.clear()
+            self.unsent_segments.clear()
             for segment in self._segments:
                 segment.close()
             self._segments.clear()

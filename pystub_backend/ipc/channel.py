@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["MAX_FRAME", "MAX_FDS", "ChannelClosedError", "ChannelTimeoutError", "FrameTooLargeError",
            "SegmentSource", "SegmentSink", "make_pair", "BlockingChannel", "AsyncChannel"]
@@ -45,7 +45,10 @@ _ANCILLARY = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
 
 class SegmentSource(Protocol):
-    """The arena this end writes: descriptors of its new segments, to send and then close."""
+    """The arena this end writes: descriptors of its new segments, to send and then close.
+    `unsent_segments` is non-empty while there are any (read for every frame: an attribute)."""
+
+    unsent_segments: list[Any]
 
     def take_new_fds(self) -> list[int]: ...
 
@@ -102,8 +105,9 @@ class _Segments:
     def send(self, sock: socket.socket, frame: bytes) -> None:
         """sendmsg `frame` with the descriptors due (at most MAX_FDS; the rest go with the next
         frame); closes them once sent. Raises what sendmsg raises, keeping them for a retry."""
-        if self.source is not None:
-            self._outgoing.extend(self.source.take_new_fds())
+        source = self.source
+        if source is not None and source.unsent_segments:
+            self._outgoing.extend(source.take_new_fds())
         if not self._outgoing:
             sock.send(frame)
             return
@@ -220,7 +224,7 @@ class AsyncChannel:
         self._on_frame = on_frame
         self._on_closed = on_closed
         self._loop = asyncio.get_running_loop()
-        self._closed = False
+        self.closed = False  # an attribute: asked for every frame sent
         self._segments = _Segments()
         self._loop.add_reader(sock.fileno(), self._readable)
 
@@ -228,12 +232,8 @@ class AsyncChannel:
         """Send `source`'s new segments with the frames, map arriving ones into `sink`."""
         self._segments.source, self._segments.sink = source, sink
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def _readable(self) -> None:
-        while not self._closed:
+        while not self.closed:
             try:
                 frame = self._segments.receive(self._sock)
             except BlockingIOError:
@@ -246,16 +246,17 @@ class AsyncChannel:
             self._on_frame(frame)
 
     def _mark_closed(self) -> None:
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         self._loop.remove_reader(self._sock.fileno())
         self._on_closed()
 
     def try_send(self, frame: bytes) -> bool:
         """Send now if the queue has room; False if it is full. Raises ChannelClosedError."""
-        _check_size(frame)
-        if self._closed:
+        if len(frame) > MAX_FRAME:
+            _check_size(frame)
+        if self.closed:
             raise ChannelClosedError("channel is closed")
         try:
             self._segments.send(self._sock, frame)
@@ -288,8 +289,8 @@ class AsyncChannel:
                 return
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
+        if not self.closed:
+            self.closed = True
             self._loop.remove_reader(self._sock.fileno())
         self._segments.close()
         self._sock.close()

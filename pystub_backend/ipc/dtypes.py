@@ -19,6 +19,7 @@ __all__ = [
     "wire_to_config",
     "numpy_dtype",
     "wire_name_of",
+    "NUMPY_DTYPES",
 ]
 
 # Order follows the TRITONSERVER_DataType codes 1..14.
@@ -69,10 +70,18 @@ def wire_to_config(wire: str) -> str:
     return "TYPE_STRING" if wire == "BYTES" else "TYPE_" + wire
 
 
-def numpy_dtype(wire: str) -> np.dtype:
-    """The numpy dtype for a wire name, little-endian. Raises KeyError for BF16 and unknown names."""
+def _little_endian(wire: str) -> np.dtype:
     dtype = np.dtype(WIRE_TO_NUMPY[wire])  # type: ignore[call-overload]
     return dtype.newbyteorder("<") if dtype.itemsize > 1 and dtype.kind != "O" else dtype
+
+
+# The numpy dtype of every wire name numpy has one for, computed once (hot paths look here first).
+NUMPY_DTYPES: dict[str, np.dtype] = {wire: _little_endian(wire) for wire in WIRE_TO_NUMPY}
+
+
+def numpy_dtype(wire: str) -> np.dtype:
+    """The numpy dtype for a wire name, little-endian. Raises KeyError for BF16 and unknown names."""
+    return NUMPY_DTYPES[wire]
 
 
 def wire_name_of(dtype: np.dtype) -> str | None:

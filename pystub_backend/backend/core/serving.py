@@ -220,8 +220,12 @@ class Serving:
             raise
 
     async def _tracked(self, model_version: ModelVersion, call: Awaitable[_T]) -> _T:
-        """Await `call` as an in-flight request of `model_version`: what unloading it drains."""
-        task = self._in_flight.enter(model_version)
+        """Await `call` as an in-flight request of `model_version`: what unloading it drains
+        (InFlight.enter and leave, written out here: this runs for every request)."""
+        task = asyncio.current_task()
+        tracked = model_version.in_flight
+        if task is not None:
+            tracked.add(task)
         try:
             return await call
         except asyncio.CancelledError:
@@ -232,4 +236,7 @@ class Serving:
                 task.uncancel()
             raise error from None
         finally:
-            self._in_flight.leave(model_version, task)
+            if task is not None:
+                tracked.discard(task)
+                if self._in_flight.abandoned:
+                    self._in_flight.abandoned.pop(task, None)

@@ -132,6 +132,7 @@ class ShmTensor(Tensor):
         # Not Tensor.__init__: `data` is a property here, read lazily.
         self.name, self.datatype, self.shape = tensor.name, tensor.datatype, tensor.shape
         self.parameters = tensor.parameters
+        self.device = None  # Tensor's slots have no class defaults: every field is set here
         self.region: Region | None = region
         self.handle: list[Any] | None = region.handle(offset, nbytes)
         self._offset, self._nbytes = offset, nbytes

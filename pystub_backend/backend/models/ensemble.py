@@ -138,6 +138,7 @@ class EnsembleVersion:
         self.config_json = config_to_json(config)
         self.checks = RequestChecks(config)  # what validating a request needs, derived once
         self.stats = ModelStatistics(self.name, str(version))
+        self.in_flight: set[Any] = set()  # its requests' tasks and streams (lifecycle.InFlight)
         self.instances: list[Any] = []
         self.scheduler: EnsembleScheduler | None = None
         self.state = ModelState.UNAVAILABLE

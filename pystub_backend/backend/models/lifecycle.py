@@ -79,37 +79,33 @@ class InFlight:
     in flight when its version's drain times out is "abandoned": a task is cancelled and
     `Core` turns that cancellation into the recorded error; a stream is ended with that error.
     Either way the client gets an answer instead of waiting on a stopped stub.
+
+    The tracked items live in each version's own `in_flight` set, so that the serving path adds
+    and discards its task there itself (core.serving: no call into this class per request);
+    `abandoned` maps the tasks `abandon` cancelled to the error they answer with.
     """
 
     def __init__(self) -> None:
-        self._items: dict[ModelVersion, set[asyncio.Task[Any] | ResponseStream]] = {}
-        self._abandoned: dict[asyncio.Task[Any], ServerError] = {}
+        self.abandoned: dict[asyncio.Task[Any], ServerError] = {}
 
     def enter(self, version: ModelVersion) -> asyncio.Task[Any] | None:
         task = asyncio.current_task()
         if task is not None:
-            self._items.setdefault(version, set()).add(task)
+            version.in_flight.add(task)
         return task
 
     def leave(self, version: ModelVersion, task: asyncio.Task[Any] | None) -> None:
         if task is not None:
-            self._abandoned.pop(task, None)
-            self._discard(version, task)
+            self.abandoned.pop(task, None)
+            version.in_flight.discard(task)
 
     def enter_stream(self, version: ModelVersion, stream: ResponseStream) -> None:
         """Track `stream` until its final response."""
-        self._items.setdefault(version, set()).add(stream)
-        stream.when_final(lambda finished: self._discard(version, finished))
-
-    def _discard(self, version: ModelVersion, item: asyncio.Task[Any] | ResponseStream) -> None:
-        items = self._items.get(version)
-        if items is not None:
-            items.discard(item)
-            if not items:
-                del self._items[version]
+        version.in_flight.add(stream)
+        stream.when_final(version.in_flight.discard)
 
     def count(self, version: ModelVersion) -> int:
-        return len(self._items.get(version, ()))
+        return len(version.in_flight)
 
     async def drain(self, version: ModelVersion, timeout: float) -> int:
         """Wait until no request of `version` is in flight, at most `timeout` s; returns how many
@@ -120,17 +116,17 @@ class InFlight:
         return self.count(version)
 
     def abandon(self, version: ModelVersion, error: ServerError) -> None:
-        for item in list(self._items.get(version, ())):
+        for item in list(version.in_flight):
             if isinstance(item, asyncio.Task):
                 if not item.done():
-                    self._abandoned[item] = error
+                    self.abandoned[item] = error
                     item.cancel()
             else:
                 item.fail(error)
 
     def abandoned_error(self, task: asyncio.Task[Any] | None) -> ServerError | None:
         """The error to answer with if `task` was cancelled by `abandon` (None: a real cancel)."""
-        return self._abandoned.get(task) if task is not None else None
+        return self.abandoned.get(task) if task is not None else None
 
 
 async def start_versions(source: ModelSource, settings: StubSettings, context: ServerCore

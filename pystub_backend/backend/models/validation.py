@@ -24,6 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from tritonclient.grpc import model_config_pb2
 
 from pystub_backend.backend.config.model_config import ModelConfig
@@ -107,7 +108,20 @@ class _InputSpec:
         elif tail != self.dims:
             return False
         elements = math.prod(map(int, shape))
-        return elements > 0 and self.element_size > 0 and tensor.nbytes == elements * self.element_size
+        return elements > 0 and self.element_size > 0 and _nbytes(tensor) == elements * self.element_size
+
+
+def _nbytes(tensor: Tensor) -> int:
+    """`tensor.nbytes`, without its call for the common input: a plain tensor's own bytes (a
+    client-shm input knows its size without its bytes; a GPU one from its export)."""
+    if type(tensor) is Tensor and tensor.device is None:
+        data = tensor.data
+        kind = type(data)
+        if kind is memoryview or kind is np.ndarray:
+            return data.nbytes  # type: ignore[union-attr]
+        if kind is bytes or kind is bytearray:
+            return len(data)
+    return tensor.nbytes
 
 
 class RequestChecks:

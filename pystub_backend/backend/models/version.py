@@ -143,6 +143,7 @@ class ModelVersion:
         self._monitor: asyncio.Task | None = None
         self._scheduled: Sequence[StubInstance] = []  # the instances as the scheduler sees them (rate limiter)
         self._usable = False  # some instance is READY or expected back (kept by _instances_changed)
+        self.in_flight: set[Any] = set()  # its requests' tasks and streams (lifecycle.InFlight)
 
     # -- readiness -------------------------------------------------------------------------------
     @property

@@ -60,6 +60,9 @@ class Instance(Protocol):
     @property
     def healthy(self) -> bool: ...
 
+    # An execute on it waits for a BLS call: work sent now would only queue behind it.
+    held: bool
+
     @property
     def usable(self) -> bool: ...
 
@@ -147,7 +150,7 @@ class Scheduler(abc.ABC):
     def _can_run(self, instance: Instance) -> bool:
         """Whether an instance may run work now: it did not die, and no execute on it waits for a
         BLS call (the work could only queue behind it)."""
-        return bool(instance.healthy) and not getattr(instance, "held", False)
+        return bool(instance.healthy) and not instance.held
 
     async def _execute(self, instance: Instance, batch: Sequence[Queued],
                        on_sent: Callable[[list[Outcome]], None] | None = None,

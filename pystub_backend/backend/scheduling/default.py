@@ -155,7 +155,8 @@ class DefaultScheduler(Scheduler):
         best, best_busy = None, PIPELINE_DEPTH
         for instance in self._instances:
             busy = self._busy[instance]
-            if busy < best_busy and self._can_run(instance):
+            # `_can_run`, inline: this runs for every request
+            if busy < best_busy and instance.healthy and not instance.held:
                 best, best_busy = instance, busy
         return best
 
@@ -213,10 +214,12 @@ class DefaultScheduler(Scheduler):
         slot, and let the queue move."""
         try:
             outcome = submission.outcomes[0]
-            if work.request.trace is None and isinstance(outcome, ResponseStream) and outcome.finished:
+            if work.request.trace is None and isinstance(outcome, ResponseStream) and outcome.finished \
+                    and outcome.error is None and not outcome.cancelled:
                 # the usual answer: its final response came with EXECUTE_DONE (no callback to keep)
-                self._stats.record_execution(work.batch_size, submission.timing)
-                self._record_final(outcome, work, begun, submission.timing)
+                enqueued = work.enqueued_ns
+                self._stats.record_executed_success(work.batch_size, time.monotonic_ns() - enqueued,
+                                                    begun - enqueued, submission.timing)
             else:
                 self._finish([work], submission.outcomes, begun, submission.timing)
         finally:

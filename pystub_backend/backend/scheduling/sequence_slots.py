@@ -31,7 +31,7 @@ from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.request_queue import BatchLimits, QueueEntry, form_batch
 
 if TYPE_CHECKING:
-    from pystub_backend.backend.client_link import ClientLink
+    from pystub_backend.backend.client_link import Link
     from pystub_backend.backend.inference import InferRequest
     from pystub_backend.backend.scheduling.base import Outcome, StubInstance
     from pystub_backend.backend.supervision.stub_process import StubProcess
@@ -67,7 +67,7 @@ class Sequence:
         self.queue: collections.deque[SeqItem] = collections.deque()
         self.running: SeqItem | None = None
         self.idle_since_ns: int | None = None  # nothing queued or running since then
-        self.link: ClientLink | None = None  # the client link of its latest request
+        self.link: Link | None = None  # the client link of its latest request
         self.stub: StubProcess | None = None  # the stub process that holds its state (it has run there)
         self.mapped = True  # reachable by its id: started, END not yet received
         self.evicted = False

@@ -40,6 +40,7 @@ from pystub_backend.backend.inference import (
     RequestedOutput,
     Tensor,
     model_parameters_json,
+    no_release,
 )
 from pystub_backend.backend.response_stream import Outcome, ResponseStream
 from pystub_backend.backend.supervision.frames import FrameLink
@@ -57,7 +58,13 @@ __all__ = ["RequestExchange", "Submission", "ExecuteEnd", "ExchangeFeatures"]
 log = logging.getLogger("pystub.stub")
 
 
-def _no_release() -> None:
+def _small_bytes(data: object, room: int) -> bytes | None:
+    """The bytes of a request's small input (at most INLINE_BYTES, and `room`), when they are bytes
+    or a contiguous memoryview (what the frontends decode); else None: tensors.place decides."""
+    if type(data) is bytes:
+        return data if len(data) <= tensors.INLINE_BYTES and len(data) <= room else None
+    if type(data) is memoryview and data.c_contiguous and data.nbytes <= tensors.INLINE_BYTES and data.nbytes <= room:
+        return data.tobytes()
     return None
 
 
@@ -190,6 +197,7 @@ class RequestExchange:
         self.served = 0  # requests whose final response carried no error
         self.failed = 0  # requests that ended in an error, or could not be sent
         self.outbox = StubOutbox(link.channel)
+        self._budget = tensors.InlineBudget()  # one per exchange, reset for each batch
         link.route(msg.Response, self._on_response_frame)
         link.route(msg.ExecuteDone, self.on_execute_done)
         link.route(msg.Release, self._on_release)
@@ -213,7 +221,7 @@ class RequestExchange:
         """Place and send one batch; see the module docstring. With `wait=False`, None (nothing
         kept) when the stub's queue is full, its channel closed, or requests the model
         rescheduled are pending (they go the general way). Never raises."""
-        if self._link.closed or (self._rescheduled and not wait):
+        if self._link.channel.closed or (self._rescheduled and not wait):
             return None if not wait else Submission([self.unhealthy_error()] * len(requests), BatchTiming(), None)
         timing = BatchTiming()
         started = time.monotonic_ns()
@@ -233,7 +241,8 @@ class RequestExchange:
         rids placed."""
         outcomes: list[Outcome] = []
         rids: list[int] = []
-        budget = tensors.InlineBudget()  # small inputs ride in the EXECUTE frame itself
+        budget = self._budget  # small inputs ride in the EXECUTE frame itself
+        budget.left = tensors.FRAME_INLINE_BYTES
         for request in requests:
             record = self._take_rescheduled(request) if self._rescheduled else None
             try:
@@ -254,7 +263,7 @@ class RequestExchange:
         A request the wire cannot carry (a value validation let through) or whose oversize frame
         finds no room in p2s fails alone, with everything it held freed; the others are sent."""
         batch_id = self.next_id()
-        releases = self.outbox.take_releases()
+        releases = self.outbox.take_releases() if self.outbox.releases else []
         while rids:
             batch = self._batches[batch_id] = _Batch(rids, timing, staged)
             frame = msg.Execute(batch_id, [self._wire(rid) for rid in rids], releases)
@@ -336,6 +345,12 @@ class RequestExchange:
         try:
             for tensor in request.inputs:
                 if type(tensor) is Tensor and tensor.device is None:  # in the request's own bytes
+                    inline = _small_bytes(tensor.data, budget.left)
+                    if inline is not None:  # tensors.place's inline case, written out (the usual input)
+                        budget.left -= len(inline)
+                        wire_inputs.append(WireTensor(tensor.name, tensor.datatype, list(tensor.shape),
+                                                      [tensors.INLINE_TAG, inline]))
+                        continue
                     placed = tensors.place(self._p2s, tensor.name, tensor.datatype, tensor.shape, tensor.data, budget)
                     wire_inputs.append(placed)
                     if placed.handle[0] != tensors.INLINE_TAG:
@@ -362,8 +377,9 @@ class RequestExchange:
             output_regions = None
         else:
             output_regions = features.attach_regions(request, stream) or None
+        parameters = model_parameters_json(request) if request.parameters else "{}"  # the common request: none
         record.wire = WireRequest(rid, request.id, wire_inputs, [o.name for o in request.outputs],
-                                  model_parameters_json(request), request.correlation_id, request.flags,
+                                  parameters, request.correlation_id, request.flags,
                                   int(request.parameters.get("timeout", 0) or 0), output_regions,
                                   request.trace.context() if request.trace is not None else None,
                                   request.device_outputs)
@@ -437,7 +453,7 @@ class RequestExchange:
         if all(t.handle[0] == tensors.INLINE_TAG for t in outputs_wire):
             # every output inline (the common small response): nothing to map, nothing to free
             inline = [Tensor(name, datatype, tuple(shape), handle[1]) for name, datatype, shape, handle in outputs_wire]
-            done = self._credit_release(credit) if credit is not None else _no_release
+            done = self._credit_release(credit) if credit is not None else no_release
             return InferResponse(request.model_name, "", request.id, inline, parameters, done)
         features = self._features  # GPU outputs a BLS caller asked for stay on the GPU
         s2p = self._s2p

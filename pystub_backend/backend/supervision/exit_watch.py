@@ -14,15 +14,18 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+from collections.abc import Callable
 
 __all__ = ["ExitWatch"]
 
 
 class ExitWatch:
-    """The exit of one child process; `close()` when the process is no longer watched."""
+    """The exit of one child process; `close()` when the process is no longer watched.
+    `on_exit()` runs in the loop turn that sees the exit (never when there is no pidfd)."""
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], on_exit: Callable[[], None] | None = None) -> None:
         self._process = process
+        self._on_exit_callback = on_exit
         self._exited = False
         self._fd = -1
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -53,6 +56,8 @@ class ExitWatch:
     def _on_exit(self) -> None:
         self._exited = True
         self.close()
+        if self._on_exit_callback is not None:
+            self._on_exit_callback()
 
     def close(self) -> None:
         """Stop watching (idempotent); `exited` then asks the process."""

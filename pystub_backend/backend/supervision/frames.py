@@ -31,12 +31,15 @@ import socket
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar, cast
 
+import msgpack
+
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.ipc import spill
 from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
-from pystub_backend.ipc.channel import AsyncChannel, ChannelClosedError, ChannelTimeoutError
+from pystub_backend.ipc.channel import MAX_FRAME, AsyncChannel, ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.to_backend import is_to_backend
+from pystub_backend.ipc.wire import kind_of
 
 __all__ = ["FrameLink", "FeatureLookup"]
 
@@ -45,6 +48,7 @@ _Reply = TypeVar("_Reply")
 FeatureLookup = Callable[[type], "Callable[[Any], None] | None"]
 
 log = logging.getLogger("pystub.stub")
+_KINDS: dict[type, int] = {}  # message class -> its kind number (ipc.wire)
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 
 
@@ -91,8 +95,12 @@ class FrameLink:
         """The frame for `message`, and the p2s handle it was spilled into when it is over the
         limit (else None). Raises ArenaFullError when p2s cannot hold it, and what `encode` raises
         for a value the wire cannot carry."""
-        frame = msg.encode(message)
-        if spill.fits(frame):
+        # wire.encode and spill.fits, written out: every frame to the stub comes this way
+        kind = _KINDS.get(type(message))
+        if kind is None:
+            kind = _KINDS[type(message)] = kind_of(type(message))
+        frame = msgpack.packb((kind, *message), use_bin_type=True)
+        if len(frame) <= MAX_FRAME:
             return frame, None
         return spill.spill(frame, self._p2s)
 

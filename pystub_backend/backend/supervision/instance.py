@@ -99,6 +99,9 @@ class ModelInstance:
         # BLS calls an execute of the current stub waits for (pystub_backend.backend.features.bls.call): see hold().
         self._holds = 0
         self._held_stub: StubProcess | None = None
+        # An execute of the current stub waits for a BLS call (hold()): an attribute, read for
+        # every request the schedulers place.
+        self.held = False
         self._on_change: list[Callable[[], None]] = []  # schedulers that follow readiness
 
     def on_change(self, callback: Callable[[], None]) -> None:
@@ -124,6 +127,7 @@ class ModelInstance:
         stub = self._stub_factory(self.name, self.spec)
         stub.on_death = self._on_stub_death
         self.stub = stub
+        self.held = False  # holds were the old stub's
         self._judge = HangJudge(self.spec.settings.heartbeat_timeout_seconds, stub.progress)
         stub.spawn(self.spec.python, self.spec.rlimits)
         try:
@@ -276,10 +280,6 @@ class ModelInstance:
         return await stub.check_ready()
 
     # -- BLS holds ---------------------------------------------------------------------------------
-    @property
-    def held(self) -> bool:
-        return self._holds > 0 and self._held_stub is self.stub
-
     def hold(self, stub: StubProcess) -> None:
         """An execute running on `stub` waits for a BLS call: pipeline no new work to this instance
         until the call ends. The stub could only queue that work behind the waiting execute, and
@@ -288,11 +288,13 @@ class ModelInstance:
         if stub is not self._held_stub:
             self._held_stub, self._holds = stub, 0
         self._holds += 1
+        self.held = stub is self.stub
 
     def release_hold(self, stub: StubProcess) -> None:
         if stub is self._held_stub and self._holds:
             self._holds -= 1
             if not self._holds:
+                self.held = False
                 self._changed()
 
     # -- work --------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ class StubOutbox:
     def __init__(self, channel: AsyncChannel) -> None:
         self._channel = channel
         self._loop = asyncio.get_running_loop()
-        self._releases: list[list[int]] = []
+        self.releases: list[list[int]] = []  # pending: an EXECUTE frame takes them along
         self._credits: list[int] = []
         self._cancels: list[int] = []
         self._flush_handle: asyncio.Handle | None = None
@@ -39,11 +39,11 @@ class StubOutbox:
         """Free `handles` in s2p; with `credit_rid`, return a send credit of that request (now)."""
         if self.closed:
             return
-        self._releases.extend(h for h in handles if h[0] >= 0)
+        self.releases.extend(h for h in handles if h[0] >= 0)
         if credit_rid is not None:
             self._credits.append(credit_rid)
             self._schedule()
-        elif self._releases:
+        elif self.releases:
             self._schedule(RIDE_SECONDS)  # an EXECUTE sent meanwhile carries them
 
     def cancel(self, rid: int) -> None:
@@ -53,7 +53,7 @@ class StubOutbox:
 
     def take_releases(self) -> list[list[int]]:
         """The pending releases, for an EXECUTE frame to carry."""
-        releases, self._releases = self._releases, []
+        releases, self.releases = self.releases, []
         return releases
 
     def _schedule(self, delay: float = 0.0) -> None:
@@ -74,14 +74,14 @@ class StubOutbox:
             if self._cancels and not channel.try_send(msg.encode(msg.Cancel(self._cancels))):
                 return self._schedule(0.001)
             self._cancels = []
-            while self._releases or self._credits:
+            while self.releases or self._credits:
                 # at most _CHUNK entries a frame keeps every frame far below the frame limit
-                releases, credits = self._releases[:_CHUNK], self._credits[:_CHUNK]
+                releases, credits = self.releases[:_CHUNK], self._credits[:_CHUNK]
                 if not channel.try_send(msg.encode(msg.Release(releases, credits))):
                     return self._schedule(0.001)  # the stub's queue is full: try again shortly
-                del self._releases[:_CHUNK], self._credits[:_CHUNK]
+                del self.releases[:_CHUNK], self._credits[:_CHUNK]
         except ChannelClosedError:
             self.clear()
 
     def clear(self) -> None:
-        self._releases, self._credits, self._cancels = [], [], []
+        self.releases, self._credits, self._cancels = [], [], []

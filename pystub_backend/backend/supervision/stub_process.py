@@ -87,6 +87,7 @@ class StubProcess:
         self.link: FrameLink | None = None  # from spawn on
         self.exchange: RequestExchange | None = None  # from spawn on
         self._dead = False
+        self.alive = False  # see _update_alive
         # The stub was told to exit, or said it will (a FINALIZE answered, a failed INIT, the one
         # auto-complete call): worth waiting for. A stub never told ignores SIGTERM: killed at once.
         self._exiting = False
@@ -98,11 +99,15 @@ class StubProcess:
         self.on_death: Callable[[StubProcess], None] | None = None
 
     # -- facts ---------------------------------------------------------------------------------
-    @property
-    def alive(self) -> bool:
+    def _update_alive(self) -> None:
+        """`alive` is a plain attribute (schedulers read it for every request), set here: False
+        once the channel closed, the pidfd saw the exit, or (no pidfd) poll() says it ended."""
         if self._dead or self.process is None:
-            return False
-        return not self._exit.exited if self._exit is not None else self.process.poll() is None
+            self.alive = False
+        elif self._exit is not None and self._exit.watched:
+            self.alive = not self._exit.exited
+        else:
+            self.alive = self.process.poll() is None
 
     @property
     def pid(self) -> int | None:
@@ -202,10 +207,17 @@ class StubProcess:
             child_end.close()
             if control_fd >= 0:
                 os.close(control_fd)
-        self.started_at = time.monotonic()
-        self._exit = ExitWatch(self.process)
+        self.watch(self.process)
         self._output = OutputForwarder(self.instance_name, self.process.stdout, self.process.stderr)
         self.open_link(parent_end)
+
+    def watch(self, process: subprocess.Popen[bytes]) -> None:
+        """Follow `process` as this stub's (spawn's; tests that play the stub pass a process of
+        their own): its start time, and its exit from a pidfd."""
+        self.process = process
+        self.started_at = time.monotonic()
+        self._exit = ExitWatch(process, self._update_alive)
+        self._update_alive()
 
     def open_link(self, sock: socket.socket) -> None:
         """The link and the exchange over the channel's backend end (spawn's last step; tests
@@ -284,6 +296,7 @@ class StubProcess:
     # -- death and stop ------------------------------------------------------------------------
     def _on_channel_closed(self) -> None:
         self._dead = True
+        self.alive = False
         if self.exchange is not None:
             self.exchange.fail_all(self.unhealthy_error())
         if self.link is not None:
@@ -330,6 +343,7 @@ class StubProcess:
 
     def _release_shared_objects(self) -> None:
         self._dead = True
+        self.alive = False
         if self._exit is not None:
             self._exit.close()
         if self.exchange is not None:

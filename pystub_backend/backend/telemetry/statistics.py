@@ -121,6 +121,12 @@ class ModelStatistics:
             stats = self._batches[batch_size] = _BatchStats()
         _add3(stats.compute_input, stats.compute_infer, stats.compute_output, timing)
 
+    def record_executed_success(self, batch_size: int, total_ns: int, queue_ns: int, timing: BatchTiming) -> None:
+        """`record_execution` and `record_success` of a request that ran alone and succeeded (the
+        default scheduler's usual request: one call where there were two)."""
+        self.record_execution(batch_size, timing)
+        self.record_success(batch_size, total_ns, queue_ns, timing)
+
     def record_success(self, batch_size: int, total_ns: int, queue_ns: int, timing: BatchTiming) -> None:
         """One request of `batch_size` that succeeded (and so is an inference)."""
         self.inference_count += batch_size

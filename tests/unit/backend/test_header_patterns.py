@@ -2,7 +2,7 @@
 with RE2 itself and with the Python `re` fallback; and `forward_headers`' replacement rules.
 
 The (pattern, header, forwarded) rows are what real Triton 2.51 forwarded for these flags and
-headers (`tests/differential/test_header_forwarding.py` asks it again on every run).
+headers (`tests/differential/test_header_forward_patterns.py` asks it again on every run).
 """
 
 from __future__ import annotations

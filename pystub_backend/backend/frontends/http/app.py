@@ -24,7 +24,7 @@ from pystub_backend.backend.frontends.access import INTERNAL_PEER, AccessPolicy
 from pystub_backend.backend.frontends.access_log import access_line
 from pystub_backend.backend.frontends.http.request import BodyTooLarge, HttpRequest
 from pystub_backend.backend.frontends.http.response import CONTINUE, Answer, Response, json_response, text_response
-from pystub_backend.backend.frontends.http.restrict import refusal_response
+from pystub_backend.backend.frontends.http.restrict import READ_METHODS, refusal_response
 from pystub_backend.backend.frontends.http.router import Handler, Route, RouteMiss, Router
 from pystub_backend.backend.log import verbose
 
@@ -57,6 +57,7 @@ class HttpApp:
         self.router = Router(routes)
         self.max_input_size = max_input_size
         self._policy = policy
+        self._restricted = bool(policy.restrictions)
         self._trust_internal_peer = trust_internal_peer
         self._front = front
 
@@ -67,7 +68,8 @@ class HttpApp:
         """The answer to `request`; raises only CancelledError."""
         if self._trust_internal_peer:
             request.remote = request.headers.get(INTERNAL_PEER, request.remote)
-        found = self.router.resolve(request.method, request.path_safe)
+        method = request.method
+        found = self.router.cache.get((method, request.path_safe)) or self.router.resolve(method, request.path_safe)
         if request.headers.get("Expect"):
             refused = _expect(request)
             if refused is not None:
@@ -83,8 +85,11 @@ class HttpApp:
             except Exception as exc:  # noqa: BLE001 - the front's own failure still answers in JSON
                 return _failure(request, exc)
         try:  # _checked, inline: one coroutine less on the way of every request
-            refusal = refusal_response(self._policy, request)
-            return refusal if refusal is not None else await handler(request)
+            if self._restricted or (method not in READ_METHODS and _may_change_state(request.path)):
+                refusal = refusal_response(self._policy, request)
+                if refusal is not None:
+                    return refusal
+            return await handler(request)
         except Exception as exc:  # noqa: BLE001 - any failure must still answer in JSON
             return _failure(request, exc)
 
@@ -106,6 +111,12 @@ class HttpApp:
             return
         access_line("HTTP", f"{request.method} {request.path}", str(status), seconds, request.remote or "",
                     request.match_info.get("model", ""), request.request_id)
+
+
+def _may_change_state(path: str) -> bool:
+    """Whether a request that is not a read may change state (restrict.py decides): under
+    /v2/models/ only trace settings do, so an inference skips the checks' call."""
+    return not path.startswith("/v2/models/") or "/trace/setting" in path
 
 
 def _failure(request: HttpRequest, exc: Exception) -> Response:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pystub_backend.backend.errors import ServerError, Status
-from pystub_backend.backend.frontends.http.json_body import parse_json_body
+from pystub_backend.backend.frontends.http.json_body import JSON_PARSE_ERROR, MAX_JSON_DEPTH, parse_json_body
 from pystub_backend.backend.frontends.http.json_document import load_document
 from pystub_backend.backend.frontends.http.json_tensors import json_to_tensor_bytes
 from pystub_backend.backend.inference import InferRequest, ParameterValue, RequestedOutput, Tensor
@@ -36,6 +36,7 @@ __all__ = [
     "Body",
     "DecodedRequest",
     "OutputFormat",
+    "decode_http_body",
     "decode_infer_request",
     "parse_header_length",
 ]
@@ -93,6 +94,17 @@ def parse_header_length(value: str | None, body_size: int) -> int | None:
     return length
 
 
+def decode_http_body(body: Body, header_value: str | None, model_name: str, model_version: str = ""
+                     ) -> DecodedRequest | None:
+    """An inference body as its `Inference-Header-Content-Length` header (`header_value`, None when
+    absent) frames it; None for a raw body (a header length of 0: http_raw decodes it). Raises
+    ServerError(INVALID_ARG) as `parse_header_length` and `decode_infer_request` do."""
+    length = parse_header_length(header_value, len(body)) if header_value is not None else None
+    if length == 0:
+        return None
+    return decode_infer_request(body, length, model_name, model_version)
+
+
 def decode_infer_request(
     body: Body, header_length: int | None, model_name: str, model_version: str = ""
 ) -> DecodedRequest:
@@ -102,7 +114,14 @@ def decode_infer_request(
     """
     view = memoryview(body).cast("B")
     header_end = len(view) if header_length is None else header_length
-    document = parse_json_body(_json_text(body, view, header_end), load_document)
+    text = _json_text(body, view, header_end)
+    if text.count(b"[") + text.count(b"{") <= MAX_JSON_DEPTH:  # json_body's cheap bound: cannot be too deep
+        try:
+            document = load_document(text)
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise _invalid(f"{JSON_PARSE_ERROR}: {exc}") from None
+    else:
+        document = parse_json_body(text, load_document)  # the full depth check
     if not isinstance(document, dict):
         raise _invalid("the inference request must be a JSON object")
     request_id = document.get("id", "")

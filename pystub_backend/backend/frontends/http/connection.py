@@ -20,8 +20,9 @@ limits is refused for the bytes of the requests before it in the same read). A m
 head gets `400` with the parser's reason as text (HTTP/1.0, as aiohttp) and the connection closes;
 it is logged at debug level only (client_errors.py), and at --log-verbose 1 by its access line.
 
-A client that leaves: its body reader fails, `lost_callbacks` run (http/client_link.py: an
-in-flight inference is cancelled), nothing is written any more. Read deadlines as deadlines.py
+A client that leaves: its body reader fails, the request in progress hears it (it is its own client
+link, request.py; an inference's task is cancelled, down to the model), `lost_callbacks` run
+(request_link.py's links), nothing is written any more. Read deadlines as deadlines.py
 draws them; a connection that carried `TRIM_AFTER_BYTES` asks the listener's heap trimmer for a trim
 when it closes.
 """
@@ -42,6 +43,7 @@ from pystub_backend.backend.frontends.heap_trim import TRIM_AFTER_BYTES, HeapTri
 from pystub_backend.backend.frontends.http.deadlines import Phase, ReadDeadlines, ReadTimeouts
 from pystub_backend.backend.frontends.http.request import HIGH_WATER, HttpRequest, InvalidTarget, split_target
 from pystub_backend.backend.frontends.http.response import Answer, Response, StreamResponse, encode_head, text_response
+from pystub_backend.backend.log import settings as log_settings
 from pystub_backend.backend.log import verbose
 
 __all__ = ["HttpConnection", "ConnectionSettings", "Application", "MAX_QUEUED", "KEEP_ALIVE_SECONDS",
@@ -113,6 +115,7 @@ class HttpConnection(asyncio.Protocol):
         self._deadlines = ReadDeadlines(self._loop, settings.timeouts, self._expired)
         self._queue: collections.deque[HttpRequest | _Malformed] = collections.deque()
         self._active: asyncio.Task[None] | None = None
+        self._active_request: HttpRequest | None = None  # the one `_active` serves
         self._receiving: HttpRequest | None = None  # head parsed, body still coming
         self._in_head = False
         self._heads = 0  # heads begun: a new one restarts the head deadline ...
@@ -156,6 +159,11 @@ class HttpConnection(asyncio.Protocol):
             self._receiving = None
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)  # drain() then raises: the client is gone
+        request = self._active_request
+        if request is not None:  # the request is its own client link (request.py)
+            request.client_gone()
+            if request.cancel_on_loss and self._active is not None:
+                self._active.cancel()  # an inference: cancelled down to the model (is_cancelled())
         callbacks, self.lost_callbacks = self.lost_callbacks, {}
         for callback in callbacks.values():
             callback()
@@ -225,10 +233,14 @@ class HttpConnection(asyncio.Protocol):
         headers = _headers(self._headers)
         if version >= (1, 1) and "Host" not in headers:
             raise _BadHead("Missing 'Host' header in request.")
-        try:
-            target = split_target(method, b"".join(self._url).decode("utf-8", "surrogateescape"))
-        except InvalidTarget as exc:
-            raise _BadHead(f"Invalid URL: {exc}") from None
+        url = b"".join(self._url).decode("utf-8", "surrogateescape")
+        if url[:1] == "/" and "%" not in url and "?" not in url and "#" not in url:
+            target = (url, url, url)  # a plain path (every inference): split_target would change nothing
+        else:
+            try:
+                target = split_target(method, url)
+            except InvalidTarget as exc:
+                raise _BadHead(f"Invalid URL: {exc}") from None
         length = headers.get("Content-Length")
         chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
         request = HttpRequest(self, method, target, version, headers, parser.should_keep_alive(),
@@ -238,14 +250,23 @@ class HttpConnection(asyncio.Protocol):
 
     def on_body(self, chunk: bytes) -> None:
         receiving = self._receiving
-        if receiving is not None:
+        if receiving is None:
+            return
+        if receiving.waiter is None and not receiving.discarding:  # HttpRequest.feed when no reader waits
+            receiving.chunks.append(chunk)
+            receiving.size += len(chunk)
+        else:
             receiving.feed(chunk)
 
     def on_message_complete(self) -> None:
         receiving = self._receiving
-        if receiving is not None:
+        if receiving is None:
+            return
+        if receiving.waiter is None:  # HttpRequest.finish when no reader waits
+            receiving.complete = True
+        else:
             receiving.finish()
-            self._receiving = None
+        self._receiving = None
 
     # -- what requests and responses call ----------------------------------------------------------
 
@@ -321,16 +342,22 @@ class HttpConnection(asyncio.Protocol):
         """Start the next queued request, unless one runs or the client does not read."""
         if self._write_paused or not self._queue or self.transport is None:
             return
-        item = self._queue.popleft()
+        item = self._queue[0]
+        if isinstance(item, HttpRequest) and not item.complete and item.content_length is not None \
+                and item.content_length <= _SMALL_BODY and "Expect" not in item.headers:
+            return  # the rest of a small body is on its way: the handler starts when it is in (no wait)
+        self._queue.popleft()
         if isinstance(item, _Malformed):
             self._answer_malformed(item)
             return
+        self._active_request = item
         self._active = self._loop.create_task(self._serve(item))
         self._resume_if_drained()
 
     async def _serve(self, request: HttpRequest) -> None:
         """One request's task: the app's answer, written; then the next request."""
-        started = self._loop.time() if verbose(1) else None  # no access line: no clock read
+        # log.verbose(1), read here directly: no access line, no clock read
+        started = self._loop.time() if log_settings.log_verbose_level >= 1 else None
         keep_alive = False
         try:
             answer = await self._app.handle(request)
@@ -363,7 +390,9 @@ class HttpConnection(asyncio.Protocol):
 
     def _done(self, request: HttpRequest, keep_alive: bool) -> None:
         self._active = None
-        if not request.body_complete:
+        self._active_request = None
+        request.watchers = None  # HttpRequest.detach: answered, its watchers go unheard
+        if not request.complete:
             request.discard()  # the rest of its body is read and dropped (deadlines still apply)
         if not keep_alive:
             self._close()

@@ -63,7 +63,8 @@ def _output_entry(
         key: value for key, value in tensor.parameters.items()
         if key not in ("binary_data", "binary_data_size")
     }
-    if output_format.is_binary(tensor.name):
+    # OutputFormat.is_binary, inline (once per output)
+    if output_format.force_binary or output_format.binary.get(tensor.name, output_format.binary_default):
         buffer = _byte_view(tensor.data)
         parameters["binary_data_size"] = len(buffer)
         buffers.append(buffer)

@@ -28,7 +28,7 @@ from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.json_document import JsonOnlyList, LazyArray
 from pystub_backend.backend.inference import Tensor
 from pystub_backend.ipc.bytes_codec import deserialize_bytes, serialize_bytes
-from pystub_backend.ipc.dtypes import numpy_dtype
+from pystub_backend.ipc.dtypes import NUMPY_DTYPES, numpy_dtype
 
 __all__ = ["json_to_tensor_bytes", "tensor_json_value", "tensor_to_json"]
 
@@ -39,6 +39,12 @@ _BUFFER_TYPES: dict[str, Literal["d", "i", "u"]] = {"FP32": "d", "FP64": "d", "U
                  **{datatype: "i" for datatype in _INTEGER_TYPES if datatype != "UINT64"}}
 _BUFFER_DTYPES = {"d": np.float64, "i": np.int64, "u": np.uint64}
 
+
+
+def _dtype(datatype: str) -> np.dtype:
+    """`numpy_dtype`, from its table when it has the name (no call per tensor)."""
+    dtype = NUMPY_DTYPES.get(datatype)
+    return dtype if dtype is not None else numpy_dtype(datatype)
 
 def _invalid(message: str) -> ServerError:
     return ServerError(message, Status.INVALID_ARG)
@@ -82,7 +88,7 @@ def _typed_array(datatype: str, data: LazyArray, expected: int) -> np.ndarray | 
     values = np.frombuffer(buffer, dtype=_BUFFER_DTYPES[buffer_type])
     if values.size != expected:
         return None
-    dtype = numpy_dtype(datatype)
+    dtype = _dtype(datatype)
     if buffer_type == "i" and values.size and dtype != np.int64:
         limits = np.iinfo(dtype)
         if values.min() < limits.min or values.max() > limits.max:
@@ -123,7 +129,7 @@ def _bools(name: str, datatype: str, values: list[Any]) -> bytes:
 
 def _integers(name: str, datatype: str, values: list[Any]) -> bytes:
     _check_types(name, values, (int,), "integers")
-    dtype = numpy_dtype(datatype)
+    dtype = _dtype(datatype)
     if values:
         limits = np.iinfo(dtype)
         if min(values) < limits.min or max(values) > limits.max:
@@ -139,7 +145,7 @@ def _floats(name: str, datatype: str, values: list[Any]) -> bytes:
     try:
         # A double beyond FP32's range becomes inf, as a C cast does in Triton.
         with np.errstate(over="ignore"):
-            return np.array(values, dtype=numpy_dtype(datatype)).tobytes()
+            return np.array(values, dtype=_dtype(datatype)).tobytes()
     except OverflowError:
         message = f"'data' of input '{name}' holds an integer too large for {datatype}"
         raise _invalid(message) from None
@@ -176,7 +182,7 @@ def tensor_json_value(tensor: Tensor) -> list[Any] | np.ndarray:
         halves = np.frombuffer(tensor.data, dtype="<u2").astype("<u4")
         values = (halves << 16).view("<f4")  # exact, as in tensor_to_json
     else:
-        values = np.frombuffer(tensor.data, dtype=numpy_dtype(tensor.datatype))
+        values = np.frombuffer(tensor.data, dtype=_dtype(tensor.datatype))
     if values.dtype.kind == "f":
         values = values.astype(np.float64)
         if not np.isfinite(values).all():
@@ -200,4 +206,4 @@ def tensor_to_json(tensor: Tensor) -> list[Any]:
         # bfloat16 is the upper half of a float32, so widening is exact.
         halves = np.frombuffer(tensor.data, dtype="<u2").astype("<u4")
         return (halves << 16).view("<f4").tolist()
-    return np.frombuffer(tensor.data, dtype=numpy_dtype(tensor.datatype)).tolist()
+    return np.frombuffer(tensor.data, dtype=_dtype(tensor.datatype)).tolist()

@@ -23,7 +23,8 @@ The paths are decoded as aiohttp (yarl) decoded them, so routes and model names 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Hashable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from pystub_backend.backend.frontends.http.connection import HttpConnection
 
 __all__ = ["HttpRequest", "BodyTooLarge", "InvalidTarget", "HIGH_WATER"]
+
+_log = logging.getLogger(__name__)
 
 HIGH_WATER = 256 * 1024  # unread body bytes of a request that no reader waits for: stop reading
 _NO_VARIABLES: Mapping[str, str] = MappingProxyType({})
@@ -74,7 +77,8 @@ class HttpRequest:
     __slots__ = ("connection", "method", "path", "path_safe", "raw_path_qs", "version", "headers", "keep_alive",
                  "status_version",
                  "remote", "match_info", "request_id", "content_length", "chunked", "max_size",
-                 "_chunks", "_size", "_complete", "_waiter", "_limit", "_error", "_wants_all", "_discard")
+                 "chunks", "size", "complete", "waiter", "_limit", "_error", "_wants_all", "discarding",
+                 "closed", "cancel_on_loss", "watchers")
 
     def __init__(self, connection: HttpConnection, method: str, target: tuple[str, str, str],
                  version: tuple[int, int], headers: CIMultiDictProxy[str], keep_alive: bool,
@@ -92,14 +96,18 @@ class HttpRequest:
         self.content_length = content_length
         self.chunked = chunked
         self.max_size = max_size
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._complete = not chunked and not content_length
-        self._waiter: asyncio.Future[None] | None = None
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.complete = not chunked and not content_length
+        self.waiter: asyncio.Future[None] | None = None
         self._limit: int | None = None
         self._error: BaseException | None = None
         self._wants_all = False
-        self._discard = False
+        self.discarding = False
+        # The request is its own client link (client_link.Link): no object of its own per request.
+        self.closed = False  # its client is gone
+        self.cancel_on_loss = False  # a handler that wants its task cancelled then (inference)
+        self.watchers: dict[Hashable, Callable[[], object]] | None = None
 
     # -- what handlers use -------------------------------------------------------------------------
 
@@ -118,13 +126,13 @@ class HttpRequest:
 
     def complete_body(self) -> bytes | None:
         """The whole body if it has all arrived, else None."""
-        if not self._complete:
+        if not self.complete:
             return None
-        chunks = self._chunks
+        chunks = self.chunks
         if len(chunks) == 1:
             return chunks[0]
         body = b"".join(chunks)
-        self._chunks = [body] if body else []
+        self.chunks = [body] if body else []
         return body
 
     async def read_body(self, limit: int | None = None) -> bytes:
@@ -132,12 +140,12 @@ class HttpRequest:
         ConnectionResetError when the client leaves first."""
         self._wants_all = True
         self.connection.body_wanted()
-        while not self._complete:
-            if limit is not None and self._size > limit:
+        while not self.complete:
+            if limit is not None and self.size > limit:
                 raise BodyTooLarge(limit)
             self._limit = limit
             await self._wait()
-        if limit is not None and self._size > limit:
+        if limit is not None and self.size > limit:
             raise BodyTooLarge(limit)
         body = self.complete_body()
         assert body is not None
@@ -150,65 +158,92 @@ class HttpRequest:
     async def readany(self) -> bytes:
         """What arrived since the last call, waiting for something; b"" at the end of the body.
         Raises ConnectionResetError when the client leaves first."""
-        while not self._chunks and not self._complete:
+        while not self.chunks and not self.complete:
             await self._wait()
-        chunks, self._chunks = self._chunks, []
+        chunks, self.chunks = self.chunks, []
         self.connection.body_taken()
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _wait(self) -> None:
         if self._error is not None:
             raise self._error
-        self._waiter = asyncio.get_running_loop().create_future()
+        self.waiter = asyncio.get_running_loop().create_future()
         try:
-            await self._waiter
+            await self.waiter
         finally:
-            self._waiter = None
+            self.waiter = None
         if self._error is not None:
             raise self._error
+
+    # -- its client link (client_link.Link) ---------------------------------------------------------
+
+    def watch(self, key: Hashable, callback: Callable[[], object]) -> None:
+        """Call `callback()` when the client goes away while the request runs (now, if it has)."""
+        if self.closed:
+            callback()
+            return
+        if self.watchers is None:
+            self.watchers = {}
+        self.watchers[key] = callback
+
+    def unwatch(self, key: Hashable) -> None:
+        if self.watchers is not None:
+            self.watchers.pop(key, None)
+
+    def client_gone(self) -> None:
+        """The connection dropped: the watchers hear it, once."""
+        if self.closed:
+            return
+        self.closed = True
+        watchers, self.watchers = self.watchers, None
+        for callback in (watchers or {}).values():
+            try:
+                callback()
+            except Exception:  # one watcher's bug must not keep the others from hearing it
+                _log.exception("a client-link watcher failed")
+
+    def detach(self) -> None:
+        """The request was answered: its watchers are dropped unheard."""
+        self.watchers = None
 
     # -- what the connection calls -----------------------------------------------------------------
 
     @property
     def unread(self) -> int:
         """Body bytes buffered that no reader waits for (the connection's reason to stop reading)."""
-        return 0 if self._wants_all or self._discard else sum(map(len, self._chunks))
+        return 0 if self._wants_all or self.discarding else sum(map(len, self.chunks))
 
     def feed(self, chunk: bytes) -> None:
-        if self._discard:
+        if self.discarding:
             return
-        self._chunks.append(chunk)
-        self._size += len(chunk)
-        waiter = self._waiter
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        waiter = self.waiter
         if waiter is not None and not waiter.done() and (not self._wants_all or (
-                self._limit is not None and self._size > self._limit)):
+                self._limit is not None and self.size > self._limit)):
             waiter.set_result(None)
 
     def finish(self) -> None:
-        self._complete = True
+        self.complete = True
         self._wake()
 
     def fail(self, error: BaseException) -> None:
         """The connection dropped before the body ended."""
-        if not self._complete:
+        if not self.complete:
             self._error = error
             self._wake()
 
     def reopen_body(self) -> None:
         """The parser called the body complete with the head (llhttp, for an upgrade request): the
         connection passes it by hand."""
-        self._complete = False
+        self.complete = False
 
     def discard(self) -> None:
         """The handler is done: the rest of the body is read and dropped."""
-        self._discard = True
-        self._chunks = []
-
-    @property
-    def body_complete(self) -> bool:
-        return self._complete
+        self.discarding = True
+        self.chunks = []
 
     def _wake(self) -> None:
-        waiter = self._waiter
+        waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

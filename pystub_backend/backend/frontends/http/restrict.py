@@ -16,7 +16,7 @@ from pystub_backend.backend.frontends.access import STATE_GROUPS, AccessPolicy
 from pystub_backend.backend.frontends.http.request import HttpRequest
 from pystub_backend.backend.frontends.http.response import Response, json_response
 
-__all__ = ["path_group", "changes_state", "refusal_response"]
+__all__ = ["path_group", "changes_state", "refusal_response", "READ_METHODS"]
 
 _MODEL = r"/v2/models/[^/]+(?:/versions/[^/]+)?"
 _PATTERNS = [(re.compile(pattern), group) for pattern, group in (
@@ -47,18 +47,18 @@ def path_group(path: str) -> str | None:
     return None
 
 
-_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _INDEX = re.compile(r"/v2/repository(?:/[^/]+)?/index/?")
 
 
 def _may_change_state(method: str, path: str) -> bool:
     """A cheap superset of `changes_state`: under /v2/models/ only trace settings change state."""
-    return method not in _READ_METHODS and (not path.startswith("/v2/models/") or "/trace/setting" in path)
+    return method not in READ_METHODS and (not path.startswith("/v2/models/") or "/trace/setting" in path)
 
 
 def changes_state(method: str, path: str, group: str | None) -> bool:
     """Whether a request of `group` changes the server's state (see the module docstring)."""
-    return group in STATE_GROUPS and method not in _READ_METHODS and not _INDEX.fullmatch(path)
+    return group in STATE_GROUPS and method not in READ_METHODS and not _INDEX.fullmatch(path)
 
 
 def refusal_response(policy: AccessPolicy, request: HttpRequest) -> Response | None:

@@ -109,12 +109,12 @@ class Router:
     def __init__(self, routes: Iterable[Route] = ()) -> None:
         self._resources: list[_Resource] = []
         self._index: dict[str, list[_Resource]] = {}
-        self._cache: dict[tuple[str, str], Match] = {}
+        self.cache: dict[tuple[str, str], Match] = {}  # resolved (method, path_safe): the app looks here first
         for each in routes:
             self.add(each)
 
     def add(self, each: Route) -> None:
-        self._cache.clear()
+        self.cache.clear()
         last = self._resources[-1] if self._resources else None
         if last is not None and last.path == each.path:  # aiohttp's reuse of the last resource
             resource = last
@@ -134,14 +134,14 @@ class Router:
         """The handler and (read-only) variables of the route for `method` and `path_safe`, else
         the miss."""
         key = (method, path_safe)
-        found = self._cache.get(key)
+        found = self.cache.get(key)
         if found is not None:
             return found
         resolved = self._resolve(method, path_safe)
         if not isinstance(resolved, RouteMiss) and len(path_safe) <= _CACHED_PATH:
-            if len(self._cache) >= _CACHE_SIZE:
-                self._cache.clear()
-            self._cache[key] = resolved
+            if len(self.cache) >= _CACHE_SIZE:
+                self.cache.clear()
+            self.cache[key] = resolved
         return resolved
 
     def _resolve(self, method: str, path_safe: str) -> Match | RouteMiss:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from pystub_backend.backend.client_link import cancel_when_gone
+from pystub_backend.backend.client_link import CURRENT
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.access import AccessPolicy
 from pystub_backend.backend.frontends.forwarding import forward_headers
@@ -24,8 +24,7 @@ from pystub_backend.backend.frontends.http.codec import (
     INFERENCE_HEADER,
     Body,
     DecodedRequest,
-    decode_infer_request,
-    parse_header_length,
+    decode_http_body,
 )
 from pystub_backend.backend.frontends.http.compression import (
     compress_body,
@@ -39,13 +38,12 @@ from pystub_backend.backend.frontends.http.generate import generate, generate_st
 from pystub_backend.backend.frontends.http.json_body import parse_json_body
 from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_input_spec
 from pystub_backend.backend.frontends.http.request import BodyTooLarge, HttpRequest
-from pystub_backend.backend.frontends.http.request_link import http_request_link
 from pystub_backend.backend.frontends.http.response import Response, StreamResponse
 from pystub_backend.backend.frontends.http.router import Handler, get, post, route
 from pystub_backend.backend.frontends.http.shm import shm_routes
 from pystub_backend.backend.frontends.http.trace_routes import trace_routes
 from pystub_backend.backend.header_patterns import HeaderPattern
-from pystub_backend.backend.inference import InferRequest, ServerCore
+from pystub_backend.backend.inference import InferRequest, ServerCore, no_release
 from pystub_backend.backend.options import Restrictions
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 from pystub_backend.ipc.messages.multiplex import MODEL_ID_HEADER, MODEL_ID_PARAMETER
@@ -195,9 +193,12 @@ class _Routes:
         headers = request.headers
         header_length = headers.get(INFERENCE_HEADER)
         body_limit = self._body_limit(request, header_length)
-        body: Body | None = request.complete_body()  # a small body came with its head: no wait
+        # a small body came with its head, in one piece (HttpRequest.complete_body): no wait
+        body: Body | None = request.chunks[0] if request.complete and len(request.chunks) == 1 \
+            else request.complete_body()
+        encoding = headers.get("Content-Encoding")
         if body is None or (body_limit is not None and len(body) > body_limit) \
-                or not is_identity(headers.get("Content-Encoding")):
+                or (encoding is not None and not is_identity(encoding)):
             body = await self._read_body(request, body_limit)
         decoded = self._decode(body, header_length, model, version)
         request.request_id = decoded.request.id  # for the access line (frontends.access_log)
@@ -210,17 +211,21 @@ class _Routes:
             decoded.request.trace = trace
             trace.request_start()
         # A client gone mid-request cancels it (the model sees is_cancelled()) and evicts its
-        # pystub sequence.
-        with http_request_link(request) as link:
-            cancel_when_gone(link)
-            response = await self._core.infer(decoded.request, target)
+        # pystub sequence: the request is its own client link, and the connection cancels this
+        # task when the client goes (connection.py).
+        CURRENT.set(request)
+        request.cancel_on_loss = True
+        if request.closed:  # gone already
+            raise ServerError("the client closed the connection", Status.CANCELLED)
+        response = await self._core.infer(decoded.request, target)
         completed = time.monotonic_ns() if trace is not None else 0
         try:
             encoded = encode_infer_response(response, decoded.output_format)
         finally:
-            response.release()  # every output byte has been copied into `encoded`
+            if response.release is not no_release:  # (outputs that came inline have nothing to free)
+                response.release()  # every output byte has been copied into `encoded`
         accepted = headers.get("Accept-Encoding")
-        encoding = response_encoding(accepted) if accepted else None
+        encoding = response_encoding(accepted) if accepted and accepted != "identity" else None
         if encoding is not None:
             encoded = await _compress(encoded, encoding)
         answer = Response(encoded.body, headers=encoded.headers)
@@ -231,9 +236,9 @@ class _Routes:
         return answer
 
     def _decode(self, body: Body, header_length: str | None, model: str, version: str) -> DecodedRequest:
-        length = parse_header_length(header_length, len(body))
-        if length != 0:
-            return decode_infer_request(body, length, model, version)
+        decoded = decode_http_body(body, header_length, model, version)
+        if decoded is not None:
+            return decoded
         spec = raw_input_spec(
             self._core.model_metadata(model, version), self._core.model_config_json(model, version)
         )

@@ -38,10 +38,12 @@ class Probe:
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     read_failed: asyncio.Event = field(default_factory=asyncio.Event)
     bodies: list[bytes] = field(default_factory=list)
+    whole_at_start: list[bool] = field(default_factory=list)  # /echo: its body had all arrived when it started
 
 
 def _app(probe: Probe) -> HttpApp:
     async def echo(request: HttpRequest) -> Response:
+        probe.whole_at_start.append(request.complete_body() is not None)
         try:
             body = await request.read()
         except ConnectionResetError:
@@ -331,7 +333,8 @@ def test_a_head_that_does_not_end_is_refused_before_its_end(line: bytes, most: i
 def test_a_client_closing_mid_body_fails_the_read_and_leaves_nothing_behind() -> None:
     async def test(listener: HttpListener, probe: Probe) -> None:
         reader, writer = await _connect(listener)
-        writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\nonly part")
+        # a body larger than a small one (whose handler starts only once it is in): the handler waits
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\nonly part")
         await writer.drain()
         for _ in range(100):  # until the connection has the head (and the handler waits for the rest)
             if listener.connections and any(c._active is not None for c in listener.connections):
@@ -344,6 +347,24 @@ def test_a_client_closing_mid_body_fails_the_read_and_leaves_nothing_behind() ->
                 break
             await asyncio.sleep(0.01)
         assert not listener.connections and probe.bodies == []
+    _run(test)
+
+
+def test_a_small_body_that_comes_after_its_head_is_handed_over_whole() -> None:
+    """The handler of a small body starts once the body is in (no read waits for it); a large one's
+    starts at its head, as every body's did (test_a_client_closing_mid_body...)."""
+    async def test(listener: HttpListener, probe: Probe) -> None:
+        reader, writer = await _connect(listener)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n12345")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the head and half the body are in: no handler yet
+        assert probe.whole_at_start == []
+        writer.write(b"67890")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+        assert head.startswith(b"HTTP/1.1 200") and await asyncio.wait_for(reader.readexactly(10), WAIT) == b"1234567890"
+        assert probe.whole_at_start == [True] and probe.bodies == [b"1234567890"]
+        writer.close()
     _run(test)
 
 
@@ -407,7 +428,7 @@ def test_an_idle_new_connection_and_a_slow_body_are_closed_by_their_deadlines() 
     async def test(listener: HttpListener, probe: Probe) -> None:
         idle_reader, idle_writer = await _connect(listener)
         body_reader, body_writer = await _connect(listener)
-        body_writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n12")
+        body_writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n12")  # not a small one
         assert await _closed(idle_reader) and await _closed(body_reader)  # no response: just closed
         await asyncio.wait_for(probe.read_failed.wait(), WAIT)
         idle_writer.close()

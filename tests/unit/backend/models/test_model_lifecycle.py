@@ -57,6 +57,7 @@ class FakeVersion:
     def __init__(self) -> None:
         self.scheduler = FakeScheduler()
         self.unloaded_with: float | None = None
+        self.in_flight: set[Any] = set()  # what lifecycle.InFlight tracks (as ModelVersion has)
 
     async def unload(self, timeout: float) -> None:
         self.unloaded_with = timeout

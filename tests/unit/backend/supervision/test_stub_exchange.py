@@ -47,8 +47,7 @@ class Harness:
         stub = self.stub
         stub.p2s = ArenaWriter(stub.base, "p2s", 1 << 20, 1 << 20)
         stub.s2p = ArenaReader(stub.base, "s2p")
-        stub.process = subprocess.Popen([sys.executable, "-c", _SLEEPER, str(sleep), str(code)],
-                                        start_new_session=True)
+        stub.watch(subprocess.Popen([sys.executable, "-c", _SLEEPER, str(sleep), str(code)], start_new_session=True))
         stub.open_link(parent)  # arena segments ride on the frames both ways, as with a real stub
         assert stub.exchange is not None
         self.exchange = stub.exchange
