@@ -362,7 +362,8 @@ def test_a_small_body_that_comes_after_its_head_is_handed_over_whole() -> None:
         writer.write(b"67890")
         await writer.drain()
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
-        assert head.startswith(b"HTTP/1.1 200") and await asyncio.wait_for(reader.readexactly(10), WAIT) == b"1234567890"
+        assert head.startswith(b"HTTP/1.1 200")
+        assert await asyncio.wait_for(reader.readexactly(10), WAIT) == b"1234567890"
         assert probe.whole_at_start == [True] and probe.bodies == [b"1234567890"]
         writer.close()
     _run(test)
