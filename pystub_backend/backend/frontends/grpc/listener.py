@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from pystub_backend.backend.frontends.access import AccessPolicy
 from pystub_backend.backend.frontends.grpc.access_log import GrpcAccessInterceptor
-from pystub_backend.backend.frontends.grpc.codec import parse_infer_request
+from pystub_backend.backend.frontends.grpc.codec import receive_infer_request
 from pystub_backend.backend.frontends.grpc.h2 import H2Server, tls_context
 from pystub_backend.backend.frontends.grpc.health import SERVICE_NAME as HEALTH_SERVICE
 from pystub_backend.backend.frontends.grpc.health import HealthService
@@ -67,13 +67,13 @@ class _HandlerCapture:
 
 def register(servicer: InferenceServicer, server: GrpcServer) -> None:
     """The generated registration, except that ModelInfer parses and serializes its own messages
-    (`codec.parse_infer_request` / `serialize_infer_response`): protobuf's bytes fields cost
+    (`codec.receive_infer_request` / `serialize_infer_response`): protobuf's bytes fields cost
     50-130 ms per 16 MiB tensor."""
     capture = _HandlerCapture()
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)
     handlers = capture.handlers
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        servicer.ModelInfer, request_deserializer=parse_infer_request, response_serializer=None)
+        servicer.ModelInfer, request_deserializer=receive_infer_request, response_serializer=None)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(INFERENCE_SERVICE, handlers),))
     server.add_registered_method_handlers(INFERENCE_SERVICE, handlers)
 

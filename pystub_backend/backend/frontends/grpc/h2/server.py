@@ -9,6 +9,7 @@ listening socket starts accepting at `start()`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import ssl
@@ -19,6 +20,7 @@ import grpc
 
 from pystub_backend.backend.frontends.grpc.h2.connection import H2Connection
 from pystub_backend.backend.frontends.grpc.h2.context import H2ServicerContext
+from pystub_backend.backend.frontends.grpc.h2.incidents import IncidentLog
 from pystub_backend.backend.frontends.grpc.h2.policy import ConnectionPolicy
 from pystub_backend.backend.frontends.heap_trim import HeapTrimmer
 
@@ -28,6 +30,7 @@ _Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHand
 _MAX_STREAMS = 1000
 _CANCELLED_HANDLERS_SECONDS = 5.0  # how long stop() waits for the handlers it cancelled to end
 _CLOSING_SECONDS = 1.0  # how long stop() lets closed connections flush their last frames
+log = logging.getLogger("pystub.grpc")
 
 
 class _CallDetails(NamedTuple):
@@ -49,6 +52,7 @@ class ServerState:
         self.call_ended = asyncio.Event()  # set whenever a call ends (stop's grace waits on it)
         self.connection_lost = asyncio.Event()  # set whenever a connection's socket goes
         self.heap = HeapTrimmer()  # closed connections' memory back to the system
+        self.incidents = IncidentLog(log)  # one line per misbehaving connection, rate-limited
         self._chain: _Continuation = self._find
         for interceptor in reversed(interceptors):
             self._chain = _intercepted(interceptor, self._chain)
@@ -175,6 +179,7 @@ class H2Server:
         for path in self._unix_paths:
             _unlink(path)
         self._state.heap.cancel()
+        self._state.incidents.close()
 
     async def _connections_gone(self) -> None:
         await _wait_until(lambda: not self._state.connections, self._state.connection_lost, _CLOSING_SECONDS)
