@@ -39,9 +39,14 @@ GrpcServer: TypeAlias = grpc.aio.Server | H2Server
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
 _BASE_CHANNEL_ARGS: dict[str, int] = {
-    # grpc.aio caps messages at 4 MiB; Triton has no limit and perf_analyzer sends large batches.
-    "grpc.max_receive_message_length": -1,
+    # grpc caps messages at 4 MiB; Triton at INT32_MAX, and perf_analyzer sends large batches. The
+    # limit holds after decompression (docs/hostile-input.md).
+    "grpc.max_receive_message_length": 2**31 - 1,
     "grpc.max_send_message_length": -1,
+    # A call's header list: grpc core's hard limit, and its soft limit (where grpc core refuses a
+    # growing share of calls at random) set to the same, as the h2 stack has no soft limit.
+    "grpc.absolute_max_metadata_size": 16 << 10,
+    "grpc.max_metadata_size": 16 << 10,
     # gRPC sets SO_REUSEPORT by default, which lets a second server bind a busy port and
     # silently take half the connections; a busy port must be an error unless asked for.
     "grpc.so_reuseport": 0,
@@ -155,9 +160,11 @@ def create_grpc_listener(core: ServerCore, address: str, port: int,
 
 def new_server(stack: str, channel_args: dict[str, int],
                interceptors: list[grpc.aio.ServerInterceptor]) -> GrpcServer:
-    """An unbound server of `stack` ("h2" or "aio", `--grpc-server`)."""
+    """An unbound server of `stack` ("h2" or "aio", `--grpc-server`). Arguments named `pystub.*`
+    are the h2 stack's own."""
     if stack == "aio":
-        return grpc.aio.server(options=list(channel_args.items()), interceptors=interceptors)
+        options = [(name, value) for name, value in channel_args.items() if not name.startswith("pystub.")]
+        return grpc.aio.server(options=options, interceptors=interceptors)
     return H2Server(channel_args, interceptors)
 
 

@@ -18,6 +18,7 @@ milliseconds however its bytes are arranged. Contiguous fields that stay are kep
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -30,6 +31,8 @@ _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 # event loop) and 25 ms of protobuf's parse at worst; a request of 20,000 inputs, each with a name,
 # datatype, shape and raw contents, stays below it.
 MAX_FIELDS = 1 << 17
+
+_YIELD_EVERY = (1 << 12) - 1  # the walk lets go of the interpreter every 4,096 fields
 
 # The sub-messages of a message type: field number -> the sub-message's own schema.
 Schema = Mapping[int, "Schema"]
@@ -92,6 +95,8 @@ class _Budget:
         self.left -= 1
         if self.left < 0:
             raise DecodeError(f"Error parsing message: more than {MAX_FIELDS} fields")
+        if not self.left & _YIELD_EVERY:
+            time.sleep(0)  # let the event loop's thread have the interpreter (this runs off it)
 
 
 def _walk(view: memoryview, pos: int, end: int, schema: Schema, budget: _Budget) -> None:

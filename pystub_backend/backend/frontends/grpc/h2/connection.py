@@ -10,12 +10,13 @@ and only while the socket is not paused, so the transport's buffer stays near it
 instead of taking all the client's windows allow (megabytes a stream once grpc clients grow them).
 A connection that carried much asks for the freed heap back when it closes (frontends/heap_trim.py).
 
-A client must not take the loop from the others: what it sends is fed to ngh2 `_SLICE` bytes at
-a time and its events are handled at most `_EVENTS_PER_TURN` a turn of the loop, reading paused
-while a backlog waits (a read of 256 KiB of HEADERS+RST_STREAM pairs is 20,000 events: 0.4 s in
-one turn before). Frames that carry nothing are counted (policy.FloodJudge); a protocol error
-closes the connection with one line in the incident log (incidents.py), never a traceback; and a
-closed connection whose client does not read is dropped after `_DRAIN_SECONDS`.
+A client must not take the loop from the others: what it sends is fed to ngh2 a slice at a time
+(1 KiB to 1 MiB, smaller while the slices are dense with frames) and its events are handled at
+most `_EVENTS_PER_TURN` a turn of the loop, reading paused while a backlog waits (a read of
+256 KiB of HEADERS+RST_STREAM pairs is 20,000 events: 0.4 s in one turn before). Frames that carry
+nothing are counted (policy.FloodJudge); a protocol error closes the connection with one line in
+the incident log (incidents.py), never a traceback; and a closed connection whose client does
+not read is dropped after `_DRAIN_SECONDS`.
 """
 
 from __future__ import annotations
@@ -62,7 +63,11 @@ _NGH2_HEADER_LIST = 256 << 10
 _CONFIG = ngh2.Configuration(auto_window_update=False, max_inbound_header_list_size=_NGH2_HEADER_LIST,
                              max_inbound_header_count=_NGH2_HEADER_LIST // 32)
 _HEADER_TABLE = 4096  # the HPACK table a client may fill (the protocol's default, said explicitly)
-_SLICE = 64 << 10  # bytes handed to ngh2 at a time
+# Bytes handed to ngh2 at a time: a slice that gave many events makes the next one smaller (a
+# slice of HEADERS decodes to up to 1,000 header lists), one that gave few the next one larger
+# (DATA: one event per frame).
+_SLICE_MIN, _SLICE_FIRST, _SLICE_MAX = 1 << 10, 4 << 10, 1 << 20
+_BUSY_SLICE, _QUIET_SLICE = 32, 4  # events
 _EVENTS_PER_TURN = 128  # events handled before the loop serves the others
 _SMALL_WINDOW_UPDATE = 1024  # a WINDOW_UPDATE smaller than this moves nothing worth its frame
 _DRAIN_SECONDS = 5.0  # a closed connection still unread after this is dropped with what it held
@@ -108,6 +113,7 @@ class H2Connection(asyncio.Protocol):
         self.closing = False
         self._carried = 0  # bytes received and sent
         self._inbox: collections.deque[memoryview] = collections.deque()  # received, not yet fed to ngh2
+        self._slice = _SLICE_FIRST
         self._events: collections.deque[ngh2.Event] = collections.deque()  # from ngh2, not yet handled
         self._work_less = 0  # frames of this turn that carried nothing (FloodJudge)
         self._turn: asyncio.Handle | None = None  # the next turn of a backlog
@@ -171,7 +177,12 @@ class H2Connection(asyncio.Protocol):
             while self._transport is not None and not self._broken and len(self._events) < _EVENTS_PER_TURN \
                     and self._inbox:
                 self._h2.receive_data(self._next_slice())
-                self._events.extend(self._h2.events())
+                events = self._h2.events()
+                self._events.extend(events)
+                if len(events) > _BUSY_SLICE:
+                    self._slice = max(_SLICE_MIN, self._slice >> 2)
+                elif len(events) <= _QUIET_SLICE:
+                    self._slice = min(_SLICE_MAX, self._slice << 2)
             handled = 0
             while self._events and handled < _EVENTS_PER_TURN and self._transport is not None:
                 self._handle(self._events.popleft())
@@ -186,9 +197,9 @@ class H2Connection(asyncio.Protocol):
 
     def _next_slice(self) -> memoryview:
         piece = self._inbox.popleft()
-        if len(piece) > _SLICE:
-            self._inbox.appendleft(piece[_SLICE:])
-            piece = piece[:_SLICE]
+        if len(piece) > self._slice:
+            self._inbox.appendleft(piece[self._slice:])
+            piece = piece[:self._slice]
         return piece
 
     def _schedule_backlog(self) -> None:

@@ -87,7 +87,7 @@ class ConnectionPolicy:
             compression_level=get("grpc.default_compression_level", 0),
             max_metadata=get("grpc.absolute_max_metadata_size", MAX_METADATA),
             request_read_timeout=_seconds(get("pystub.request_read_timeout_ms", REQUEST_READ_TIMEOUT_MS)),
-            max_connection_memory=get("pystub.max_connection_memory", MAX_CONNECTION_MEMORY),
+            max_connection_memory=get("pystub.max_connection_memory", MAX_CONNECTION_MEMORY) or -1,  # 0: none
         )
 
 

@@ -3,7 +3,7 @@ the generated `add_*Servicer_to_server` does it, grpc.aio server interceptors, b
 serving each connection with `connection.H2Connection` on the running event loop.
 
 Binding happens when the port is added (a busy port is an OSError then, as with grpc.aio); the
-listening socket starts accepting at `start()`.
+listening socket starts accepting at `start()` (accept.py: a failed accept pauses accepting).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import grpc
 
+from pystub_backend.backend.frontends.grpc.h2.accept import Acceptor
 from pystub_backend.backend.frontends.grpc.h2.connection import H2Connection
 from pystub_backend.backend.frontends.grpc.h2.context import H2ServicerContext
 from pystub_backend.backend.frontends.grpc.h2.incidents import IncidentLog
@@ -98,7 +99,7 @@ class H2Server:
         self._options = dict(options or {})
         self._state = ServerState(ConnectionPolicy.of(self._options), interceptors)
         self._sockets: list[tuple[socket.socket, ssl.SSLContext | None]] = []
-        self._servers: list[asyncio.Server] = []
+        self._acceptors: list[Acceptor] = []
         self._unix_paths: list[str] = []
 
     # -- registration (what the generated code calls) ----------------------------------------------
@@ -140,20 +141,17 @@ class H2Server:
 
     # -- running -------------------------------------------------------------------------------------
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         handshake = self._state.policy.handshake_timeout
         for sock, tls in self._sockets:
-            # backlog: asyncio accepts that many per wakeup (and re-listens with it): a burst of
-            # clients is taken at once, as grpc core's own poller does
-            self._servers.append(await loop.create_server(
-                lambda: H2Connection(self._state), sock=sock, ssl=tls, backlog=socket.SOMAXCONN,
-                ssl_handshake_timeout=handshake if tls is not None else None))
+            acceptor = Acceptor(sock, tls, handshake, lambda: H2Connection(self._state), self._state.incidents)
+            acceptor.start()
+            self._acceptors.append(acceptor)
 
     async def stop(self, grace: float | None) -> None:
         """Stop accepting; GOAWAY to every client; the open calls get `grace` seconds (None: none),
         then they are cancelled and the connections closed."""
-        for server in self._servers:
-            server.close()
+        for acceptor in self._acceptors:
+            acceptor.stop()
         connections = list(self._state.connections)
         for connection in connections:
             connection.goaway()
@@ -171,9 +169,7 @@ class H2Server:
         for connection in list(self._state.connections):  # its client reads nothing: the buffer stays
             connection.abort()
         await self._connections_gone()
-        for server in self._servers:
-            await server.wait_closed()
-        self._servers.clear()
+        self._acceptors.clear()
         for sock, _ in self._sockets:
             sock.close()
         for path in self._unix_paths:
