@@ -202,6 +202,15 @@ class Client:
         self.flush()
         return stream
 
+    def settle(self, seconds: float = 0.3) -> None:
+        """Read the server's SETTINGS and WINDOW_UPDATE (its windows are larger than the default)."""
+        self.sock.settimeout(seconds)
+        try:
+            self.h2.receive_data(self.sock.recv(1 << 16))
+            self.h2.events()
+        except (TimeoutError, OSError):
+            pass
+
     def outcome(self, seconds: float) -> dict[int, str]:
         """grpc-status (and message) per stream, or how it ended, within `seconds` (or once all ended)."""
         ends: dict[int, str] = {}
@@ -475,6 +484,7 @@ def probe_unread(port: int, server: Server) -> Result:
     --grpc-max-connection-idle=2000: when the server drops the connection (or not within 15 s), and
     its RSS then."""
     client = Client(port)
+    client.settle()
     request = _identity_request(1 << 18)
     for _ in range(12):
         client.call(_grpc_message(request))
