@@ -33,7 +33,7 @@ import ngh2
 from pystub_backend.backend.frontends.grpc.h2.call import ServerCall
 from pystub_backend.backend.frontends.grpc.h2.dispatch import serve_call
 from pystub_backend.backend.frontends.grpc.h2.inbound import MemoryBudget
-from pystub_backend.backend.frontends.grpc.h2.policy import FloodJudge, PingJudge
+from pystub_backend.backend.frontends.grpc.h2.policy import FLOOD_BURST, FLOOD_RATE, FloodJudge, PingJudge
 from pystub_backend.backend.frontends.grpc.h2.timers import ConnectionTimers
 from pystub_backend.backend.frontends.grpc.h2.wire import (
     SUPPORTED_ENCODINGS,
@@ -60,8 +60,11 @@ log = logging.getLogger("pystub.grpc")
 # the count, is what a long list exceeds: that stream alone is refused); the call's own limit
 # (policy.max_metadata, 16 KiB) is checked here, so that a list over it ends that call alone.
 _NGH2_HEADER_LIST = 256 << 10
+# libnghttp2's own limit on RST_STREAM frames stays as a backstop behind the flood judge, which
+# counts them first (and answers with a GOAWAY where ngh2's limit ends the session bare).
 _CONFIG = ngh2.Configuration(auto_window_update=False, max_inbound_header_list_size=_NGH2_HEADER_LIST,
-                             max_inbound_header_count=_NGH2_HEADER_LIST // 32)
+                             max_inbound_header_count=_NGH2_HEADER_LIST // 32,
+                             stream_reset_rate_limit=(2 * FLOOD_BURST, int(2 * FLOOD_RATE)))
 _HEADER_TABLE = 4096  # the HPACK table a client may fill (the protocol's default, said explicitly)
 # Bytes handed to ngh2 at a time: a slice that gave many events makes the next one smaller (a
 # slice of HEADERS decodes to up to 1,000 header lists), one that gave few the next one larger
@@ -122,6 +125,7 @@ class H2Connection(asyncio.Protocol):
         self._drain: asyncio.TimerHandle | None = None
         self._reported = False  # the incident log has had its line about this connection
         self._settings_seen = False
+        self._last_stream = 0  # the newest stream a call was opened on (a GOAWAY's last stream id)
 
     # -- the socket --------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -223,10 +227,17 @@ class H2Connection(asyncio.Protocol):
             self.goaway(ngh2.ErrorCode.ENHANCE_YOUR_CALM, b"too_many_frames", close=True)
 
     def _protocol_error(self, exc: ngh2.NGH2Error) -> None:
+        """ngh2 ended the session: it can send nothing more, so the GOAWAY is written here."""
         self._misbehaved(str(exc) or type(exc).__name__, f"broke the HTTP/2 protocol: {exc}")
         self._broken = True
         self._inbox.clear()
         self._events.clear()
+        self.cancel_calls()
+        if self._transport is not None and not self.closing:
+            code = ngh2.ErrorCode.ENHANCE_YOUR_CALM if isinstance(exc, ngh2.DenialOfServiceError) \
+                else ngh2.ErrorCode.PROTOCOL_ERROR
+            self._transport.write(_goaway_frame(self._last_stream, code))
+            self.closing = True
         self.close()
 
     def _misbehaved(self, kind: str, what: str) -> None:
@@ -252,7 +263,7 @@ class H2Connection(asyncio.Protocol):
         self._carried += sent
         if self._writers:
             self._wake_writers()
-        if self.closing and not self.calls and not self._h2.want_write:
+        if self.closing and not self.calls and (self._broken or not self._h2.want_write):
             self.close()
 
     def close(self) -> None:
@@ -319,6 +330,7 @@ class H2Connection(asyncio.Protocol):
             self.close()
 
     def _open(self, stream_id: int, headers: tuple[ngh2.Header, ...], end: bool) -> None:
+        self._last_stream = max(self._last_stream, stream_id)
         fields = {name: value for name, value in headers}
         policy = self._state.policy
         size = header_list_size(headers)
@@ -367,22 +379,30 @@ class H2Connection(asyncio.Protocol):
 
     # -- the calls' Link ------------------------------------------------------------------------------
     def submit_headers(self, stream_id: int, headers: list[Header], end: bool) -> None:
+        if self._broken:  # ngh2 ended the session: nothing more goes through it
+            return
         self._h2.send_response(stream_id, headers, end_stream=end)
         self._pings.data_sent()
         self._flush_soon()
 
     def submit_message(self, stream_id: int, prefix: bytes, body: bytes) -> None:
+        if self._broken:  # ngh2 ended the session: nothing more goes through it
+            return
         self._h2.send_data(stream_id, prefix)
         self._h2.send_data(stream_id, body)
         self._pings.data_sent()
         self._flush_soon()
 
     def submit_trailers(self, stream_id: int, headers: list[Header]) -> None:
+        if self._broken:  # ngh2 ended the session: nothing more goes through it
+            return
         self._h2.send_trailers(stream_id, headers)
         self._pings.data_sent()
         self._flush_soon()
 
     def acknowledge(self, stream_id: int, amount: int) -> None:
+        if self._broken:  # ngh2 ended the session: nothing more goes through it
+            return
         try:
             self._h2.acknowledge_received_data(amount, stream_id)
         except ngh2.NGH2Error:  # the stream is gone: the connection's window still needs the bytes back
@@ -449,6 +469,11 @@ class H2Connection(asyncio.Protocol):
     def cancel_calls(self) -> None:
         for call in list(self.calls.values()):
             call.cancel()
+
+
+def _goaway_frame(last_stream: int, code: int) -> bytes:
+    """A GOAWAY frame: 8 bytes of payload, type 7, no flags, stream 0."""
+    return b"\x00\x00\x08\x07\x00\x00\x00\x00\x00" + last_stream.to_bytes(4, "big") + int(code).to_bytes(4, "big")
 
 
 def _refusal(fields: dict[bytes, bytes], header_size: int, max_header_size: int

@@ -18,8 +18,8 @@
                      may hold; see inbound.py)
     floods           frames that make the server work and carry nothing (a stream the client resets
                      before its answer, DATA for a stream that is gone, a WINDOW_UPDATE of less than
-                     1 KiB, SETTINGS after the first) are counted in a token bucket of `_FLOOD_BURST`
-                     refilled at `_FLOOD_RATE` a second; a client that empties it gets GOAWAY
+                     1 KiB, SETTINGS after the first) are counted in a token bucket of `FLOOD_BURST`
+                     refilled at `FLOOD_RATE` a second; a client that empties it gets GOAWAY
                      ENHANCE_YOUR_CALM and is closed (HTTP/2 Rapid Reset among them)
     compression      grpc.default_compression_level (0..3) for the responses
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["ConnectionPolicy", "PingJudge", "FloodJudge", "MAX_METADATA", "REQUEST_READ_TIMEOUT_MS",
-           "MAX_CONNECTION_MEMORY"]
+           "MAX_CONNECTION_MEMORY", "FLOOD_BURST", "FLOOD_RATE"]
 
 _HOUR_MS = 3_600_000
 MAX_METADATA = 16 << 10  # grpc core's default hard limit on a call's header list
@@ -37,8 +37,8 @@ REQUEST_READ_TIMEOUT_MS = 60_000  # as the HTTP frontend's --http-body-timeout-s
 MAX_CONNECTION_MEMORY = 1 << 30
 # A client may send this many work-less frames at once, and this many a second after that. A
 # client that cancels calls or reads answers sends some; a flood sends 100,000s a second.
-_FLOOD_BURST = 2000
-_FLOOD_RATE = 500.0
+FLOOD_BURST = 2000
+FLOOD_RATE = 500.0
 
 
 def _seconds(milliseconds: int | None) -> float | None:
@@ -120,11 +120,11 @@ class FloodJudge:
     __slots__ = ("_tokens", "_last")
 
     def __init__(self, now: float) -> None:
-        self._tokens = float(_FLOOD_BURST)
+        self._tokens = float(FLOOD_BURST)
         self._last = now
 
     def flooding(self, now: float, frames: int) -> bool:
         """`frames` more such frames came by `now`: whether the bucket is empty (GOAWAY)."""
-        self._tokens = min(float(_FLOOD_BURST), self._tokens + (now - self._last) * _FLOOD_RATE) - frames
+        self._tokens = min(float(FLOOD_BURST), self._tokens + (now - self._last) * FLOOD_RATE) - frames
         self._last = now
         return self._tokens < 0
