@@ -74,8 +74,13 @@ def _message(payload: bytes, compressed: bool = False) -> bytes:
 class _Calls:
     """Calls on one raw client connection, and how each ended (grpc-status and message, or RST)."""
 
-    def __init__(self, port: int) -> None:
-        self.client = RawH2Client(port)
+    def __init__(self, port: int, wide_windows: bool = False) -> None:
+        """`wide_windows`: the client lets the server send 16 MiB a stream before it reads (as grpc
+        clients grow their windows), so what it does not read fills the sockets' buffers."""
+        self.client = RawH2Client(port, settings={ngh2.Setting.INITIAL_WINDOW_SIZE: 16 << 20} if wide_windows else None)
+        if wide_windows:
+            self.client.h2.set_local_window_size(256 << 20)
+            self.client.flush()
         self.ends: dict[int, tuple[str, str]] = {}
         self.data: dict[int, bytes] = {}
         self.goaway: ngh2.GoAwayReceived | None = None
@@ -410,7 +415,7 @@ def test_the_idle_limit_drops_a_connection_whose_client_stopped_reading(started:
     """Answers that fill the sockets' buffers, never read: once the calls are done the idle limit
     closes the connection, and as it never drains it is dropped with what it held."""
     running = _serve(started, **{"grpc.max_connection_idle_ms": 300})
-    calls = _Calls(running.port)
+    calls = _Calls(running.port, wide_windows=True)
     calls.take_windows()
     for _ in range(12):
         calls.call(bytes(1 << 20))
