@@ -38,6 +38,7 @@ class Acceptor:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._sock.setblocking(False)  # the accept loop below must stop when none is waiting
         self._loop.add_reader(self._sock.fileno(), self._accept)
 
     def stop(self) -> None:
