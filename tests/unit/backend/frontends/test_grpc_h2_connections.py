@@ -6,26 +6,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import ngh2
-import pytest
 from h2_server import RawH2Client, RunningH2Server
 
 from pystub_backend.backend.frontends.grpc.h2 import H2Server
 
 _WAIT = 10.0
-
-
-@pytest.fixture
-def started() -> Iterator[list[RunningH2Server]]:
-    servers: list[RunningH2Server] = []
-    try:
-        yield servers
-    finally:
-        for server in servers:
-            server.close()
 
 
 def test_too_many_pings_get_goaway(started: list[RunningH2Server]) -> None:

@@ -51,16 +51,6 @@ def _handlers() -> dict[str, grpc.RpcMethodHandler]:
     return {"Echo": grpc.unary_unary_rpc_method_handler(echo), "Chat": grpc.stream_stream_rpc_method_handler(chat)}
 
 
-@pytest.fixture
-def started() -> Iterator[list[RunningH2Server]]:
-    servers: list[RunningH2Server] = []
-    try:
-        yield servers
-    finally:
-        for server in servers:
-            server.close()
-
-
 def _serve(started: list[RunningH2Server], **options: int) -> RunningH2Server:
     running = RunningH2Server(dict(options), {_SERVICE: _handlers()})
     started.append(running)
