@@ -233,7 +233,7 @@ class Client:
                     fields = dict(event.headers)
                     if b"grpc-status" in fields:
                         ends[event.stream_id] = (fields[b"grpc-status"] + b" " + fields.get(b"grpc-message", b"")
-                                                 ).decode(errors="replace")[:90]
+                                                 ).decode(errors="replace")[:160]
                 elif isinstance(event, ngh2.StreamReset):
                     ends.setdefault(event.stream_id, f"RST {event.error_code}")
                 elif isinstance(event, ngh2.GoAwayReceived):

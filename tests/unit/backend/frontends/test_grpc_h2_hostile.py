@@ -48,7 +48,12 @@ def _handlers() -> dict[str, grpc.RpcMethodHandler]:
         async for request in requests:
             yield request
 
-    return {"Echo": grpc.unary_unary_rpc_method_handler(echo), "Chat": grpc.stream_stream_rpc_method_handler(chat)}
+    async def sizes(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        async for request in requests:
+            yield len(request).to_bytes(8, "big")
+
+    return {"Echo": grpc.unary_unary_rpc_method_handler(echo), "Chat": grpc.stream_stream_rpc_method_handler(chat),
+            "Sizes": grpc.stream_stream_rpc_method_handler(sizes)}
 
 
 def _serve(started: list[RunningH2Server], **options: int) -> RunningH2Server:
@@ -420,3 +425,21 @@ def test_the_idle_limit_drops_a_connection_whose_client_stopped_reading(started:
         running.run(dropped())
     finally:
         calls.close()
+
+
+def test_a_stream_of_compressed_messages_gives_back_what_it_took(started: list[RunningH2Server]) -> None:
+    """Each message of a stream leaves the budget when its handler takes it, inflated size and
+    all: 40 compressed messages of 1 MiB on a connection allowed 4 MiB are all answered."""
+    calls = _Calls(_serve(started, **{"pystub.max_connection_memory": 4 << 20}).port)
+    try:
+        calls.take_windows()
+        stream = calls.open("Sizes", extra=[(b"grpc-encoding", b"gzip")])
+        packed = _message(gzip.compress(bytes(1 << 20)), compressed=True)
+        for _ in range(40):
+            calls.send(stream, packed, end=False)
+        calls.send(stream, b"")
+        calls.wait(stream, what="the stream's 40 answers")
+    finally:
+        calls.close()
+    answer = _message((1 << 20).to_bytes(8, "big"))
+    assert calls.ends[stream] == _OK and calls.data[stream] == answer * 40

@@ -171,8 +171,8 @@ class Inbound:
             self._acknowledge(self._deferred)
             self._deferred = 0
         message = await self._inflated(payload) if flag else payload
-        if not self._unary:  # a streaming handler owns the message from here on
-            self._release(len(payload) + _PREFIX)
+        if not self._unary:  # a streaming handler owns the message from here on (inflated: all of it)
+            self._release(len(message) + _PREFIX)
         return message
 
     async def single(self) -> bytes:
