@@ -284,11 +284,11 @@ class ReceivedInferRequest:
         return None if self.parsed is None else self.parsed.message
 
 
-def receive_infer_request(data: bytes) -> ReceivedInferRequest:
+def receive_infer_request(data: bytes) -> ParsedInferRequest | ReceivedInferRequest:
     """ModelInfer's request deserializer: small messages are parsed at once (a few ms at worst),
-    large ones later. Raises DecodeError (grpc answers it)."""
+    large ones later, off the event loop. Raises DecodeError (grpc answers it)."""
     if len(data) < _SPLIT_RAW_INPUTS_FROM_BYTES:
-        return ReceivedInferRequest(data, parse_infer_request(data))
+        return parse_infer_request(data)
     return ReceivedInferRequest(data)
 
 

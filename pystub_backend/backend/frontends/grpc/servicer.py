@@ -255,7 +255,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                          context: grpc.aio.ServicerContext) -> bytes | None:
         """Takes and returns the wire form (see `listener.register`): large tensors skip protobuf, and
         a large message is parsed off the event loop."""
-        parsed = await _parsed(request, context)
+        parsed = request if isinstance(request, ParsedInferRequest) else await _parsed(request, context)
         if parsed is None:
             return None
         message = parsed.message
@@ -283,12 +283,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 trace.finish()
 
 
-async def _parsed(request: ReceivedInferRequest | ParsedInferRequest,
-                  context: grpc.aio.ServicerContext) -> ParsedInferRequest | None:
-    """The parsed request (a large one parsed off the event loop); None, with the call's status set
-    as grpc sets it for a message its deserializer cannot parse, when it does not parse."""
-    if isinstance(request, ParsedInferRequest):
-        return request
+async def _parsed(request: ReceivedInferRequest, context: grpc.aio.ServicerContext) -> ParsedInferRequest | None:
+    """The request parsed off the event loop; None, with the call's status set as grpc sets it for
+    a message its deserializer cannot parse, when it does not parse."""
     if request.parsed is None:
         try:
             request.parsed = await off_loop(parse_infer_request, request.data)

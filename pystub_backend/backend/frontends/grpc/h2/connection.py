@@ -72,7 +72,11 @@ _HEADER_TABLE = 4096  # the HPACK table a client may fill (the protocol's defaul
 _SLICE_MIN, _SLICE_FIRST, _SLICE_MAX = 1 << 10, 4 << 10, 1 << 20
 _BUSY_SLICE, _QUIET_SLICE = 32, 4  # events
 _EVENTS_PER_TURN = 128  # events handled before the loop serves the others
-_SMALL_WINDOW_UPDATE = 1024  # a WINDOW_UPDATE smaller than this moves nothing worth its frame
+# A client sends WINDOW_UPDATEs as it reads what the server sent (grpc's, one for the stream and
+# one for the connection per message, often of a few bytes): each message sent allows this many;
+# one past them carries nothing, unless it opens a window this much (a client growing its windows).
+_UPDATES_PER_MESSAGE = 4
+_LARGE_WINDOW_UPDATE = 64 << 10
 _DRAIN_SECONDS = 5.0  # a closed connection still unread after this is dropped with what it held
 # What one stream may send before the server reads it: a message of 1 MiB and more fits, so the
 # client does not stop mid-message for a WINDOW_UPDATE's round trip (as it did with 1 MiB).
@@ -126,6 +130,8 @@ class H2Connection(asyncio.Protocol):
         self._reported = False  # the incident log has had its line about this connection
         self._settings_seen = False
         self._last_stream = 0  # the newest stream a call was opened on (a GOAWAY's last stream id)
+        self._updates_allowed = _UPDATES_PER_MESSAGE  # WINDOW_UPDATEs the data sent so far explains
+        self._opened: list[ServerCall] = []  # calls opened in this turn (_arm_read_timeouts)
 
     # -- the socket --------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -150,6 +156,7 @@ class H2Connection(asyncio.Protocol):
                 handle.cancel()
         self._inbox.clear()
         self._events.clear()
+        self._opened.clear()
         for call in list(self.calls.values()):
             call.cancel()
         self.calls.clear()
@@ -195,9 +202,18 @@ class H2Connection(asyncio.Protocol):
             self._protocol_error(exc)
         finally:
             self._batching = False
+        self._arm_read_timeouts()
         self._judge_floods()
         self._schedule_backlog()
         self.flush()
+
+    def _arm_read_timeouts(self) -> None:
+        """The calls opened this turn that are still waiting for their first message get their
+        request-read timeout (most unary calls have it by now: no timer for them)."""
+        if self._opened:
+            opened, self._opened = self._opened, []
+            for call in opened:
+                call.requests.arm_read_timeout(self._state.policy.request_read_timeout)
 
     def _next_slice(self) -> memoryview:
         piece = self._inbox.popleft()
@@ -312,7 +328,9 @@ class H2Connection(asyncio.Protocol):
                 call.cancel()
             self._wake_writers()
         elif isinstance(event, ngh2.WindowUpdated):
-            if event.increment < _SMALL_WINDOW_UPDATE:
+            if self._updates_allowed > 0:
+                self._updates_allowed -= 1
+            elif event.increment < _LARGE_WINDOW_UPDATE:
                 self._work_less += 1
             self._wake_writers()
         elif isinstance(event, ngh2.PingReceived):
@@ -365,8 +383,8 @@ class H2Connection(asyncio.Protocol):
         self.timers.call_started()
         if end:
             call.feed(b"", True)
-        else:
-            call.requests.arm_read_timeout(policy.request_read_timeout)
+        elif policy.request_read_timeout is not None:
+            self._opened.append(call)  # its read timeout, at the end of the turn if still waiting
         call.task = asyncio.ensure_future(serve_call(call, self._state.lookup))
         if timeout is not None:
             call.deadline_timer = asyncio.get_running_loop().call_later(timeout, call.expire)
@@ -391,6 +409,7 @@ class H2Connection(asyncio.Protocol):
         self._h2.send_data(stream_id, prefix)
         self._h2.send_data(stream_id, body)
         self._pings.data_sent()
+        self._updates_allowed += _UPDATES_PER_MESSAGE * (1 + len(body) // _MAX_FRAME)
         self._flush_soon()
 
     def submit_trailers(self, stream_id: int, headers: list[Header]) -> None:

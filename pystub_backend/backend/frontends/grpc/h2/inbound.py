@@ -87,6 +87,8 @@ class Inbound:
         self._unary = False  # the handler took its one message
         self._failure: WireError | None = None
         self._read_timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        self._streaming = False  # the handler reads a stream (streaming())
         self.on_too_many: Callable[[], None] | None = None  # a unary call got a second message
 
     # -- from the connection --------------------------------------------------------------------
@@ -126,12 +128,15 @@ class Inbound:
         return True
 
     def arm_read_timeout(self, seconds: float | None) -> None:
-        if seconds is not None:
+        """Start the request-read timeout, unless a message (or the end) is here already."""
+        if seconds is not None and not self._messages and not self._ended and self._failure is None \
+                and not self._closed and (not self._streaming or self._reader.partial):
             self._read_timer = asyncio.get_running_loop().call_later(seconds, self._read_late, seconds)
 
     def streaming(self) -> None:
         """The handler reads a stream: waiting for its first message is no longer bounded, unless
         one has begun to arrive."""
+        self._streaming = True
         if not self._reader.partial:
             self._disarm_read_timer()
 
@@ -210,6 +215,7 @@ class Inbound:
         """The call is over: what it held goes back to the budget, and bytes held back from a
         handler that stopped reading go back to the connection's window (else every such call
         would shrink it for good)."""
+        self._closed = True
         self._disarm_read_timer()
         if self._deferred:
             self._acknowledge(self._deferred)

@@ -17,8 +17,8 @@
                      pystub.max_connection_memory (the bytes of requests one connection's calls
                      may hold; see inbound.py)
     floods           frames that make the server work and carry nothing (a stream the client resets
-                     before its answer, DATA for a stream that is gone, a WINDOW_UPDATE of less than
-                     1 KiB, SETTINGS after the first) are counted in a token bucket of `FLOOD_BURST`
+                     before its answer, DATA for a stream that is gone, a WINDOW_UPDATE that no data
+                     sent calls for, SETTINGS after the first) are counted in a token bucket of `FLOOD_BURST`
                      refilled at `FLOOD_RATE` a second; a client that empties it gets GOAWAY
                      ENHANCE_YOUR_CALM and is closed (HTTP/2 Rapid Reset among them)
     compression      grpc.default_compression_level (0..3) for the responses

@@ -67,9 +67,12 @@ def is_grpc_content_type(value: bytes) -> bool:
     return value == b"application/grpc" or value.startswith((b"application/grpc+", b"application/grpc;"))
 
 
-def header_list_size(headers: Iterable[Header]) -> int:
+def header_list_size(headers: Sequence[Header]) -> int:
     """A header list's size as HTTP/2 and grpc count it: each field's name and value and 32."""
-    return sum(len(name) + len(value) + 32 for name, value in headers)
+    size = 0
+    for name, value in headers:
+        size += len(name) + len(value)
+    return size + 32 * len(headers)
 
 
 def metadata_of(headers: Iterable[Header]) -> Metadata:
