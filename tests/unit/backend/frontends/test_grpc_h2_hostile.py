@@ -443,3 +443,27 @@ def test_a_stream_of_compressed_messages_gives_back_what_it_took(started: list[R
         calls.close()
     answer = _message((1 << 20).to_bytes(8, "big"))
     assert calls.ends[stream] == _OK and calls.data[stream] == answer * 40
+
+
+def test_a_busy_grpc_client_is_no_flood(started: list[RunningH2Server]) -> None:
+    """grpcio's client sends a small WINDOW_UPDATE for what it reads, and more of them than the
+    flood judge lets through at once: they are explained by the messages sent, and 4,000 calls on
+    one connection from 8 threads all succeed (counted by size alone, they drew GOAWAY)."""
+    running = _serve(started)
+    with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        echo = channel.unary_unary(f"/{_SERVICE}/Echo")
+        failures: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                for _ in range(500):
+                    echo(b"x" * 16, timeout=_WAIT)
+            except grpc.RpcError as error:
+                failures.append(error)
+
+        threads = [threading.Thread(target=run) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(6 * _WAIT)
+    assert not failures, failures[0]
