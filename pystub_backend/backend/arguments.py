@@ -39,6 +39,10 @@ _GRPC_CHANNEL_ARGS = {
     "--grpc-max-connection-age-grace": "grpc.max_connection_age_grace_ms",
     "--grpc-handshake-timeout": "grpc.server_handshake_timeout_ms",  # pystub's
     "--grpc-max-connection-idle": "grpc.max_connection_idle_ms",  # pystub's
+    "--grpc-max-receive-message-length": "grpc.max_receive_message_length",  # pystub's
+    "--grpc-max-metadata-size": "grpc.absolute_max_metadata_size",  # pystub's
+    "--grpc-request-read-timeout": "pystub.request_read_timeout_ms",  # pystub's, the h2 stack's alone
+    "--grpc-max-connection-memory": "pystub.max_connection_memory",  # pystub's, the h2 stack's alone
 }
 
 

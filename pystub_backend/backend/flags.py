@@ -160,6 +160,18 @@ PYSTUB_FLAGS: tuple[Flag, ...] = (
     Flag("--grpc-max-connection-idle", "300000", _I,
          "grpc.max_connection_idle_ms: a connection without calls for this long gets GOAWAY (clients reconnect); "
          "pystub's default 300000"),
+    Flag("--grpc-max-receive-message-length", "2147483647", _I,
+         "grpc.max_receive_message_length: the largest request message, after decompression (RESOURCE_EXHAUSTED "
+         "over it); pystub's default 2147483647, Triton's"),
+    Flag("--grpc-max-metadata-size", "16384", _I,
+         "grpc.absolute_max_metadata_size: the largest header list of one call (that call alone ends "
+         "RESOURCE_EXHAUSTED); default 16384, grpc's"),
+    Flag("--grpc-request-read-timeout", "60000", _I,
+         "ms within which a gRPC call must have its first request message (else DEADLINE_EXCEEDED; a stream is "
+         "exempt once its handler runs); h2 stack; 0: no limit; default 60000"),
+    Flag("--grpc-max-connection-memory", "1073741824", _I,
+         "bytes of requests the calls of one gRPC connection may hold (received, inflated, header lists); a call "
+         "over it ends RESOURCE_EXHAUSTED; h2 stack; 0: no limit; default 1073741824"),
     Flag("--http-header-timeout-secs", "30", _I,
          "a request head (or an idle new connection) not complete after this many seconds is closed; 0: no limit"),
     Flag("--http-body-timeout-secs", "60", _I,

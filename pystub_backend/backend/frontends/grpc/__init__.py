@@ -5,7 +5,8 @@
     servicer.py     inference.GRPCInferenceService;  stream.py  ModelStreamInfer
     codec.py        protobuf <-> inference records (ModelInfer skips protobuf for tensor bytes)
     health.py       grpc.health.v1.Health;  restrict.py  --grpc-restricted-protocol groups
-    shm.py          shared memory extension;  protobuf_wire.py  the hand-written ModelInfer parser
+    shm.py          shared memory extension;  protobuf_wire.py  the hand-written ModelInfer parser (bounded)
+    offload.py      the parsing threads: large messages are inflated and parsed off the event loop
 """
 
 from pystub_backend.backend.frontends.grpc.listener import GrpcListener, create_grpc_listener, create_grpc_server

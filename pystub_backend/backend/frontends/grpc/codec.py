@@ -20,7 +20,11 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from pystub_backend.backend.errors import ServerError, Status
-from pystub_backend.backend.frontends.grpc.protobuf_wire import append_length_delimited, split_length_delimited
+from pystub_backend.backend.frontends.grpc.protobuf_wire import (
+    append_length_delimited,
+    schema_of,
+    split_length_delimited,
+)
 from pystub_backend.backend.inference import (
     Buffer,
     InferRequest,
@@ -34,7 +38,9 @@ from pystub_backend.ipc.dtypes import numpy_dtype
 
 __all__ = [
     "ParsedInferRequest",
+    "ReceivedInferRequest",
     "parse_infer_request",
+    "receive_infer_request",
     "decode_infer_request",
     "encode_infer_response",
     "serialize_infer_response",
@@ -234,10 +240,12 @@ def _decode_inputs(msg: service_pb2.ModelInferRequest, raw: Sequence[Buffer]) ->
     return inputs
 
 
-# Below this many bytes protobuf's own parse (which copies raw contents) is cheaper than splitting.
+# Below this many bytes protobuf's own parse (which copies raw contents) is cheaper than splitting;
+# it is also bounded: 64 KiB hold at most 32,768 fields (6 ms of protobuf's parse at worst).
 _SPLIT_RAW_INPUTS_FROM_BYTES = 64 << 10
 _RAW_INPUT_CONTENTS = service_pb2.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
 _RAW_OUTPUT_CONTENTS = service_pb2.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
+_REQUEST_SCHEMA = schema_of(service_pb2.ModelInferRequest.DESCRIPTOR)
 
 
 @dataclass(frozen=True)
@@ -251,13 +259,37 @@ class ParsedInferRequest:
 def parse_infer_request(data: bytes) -> ParsedInferRequest:
     """Parse a serialized `ModelInferRequest` without copying large raw input contents.
 
-    Raises ValueError or protobuf's DecodeError for a malformed message (grpc answers it).
+    Its cost is bounded by its size and a field count (`protobuf_wire.MAX_FIELDS`), however its
+    bytes are arranged. Raises protobuf's DecodeError for a malformed message or one of too many
+    fields (grpc answers it).
     """
     if len(data) < _SPLIT_RAW_INPUTS_FROM_BYTES:
         message = service_pb2.ModelInferRequest.FromString(data)
         return ParsedInferRequest(message, message.raw_input_contents)
-    rest, raw = split_length_delimited(data, _RAW_INPUT_CONTENTS)
+    rest, raw = split_length_delimited(data, _RAW_INPUT_CONTENTS, _REQUEST_SCHEMA)
     return ParsedInferRequest(service_pb2.ModelInferRequest.FromString(rest), raw)
+
+
+@dataclass
+class ReceivedInferRequest:
+    """A ModelInfer request as the gRPC server hands it over: parsed already when small, else its
+    bytes, for the servicer to parse off the event loop (`offload.off_loop`)."""
+
+    data: bytes
+    parsed: ParsedInferRequest | None = None
+
+    @property
+    def message(self) -> service_pb2.ModelInferRequest | None:
+        """The parsed message (what the access log reads), None until parsed."""
+        return None if self.parsed is None else self.parsed.message
+
+
+def receive_infer_request(data: bytes) -> ParsedInferRequest | ReceivedInferRequest:
+    """ModelInfer's request deserializer: small messages are parsed at once (a few ms at worst),
+    large ones later, off the event loop. Raises DecodeError (grpc answers it)."""
+    if len(data) < _SPLIT_RAW_INPUTS_FROM_BYTES:
+        return parse_infer_request(data)
+    return ReceivedInferRequest(data)
 
 
 def decode_infer_request(msg: service_pb2.ModelInferRequest,

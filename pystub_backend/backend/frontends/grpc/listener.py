@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from pystub_backend.backend.frontends.access import AccessPolicy
 from pystub_backend.backend.frontends.grpc.access_log import GrpcAccessInterceptor
-from pystub_backend.backend.frontends.grpc.codec import parse_infer_request
+from pystub_backend.backend.frontends.grpc.codec import receive_infer_request
 from pystub_backend.backend.frontends.grpc.h2 import H2Server, tls_context
 from pystub_backend.backend.frontends.grpc.health import SERVICE_NAME as HEALTH_SERVICE
 from pystub_backend.backend.frontends.grpc.health import HealthService
@@ -39,9 +39,14 @@ GrpcServer: TypeAlias = grpc.aio.Server | H2Server
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
 _BASE_CHANNEL_ARGS: dict[str, int] = {
-    # grpc.aio caps messages at 4 MiB; Triton has no limit and perf_analyzer sends large batches.
-    "grpc.max_receive_message_length": -1,
+    # grpc caps messages at 4 MiB; Triton at INT32_MAX, and perf_analyzer sends large batches. The
+    # limit holds after decompression (docs/hostile-input.md).
+    "grpc.max_receive_message_length": 2**31 - 1,
     "grpc.max_send_message_length": -1,
+    # A call's header list: grpc core's hard limit, and its soft limit (where grpc core refuses a
+    # growing share of calls at random) set to the same, as the h2 stack has no soft limit.
+    "grpc.absolute_max_metadata_size": 16 << 10,
+    "grpc.max_metadata_size": 16 << 10,
     # gRPC sets SO_REUSEPORT by default, which lets a second server bind a busy port and
     # silently take half the connections; a busy port must be an error unless asked for.
     "grpc.so_reuseport": 0,
@@ -67,13 +72,13 @@ class _HandlerCapture:
 
 def register(servicer: InferenceServicer, server: GrpcServer) -> None:
     """The generated registration, except that ModelInfer parses and serializes its own messages
-    (`codec.parse_infer_request` / `serialize_infer_response`): protobuf's bytes fields cost
+    (`codec.receive_infer_request` / `serialize_infer_response`): protobuf's bytes fields cost
     50-130 ms per 16 MiB tensor."""
     capture = _HandlerCapture()
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)
     handlers = capture.handlers
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        servicer.ModelInfer, request_deserializer=parse_infer_request, response_serializer=None)
+        servicer.ModelInfer, request_deserializer=receive_infer_request, response_serializer=None)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(INFERENCE_SERVICE, handlers),))
     server.add_registered_method_handlers(INFERENCE_SERVICE, handlers)
 
@@ -155,9 +160,11 @@ def create_grpc_listener(core: ServerCore, address: str, port: int,
 
 def new_server(stack: str, channel_args: dict[str, int],
                interceptors: list[grpc.aio.ServerInterceptor]) -> GrpcServer:
-    """An unbound server of `stack` ("h2" or "aio", `--grpc-server`)."""
+    """An unbound server of `stack` ("h2" or "aio", `--grpc-server`). Arguments named `pystub.*`
+    are the h2 stack's own."""
     if stack == "aio":
-        return grpc.aio.server(options=list(channel_args.items()), interceptors=interceptors)
+        options = [(name, value) for name, value in channel_args.items() if not name.startswith("pystub.")]
+        return grpc.aio.server(options=options, interceptors=interceptors)
     return H2Server(channel_args, interceptors)
 
 

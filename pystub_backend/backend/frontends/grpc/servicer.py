@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 import pystub_backend.backend.frontends.grpc.shm as grpc_shm
@@ -27,12 +27,15 @@ from pystub_backend.backend.errors import ServerError, Status, forget_traceback,
 from pystub_backend.backend.frontends.forwarding import forward_headers
 from pystub_backend.backend.frontends.grpc.codec import (
     ParsedInferRequest,
+    ReceivedInferRequest,
     decode_infer_request,
     log_settings_from_proto,
     log_settings_to_proto,
+    parse_infer_request,
     repository_parameters,
     serialize_infer_response,
 )
+from pystub_backend.backend.frontends.grpc.offload import off_loop
 from pystub_backend.backend.frontends.grpc.stream import stream_infer
 from pystub_backend.backend.frontends.trace_settings import grpc_trace_setting
 from pystub_backend.backend.header_patterns import HeaderPattern
@@ -259,15 +262,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         await stream_infer(self._core, request_iterator, context, self._header_pattern, self._tracer)
 
     @_rpc
-    async def ModelInfer(self, request: ParsedInferRequest, context: grpc.aio.ServicerContext) -> bytes:
-        """Takes and returns the wire form (see `listener.register`): large tensors skip protobuf."""
-        message = request.message
+    async def ModelInfer(self, request: ReceivedInferRequest | ParsedInferRequest,
+                         context: grpc.aio.ServicerContext) -> bytes | None:
+        """Takes and returns the wire form (see `listener.register`): large tensors skip protobuf, and
+        a large message is parsed off the event loop."""
+        parsed = request if isinstance(request, ParsedInferRequest) else await _parsed(request, context)
+        if parsed is None:
+            return None
+        message = parsed.message
         trace = _start_trace(self._tracer, message.model_name, context) if self._tracer.active else None
         try:
             target = self._core.target(message.model_name, message.model_version)  # the one lookup of this request
             if target is not None and target.decoupled:
                 raise ServerError(DECOUPLED_REFUSAL, Status.UNSUPPORTED)
-            decoded = decode_infer_request(message, request.raw_input_contents)
+            decoded = decode_infer_request(message, parsed.raw_input_contents)
             forward_headers(context.invocation_metadata() or (), decoded.parameters, self._header_pattern)
             if trace is not None:
                 decoded.trace = trace
@@ -284,6 +292,19 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             if trace is not None:
                 trace.finish()
+
+
+async def _parsed(request: ReceivedInferRequest, context: grpc.aio.ServicerContext) -> ParsedInferRequest | None:
+    """The request parsed off the event loop; None, with the call's status set as grpc sets it for
+    a message its deserializer cannot parse, when it does not parse."""
+    if request.parsed is None:
+        try:
+            request.parsed = await off_loop(parse_infer_request, request.data)
+        except DecodeError as exc:  # the client's fault: not logged
+            context.set_code(grpc.StatusCode.UNKNOWN)
+            context.set_details(f"Unexpected {type(exc)}: {exc}")
+            return None
+    return request.parsed
 
 
 def _start_trace(tracer: Tracer, model: str, context: grpc.aio.ServicerContext) -> RequestTrace | None:

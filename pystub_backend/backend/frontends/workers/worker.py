@@ -30,7 +30,7 @@ import grpc
 from pystub_backend.backend.arguments import parse_args
 from pystub_backend.backend.frontends.access import AccessPolicy
 from pystub_backend.backend.frontends.grpc.access_log import GrpcAccessInterceptor
-from pystub_backend.backend.frontends.grpc.codec import parse_infer_request
+from pystub_backend.backend.frontends.grpc.codec import receive_infer_request
 from pystub_backend.backend.frontends.grpc.listener import (
     INFERENCE_SERVICE,
     bind_listener,
@@ -122,7 +122,7 @@ async def _serve_grpc(options: ServerOptions, remote: RemoteCore, directory: Pat
         CALL.set(CallContext("GRPC", time.monotonic_ns(), parent if isinstance(parent, str) else None))
         return await servicer.ModelInfer(request, context)
 
-    fast = grpc.unary_unary_rpc_method_handler(model_infer, request_deserializer=parse_infer_request,
+    fast = grpc.unary_unary_rpc_method_handler(model_infer, request_deserializer=receive_infer_request,
                                                response_serializer=None)
     proxy = GrpcProxy(str(directory / GRPC_SOCKET))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(INFERENCE_SERVICE, {"ModelInfer": fast}),

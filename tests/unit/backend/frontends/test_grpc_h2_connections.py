@@ -6,23 +6,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Iterator
+from pathlib import Path
 
 import ngh2
-import pytest
 from h2_server import RawH2Client, RunningH2Server
 
+from pystub_backend.backend.frontends.grpc.h2 import H2Server
+
 _WAIT = 10.0
-
-
-@pytest.fixture
-def started() -> Iterator[list[RunningH2Server]]:
-    servers: list[RunningH2Server] = []
-    try:
-        yield servers
-    finally:
-        for server in servers:
-            server.close()
 
 
 def test_too_many_pings_get_goaway(started: list[RunningH2Server]) -> None:
@@ -134,3 +125,28 @@ def test_settings_let_clients_send_mebibyte_frames(started: list[RunningH2Server
     finally:
         client.close()
     assert settings[ngh2.Setting.MAX_FRAME_SIZE] == 1 << 20
+
+
+def test_a_unix_socket_accepts_one_connection_after_another(tmp_path: Path) -> None:
+    """The accept loop (h2/accept.py) stops when no client waits: the listening socket is made
+    non-blocking for it (a blocking one held the event loop at the second accept)."""
+    import grpc
+
+    async def echo(request: bytes, context: object) -> bytes:
+        return request
+
+    async def run() -> list[bytes]:
+        server = H2Server({})
+        server.add_registered_method_handlers("t.E", {"Echo": grpc.unary_unary_rpc_method_handler(echo)})
+        server.add_insecure_port(f"unix:{tmp_path / 'grpc.sock'}")
+        await server.start()
+        try:
+            answers = []
+            for text in (b"one", b"two"):
+                async with grpc.aio.insecure_channel(f"unix:{tmp_path / 'grpc.sock'}") as channel:
+                    answers.append(await channel.unary_unary("/t.E/Echo")(text, timeout=_WAIT))
+            return answers
+        finally:
+            await server.stop(None)
+
+    assert asyncio.run(asyncio.wait_for(run(), 3 * _WAIT)) == [b"one", b"two"]

@@ -13,6 +13,9 @@ from pystub_backend.backend.frontends.grpc.h2.wire import (
     MessageReader,
     WireError,
     frame_parts,
+    inflate_rest,
+    inflate_start,
+    is_grpc_content_type,
     metadata_headers,
     metadata_of,
     parse_timeout,
@@ -27,12 +30,13 @@ def _frame(payload: bytes, encoding: str | None = None) -> bytes:
 
 
 @pytest.mark.parametrize(("text", "seconds"), [(b"1S", 1.0), (b"250m", 0.25), (b"3M", 180.0), (b"2H", 7200.0),
-                                               (b"5000u", 0.005), (b"99999999n", 0.099999999)])
+                                               (b"5000u", 0.005), (b"99999999n", 0.099999999),
+                                               (b"123456789S", 123456789.0), (b" 2 S ", 2.0)])
 def test_grpc_timeout_units(text: bytes, seconds: float) -> None:
     assert parse_timeout(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", [b"", b"S", b"10", b"1x", b"-1S", b"123456789S"])
+@pytest.mark.parametrize("text", [b"", b"S", b"10", b"1x", b"-1S", b"1.5S", b"abc", b"\xd9\xa3S"])
 def test_malformed_grpc_timeout_is_none(text: bytes) -> None:
     assert parse_timeout(text) is None
 
@@ -72,17 +76,37 @@ def test_reader_cuts_messages_across_chunks() -> None:
     data = _frame(b"first") + _frame(b"") + _frame(b"x" * 1000)
     reader = MessageReader(None, -1)
     messages = [message for start in range(0, len(data), 7) for message in reader.feed(data[start:start + 7])]
-    assert messages == [b"first", b"", b"x" * 1000] and not reader.partial
+    assert messages == [(0, b"first"), (0, b""), (0, b"x" * 1000)] and not reader.partial
+
+
+def _inflated(wire: bytes, encoding: str, limit: int) -> bytes:
+    """A compressed message through the reader and both steps of inflating it."""
+    ((flag, payload),) = MessageReader(encoding, limit).feed(wire)
+    assert flag == 1
+    whole, inflater, first = inflate_start(payload, encoding, limit)
+    return whole if whole is not None else inflate_rest(inflater, first, encoding, limit)
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
-def test_reader_inflates_compressed_messages(encoding: str) -> None:
-    payload = b"abc" * 1000
+@pytest.mark.parametrize("size", [3000, 5 << 20])  # inflated in one step on the loop, or in several
+def test_compressed_messages_are_inflated(encoding: str, size: int) -> None:
+    payload = (b"abc" * size)[:size]
     packed = gzip.compress(payload) if encoding == "gzip" else zlib.compress(payload)
-    wire = b"\x01" + len(packed).to_bytes(4, "big") + packed
-    assert MessageReader(encoding, -1).feed(wire) == [payload]
+    assert _inflated(b"\x01" + len(packed).to_bytes(4, "big") + packed, encoding, -1) == payload
     assert _frame(payload, encoding)[0] == 1  # and the writer compresses what shrinks
-    assert MessageReader(encoding, -1).feed(_frame(payload, encoding)) == [payload]
+    assert _inflated(_frame(payload, encoding), encoding, -1) == payload
+
+
+def test_a_bomb_stops_at_the_limit_it_inflates_past() -> None:
+    """The size is checked after every step, not once the whole message is out: a 64 KiB message
+    that would be 64 MiB stops one step past 3 MiB."""
+    bomb = zlib.compress(bytes(64 << 20), 9)
+    assert len(bomb) < 100 << 10
+    wire = b"\x01" + len(bomb).to_bytes(4, "big") + bomb
+    with pytest.raises(WireError) as info:
+        _inflated(wire, "deflate", 3 << 20)
+    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert info.value.details == f"Received message larger than max ({4 << 20} vs. {3 << 20})"
 
 
 def test_reader_refuses_oversized_and_unannounced_compressed_messages() -> None:
@@ -91,11 +115,20 @@ def test_reader_refuses_oversized_and_unannounced_compressed_messages() -> None:
     assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     bomb = zlib.compress(bytes(1 << 20))
     with pytest.raises(WireError) as info:  # a small compressed message inflating past the limit
-        MessageReader("deflate", 1000).feed(b"\x01" + len(bomb).to_bytes(4, "big") + bomb)
+        _inflated(b"\x01" + len(bomb).to_bytes(4, "big") + bomb, "deflate", 1000)
     assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     with pytest.raises(WireError) as info:
         MessageReader(None, -1).feed(b"\x01\x00\x00\x00\x01x")
-    assert info.value.code == grpc.StatusCode.INTERNAL
+    assert (info.value.code, info.value.details) == (grpc.StatusCode.INTERNAL,
+                                                     "Compression bit set but no encoding configured")
+
+
+@pytest.mark.parametrize(("value", "grpc_call"), [(b"application/grpc", True), (b"application/grpc+proto", True),
+                                                  (b"application/grpc;charset=utf-8", True),
+                                                  (b"application/grpcfoo", False), (b"application/grpc-web", False),
+                                                  (b"application/json", False), (b"", False)])
+def test_content_type_is_checked_exactly(value: bytes, grpc_call: bool) -> None:
+    assert is_grpc_content_type(value) is grpc_call
 
 
 def test_policy_from_channel_arguments() -> None:
@@ -126,4 +159,4 @@ def test_reader_joins_a_message_from_pieces_and_keeps_what_follows() -> None:
     reader = MessageReader(None, -1)
     pieces = [data[:3], data[3:16384], data[16384:len(data) - 6], data[len(data) - 6:]]
     messages = [message for piece in pieces for message in reader.feed(piece)]
-    assert messages == [big, small] and not reader.partial
+    assert messages == [(0, big), (0, small)] and not reader.partial

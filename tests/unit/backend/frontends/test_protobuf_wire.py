@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
@@ -15,7 +16,12 @@ from pystub_backend.backend.frontends.grpc.codec import (
     parse_infer_request,
     serialize_infer_response,
 )
-from pystub_backend.backend.frontends.grpc.protobuf_wire import append_length_delimited, split_length_delimited
+from pystub_backend.backend.frontends.grpc.protobuf_wire import (
+    MAX_FIELDS,
+    append_length_delimited,
+    schema_of,
+    split_length_delimited,
+)
 from pystub_backend.backend.inference import InferResponse, Tensor
 
 _raw_contents = st.lists(st.binary(max_size=300), max_size=4)
@@ -57,10 +63,43 @@ def test_small_request_is_parsed_by_protobuf() -> None:
     assert list(parsed.raw_input_contents) == [b"abc"]
 
 
-@pytest.mark.parametrize("wire", [b"\x3a\x05abc", b"\x08", b"\x0b\x00", b"\x80" * 11])
+@pytest.mark.parametrize("wire", [b"\x3a\x05abc", b"\x08", b"\x0b\x00", b"\x80" * 11, b"\x00\x00"])
 def test_malformed_messages_are_refused(wire: bytes) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(DecodeError):
         split_length_delimited(wire, 7)
+
+
+_SCHEMA = schema_of(service_pb2.ModelInferRequest.DESCRIPTOR)
+_JUNK = {
+    "zero bytes": bytes(1 << 20),
+    "repeated unknown field 15": b"\x78\x00" * (1 << 19),
+    "empty inputs": b"\x2a\x00" * (1 << 19),
+    # one input whose 4 MiB are empty parameter entries: the walk counts fields at every depth
+    "nested empty parameters": b"\x2a\x80\x80\x80\x02" + b"\x22\x00" * (1 << 21),
+}
+
+
+@pytest.mark.parametrize("wire", _JUNK.values(), ids=_JUNK.keys())
+def test_messages_of_tiny_fields_are_refused_at_the_field_budget(wire: bytes) -> None:
+    """Before the budget the splitter walked such a message one Python step per field (1 s per
+    MiB) and kept a view per field; now it stops at MAX_FIELDS, however deep they are."""
+    with pytest.raises(DecodeError, match=f"more than {MAX_FIELDS} fields|field number 0"):
+        split_length_delimited(wire, 7, _SCHEMA)
+    with pytest.raises(DecodeError):
+        parse_infer_request(wire)
+
+
+def test_a_request_just_under_the_budget_parses() -> None:
+    message = _request_message([b"ab"] * 4000, "m", [2])  # 4000 inputs: some 20,000 fields
+    parsed = parse_infer_request(message.SerializeToString() + b"\x3a\x00" * (70_000 - 4 * 4000))
+    assert len(parsed.message.inputs) == 4000
+
+
+def test_kept_fields_are_joined_in_runs_not_per_field() -> None:
+    message = _request_message([bytes(1 << 17)], "m", [])
+    rest, payloads = split_length_delimited(message.SerializeToString(), 7, _SCHEMA)
+    assert [p.nbytes for p in payloads] == [1 << 17]
+    assert service_pb2.ModelInferRequest.FromString(rest).inputs[0].name == "IN0"
 
 
 def test_serialized_response_equals_the_protobuf_encoding() -> None:

@@ -2,11 +2,15 @@
 the same grpc method handlers, servicers and grpc.aio interceptors as a grpc.aio server.
 
     server.py      H2Server: registration, interceptors, bind (TCP, unix, TLS), start, stop
-    connection.py  one client connection: ngh2's events, flushing, the calls it carries
-    call.py        one call's stream: request messages in (flow control), responses out (backpressure)
+    accept.py      accepting connections; a failed accept pauses accepting
+    connection.py  one client connection: ngh2's events, in fair turns; flushing; the calls it carries
+    call.py        one call's stream: responses out (backpressure), status, cancellation
+    inbound.py     one call's requests in: flow control, the connection's memory budget, inflating,
+                   the request-read timeout
+    incidents.py   one rate-limited log line per misbehaving connection
     dispatch.py    runs a method handler and ends the call with its status
     context.py     the servicer context (what pystub uses of grpc.aio.ServicerContext)
-    policy.py      keepalive, ping abuse, idle/age limits from grpc core channel arguments;  timers.py
+    policy.py      keepalive, ping abuse, floods, idle/age and size limits from channel arguments;  timers.py
     wire.py        messages, metadata, grpc-timeout, status trailers, compression
 """
 

@@ -1,9 +1,7 @@
 """One gRPC call: an HTTP/2 stream's messages in and out, its deadline and its cancellation.
 
-Inbound flow control: the connection gives no window back on its own. Bytes of a message still
-arriving are acknowledged at once (a message may be larger than any window); once a whole message
-waits unread, further bytes are acknowledged only when the handler takes it. A client streaming
-faster than its handler reads is thus held to about one window.
+Inbound: inbound.py (flow control, the connection's memory budget, inflating, the request-read
+timeout, exactly one message for a unary call).
 
 Outbound: `send_message` queues the message in libnghttp2 and waits while more than
 `_HIGH_WATER` bytes of this stream are queued there, that is while the client does not read
@@ -14,12 +12,12 @@ bounded.
 from __future__ import annotations
 
 import asyncio
-import collections
 from collections.abc import Sequence
 from typing import Protocol
 
 import grpc
 
+from pystub_backend.backend.frontends.grpc.h2.inbound import TOO_MANY_REQUESTS, Inbound, MemoryBudget
 from pystub_backend.backend.frontends.grpc.h2.wire import (
     ACCEPT_ENCODING,
     Header,
@@ -65,16 +63,13 @@ class ServerCall:
     """The state of one call; the connection feeds it and the dispatcher drives it."""
 
     def __init__(self, link: Link, stream_id: int, method: str, metadata: Metadata, peer: str,
-                 deadline: float | None, reader: MessageReader, response_encoding: str | None) -> None:
+                 deadline: float | None, reader: MessageReader, response_encoding: str | None,
+                 budget: MemoryBudget | None = None) -> None:
         self.link, self.stream_id, self.method = link, stream_id, method
         self.metadata, self.peer, self.deadline = metadata, peer, deadline
-        self._reader = reader
+        self.requests = Inbound(reader, budget or MemoryBudget(-1), self._acknowledge)
+        self.requests.on_too_many = self._too_many
         self._encoding = response_encoding
-        self._messages: collections.deque[bytes] = collections.deque()
-        self._arrived: asyncio.Future[None] | None = None
-        self._ended_by_client = False  # END_STREAM seen
-        self._deferred = 0  # received bytes not yet acknowledged
-        self._failure: WireError | None = None
         self.headers_sent = False
         self.finished = False  # status sent (or the stream is gone)
         self.cancelled = False  # the client reset the stream or went away
@@ -83,53 +78,27 @@ class ServerCall:
         self.deadline_timer: asyncio.TimerHandle | None = None
         self.max_send = -1  # grpc.max_send_message_length (-1: no limit)
 
-    # -- inbound ---------------------------------------------------------------------------------
+    # -- inbound (inbound.py) ----------------------------------------------------------------------
     def feed(self, data: bytes, end: bool) -> None:
         """DATA from the client (and END_STREAM with it)."""
-        if data:
-            if self._messages:  # the handler has not taken what came before: hold the window
-                self._deferred += len(data)
-            else:
-                self.link.acknowledge(self.stream_id, len(data))
-            if self._failure is None:
-                try:
-                    self._messages.extend(self._reader.feed(data))
-                except WireError as failure:
-                    self._failure = failure
-        if end:
-            self._ended_by_client = True
-        self._wake()
+        self.requests.feed(data, end)
 
-    def _wake(self) -> None:
-        if self._arrived is not None and not self._arrived.done():
-            self._arrived.set_result(None)
+    def _acknowledge(self, amount: int) -> None:
+        self.link.acknowledge(self.stream_id, amount)
 
     async def next_request(self) -> bytes | None:
         """The next request message; None once the client has sent its last. Raises WireError."""
-        while not self._messages:
-            if self._failure is not None:
-                raise self._failure
-            if self._ended_by_client:
-                if self._reader.partial:
-                    raise WireError(grpc.StatusCode.INTERNAL, "the stream ended inside a message")
-                return None
-            self._arrived = asyncio.get_running_loop().create_future()
-            try:
-                await self._arrived
-            finally:
-                self._arrived = None
-        message = self._messages.popleft()
-        if self._deferred:
-            self.link.acknowledge(self.stream_id, self._deferred)
-            self._deferred = 0
-        return message
+        return await self.requests.next()
 
     async def single_request(self) -> bytes:
         """The one message of a unary request. Raises WireError when there is not exactly one."""
-        message = await self.next_request()
-        if message is None:
-            raise WireError(grpc.StatusCode.INTERNAL, "a unary call without its request message")
-        return message
+        return await self.requests.single()
+
+    def _too_many(self) -> None:
+        """A second message on a unary call: it ends INTERNAL, its handler cancelled."""
+        self.finish(grpc.StatusCode.INTERNAL, TOO_MANY_REQUESTS)
+        if self.task is not None:
+            self.task.cancel()
 
     # -- outbound --------------------------------------------------------------------------------
     def send_headers(self, metadata: Sequence[tuple[str, str | bytes]] = ()) -> None:
@@ -171,7 +140,7 @@ class ServerCall:
         if self.finished:
             return
         self.finished = True
-        self._give_window_back()
+        self.requests.close()
         status = status_headers(code, details, trailing)
         if self.headers_sent:
             self.link.submit_trailers(self.stream_id, status)
@@ -185,19 +154,10 @@ class ServerCall:
         if self.finished:
             return
         self.cancelled = self.finished = True
-        self._give_window_back()
-        self._wake()
+        self.requests.close()
         if self.task is not None:
             self.task.cancel()
         self.link.call_ended(self)
-
-    def _give_window_back(self) -> None:
-        """The call is over: bytes held back from a handler that stopped reading go back to the
-        connection's window (else every such call would shrink it for good)."""
-        if self._deferred:
-            self.link.acknowledge(self.stream_id, self._deferred)
-            self._deferred = 0
-        self._messages.clear()
 
     def expire(self) -> None:
         """The deadline passed: the handler is cancelled and the call ends DEADLINE_EXCEEDED."""

@@ -9,11 +9,20 @@ streams' data, which makes their writers wait (call.py). Bytes leave ngh2 `_WRIT
 and only while the socket is not paused, so the transport's buffer stays near its high water
 instead of taking all the client's windows allow (megabytes a stream once grpc clients grow them).
 A connection that carried much asks for the freed heap back when it closes (frontends/heap_trim.py).
+
+A client must not take the loop from the others: what it sends is fed to ngh2 a slice at a time
+(1 KiB to 1 MiB, smaller while the slices are dense with frames) and its events are handled at
+most `_EVENTS_PER_TURN` a turn of the loop, reading paused while a backlog waits (a read of
+256 KiB of HEADERS+RST_STREAM pairs is 20,000 events: 0.4 s in one turn before). Frames that carry
+nothing are counted (policy.FloodJudge); a protocol error closes the connection with one line in
+the incident log (incidents.py), never a traceback; and a closed connection whose client does
+not read is dropped after `_DRAIN_SECONDS`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -23,13 +32,17 @@ import ngh2
 
 from pystub_backend.backend.frontends.grpc.h2.call import ServerCall
 from pystub_backend.backend.frontends.grpc.h2.dispatch import serve_call
-from pystub_backend.backend.frontends.grpc.h2.policy import PingJudge
+from pystub_backend.backend.frontends.grpc.h2.inbound import MemoryBudget
+from pystub_backend.backend.frontends.grpc.h2.policy import FLOOD_BURST, FLOOD_RATE, FloodJudge, PingJudge
 from pystub_backend.backend.frontends.grpc.h2.timers import ConnectionTimers
 from pystub_backend.backend.frontends.grpc.h2.wire import (
     SUPPORTED_ENCODINGS,
+    TIMEOUT_DETAILS,
     Header,
     MessageReader,
     WireError,
+    header_list_size,
+    is_grpc_content_type,
     metadata_of,
     parse_timeout,
     response_encoding,
@@ -43,7 +56,28 @@ if TYPE_CHECKING:
 __all__ = ["H2Connection"]
 
 log = logging.getLogger("pystub.grpc")
-_CONFIG = ngh2.Configuration(auto_window_update=False)
+# ngh2 keeps a header block up to this size (and 1 field per 32 bytes of it, so that the size, not
+# the count, is what a long list exceeds: that stream alone is refused); the call's own limit
+# (policy.max_metadata, 16 KiB) is checked here, so that a list over it ends that call alone.
+_NGH2_HEADER_LIST = 256 << 10
+# libnghttp2's own limit on RST_STREAM frames stays as a backstop behind the flood judge, which
+# counts them first (and answers with a GOAWAY where ngh2's limit ends the session bare).
+_CONFIG = ngh2.Configuration(auto_window_update=False, max_inbound_header_list_size=_NGH2_HEADER_LIST,
+                             max_inbound_header_count=_NGH2_HEADER_LIST // 32,
+                             stream_reset_rate_limit=(2 * FLOOD_BURST, int(2 * FLOOD_RATE)))
+_HEADER_TABLE = 4096  # the HPACK table a client may fill (the protocol's default, said explicitly)
+# Bytes handed to ngh2 at a time: a slice that gave many events makes the next one smaller (a
+# slice of HEADERS decodes to up to 1,000 header lists), one that gave few the next one larger
+# (DATA: one event per frame).
+_SLICE_MIN, _SLICE_FIRST, _SLICE_MAX = 1 << 10, 4 << 10, 1 << 20
+_BUSY_SLICE, _QUIET_SLICE = 32, 4  # events
+_EVENTS_PER_TURN = 128  # events handled before the loop serves the others
+# A client sends WINDOW_UPDATEs as it reads what the server sent (grpc's, one for the stream and
+# one for the connection per message, often of a few bytes): each message sent allows this many;
+# one past them carries nothing, unless it opens a window this much (a client growing its windows).
+_UPDATES_PER_MESSAGE = 4
+_LARGE_WINDOW_UPDATE = 64 << 10
+_DRAIN_SECONDS = 5.0  # a closed connection still unread after this is dropped with what it held
 # What one stream may send before the server reads it: a message of 1 MiB and more fits, so the
 # client does not stop mid-message for a WINDOW_UPDATE's round trip (as it did with 1 MiB).
 _STREAM_WINDOW = 4 << 20
@@ -80,9 +114,24 @@ class H2Connection(asyncio.Protocol):
         self._paused = False
         self._writers: dict[int, asyncio.Future[None]] = {}
         self._pings = PingJudge(state.policy)
+        self._floods = FloodJudge(time.monotonic())
+        self._budget = MemoryBudget(state.policy.max_connection_memory)
         self.timers = ConnectionTimers(self, state.policy)
         self.closing = False
         self._carried = 0  # bytes received and sent
+        self._inbox: collections.deque[memoryview] = collections.deque()  # received, not yet fed to ngh2
+        self._slice = _SLICE_FIRST
+        self._events: collections.deque[ngh2.Event] = collections.deque()  # from ngh2, not yet handled
+        self._work_less = 0  # frames of this turn that carried nothing (FloodJudge)
+        self._turn: asyncio.Handle | None = None  # the next turn of a backlog
+        self._reading_paused = False
+        self._broken = False  # a protocol error: nothing more is read
+        self._drain: asyncio.TimerHandle | None = None
+        self._reported = False  # the incident log has had its line about this connection
+        self._settings_seen = False
+        self._last_stream = 0  # the newest stream a call was opened on (a GOAWAY's last stream id)
+        self._updates_allowed = _UPDATES_PER_MESSAGE  # WINDOW_UPDATEs the data sent so far explains
+        self._opened: list[ServerCall] = []  # calls opened in this turn (_arm_read_timeouts)
 
     # -- the socket --------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -91,7 +140,9 @@ class H2Connection(asyncio.Protocol):
         self._state.connections.add(self)
         self._h2.initiate_connection({ngh2.Setting.INITIAL_WINDOW_SIZE: _STREAM_WINDOW,
                                       ngh2.Setting.MAX_CONCURRENT_STREAMS: self._state.max_streams,
-                                      ngh2.Setting.MAX_FRAME_SIZE: _MAX_FRAME})
+                                      ngh2.Setting.MAX_FRAME_SIZE: _MAX_FRAME,
+                                      ngh2.Setting.HEADER_TABLE_SIZE: _HEADER_TABLE,
+                                      ngh2.Setting.MAX_HEADER_LIST_SIZE: self._state.policy.max_metadata})
         self._h2.set_local_window_size(_CONNECTION_WINDOW)
         self.timers.start()
         self.flush()
@@ -100,6 +151,12 @@ class H2Connection(asyncio.Protocol):
         self._state.connections.discard(self)
         self._state.connection_lost.set()
         self.timers.stop()
+        for handle in (self._turn, self._drain):
+            if handle is not None:
+                handle.cancel()
+        self._inbox.clear()
+        self._events.clear()
+        self._opened.clear()
         for call in list(self.calls.values()):
             call.cancel()
         self.calls.clear()
@@ -116,18 +173,94 @@ class H2Connection(asyncio.Protocol):
         self.flush()
 
     def data_received(self, data: bytes) -> None:
-        self._batching = True
         self._carried += len(data)
+        if self._broken:
+            return
+        self._inbox.append(memoryview(data))
+        if self._turn is None:
+            self._read_turn()
+
+    def _read_turn(self) -> None:
+        """Feed ngh2 and handle its events, `_EVENTS_PER_TURN` at most; the rest in later turns."""
+        self._turn = None
+        self._batching = True
         try:
-            self._h2.receive_data(data)
-            for event in self._h2.events():
-                self._handle(event)
+            while self._transport is not None and not self._broken and len(self._events) < _EVENTS_PER_TURN \
+                    and self._inbox:
+                self._h2.receive_data(self._next_slice())
+                events = self._h2.events()
+                self._events.extend(events)
+                if len(events) > _BUSY_SLICE:
+                    self._slice = max(_SLICE_MIN, self._slice >> 2)
+                elif len(events) <= _QUIET_SLICE:
+                    self._slice = min(_SLICE_MAX, self._slice << 2)
+            handled = 0
+            while self._events and handled < _EVENTS_PER_TURN and self._transport is not None:
+                self._handle(self._events.popleft())
+                handled += 1
         except ngh2.NGH2Error as exc:
-            log.debug("gRPC connection from %s: %s", self._peer, exc)
-            self.close()
+            self._protocol_error(exc)
         finally:
             self._batching = False
+        self._arm_read_timeouts()
+        self._judge_floods()
+        self._schedule_backlog()
         self.flush()
+
+    def _arm_read_timeouts(self) -> None:
+        """The calls opened this turn that are still waiting for their first message get their
+        request-read timeout (most unary calls have it by now: no timer for them)."""
+        if self._opened:
+            opened, self._opened = self._opened, []
+            for call in opened:
+                call.requests.arm_read_timeout(self._state.policy.request_read_timeout)
+
+    def _next_slice(self) -> memoryview:
+        piece = self._inbox.popleft()
+        if len(piece) > self._slice:
+            self._inbox.appendleft(piece[self._slice:])
+            piece = piece[:self._slice]
+        return piece
+
+    def _schedule_backlog(self) -> None:
+        """Another turn for what is left, after the loop has served everyone else; the socket is
+        not read meanwhile (TCP's window then slows the client)."""
+        transport = self._transport
+        if transport is None or self._broken or not (self._inbox or self._events):
+            if self._reading_paused and transport is not None and not self._broken:
+                self._reading_paused = False
+                transport.resume_reading()
+            return
+        if not self._reading_paused:
+            self._reading_paused = True
+            transport.pause_reading()
+        self._turn = asyncio.get_running_loop().call_soon(self._read_turn)
+
+    def _judge_floods(self) -> None:
+        work_less, self._work_less = self._work_less, 0
+        if work_less and self._floods.flooding(time.monotonic(), work_less) and not self._broken:
+            self._misbehaved("flood", "sent a flood of frames that carry nothing")
+            self.goaway(ngh2.ErrorCode.ENHANCE_YOUR_CALM, b"too_many_frames", close=True)
+
+    def _protocol_error(self, exc: ngh2.NGH2Error) -> None:
+        """ngh2 ended the session: it can send nothing more, so the GOAWAY is written here."""
+        self._misbehaved(str(exc) or type(exc).__name__, f"broke the HTTP/2 protocol: {exc}")
+        self._broken = True
+        self._inbox.clear()
+        self._events.clear()
+        self.cancel_calls()
+        if self._transport is not None and not self.closing:
+            code = ngh2.ErrorCode.ENHANCE_YOUR_CALM if isinstance(exc, ngh2.DenialOfServiceError) \
+                else ngh2.ErrorCode.PROTOCOL_ERROR
+            self._transport.write(_goaway_frame(self._last_stream, code))
+            self.closing = True
+        self.close()
+
+    def _misbehaved(self, kind: str, what: str) -> None:
+        """One line for this connection, whatever else it does (incidents.py)."""
+        if not self._reported:
+            self._reported = True
+            self._state.incidents.report(kind, f"gRPC connection from {self._peer} closed: it {what}")
 
     def flush(self) -> None:
         """Hand what ngh2 has queued to the socket (unless inside a batch or paused)."""
@@ -135,25 +268,33 @@ class H2Connection(asyncio.Protocol):
             return
         sent = 0
         while not self._paused:  # a write over the transport's high water pauses it at once
-            data = self._h2.data_to_send(_WRITE_CHUNK)
+            try:
+                data = self._h2.data_to_send(_WRITE_CHUNK)
+            except ngh2.NGH2Error:  # the session ended on a protocol error: nothing more goes out
+                break
             if not data:
                 break
             self._transport.write(data)
             sent += len(data)
-        if sent:
-            self._carried += sent
-            self._pings.data_sent()
+        self._carried += sent
         if self._writers:
             self._wake_writers()
-        if self.closing and not self.calls and not self._h2.want_write:
+        if self.closing and not self.calls and (self._broken or not self._h2.want_write):
             self.close()
 
     def close(self) -> None:
-        if self._transport is not None:
+        """Close after the last frames (a GOAWAY, say); dropped if still unread `_DRAIN_SECONDS` on."""
+        if self._transport is None:
+            return
+        try:
             data = self._h2.data_to_send()
-            if data:
-                self._transport.write(data)
-            self._transport.close()
+        except ngh2.NGH2Error:
+            data = b""
+        if data:
+            self._transport.write(data)
+        self._transport.close()
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().call_later(_DRAIN_SECONDS, self.abort)
 
     def abort(self) -> None:
         """Drop the socket now, with whatever it still had to send: a client that stopped reading
@@ -166,9 +307,13 @@ class H2Connection(asyncio.Protocol):
         if isinstance(event, ngh2.DataReceived):
             call = self.calls.get(event.stream_id)
             if call is not None:
+                if not event.data and not event.end_stream:
+                    self._work_less += 1
                 call.feed(event.data, event.end_stream)
-            elif event.data:  # a stream that already has its answer: give the window back
-                self.acknowledge(event.stream_id, len(event.data))
+            else:  # a stream that already has its answer: give the window back
+                self._work_less += 1
+                if event.data:
+                    self.acknowledge(event.stream_id, len(event.data))
         elif isinstance(event, ngh2.RequestReceived):
             self._open(event.stream_id, event.headers, event.end_stream)
         elif isinstance(event, ngh2.TrailersReceived):
@@ -178,65 +323,105 @@ class H2Connection(asyncio.Protocol):
         elif isinstance(event, (ngh2.StreamReset, ngh2.StreamClosed)):
             call = self.calls.get(event.stream_id)
             if call is not None:
+                if isinstance(event, ngh2.StreamReset):  # reset before its answer (Rapid Reset's frame)
+                    self._work_less += 1
                 call.cancel()
             self._wake_writers()
         elif isinstance(event, ngh2.WindowUpdated):
+            if self._updates_allowed > 0:
+                self._updates_allowed -= 1
+            elif event.increment < _LARGE_WINDOW_UPDATE:
+                self._work_less += 1
             self._wake_writers()
         elif isinstance(event, ngh2.PingReceived):
             if self._pings.too_many(time.monotonic(), bool(self.calls)):
+                self._misbehaved("too many pings", "pinged too often (too_many_pings)")
                 self.goaway(ngh2.ErrorCode.ENHANCE_YOUR_CALM, b"too_many_pings", close=True)
         elif isinstance(event, ngh2.PingAcknowledged):
             self.timers.ping_acknowledged()
         elif isinstance(event, ngh2.SettingsReceived):
+            if self._settings_seen:
+                self._work_less += 1
+            self._settings_seen = True
             self.timers.handshake_done()
         elif isinstance(event, ngh2.ConnectionClosed):
             self.close()
 
     def _open(self, stream_id: int, headers: tuple[ngh2.Header, ...], end: bool) -> None:
+        self._last_stream = max(self._last_stream, stream_id)
         fields = {name: value for name, value in headers}
-        refusal = _refusal(fields)
-        if refusal is not None:
-            status, code, details = refusal
-            self._h2.send_response(stream_id, [(b":status", status), (b"content-type", b"application/grpc"),
-                                               *status_headers(code, details, ())], end_stream=True)
-            return
-        try:
-            metadata = metadata_of(headers)
-        except WireError as error:
-            self._h2.send_response(stream_id, [(b":status", b"200"), (b"content-type", b"application/grpc"),
-                                               *status_headers(error.code, error.details, ())], end_stream=True)
-            return
-        timeout = parse_timeout(fields[b"grpc-timeout"]) if b"grpc-timeout" in fields else None
-        deadline = None if timeout is None else time.monotonic() + timeout
-        encoding = fields.get(b"grpc-encoding", b"identity").decode("ascii", "replace")
         policy = self._state.policy
+        size = header_list_size(headers)
+        refusal = _refusal(fields, size, policy.max_metadata)
+        if refusal is None and b"grpc-timeout" in fields:
+            timeout = parse_timeout(fields[b"grpc-timeout"])
+            if timeout is None:  # grpc.aio's answer to a malformed one
+                refusal = b"200", grpc.StatusCode.INTERNAL, TIMEOUT_DETAILS
+        else:
+            timeout = None
+        if refusal is None:
+            try:
+                metadata = metadata_of(headers)
+            except WireError as error:
+                refusal = b"200", error.code, error.details
+        if refusal is not None:
+            self._work_less += 1
+            self._refuse(stream_id, *refusal)
+            return
+        encoding = fields.get(b"grpc-encoding", b"identity").decode("ascii", "replace")
+        deadline = None if timeout is None else time.monotonic() + timeout
         call = ServerCall(self, stream_id, fields[b":path"].decode("ascii", "replace"), metadata, self._peer,
                           deadline, MessageReader(encoding, policy.max_receive),
-                          response_encoding(policy.compression_level, fields.get(b"grpc-accept-encoding")))
+                          response_encoding(policy.compression_level, fields.get(b"grpc-accept-encoding")),
+                          self._budget)
+        if not call.requests.hold_headers(size):
+            full = self._budget.exhausted()
+            self._refuse(stream_id, b"200", full.code, full.details)
+            return
         call.max_send = policy.max_send
         self.calls[stream_id] = call
         self.timers.call_started()
         if end:
             call.feed(b"", True)
+        elif policy.request_read_timeout is not None:
+            self._opened.append(call)  # its read timeout, at the end of the turn if still waiting
         call.task = asyncio.ensure_future(serve_call(call, self._state.lookup))
         if timeout is not None:
             call.deadline_timer = asyncio.get_running_loop().call_later(timeout, call.expire)
 
+    def _refuse(self, stream_id: int, status: bytes, code: grpc.StatusCode, details: str) -> None:
+        """A trailers-only answer to a call that does not start."""
+        self._h2.send_response(stream_id, [(b":status", status), (b"content-type", b"application/grpc"),
+                                           *status_headers(code, details, ())], end_stream=True)
+        self._pings.data_sent()
+
     # -- the calls' Link ------------------------------------------------------------------------------
     def submit_headers(self, stream_id: int, headers: list[Header], end: bool) -> None:
+        if self._broken:  # ngh2 ended the session: nothing more goes through it
+            return
         self._h2.send_response(stream_id, headers, end_stream=end)
+        self._pings.data_sent()
         self._flush_soon()
 
     def submit_message(self, stream_id: int, prefix: bytes, body: bytes) -> None:
+        if self._broken:  # ngh2 ended the session: nothing more goes through it
+            return
         self._h2.send_data(stream_id, prefix)
         self._h2.send_data(stream_id, body)
+        self._pings.data_sent()
+        self._updates_allowed += _UPDATES_PER_MESSAGE * (1 + len(body) // _MAX_FRAME)
         self._flush_soon()
 
     def submit_trailers(self, stream_id: int, headers: list[Header]) -> None:
+        if self._broken:  # ngh2 ended the session: nothing more goes through it
+            return
         self._h2.send_trailers(stream_id, headers)
+        self._pings.data_sent()
         self._flush_soon()
 
     def acknowledge(self, stream_id: int, amount: int) -> None:
+        if self._broken:  # ngh2 ended the session: nothing more goes through it
+            return
         try:
             self._h2.acknowledge_received_data(amount, stream_id)
         except ngh2.NGH2Error:  # the stream is gone: the connection's window still needs the bytes back
@@ -305,15 +490,24 @@ class H2Connection(asyncio.Protocol):
             call.cancel()
 
 
-def _refusal(fields: dict[bytes, bytes]) -> tuple[bytes, grpc.StatusCode, str] | None:
+def _goaway_frame(last_stream: int, code: int) -> bytes:
+    """A GOAWAY frame: 8 bytes of payload, type 7, no flags, stream 0."""
+    return b"\x00\x00\x08\x07\x00\x00\x00\x00\x00" + last_stream.to_bytes(4, "big") + int(code).to_bytes(4, "big")
+
+
+def _refusal(fields: dict[bytes, bytes], header_size: int, max_header_size: int
+             ) -> tuple[bytes, grpc.StatusCode, str] | None:
     """(HTTP status, gRPC status, details) for a request that is not a gRPC call, as grpc core."""
     if fields.get(b":method") != b"POST":
         return b"405", grpc.StatusCode.INTERNAL, "gRPC requires the POST method"
-    if not fields.get(b"content-type", b"").startswith(b"application/grpc"):
+    if not is_grpc_content_type(fields.get(b"content-type", b"")):
         return b"415", grpc.StatusCode.INTERNAL, "Content-Type is not application/grpc"
     encoding = fields.get(b"grpc-encoding", b"identity").decode("ascii", "replace")
     if encoding not in SUPPORTED_ENCODINGS:
         return b"200", grpc.StatusCode.UNIMPLEMENTED, f"Compression algorithm '{encoding}' is disabled."
     if b":path" not in fields:
         return b"400", grpc.StatusCode.INTERNAL, "no :path"
+    if 0 <= max_header_size < header_size:  # grpc core's words
+        return (b"200", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"received metadata size exceeds hard limit ({header_size} vs. {max_header_size})")
     return None

@@ -62,6 +62,7 @@ async def _run(handler: grpc.RpcMethodHandler, call: ServerCall, context: H2Serv
     deserialize, serialize = handler.request_deserializer, handler.response_serializer
     context.bind(serialize, deserialize)
     if handler.request_streaming:
+        call.requests.streaming()
         request: Any = _requests(call, deserialize)
     else:
         request = _deserialized(await call.single_request(), deserialize)

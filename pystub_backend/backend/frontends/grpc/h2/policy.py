@@ -10,7 +10,17 @@
     limits           grpc.max_connection_idle_ms (no call for that long: GOAWAY),
                      grpc.max_connection_age_ms (GOAWAY) then grpc.max_connection_age_grace_ms (closed),
                      grpc.server_handshake_timeout_ms (TLS and the HTTP/2 preface must be done by then),
-                     grpc.max_receive_message_length / grpc.max_send_message_length (-1: none)
+                     grpc.max_receive_message_length / grpc.max_send_message_length (-1: none),
+                     grpc.absolute_max_metadata_size (a call's header list, 16 KiB by default: over
+                     it that call alone ends RESOURCE_EXHAUSTED, as in grpc core)
+    pystub's own     pystub.request_read_timeout_ms (a call's first message must arrive by then),
+                     pystub.max_connection_memory (the bytes of requests one connection's calls
+                     may hold; see inbound.py)
+    floods           frames that make the server work and carry nothing (a stream the client resets
+                     before its answer, DATA for a stream that is gone, a WINDOW_UPDATE that no data
+                     sent calls for, SETTINGS after the first) are counted in a token bucket of `FLOOD_BURST`
+                     refilled at `FLOOD_RATE` a second; a client that empties it gets GOAWAY
+                     ENHANCE_YOUR_CALM and is closed (HTTP/2 Rapid Reset among them)
     compression      grpc.default_compression_level (0..3) for the responses
 """
 
@@ -18,9 +28,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ConnectionPolicy", "PingJudge"]
+__all__ = ["ConnectionPolicy", "PingJudge", "FloodJudge", "MAX_METADATA", "REQUEST_READ_TIMEOUT_MS",
+           "MAX_CONNECTION_MEMORY", "FLOOD_BURST", "FLOOD_RATE"]
 
 _HOUR_MS = 3_600_000
+MAX_METADATA = 16 << 10  # grpc core's default hard limit on a call's header list
+REQUEST_READ_TIMEOUT_MS = 60_000  # as the HTTP frontend's --http-body-timeout-secs
+MAX_CONNECTION_MEMORY = 1 << 30
+# A client may send this many work-less frames at once, and this many a second after that. A
+# client that cancels calls or reads answers sends some; a flood sends 100,000s a second.
+FLOOD_BURST = 2000
+FLOOD_RATE = 500.0
 
 
 def _seconds(milliseconds: int | None) -> float | None:
@@ -44,6 +62,9 @@ class ConnectionPolicy:
     max_receive: int = 4 << 20
     max_send: int = -1
     compression_level: int = 0
+    max_metadata: int = MAX_METADATA
+    request_read_timeout: float | None = REQUEST_READ_TIMEOUT_MS / 1000
+    max_connection_memory: int = MAX_CONNECTION_MEMORY
 
     @classmethod
     def of(cls, args: dict[str, int]) -> ConnectionPolicy:
@@ -64,6 +85,9 @@ class ConnectionPolicy:
             max_receive=get("grpc.max_receive_message_length", 4 << 20),
             max_send=get("grpc.max_send_message_length", -1),
             compression_level=get("grpc.default_compression_level", 0),
+            max_metadata=get("grpc.absolute_max_metadata_size", MAX_METADATA),
+            request_read_timeout=_seconds(get("pystub.request_read_timeout_ms", REQUEST_READ_TIMEOUT_MS)),
+            max_connection_memory=get("pystub.max_connection_memory", MAX_CONNECTION_MEMORY) or -1,  # 0: none
         )
 
 
@@ -76,6 +100,7 @@ class PingJudge:
         self._strikes = 0
 
     def data_sent(self) -> None:
+        """The server sent headers or data (not a ping's ack): the strikes start again, as in grpc core."""
         self._strikes = 0
         self._last = None
 
@@ -87,3 +112,19 @@ class PingJudge:
         if last is not None and now - last < interval:
             self._strikes += 1
         return policy.max_ping_strikes > 0 and self._strikes > policy.max_ping_strikes
+
+
+class FloodJudge:
+    """Counts the frames of one client that carry nothing (the module docstring's "floods")."""
+
+    __slots__ = ("_tokens", "_last")
+
+    def __init__(self, now: float) -> None:
+        self._tokens = float(FLOOD_BURST)
+        self._last = now
+
+    def flooding(self, now: float, frames: int) -> bool:
+        """`frames` more such frames came by `now`: whether the bucket is empty (GOAWAY)."""
+        self._tokens = min(float(FLOOD_BURST), self._tokens + (now - self._last) * FLOOD_RATE) - frames
+        self._last = now
+        return self._tokens < 0

@@ -3,12 +3,13 @@ the generated `add_*Servicer_to_server` does it, grpc.aio server interceptors, b
 serving each connection with `connection.H2Connection` on the running event loop.
 
 Binding happens when the port is added (a busy port is an OSError then, as with grpc.aio); the
-listening socket starts accepting at `start()`.
+listening socket starts accepting at `start()` (accept.py: a failed accept pauses accepting).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import ssl
@@ -17,8 +18,10 @@ from typing import NamedTuple
 
 import grpc
 
+from pystub_backend.backend.frontends.grpc.h2.accept import Acceptor
 from pystub_backend.backend.frontends.grpc.h2.connection import H2Connection
 from pystub_backend.backend.frontends.grpc.h2.context import H2ServicerContext
+from pystub_backend.backend.frontends.grpc.h2.incidents import IncidentLog
 from pystub_backend.backend.frontends.grpc.h2.policy import ConnectionPolicy
 from pystub_backend.backend.frontends.heap_trim import HeapTrimmer
 
@@ -28,6 +31,7 @@ _Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHand
 _MAX_STREAMS = 1000
 _CANCELLED_HANDLERS_SECONDS = 5.0  # how long stop() waits for the handlers it cancelled to end
 _CLOSING_SECONDS = 1.0  # how long stop() lets closed connections flush their last frames
+log = logging.getLogger("pystub.grpc")
 
 
 class _CallDetails(NamedTuple):
@@ -49,6 +53,7 @@ class ServerState:
         self.call_ended = asyncio.Event()  # set whenever a call ends (stop's grace waits on it)
         self.connection_lost = asyncio.Event()  # set whenever a connection's socket goes
         self.heap = HeapTrimmer()  # closed connections' memory back to the system
+        self.incidents = IncidentLog(log)  # one line per misbehaving connection, rate-limited
         self._chain: _Continuation = self._find
         for interceptor in reversed(interceptors):
             self._chain = _intercepted(interceptor, self._chain)
@@ -94,7 +99,7 @@ class H2Server:
         self._options = dict(options or {})
         self._state = ServerState(ConnectionPolicy.of(self._options), interceptors)
         self._sockets: list[tuple[socket.socket, ssl.SSLContext | None]] = []
-        self._servers: list[asyncio.Server] = []
+        self._acceptors: list[Acceptor] = []
         self._unix_paths: list[str] = []
 
     # -- registration (what the generated code calls) ----------------------------------------------
@@ -136,20 +141,17 @@ class H2Server:
 
     # -- running -------------------------------------------------------------------------------------
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         handshake = self._state.policy.handshake_timeout
         for sock, tls in self._sockets:
-            # backlog: asyncio accepts that many per wakeup (and re-listens with it): a burst of
-            # clients is taken at once, as grpc core's own poller does
-            self._servers.append(await loop.create_server(
-                lambda: H2Connection(self._state), sock=sock, ssl=tls, backlog=socket.SOMAXCONN,
-                ssl_handshake_timeout=handshake if tls is not None else None))
+            acceptor = Acceptor(sock, tls, handshake, lambda: H2Connection(self._state), self._state.incidents)
+            acceptor.start()
+            self._acceptors.append(acceptor)
 
     async def stop(self, grace: float | None) -> None:
         """Stop accepting; GOAWAY to every client; the open calls get `grace` seconds (None: none),
         then they are cancelled and the connections closed."""
-        for server in self._servers:
-            server.close()
+        for acceptor in self._acceptors:
+            acceptor.stop()
         connections = list(self._state.connections)
         for connection in connections:
             connection.goaway()
@@ -167,14 +169,13 @@ class H2Server:
         for connection in list(self._state.connections):  # its client reads nothing: the buffer stays
             connection.abort()
         await self._connections_gone()
-        for server in self._servers:
-            await server.wait_closed()
-        self._servers.clear()
+        self._acceptors.clear()
         for sock, _ in self._sockets:
             sock.close()
         for path in self._unix_paths:
             _unlink(path)
         self._state.heap.cancel()
+        self._state.incidents.close()
 
     async def _connections_gone(self) -> None:
         await _wait_until(lambda: not self._state.connections, self._state.connection_lost, _CLOSING_SECONDS)

@@ -18,8 +18,10 @@ from collections.abc import Iterable, Sequence
 
 import grpc
 
-__all__ = ["Header", "Metadata", "MessageReader", "WireError", "parse_timeout", "metadata_of", "metadata_headers",
-           "status_headers", "frame_parts", "compress", "response_encoding", "ACCEPT_ENCODING", "SUPPORTED_ENCODINGS"]
+__all__ = ["Header", "Metadata", "MessageReader", "Message", "WireError", "parse_timeout", "metadata_of",
+           "metadata_headers", "status_headers", "frame_parts", "compress", "inflate_start", "inflate_rest",
+           "response_encoding", "is_grpc_content_type", "header_list_size", "ACCEPT_ENCODING", "SUPPORTED_ENCODINGS",
+           "TIMEOUT_DETAILS"]
 
 Header = tuple[bytes, bytes]
 Metadata = tuple[tuple[str, str | bytes], ...]
@@ -31,6 +33,12 @@ _PROTOCOL_HEADERS = frozenset({b"te", b"content-type", b"grpc-timeout", b"grpc-e
                                b"grpc-message-type"})
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 _PREFIX = 5
+# grpc.aio's answer to a grpc-timeout it cannot parse (INTERNAL).
+TIMEOUT_DETAILS = "Error parsing 'grpc-timeout' metadata"
+# A compressed message is inflated this many bytes at a time, its size checked after each step.
+_INFLATE_STEP = 1 << 20
+# What one message on the wire is: (its compressed flag, its body as received).
+Message = tuple[int, bytes]
 
 
 class WireError(Exception):
@@ -43,11 +51,28 @@ class WireError(Exception):
 
 
 def parse_timeout(value: bytes) -> float | None:
-    """`grpc-timeout` (at most 8 digits and a unit) in seconds; None when malformed."""
-    if not 2 <= len(value) <= 9 or not value[:-1].isdigit():
+    """`grpc-timeout` (digits and a unit, spaces around them allowed, as grpc core reads it) in
+    seconds; None when malformed (`-1S`, `1.5S`, `abc`: the call is refused, TIMEOUT_DETAILS)."""
+    value = value.strip(b" ")
+    digits = value[:-1].rstrip(b" ")
+    if not digits.isdigit() or not digits.isascii():
         return None
     unit = _TIMEOUT_UNITS.get(value[-1])
-    return None if unit is None else int(value[:-1]) * unit
+    return None if unit is None else int(digits) * unit
+
+
+def is_grpc_content_type(value: bytes) -> bool:
+    """`application/grpc`, alone or with a `+format` or `;parameters` (the gRPC protocol's
+    Content-Type); not `application/grpcfoo` nor `application/grpc-web`."""
+    return value == b"application/grpc" or value.startswith((b"application/grpc+", b"application/grpc;"))
+
+
+def header_list_size(headers: Sequence[Header]) -> int:
+    """A header list's size as HTTP/2 and grpc count it: each field's name and value and 32."""
+    size = 0
+    for name, value in headers:
+        size += len(name) + len(value)
+    return size + 32 * len(headers)
 
 
 def metadata_of(headers: Iterable[Header]) -> Metadata:
@@ -107,17 +132,44 @@ def _decompressor(encoding: str) -> zlib._Decompress:
     return zlib.decompressobj(zlib.MAX_WBITS | 16 if encoding == "gzip" else zlib.MAX_WBITS)
 
 
-def _inflate(payload: bytes, encoding: str, limit: int) -> bytes:
-    """Decompress one message, refusing more than `limit` bytes (a zip bomb stops there)."""
+def _too_large(size: int, limit: int) -> WireError:
+    return WireError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. {limit})")
+
+
+def inflate_start(payload: bytes, encoding: str, limit: int) -> tuple[bytes | None, zlib._Decompress, bytes]:
+    """The first step of inflating one message (at most `_INFLATE_STEP` bytes, cheap enough for the
+    event loop): (the whole message, or None while there is more; the inflater; what it gave so far).
+    Raises WireError: INTERNAL for bytes that do not inflate, RESOURCE_EXHAUSTED above `limit`."""
     inflater = _decompressor(encoding)
+    first = _inflate_step(inflater, payload, encoding)
+    if 0 <= limit < len(first):
+        raise _too_large(len(first), limit)
+    if inflater.eof or not inflater.unconsumed_tail and len(first) < _INFLATE_STEP:
+        return first, inflater, first
+    return None, inflater, first
+
+
+def inflate_rest(inflater: zlib._Decompress, first: bytes, encoding: str, limit: int) -> bytes:
+    """The rest of a message `inflate_start` began, a step at a time, its size checked after each
+    step so that a small message that inflates to gigabytes stops at `limit` (a thread's work: zlib
+    lets go of the interpreter while it inflates). Raises WireError as `inflate_start`."""
+    parts, size = [first], len(first)
+    while not inflater.eof:
+        chunk = _inflate_step(inflater, inflater.unconsumed_tail, encoding)
+        if not chunk:
+            break
+        size += len(chunk)
+        if 0 <= limit < size:
+            raise _too_large(size, limit)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _inflate_step(inflater: zlib._Decompress, data: bytes, encoding: str) -> bytes:
     try:
-        data = inflater.decompress(payload, limit + 1 if limit >= 0 else 0)
+        return inflater.decompress(data, _INFLATE_STEP)
     except zlib.error as exc:
         raise WireError(grpc.StatusCode.INTERNAL, f"cannot decompress a {encoding} message: {exc}") from exc
-    if 0 <= limit < len(data):
-        raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"Received message larger than max ({len(data)} vs. {limit})")
-    return data
 
 
 def compress(payload: bytes, encoding: str, level: int = 6) -> bytes:
@@ -157,7 +209,7 @@ def response_encoding(level: int, accepted: bytes | None) -> str | None:
 
 
 class MessageReader:
-    """Cuts a stream's DATA into messages, decompressing those flagged compressed.
+    """Cuts a stream's DATA into messages (their compressed flag and body: call.py inflates them).
 
     A message longer than one DATA frame (16 KiB by default) arrives in pieces: they are kept as
     they came and joined once, when the message is whole (one copy; growing one buffer by each
@@ -170,12 +222,22 @@ class MessageReader:
         self._max = max_length  # -1: no limit
 
     @property
+    def encoding(self) -> str | None:
+        return self._encoding
+
+    @property
+    def limit(self) -> int:
+        """The receive limit (-1: none)."""
+        return self._max
+
+    @property
     def partial(self) -> bool:
         """Whether bytes of an unfinished message are waiting."""
         return self._buffered > 0
 
-    def feed(self, data: bytes) -> list[bytes]:
-        """The messages `data` completes. Raises WireError."""
+    def feed(self, data: bytes) -> list[Message]:
+        """The messages `data` completes. Raises WireError for one declared larger than the limit,
+        or flagged compressed on a call without a grpc-encoding."""
         if not self._buffered and len(data) >= _PREFIX and len(data) == _PREFIX + int.from_bytes(data[1:5], "big"):
             return [self._message(data[0], data[_PREFIX:])]  # the usual case: one whole message
         if data:
@@ -216,12 +278,9 @@ class MessageReader:
         parts[0] = parts[0][_PREFIX:]
         return b"".join(parts)
 
-    def _message(self, flag: int, payload: bytes) -> bytes:
+    def _message(self, flag: int, payload: bytes) -> Message:
         if 0 <= self._max < len(payload):
-            raise WireError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                            f"Received message larger than max ({len(payload)} vs. {self._max})")
-        if flag == 0:
-            return payload
-        if flag != 1 or self._encoding is None or self._encoding == "identity":
-            raise WireError(grpc.StatusCode.INTERNAL, "a compressed message without a grpc-encoding")
-        return _inflate(payload, self._encoding, self._max)
+            raise _too_large(len(payload), self._max)
+        if flag != 0 and (flag != 1 or self._encoding is None or self._encoding == "identity"):
+            raise WireError(grpc.StatusCode.INTERNAL, "Compression bit set but no encoding configured")
+        return flag, payload
