@@ -142,7 +142,7 @@ async def _serve_listener(port: int) -> None:
 
 
 class _InstantCore:
-    """The `ServerCore` members the infer route uses, answering each request with its inputs."""
+    """The `FrontendCore` members the infer route uses, answering each request with its inputs."""
 
     def target(self, name: str, version: str = "") -> None:
         return None

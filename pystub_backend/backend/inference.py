@@ -1,7 +1,7 @@
 """The protocol-neutral request and response the frontends exchange with the core.
 
 A frontend decodes HTTP or gRPC into an `InferRequest` whose tensor data are buffers into the
-received message (no copies yet), calls `ServerCore.infer`, encodes the `InferResponse`, and then
+received message (no copies yet), calls `FrontendCore.infer`, encodes the `InferResponse`, and then
 calls `InferResponse.release()`: output data are views into a stub's shared-memory arena and stay
 valid only until that call.
 
@@ -14,17 +14,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, Union
+from typing import Any, Protocol, Union
 
 import numpy as np
 
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.ipc.bytes_codec import deserialize_bytes
 from pystub_backend.ipc.dtypes import numpy_dtype
-
-if TYPE_CHECKING:
-    from pystub_backend.backend.features.client_shm import ClientShmRegistry
-    from pystub_backend.backend.telemetry.tracing.spans import RequestTrace
 
 __all__ = [
     "RESERVED_PARAMETERS",
@@ -35,8 +31,10 @@ __all__ = [
     "RequestedOutput",
     "InferRequest",
     "InferResponse",
-    "ServerCore",
+    "FrontendCore",
     "ServingTarget",
+    "Trace",
+    "ClientShmRegions",
     "ParameterValue",
     "tensor_to_numpy",
     "buffer_view",
@@ -108,7 +106,7 @@ class InferRequest:
     flags: int = 0
     # The request's trace when it was sampled (telemetry/tracing): the frontend or the BLS
     # handler sets it; the scheduler records queue and compute times on it.
-    trace: RequestTrace | None = None
+    trace: Trace | None = None
     # A BLS call that prefers its outputs on this GPU: outputs the model left on it stay there.
     device_outputs: int | None = None
 
@@ -156,6 +154,40 @@ def tensor_to_numpy(tensor: Tensor) -> np.ndarray:
     return array.reshape(tensor.shape)
 
 
+class Trace(Protocol):
+    """A sampled request's trace as the core marks it (`telemetry.tracing.spans.RequestTrace`)."""
+
+    def computing(self, version: str, queued_ns: int, start_ns: int) -> None:
+        """The request left the queue at `start_ns` for an execution of `version`."""
+
+    def computed(self, input_end_ns: int, end_ns: int) -> None:
+        """The model had the inputs at `input_end_ns` and returned from execute at `end_ns`."""
+
+    def request_end(self, at_ns: int | None = None) -> None:
+        """The request's last response was sent (now, or at `at_ns`)."""
+
+    def context(self) -> str:
+        """The trace context the stub hands the model (`request.trace().get_context()`)."""
+
+
+class ClientShmRegions(Protocol):
+    """The client shared-memory regions the shm extension's routes manage
+    (`features.client_shm.ClientShmRegistry`). Methods raise ServerError."""
+
+    def status(self, name: str = "") -> list[dict[str, Any]]: ...
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
+
+    def unregister(self, name: str = "") -> None: ...
+
+    def cuda_status(self, name: str = "") -> list[dict[str, Any]]: ...
+
+    def cuda_register(self, name: str, ipc_handle: bytes = b"", device_id: int = 0, byte_size: int = 0) -> None: ...
+
+    async def cuda_unregister_closed(self, name: str = "") -> None:
+        """Forget one CUDA region or all, returning once the stubs closed their handles."""
+
+
 class ServingTarget(Protocol):
     """What a frontend may ask of the model version serving its request."""
 
@@ -163,7 +195,7 @@ class ServingTarget(Protocol):
     def decoupled(self) -> bool: ...
 
 
-class ServerCore(Protocol):
+class FrontendCore(Protocol):
     """What the frontends need from the server. Methods raise `pystub_backend.backend.errors.ServerError`."""
 
     server_name: str
@@ -171,7 +203,7 @@ class ServerCore(Protocol):
     extensions: list[str]
 
     @property
-    def client_shm(self) -> ClientShmRegistry:
+    def client_shm(self) -> ClientShmRegions:
         """The client shared-memory regions requests may name (the shm extension's routes)."""
 
     def is_live(self) -> bool: ...

@@ -9,7 +9,7 @@ requested-output set is built once, on its state.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pystub_backend.ipc.arena import ArenaFullError
 from pystub_backend.ipc.messages import core as msg
@@ -17,19 +17,47 @@ from pystub_backend.ipc.records import WireError, WireRequest, WireResponse, err
 from pystub_backend.ipc.status import Status
 from pystub_backend.ipc.tensors import InlineBudget, arena_handles
 from pystub_backend.stub.executor import check_return, failure_text, format_traceback, run_execute
-from pystub_backend.stub.features.sequences import report_rescheduled
+from pystub_backend.stub.rescheduled import report_rescheduled
 from pystub_backend.stub.senders import RequestState
 from pystub_backend.stub.translate import build_request, response_to_wire
 
 if TYPE_CHECKING:
-    from pystub_backend.stub.stub import Stub
+    from pystub_backend.ipc.arena import ArenaReader, ArenaWriter
+    from pystub_backend.ipc.control_block import ControlBlock
+    from pystub_backend.stub.batched import BatchedExecute
+    from pystub_backend.stub.event_loop import InstanceLoop
+    from pystub_backend.stub.rescheduled import RescheduledRequests
+    from pystub_backend.stub.senders import RequestRegistry
 
-__all__ = ["run_batch"]
+__all__ = ["run_batch", "ExecutingStub"]
+
+
+class ExecutingStub(Protocol):
+    """The stub (stub/stub.py, which calls `run_batch`) as one batch uses it."""
+
+    instance: str
+    model: Any
+    model_name: str
+    model_version: int
+    decoupled: bool
+    batched: BatchedExecute | None
+    control: ControlBlock
+    loop: InstanceLoop
+    requests: RequestRegistry
+    rescheduled: RescheduledRequests
+    p2s: ArenaReader
+    s2p: ArenaWriter
+
+    def send(self, message: Any) -> None: ...
+
+    def free(self, handles: list[list[int]]) -> None: ...
+
+    def log_error(self, text: str) -> None: ...
 
 _FINAL = msg.RESPONSE_FINAL
 
 
-def run_batch(stub: Stub, message: msg.Execute) -> None:
+def run_batch(stub: ExecutingStub, message: msg.Execute) -> None:
     """Run one batch and send its EXECUTE_DONE (always: the backend must hear of every batch)."""
     if message.releases:
         stub.free(message.releases)
@@ -73,7 +101,7 @@ def _arm_senders(requests: list[Any], states: list[RequestState]) -> None:
             request.get_response_sender()
 
 
-def _send_done(stub: Stub, batch_id: int, error: WireError | None, responses: list[WireResponse]) -> None:
+def _send_done(stub: ExecutingStub, batch_id: int, error: WireError | None, responses: list[WireResponse]) -> None:
     """EXECUTE_DONE; when it is over the frame limit and s2p has no room to spill it, the
     batch fails with the arena's text instead (that frame always fits): the backend must hear
     of every batch, or its requests would wait for their deadline."""
@@ -85,7 +113,7 @@ def _send_done(stub: Stub, batch_id: int, error: WireError | None, responses: li
         stub.send(msg.ExecuteDone(batch_id, error_to_wire(Status.INTERNAL, str(exc)), []))
 
 
-def _build_requests(stub: Stub, wires: list[WireRequest], requests: list[Any], states: list[RequestState],
+def _build_requests(stub: ExecutingStub, wires: list[WireRequest], requests: list[Any], states: list[RequestState],
                     responses: list[WireResponse]) -> None:
     """Fill `requests` and `states` for the wire requests that can be built.
 

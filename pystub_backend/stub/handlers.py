@@ -25,15 +25,14 @@ which calls each feature module's `register(handlers)`. A feature registers:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pystub_backend.stub.stub import Stub
+from typing import Any
 
 __all__ = ["StubHandlers", "Handler", "PhaseHook", "PHASES"]
 
-Handler = Callable[["Stub", Any], None]
-PhaseHook = Callable[["Stub"], None]
+# The first argument is the stub (stub/stub.py's Stub): features receive it as Any, because the stub
+# installs them and a feature naming its type would make the two import each other.
+Handler = Callable[[Any, Any], None]
+PhaseHook = Callable[[Any], None]
 PHASES = ("initializing", "ready", "finalizing")
 
 
@@ -94,7 +93,7 @@ class StubHandlers:
         """The before-send hooks in registration order (the stub reads them once, at start)."""
         return tuple(self._send_hooks)
 
-    def notify_phase(self, stub: Stub, phase: str) -> None:
+    def notify_phase(self, stub: Any, phase: str) -> None:
         """Run the hooks of `phase` in registration order (main thread). A failing hook is logged
         and does not stop the others or the stub."""
         for hook in self._phase_hooks[phase]:

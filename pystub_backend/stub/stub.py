@@ -39,12 +39,12 @@ from pystub_backend.stub.event_loop import InstanceLoop, unwrap
 from pystub_backend.stub.execute_batch import run_batch
 from pystub_backend.stub.executor import format_traceback, model_frames
 from pystub_backend.stub.features.install import install_features
-from pystub_backend.stub.features.sequences import RescheduledRequests
 from pystub_backend.stub.handlers import StubHandlers
 from pystub_backend.stub.liveness import Heartbeat, ignore_termination_signals, set_parent_death_signal
 from pystub_backend.stub.loader import LoadError, load_model_class
 from pystub_backend.stub.pb_utils import _runtime
 from pystub_backend.stub.reader import HANDBACK, PARK_CHECK, POLL, ReadOwnership
+from pystub_backend.stub.rescheduled import RescheduledRequests
 from pystub_backend.stub.senders import RequestRegistry
 
 __all__ = ["StubOptions", "Stub"]
@@ -89,7 +89,7 @@ class Stub:
         self.model_version = 0
         self.decoupled = False
         self.batched: BatchedExecute | None = None  # pystub extension: the model's execute_batch
-        self.rescheduled = RescheduledRequests()  # iterative sequences (features/sequences.py)
+        self.rescheduled = RescheduledRequests()  # iterative sequences (rescheduled.py)
         self.handlers = StubHandlers()
         install_features(self.handlers)
         self._send_hooks = self.handlers.send_hooks()

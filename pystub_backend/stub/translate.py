@@ -12,7 +12,7 @@ a request's `output_regions` is set only when some output goes to a client regio
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pystub_backend.ipc import tensors
 from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
@@ -21,14 +21,19 @@ from pystub_backend.ipc.status import Status
 from pystub_backend.ipc.tensors import RegionTooSmallError
 from pystub_backend.stub import device_outputs, output_buffers, pb_utils
 from pystub_backend.stub.features import client_shm, cuda_regions, device_ipc
+from pystub_backend.stub.pb_utils._request import SenderSource
 
-if TYPE_CHECKING:
-    from pystub_backend.stub.senders import RequestState  # senders imports this module
+__all__ = ["build_request", "response_to_wire", "OpenRequest"]
 
-__all__ = ["build_request", "response_to_wire"]
+
+class OpenRequest(SenderSource, Protocol):
+    """A request in flight as its `pb_utils.InferenceRequest` is built (senders.RequestState, which
+    imports this module): the outputs it asked for, and the source of its sender."""
+
+    requested: set[str]
 
 def build_request(wire: WireRequest, reader: ArenaReader, model_name: str, model_version: int,
-                  state: RequestState) -> Any:
+                  state: OpenRequest) -> Any:
     """A `pb_utils.InferenceRequest` for the wire request; its sender comes from `state` when the
     model first asks for it. Raises ValueError for a corrupt one."""
     if wire.output_regions:

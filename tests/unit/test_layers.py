@@ -1,8 +1,10 @@
 """The layers of the package, read from the code itself: the import graph between packages has no
 cycle, and the backend's layers import only downwards (docs/architecture.md draws this order).
 
-The graph is built from the real `import` statements (ast), function-level imports included; only
-those under `if TYPE_CHECKING:` are left out (they never run). Two granularities, both acyclic:
+The graph is built from the real `import` statements (ast), function-level imports and those under
+`if TYPE_CHECKING:` included: a type a module names is a dependency even when it never runs.
+`from package import module` is an edge to the module alone (a package's face may name its
+children). Two granularities, both acyclic:
 
     layers    `ipc`, `stub`, each package directly under `backend/` with everything inside it, and
               each module directly in `backend/` (the vocabulary and the start-up)
@@ -49,20 +51,16 @@ PACKAGES = {name for name, path in MODULES.items() if path.name == "__init__.py"
 
 
 def _imports(path: Path) -> list[str]:
-    """The `pystub_backend` modules `path` imports when it runs (`from p import m` counts m if it is
-    a module); imports under `if TYPE_CHECKING:` are types only and left out."""
-    tree = ast.parse(path.read_text())
-    type_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
-                 and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
-                 for node in ast.walk(block)}
+    """The `pystub_backend` modules `path` imports, for running or for types (`from p import m`
+    counts only m when every name it imports is a module)."""
     names = []
-    for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.append(node.module)
-            names.extend(f"{node.module}.{alias.name}" for alias in node.names
-                         if f"{node.module}.{alias.name}" in MODULES)
+            modules = [f"{node.module}.{alias.name}" for alias in node.names
+                       if f"{node.module}.{alias.name}" in MODULES]
+            if len(modules) < len(node.names):
+                names.append(node.module)
+            names.extend(modules)
         elif isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
     return [name for name in names if name in MODULES]

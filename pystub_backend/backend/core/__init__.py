@@ -1,4 +1,4 @@
-"""The server core: the loaded models and what the frontends ask of them (`ServerCore`).
+"""The server core: the loaded models and what the frontends ask of them (`FrontendCore`).
 
     Core ── Serving       lookups, metadata, statistics, inference      (core/serving.py)
          └─ ModelControl  load / unload / poll, the repository index    (core/control.py)

@@ -48,7 +48,7 @@ from pystub_backend.backend.models.repository import (
 )
 from pystub_backend.backend.models.state import UNLOADED_REASON, ModelState
 from pystub_backend.backend.models.version import ModelVersion, failure_with_status
-from pystub_backend.backend.supervision.services import ServerCore
+from pystub_backend.backend.supervision.services import StubFacingCore
 from pystub_backend.ipc.status import Status
 
 __all__ = ["ModelControl"]
@@ -105,7 +105,7 @@ class ModelControl:
     """Loads and unloads the models of `table`. `context` (the core) reaches the stubs' feature
     handlers; `in_flight` is what retiring a version drains."""
 
-    def __init__(self, options: CoreOptions, table: ModelTable, in_flight: InFlight, context: ServerCore) -> None:
+    def __init__(self, options: CoreOptions, table: ModelTable, in_flight: InFlight, context: StubFacingCore) -> None:
         self.options = options
         self._table = table
         self._in_flight = in_flight

@@ -41,7 +41,7 @@ from pystub_backend.ipc.messages.metrics import (
 
 if TYPE_CHECKING:
     from pystub_backend.backend.supervision.handlers import BackendHandlers
-    from pystub_backend.backend.supervision.services import ServerCore
+    from pystub_backend.backend.supervision.services import StubFacingCore
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
 __all__ = ["register", "CustomMetrics", "CustomFamily", "CustomSeries", "CustomMetricError", "registry_for",
@@ -190,11 +190,11 @@ class CustomMetrics:
 
 
 # One registry per server core (the stubs' context); stubs without one share a default.
-_REGISTRIES: weakref.WeakKeyDictionary[ServerCore, CustomMetrics] = weakref.WeakKeyDictionary()
+_REGISTRIES: weakref.WeakKeyDictionary[StubFacingCore, CustomMetrics] = weakref.WeakKeyDictionary()
 _DEFAULT = CustomMetrics()
 
 
-def registry_for(core: ServerCore | None) -> CustomMetrics:
+def registry_for(core: StubFacingCore | None) -> CustomMetrics:
     """The custom metrics of the server whose core is `core`."""
     if core is None:
         return _DEFAULT
@@ -207,19 +207,19 @@ def registry_for(core: ServerCore | None) -> CustomMetrics:
 def _on_family_create(stub: StubProcess, message: MetricFamilyCreate) -> None:
     error = None
     try:
-        stub.services.custom_metrics.create_family(message.name, message.description, message.kind)
+        registry_for(stub.services.core).create_family(message.name, message.description, message.kind)
     except CustomMetricError as exc:
         error = str(exc)
     stub.send_soon(MetricReply(message.token, error, 0.0))  # the stub waits for it, with a deadline
 
 
 def _on_ops(stub: StubProcess, message: MetricOps) -> None:
-    stub.services.custom_metrics.apply(stub, message.entries)
+    registry_for(stub.services.core).apply(stub, message.entries)
 
 
 def _on_value_query(stub: StubProcess, message: MetricValueQuery) -> None:
     try:
-        reply = MetricReply(message.token, None, stub.services.custom_metrics.value(message.family, message.labels))
+        reply = MetricReply(message.token, None, registry_for(stub.services.core).value(message.family, message.labels))
     except CustomMetricError as exc:
         reply = MetricReply(message.token, str(exc), 0.0)
     stub.send_soon(reply)

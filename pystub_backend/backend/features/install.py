@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING
 
 from pystub_backend.backend.features import client_shm, custom_metrics, sequence_frames
 from pystub_backend.backend.features.bls import handlers as bls
-from pystub_backend.backend.features.bls.payloads import REGISTRY
 from pystub_backend.backend.scheduling import multiplex
 from pystub_backend.backend.supervision.handlers import BackendHandlers
 from pystub_backend.backend.supervision.services import StubServices
 
 if TYPE_CHECKING:
-    from pystub_backend.backend.supervision.services import ServerCore
+    from pystub_backend.backend.supervision.services import StubFacingCore
 
 __all__ = ["install_features", "feature_services"]
 
@@ -36,11 +35,10 @@ def install_features(handlers: BackendHandlers) -> BackendHandlers:
     return handlers
 
 
-def feature_services(core: ServerCore | None) -> StubServices:
+def feature_services(core: StubFacingCore | None) -> StubServices:
     """The services of the server whose core is `core` (None: a stub outside a server)."""
     global _handlers
     if _handlers is None:  # the handlers are plain functions: one table serves every server
         _handlers = install_features(BackendHandlers())
-    return StubServices(handlers=_handlers, custom_metrics=custom_metrics.registry_for(core),
-                        bls_payloads=REGISTRY, client_regions=client_shm,
-                        device_exports=bls.DEVICE_EXPORTS, core=core)
+    return StubServices(handlers=_handlers, client_regions=client_shm, device_exports=bls.DEVICE_EXPORTS,
+                        core=core)

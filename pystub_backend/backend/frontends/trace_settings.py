@@ -20,7 +20,7 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from pystub_backend.backend.errors import ServerError, Status
-from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.inference import FrontendCore
 from pystub_backend.backend.telemetry.tracing import Tracer, TraceSettingError
 
 __all__ = ["trace_settings", "grpc_trace_setting", "UpdateGuard"]
@@ -33,12 +33,12 @@ UpdateGuard = Callable[[dict[str, str]], Awaitable[None]]
 _STATUS = {400: Status.INVALID_ARG, 500: Status.INTERNAL, 501: Status.UNSUPPORTED}
 
 
-def _check_model(core: ServerCore, model: str) -> None:
+def _check_model(core: FrontendCore, model: str) -> None:
     if model and core.target(model) is None:
         raise ServerError(f"Request for unknown model : {model}", Status.INVALID_ARG)
 
 
-def trace_settings(tracer: Tracer, core: ServerCore, model: str = "",
+def trace_settings(tracer: Tracer, core: FrontendCore, model: str = "",
                    update: dict[str, object] | None = None) -> dict[str, object]:
     """The settings (after `update`, when given) in Triton's HTTP JSON shape. Raises ServerError."""
     _check_model(core, model)
@@ -58,7 +58,7 @@ def _to_proto(settings: dict[str, object]) -> service_pb2.TraceSettingResponse:
     return response
 
 
-async def grpc_trace_setting(tracer: Tracer, core: ServerCore, request: service_pb2.TraceSettingRequest,
+async def grpc_trace_setting(tracer: Tracer, core: FrontendCore, request: service_pb2.TraceSettingRequest,
                              context: grpc.aio.ServicerContext,
                              guard: UpdateGuard | None = None) -> service_pb2.TraceSettingResponse:
     """TraceSetting: an update when the request has settings. Raises ServerError."""

@@ -33,7 +33,7 @@ from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.validation import RequestChecks
 from pystub_backend.backend.models.version import ModelLoadError
 from pystub_backend.backend.response_stream import ResponseStream
-from pystub_backend.backend.supervision.services import ServerCore
+from pystub_backend.backend.supervision.services import StubFacingCore
 from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics, reason_for
 from pystub_backend.ipc.status import Status
 
@@ -129,7 +129,7 @@ class EnsembleScheduler:
 class EnsembleVersion:
     """One loaded version of an ensemble; the face of pystub_backend.backend.models.version.ModelVersion."""
 
-    def __init__(self, config: ModelConfig, version: int, model_dir: str, core: ServerCore) -> None:
+    def __init__(self, config: ModelConfig, version: int, model_dir: str, core: StubFacingCore) -> None:
         self.config = config
         self.core = core
         self.name = config.name

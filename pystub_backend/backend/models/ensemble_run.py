@@ -31,7 +31,7 @@ from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from pystub_backend.backend.models.ensemble_config import EnsembleGraph, EnsembleStep
 from pystub_backend.backend.response_stream import ResponseStream
-from pystub_backend.backend.supervision.services import ServerCore
+from pystub_backend.backend.supervision.services import StubFacingCore
 from pystub_backend.ipc.status import Status
 
 __all__ = ["EnsembleRun", "CANCELLED_TEXT"]
@@ -82,7 +82,7 @@ class _Node:
 
 
 class EnsembleRun:
-    def __init__(self, core: ServerCore, graph: EnsembleGraph, request: InferRequest, stream: ResponseStream,
+    def __init__(self, core: StubFacingCore, graph: EnsembleGraph, request: InferRequest, stream: ResponseStream,
                  decoupled_steps: set[int], decoupled: bool) -> None:
         self.core = core
         self.graph = graph

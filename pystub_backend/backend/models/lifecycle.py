@@ -26,7 +26,7 @@ from pystub_backend.backend.models.repository import ModelSource
 from pystub_backend.backend.models.state import UNLOADED_REASON, ModelState
 from pystub_backend.backend.models.version import ModelLoadError, ModelVersion, failure_with_status
 from pystub_backend.backend.response_stream import ResponseStream
-from pystub_backend.backend.supervision.services import ServerCore
+from pystub_backend.backend.supervision.services import StubFacingCore
 from pystub_backend.backend.supervision.settings import StubSettings
 
 __all__ = ["ModelEntry", "InFlight", "start_versions", "stop_versions", "retire"]
@@ -129,7 +129,7 @@ class InFlight:
         return self.abandoned.get(task) if task is not None else None
 
 
-async def start_versions(source: ModelSource, settings: StubSettings, context: ServerCore
+async def start_versions(source: ModelSource, settings: StubSettings, context: StubFacingCore
                          ) -> tuple[dict[int, ModelVersion], dict[int, str]]:
     """Load every version `source` selects, concurrently. Returns the loaded versions and the
     reasons of those that failed (already logged). `context` (the core) reaches the stubs'
@@ -166,7 +166,7 @@ async def start_versions(source: ModelSource, settings: StubSettings, context: S
     return loaded, failed
 
 
-def _make_version(source: ModelSource, version: int, settings: StubSettings, context: ServerCore
+def _make_version(source: ModelSource, version: int, settings: StubSettings, context: StubFacingCore
                   ) -> ModelVersion | EnsembleVersion:
     if is_ensemble(source.config):  # no model.py and no instances: the steps run on other models
         return EnsembleVersion(source.config, version, source.model_dir, context)

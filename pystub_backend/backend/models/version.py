@@ -36,7 +36,7 @@ from pystub_backend.backend.supervision.execution_env import (
     resolve_execution_env,
 )
 from pystub_backend.backend.supervision.instance import InstanceSpec, InstanceState, ModelInstance, watch_health
-from pystub_backend.backend.supervision.services import ServerCore
+from pystub_backend.backend.supervision.services import StubFacingCore
 from pystub_backend.backend.supervision.settings import StubSettings, positive_number
 from pystub_backend.backend.telemetry.statistics import ModelStatistics
 from pystub_backend.ipc.channel import MAX_FRAME
@@ -121,7 +121,7 @@ def _check_force_cpu_only(parameters: dict[str, str]) -> None:
 
 class ModelVersion:
     def __init__(self, config: ModelConfig, version: int, model_dir: str, model_path: str,
-                 settings: StubSettings, core: ServerCore | None = None) -> None:
+                 settings: StubSettings, core: StubFacingCore | None = None) -> None:
         self.config = config
         self.services = feature_services(core)  # what this version's stubs' feature handlers may use
         self.name = config.name

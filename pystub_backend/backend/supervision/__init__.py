@@ -29,7 +29,7 @@ if TYPE_CHECKING:
         watch_health,
     )
     from pystub_backend.backend.supervision.restart_policy import RestartPolicy
-    from pystub_backend.backend.supervision.services import ServerCore, StubServices
+    from pystub_backend.backend.supervision.services import StubFacingCore, StubServices
     from pystub_backend.backend.supervision.settings import BackendConfigError, StubSettings, parse_backend_config
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
@@ -37,13 +37,13 @@ _HOMES = {
     "StubStartError": "errors", "Handler": "handlers", "BackendHandlers": "handlers",
     "InstanceSpec": "instance", "InstanceState": "instance", "ModelInstance": "instance",
     "RestartPolicy": "restart_policy", "watch_health": "instance",
-    "ServerCore": "services", "StubServices": "services", "BackendConfigError": "settings",
+    "StubFacingCore": "services", "StubServices": "services", "BackendConfigError": "settings",
     "StubSettings": "settings", "parse_backend_config": "settings", "StubProcess": "stub_process",
 }
 
 __all__ = [
     "BackendConfigError", "Handler", "BackendHandlers", "InstanceSpec", "InstanceState", "ModelInstance",
-    "RestartPolicy", "ServerCore", "StubProcess", "StubServices", "StubSettings",
+    "RestartPolicy", "StubFacingCore", "StubProcess", "StubServices", "StubSettings",
     "StubStartError", "parse_backend_config", "watch_health",
 ]
 

@@ -2,13 +2,13 @@
 
     StubServices
         handlers        BackendHandlers   the frame table every stub of this server dispatches to
-        core            ServerCore      BLS targets (lookup, readiness, infer) and model control;
+        core            StubFacingCore      BLS targets (lookup, readiness, infer) and model control;
                                         None for stubs outside a server (auto-complete, tools)
-        custom_metrics  CustomMetrics   pb_utils.MetricFamily / Metric of this server's models
-        bls_payloads    PayloadRegistry the BLS calls in flight, by (caller base, call id)
         client_regions  ClientRegions   inputs and outputs in clients' shared-memory regions
-        device_exports  DeviceExports   GPU outputs exported by CUDA IPC to BLS callers, and who maps them
+        device_exports  DeviceExportHooks  GPU outputs exported by CUDA IPC to BLS callers, and who maps them
 
+A feature's server-wide state (the BLS calls in flight, the custom metrics of a core) is the
+feature's own, found from the stub (its `core`) by the feature's handlers; supervision never sees it.
 Per-stub feature state (multiplex holdings, the sequence batcher that owns a stub, the client shm
 regions a stub maps) is kept by its feature keyed by the StubProcess, since it dies with the stub.
 `features.install.feature_services(core)` builds this object; ModelVersion passes it to every
@@ -17,22 +17,20 @@ instance it starts, and every StubProcess is given one: supervision never import
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from pystub_backend.backend.config.model_config import ModelConfig
-    from pystub_backend.backend.features.bls.device_exports import DeviceExports
-    from pystub_backend.backend.features.bls.payloads import PayloadRegistry
-    from pystub_backend.backend.features.custom_metrics import CustomMetrics
     from pystub_backend.backend.inference import InferRequest, Tensor
     from pystub_backend.backend.response_stream import ResponseStream
     from pystub_backend.backend.supervision.handlers import BackendHandlers
     from pystub_backend.backend.supervision.stub_process import StubProcess
     from pystub_backend.backend.telemetry.tracing import Tracer
+    from pystub_backend.ipc.records import WireTensor
 
-__all__ = ["ClientRegions", "RescheduleOwner", "ServerCore", "ServedVersion", "StubServices"]
+__all__ = ["ClientRegions", "DeviceExportHooks", "RescheduleOwner", "StubFacingCore", "ServedVersion", "StubServices"]
 
 
 class ServedVersion(Protocol):
@@ -55,7 +53,7 @@ class RescheduleOwner(Protocol):
     def on_rescheduled(self, request: InferRequest, rid: int) -> bool: ...
 
 
-class ServerCore(Protocol):
+class StubFacingCore(Protocol):
     """The part of the server core that stubs may reach: BLS and `pb_utils` model control."""
 
     def model_config(self, name: str, version: str = "") -> ModelConfig: ...
@@ -88,11 +86,30 @@ class ClientRegions(Protocol):
         """Hold the request's regions until `stream` is final; {output name: region handle}."""
 
 
+class DeviceExportHooks(Protocol):
+    """GPU tensors crossing between stubs by CUDA IPC, as a stub's requests and responses carry
+    them (features/bls/device_exports.py). Methods raise what `outputs` documents there."""
+
+    def claim_tensor(self, tensor: Tensor, consumer: StubProcess, what: str) -> WireTensor:
+        """The GPU tensor as `consumer` gets it: a claim on its export, to map."""
+
+    def release_unsent(self, consumer: StubProcess, tensors: list[WireTensor]) -> None:
+        """The claims among `tensors` (placed for `consumer`) that never reached it."""
+
+    def outputs(self, exporter: StubProcess, wire_outputs: list[WireTensor],
+                view: Callable[[list[Any]], memoryview]) -> list[Tensor]:
+        """A stub's tensors as Tensors: arena bytes through `view`, GPU exports registered and held."""
+
+    def discard(self, exporter: StubProcess, wire_outputs: list[WireTensor]) -> None:
+        """Outputs nobody will take: the exporter may drop its GPU exports."""
+
+    def drop_hold(self, key: tuple[str, int]) -> None:
+        """The response that carried the export (exporter base, export id) was released."""
+
+
 @dataclass(frozen=True)
 class StubServices:
     handlers: BackendHandlers
-    custom_metrics: CustomMetrics
-    bls_payloads: PayloadRegistry
     client_regions: ClientRegions
-    device_exports: DeviceExports
-    core: ServerCore | None = None
+    device_exports: DeviceExportHooks
+    core: StubFacingCore | None = None

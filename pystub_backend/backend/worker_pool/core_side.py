@@ -21,7 +21,7 @@ from pystub_backend.backend.errors import ServerError, Status, forget_traceback
 from pystub_backend.backend.frontends.grpc import servicer as grpc_servicer
 from pystub_backend.backend.frontends.http import server as http_server
 from pystub_backend.backend.frontends.workers.link import FrameProtocol, request_from_record, response_record
-from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.inference import FrontendCore
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 from pystub_backend.ipc.messages.workers import (
     WorkerAnswer,
@@ -43,7 +43,7 @@ _DECOUPLED = {"HTTP": http_server.DECOUPLED_REFUSAL, "GRPC": grpc_servicer.DECOU
 class LinkServer:
     """Listens on `path` for workers; `on_hello(index, pid)` is called when a worker is serving."""
 
-    def __init__(self, core: ServerCore, tracer: Tracer, path: str,
+    def __init__(self, core: FrontendCore, tracer: Tracer, path: str,
                  on_hello: Callable[[int, int], None]) -> None:
         self._core = core
         self._tracer = tracer

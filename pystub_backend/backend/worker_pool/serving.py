@@ -27,7 +27,7 @@ from pystub_backend.backend.frontends.http.app import HttpApp
 from pystub_backend.backend.frontends.http.deadlines import ReadTimeouts
 from pystub_backend.backend.frontends.http.listener import HttpListener
 from pystub_backend.backend.frontends.workers.paths import CORE_SOCKET, DIRECTORY_PREFIX, GRPC_SOCKET, HTTP_SOCKET
-from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.inference import FrontendCore
 from pystub_backend.backend.options import ServerOptions
 from pystub_backend.backend.telemetry.tracing import Tracer
 from pystub_backend.backend.worker_pool.core_side import LinkServer
@@ -72,7 +72,7 @@ def sweep_stale_directories() -> list[Path]:
 class FrontendWorkers:
     """The private listeners, the core link and the worker pool of one server."""
 
-    def __init__(self, core: ServerCore, tracer: Tracer, options: ServerOptions) -> None:
+    def __init__(self, core: FrontendCore, tracer: Tracer, options: ServerOptions) -> None:
         self._core = core
         self._tracer = tracer
         self._options = options

@@ -1,5 +1,5 @@
 """The stub's handler table (pystub_backend/stub/handlers.py) is filled explicitly by
-`install_features`, and the rescheduling state lives in one object (features/sequences.py)."""
+`install_features`, and the rescheduling state lives in one object (stub/rescheduled.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pystub_backend.ipc.wire import registered_kinds
 from pystub_backend.stub.executor import RELEASE_RESCHEDULE
 from pystub_backend.stub.features import install, sequences
 from pystub_backend.stub.handlers import PHASES, StubHandlers
+from pystub_backend.stub.rescheduled import RescheduledRequests
 from pystub_backend.stub.senders import RequestState
 
 
@@ -59,7 +60,7 @@ class _Request:
 
 
 def test_rescheduled_requests_are_kept_taken_and_dropped_by_one_object() -> None:
-    kept = sequences.RescheduledRequests()
+    kept = RescheduledRequests()
     requests = [_Request(RELEASE_RESCHEDULE), _Request(1), _Request(RELEASE_RESCHEDULE)]
     states = [RequestState(rid=1, requested=set()), RequestState(rid=2, requested=set()),
               RequestState(rid=3, requested=set(), final=True)]
@@ -71,4 +72,4 @@ def test_rescheduled_requests_are_kept_taken_and_dropped_by_one_object() -> None
     kept.keep(requests, states)
     closed: list[RequestState] = []
     assert kept.drop([1, 7], closed.append) == [1] and closed == [states[0]] and len(kept) == 0
-    assert sequences.RescheduledRequests().take(1) is None  # nothing shared between instances
+    assert RescheduledRequests().take(1) is None  # nothing shared between instances

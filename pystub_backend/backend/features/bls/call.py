@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.features.bls.payloads import PayloadKey
+from pystub_backend.backend.features.bls.payloads import REGISTRY, PayloadKey
 from pystub_backend.backend.inference import ExportGoneError, InferRequest, InferResponse, RequestedOutput, Tensor
 from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.ipc.arena import ArenaFullError, ArenaWriter
@@ -41,7 +41,7 @@ from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
     from pystub_backend.backend.supervision.instance import ModelInstance
-    from pystub_backend.backend.supervision.services import ServerCore
+    from pystub_backend.backend.supervision.services import StubFacingCore
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
 Checks = Callable[[], "ServerError | None"]
@@ -81,11 +81,10 @@ class BlsCall:
     """A BLS call of `caller` running through `core` (None only for a call that is answered with an
     error by its checks: a stub outside a server)."""
 
-    def __init__(self, core: ServerCore | None, caller: StubProcess, message: BlsRequest,
+    def __init__(self, core: StubFacingCore | None, caller: StubProcess, message: BlsRequest,
                  request: InferRequest) -> None:
         self.core = core
         self.caller = caller
-        self._registry = caller.services.bls_payloads
         self.call_id = message.call_id
         self.key: PayloadKey = (caller.base, message.call_id)
         self.request = request
@@ -112,7 +111,7 @@ class BlsCall:
     def start(self, checks: Checks) -> None:
         """Register and run. `checks()` returns a ServerError to answer with instead, or None.
         Raises KeyError when the stub already has a call with this id."""
-        self._registry.add(self.key, self)
+        REGISTRY.add(self.key, self)
         if self.holds and self.core is not None:
             self._held = _instance_of(self.core, self.caller)
             if self._held is not None:
@@ -160,7 +159,7 @@ class BlsCall:
                 task.cancel()
         self._release_hold()
         self.drop_device_inputs()
-        self._registry.remove(self.key, self)
+        REGISTRY.remove(self.key, self)
 
     # -- running -------------------------------------------------------------------------------------
     async def _run(self, checks: Checks) -> None:
@@ -184,7 +183,7 @@ class BlsCall:
             self.finished = True
             self._release_hold()
             self.drop_device_inputs()
-            self._registry.remove(self.key, self)
+            REGISTRY.remove(self.key, self)
 
     async def _schedule(self, checks: Checks) -> ResponseStream | None:
         """The target's response stream, or None after answering with an error."""
@@ -327,7 +326,7 @@ class BlsCall:
         p2s = self.caller.p2s
         for wire in placed:
             if wire.handle[0] == DEVICE_HANDLE_TAG:  # a claim the caller never got
-                self.caller.services.device_exports.release(self.caller, [wire.handle[2]])
+                self.caller.services.device_exports.release_unsent(self.caller, [wire])
                 continue
             try:
                 if p2s is not None:
@@ -336,7 +335,7 @@ class BlsCall:
                 pass
 
 
-def _instance_of(core: ServerCore, stub: StubProcess) -> ModelInstance | None:
+def _instance_of(core: StubFacingCore, stub: StubProcess) -> ModelInstance | None:
     """The ModelInstance whose current stub is `stub`, if any."""
     for version in core.model_versions():
         for instance in getattr(version, "instances", ()):

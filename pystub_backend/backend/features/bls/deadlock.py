@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pystub_backend.backend.features.bls.payloads import Payload
     from pystub_backend.backend.inference import InferRequest
-    from pystub_backend.backend.supervision.services import ServerCore
+    from pystub_backend.backend.supervision.services import StubFacingCore
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
 __all__ = ["deadlock_reason"]
@@ -39,7 +39,7 @@ __all__ = ["deadlock_reason"]
 _Call = tuple["StubProcess | None", str]  # a held call: the stub its request runs on (if sent), its model
 
 
-def _live_stubs(core: ServerCore) -> dict[str, list[StubProcess]]:
+def _live_stubs(core: StubFacingCore) -> dict[str, list[StubProcess]]:
     """Model name -> the stubs of its healthy instances (every loaded version)."""
     stubs: dict[str, list[StubProcess]] = {}
     for version in core.model_versions():
@@ -49,7 +49,7 @@ def _live_stubs(core: ServerCore) -> dict[str, list[StubProcess]]:
     return stubs
 
 
-def _has_unheld_instance(core: ServerCore, model: str) -> bool:
+def _has_unheld_instance(core: StubFacingCore, model: str) -> bool:
     # ModelInstance.held: an execute of its current stub waits for a BLS call (features.bls.call).
     return any(instance.healthy and not getattr(instance, "held", True)
                for version in core.model_versions() if version.name == model
@@ -61,7 +61,7 @@ def _pending_requests(stub: StubProcess) -> Iterable[InferRequest]:
     return stub.requests_in_flight()
 
 
-def deadlock_reason(core: ServerCore, payloads: Iterable[Payload], caller: StubProcess, target: str,
+def deadlock_reason(core: StubFacingCore, payloads: Iterable[Payload], caller: StubProcess, target: str,
                     holds: bool) -> str | None:
     """Why a new BLS call from `caller` to model `target` can never run, or None when it can.
 

@@ -27,6 +27,7 @@ from pystub_backend.backend.features.bls.call import BlsCall, build_request
 from pystub_backend.backend.features.bls.deadlock import deadlock_reason
 from pystub_backend.backend.features.bls.device_exports import DeviceExports
 from pystub_backend.backend.features.bls.device_inputs import accepts_device_inputs
+from pystub_backend.backend.features.bls.payloads import REGISTRY
 from pystub_backend.backend.inference import InferRequest
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages.bls import (
@@ -44,7 +45,7 @@ from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
     from pystub_backend.backend.supervision.handlers import BackendHandlers
-    from pystub_backend.backend.supervision.services import ServerCore
+    from pystub_backend.backend.supervision.services import StubFacingCore
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
 __all__ = ["register", "target_error", "DECOUPLED_TEXT", "DEVICE_EXPORTS"]
@@ -70,7 +71,7 @@ def _tell_exporter(exporter: StubProcess, export_ids: list[int]) -> None:
 DEVICE_EXPORTS = DeviceExports(_tell_exporter)
 
 
-def target_error(core: ServerCore, call: BlsCall) -> ServerError | None:
+def target_error(core: StubFacingCore, call: BlsCall) -> ServerError | None:
     """Why `call` cannot run (docs/reference/model-api.md#bls target checks, then deadlock), or None."""
     name, version = call.request.model_name, call.request.model_version
     try:
@@ -85,7 +86,7 @@ def target_error(core: ServerCore, call: BlsCall) -> ServerError | None:
                            Status.UNAVAILABLE)
     if core.is_decoupled(name, version) and not call.decoupled:
         return ServerError(DECOUPLED_TEXT.format(m=name), Status.INVALID_ARG)
-    others = [payload for payload in call.caller.services.bls_payloads.payloads() if payload is not call]
+    others = [payload for payload in REGISTRY.payloads() if payload is not call]
     reason = deadlock_reason(core, others, call.caller, name, call.holds)
     return ServerError(reason, Status.UNAVAILABLE) if reason else None
 
@@ -114,7 +115,7 @@ def _on_request(stub: StubProcess, message: BlsRequest) -> None:
 
 def _on_cancel(stub: StubProcess, message: BlsCancel) -> None:
     for call_id in message.call_ids:
-        call = stub.services.bls_payloads.get((stub.base, call_id))
+        call = REGISTRY.get((stub.base, call_id))
         if call is not None:
             call.cancel()
 
@@ -131,14 +132,14 @@ def _on_cleanup(stub: StubProcess, message: BlsCleanup) -> None:
     for call_id in message.credits:
         counts[call_id] = counts.get(call_id, 0) + 1
     for call_id, count in counts.items():
-        call = stub.services.bls_payloads.get((stub.base, call_id))
+        call = REGISTRY.get((stub.base, call_id))
         if call is not None:
             call.credit(count)
 
 
 def _on_device_cleanup(stub: StubProcess, message: DeviceCleanup) -> None:
     # Claims of an exporter that died were dropped with its exports: nothing to do for them.
-    stub.services.device_exports.release(stub, list(message.claims))
+    DEVICE_EXPORTS.release(stub, list(message.claims))
 
 
 async def _reply(stub: StubProcess, message: NamedTuple) -> None:
@@ -151,14 +152,13 @@ async def _reply(stub: StubProcess, message: NamedTuple) -> None:
 
 
 def _on_inspect(stub: StubProcess, message: BlsInspect) -> None:
-    payloads = stub.services.bls_payloads
     facts = {
-        "registry_size": len(payloads),
-        "caller_calls": sum(1 for _ in payloads.of_caller(stub)),
+        "registry_size": len(REGISTRY),
+        "caller_calls": sum(1 for _ in REGISTRY.of_caller(stub)),
         "p2s_used": stub.p2s.used if stub.p2s is not None else 0,
         "p2s_allocations": stub.p2s.allocation_count if stub.p2s is not None else 0,
-        "device_exports": len(stub.services.device_exports),
-        "device_claims": stub.services.device_exports.claims(),
+        "device_exports": len(DEVICE_EXPORTS),
+        "device_claims": DEVICE_EXPORTS.claims(),
     }
     _spawn(_reply(stub, BlsInspectDone(message.token, facts)))
 

@@ -15,7 +15,7 @@ import asyncio
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.inference import FrontendCore
 
 __all__ = ["HealthService", "SERVICE_NAME"]
 
@@ -25,7 +25,7 @@ _Status = int  # a health_pb2.HealthCheckResponse.ServingStatus value
 
 
 class HealthService(health_pb2_grpc.HealthServicer):
-    def __init__(self, core: ServerCore) -> None:
+    def __init__(self, core: FrontendCore) -> None:
         self._core = core
         self._closed = asyncio.Event()
         self._watchers = 0

@@ -27,7 +27,7 @@ from pystub_backend.backend.frontends.grpc.health import SERVICE_NAME as HEALTH_
 from pystub_backend.backend.frontends.grpc.health import HealthService
 from pystub_backend.backend.frontends.grpc.restrict import RestrictionInterceptor
 from pystub_backend.backend.frontends.grpc.servicer import InferenceServicer
-from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.inference import FrontendCore
 from pystub_backend.backend.options import GrpcOptions, TlsFiles
 from pystub_backend.backend.telemetry.tracing import Tracer
 
@@ -134,7 +134,7 @@ def bind_listener(server: GrpcServer, address: str, port: int, tls: TlsFiles | N
     return bound
 
 
-def create_grpc_listener(core: ServerCore, address: str, port: int,
+def create_grpc_listener(core: FrontendCore, address: str, port: int,
                          options: GrpcOptions | None = None, tracer: Tracer | None = None) -> GrpcListener:
     """The gRPC listener for `core`, bound but not started.
 
@@ -180,7 +180,7 @@ def channel_arguments(options: GrpcOptions, reuse_port: bool = False) -> dict[st
     return {**_BASE_CHANNEL_ARGS, "grpc.so_reuseport": reuse, **options.channel_args}
 
 
-def create_grpc_server(core: ServerCore, address: str, port: int,
+def create_grpc_server(core: FrontendCore, address: str, port: int,
                        options: GrpcOptions | None = None) -> tuple[GrpcServer, int]:
     """`create_grpc_listener` for callers that stop the server themselves: (server, bound port)."""
     listener = create_grpc_listener(core, address, port, options)

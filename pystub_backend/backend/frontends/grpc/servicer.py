@@ -39,7 +39,7 @@ from pystub_backend.backend.frontends.grpc.offload import off_loop
 from pystub_backend.backend.frontends.grpc.stream import stream_infer
 from pystub_backend.backend.frontends.trace_settings import grpc_trace_setting
 from pystub_backend.backend.header_patterns import HeaderPattern
-from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.inference import FrontendCore
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 
 __all__ = ["InferenceServicer", "DECOUPLED_REFUSAL"]
@@ -122,9 +122,9 @@ def _answer_unimplemented_on_the_loop(cls: type) -> type:
 
 @_answer_unimplemented_on_the_loop
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    """Answers the KServe v2 gRPC service from a `ServerCore`."""
+    """Answers the KServe v2 gRPC service from a `FrontendCore`."""
 
-    def __init__(self, core: ServerCore, header_pattern: HeaderPattern | None = None,
+    def __init__(self, core: FrontendCore, header_pattern: HeaderPattern | None = None,
                  tracer: Tracer | None = None) -> None:
         self._core = core
         self._header_pattern = header_pattern  # --grpc-header-forward-pattern
@@ -253,7 +253,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryUnregister(
             self, request: service_pb2.CudaSharedMemoryUnregisterRequest,
             context: grpc.aio.ServicerContext) -> service_pb2.CudaSharedMemoryUnregisterResponse:
-        return grpc_shm.cuda_unregister(self._core.client_shm, request)
+        return await grpc_shm.cuda_unregister(self._core.client_shm, request)
 
     async def ModelStreamInfer(
             self, request_iterator: AsyncIterator[service_pb2.ModelInferRequest],

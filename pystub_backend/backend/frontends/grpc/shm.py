@@ -1,6 +1,6 @@
 """gRPC messages of the shared memory extensions (docs/reference/protocol.md#grpc-service,
 #system-shared-memory-extension), answered from the core's
-`pystub_backend.backend.features.client_shm.ClientShmRegistry`. The servicer's methods call these; errors are
+`ClientShmRegions`. The servicer's methods call these; errors are
 `ServerError`s, which the servicer turns into gRPC statuses.
 
     SystemSharedMemoryStatus{name}     -> {regions: map<name, {name, key, offset, byte_size}>}
@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from tritonclient.grpc import service_pb2 as pb
 
-from pystub_backend.backend.features.client_shm import ClientShmRegistry
+from pystub_backend.backend.inference import ClientShmRegions
 
 __all__ = ["system_status", "system_register", "system_unregister", "cuda_status", "cuda_register",
            "cuda_unregister"]
 
 
-def system_status(registry: ClientShmRegistry,
+def system_status(registry: ClientShmRegions,
                   request: pb.SystemSharedMemoryStatusRequest) -> pb.SystemSharedMemoryStatusResponse:
     response = pb.SystemSharedMemoryStatusResponse()
     for region in registry.status(request.name):
@@ -31,19 +31,19 @@ def system_status(registry: ClientShmRegistry,
     return response
 
 
-def system_register(registry: ClientShmRegistry,
+def system_register(registry: ClientShmRegions,
                     request: pb.SystemSharedMemoryRegisterRequest) -> pb.SystemSharedMemoryRegisterResponse:
     registry.register(request.name, request.key, request.offset, request.byte_size)
     return pb.SystemSharedMemoryRegisterResponse()
 
 
-def system_unregister(registry: ClientShmRegistry,
+def system_unregister(registry: ClientShmRegions,
                       request: pb.SystemSharedMemoryUnregisterRequest) -> pb.SystemSharedMemoryUnregisterResponse:
     registry.unregister(request.name)
     return pb.SystemSharedMemoryUnregisterResponse()
 
 
-def cuda_status(registry: ClientShmRegistry,
+def cuda_status(registry: ClientShmRegions,
                 request: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:
     response = pb.CudaSharedMemoryStatusResponse()
     for region in registry.cuda_status(request.name):
@@ -52,13 +52,13 @@ def cuda_status(registry: ClientShmRegistry,
     return response
 
 
-def cuda_register(registry: ClientShmRegistry,
+def cuda_register(registry: ClientShmRegions,
                   request: pb.CudaSharedMemoryRegisterRequest) -> pb.CudaSharedMemoryRegisterResponse:
     registry.cuda_register(request.name, bytes(request.raw_handle), request.device_id, request.byte_size)
     return pb.CudaSharedMemoryRegisterResponse()
 
 
-def cuda_unregister(registry: ClientShmRegistry,
-                    request: pb.CudaSharedMemoryUnregisterRequest) -> pb.CudaSharedMemoryUnregisterResponse:
-    registry.cuda_unregister(request.name)
+async def cuda_unregister(registry: ClientShmRegions,
+                          request: pb.CudaSharedMemoryUnregisterRequest) -> pb.CudaSharedMemoryUnregisterResponse:
+    await registry.cuda_unregister_closed(request.name)  # the stubs closed their handles
     return pb.CudaSharedMemoryUnregisterResponse()

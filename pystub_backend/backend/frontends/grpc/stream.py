@@ -44,7 +44,7 @@ from pystub_backend.backend.errors import ServerError, forget_traceback, grpc_co
 from pystub_backend.backend.frontends.forwarding import forward_headers
 from pystub_backend.backend.frontends.grpc.codec import decode_infer_request, encode_infer_response, output_bytes
 from pystub_backend.backend.header_patterns import HeaderPattern
-from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore
+from pystub_backend.backend.inference import FrontendCore, InferRequest, InferResponse
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 
 __all__ = ["stream_infer", "EMPTY_FINAL_KEY", "STREAM_WINDOW_BYTES", "STREAM_MAX_REQUESTS"]
@@ -160,7 +160,7 @@ def _error_message(request_id: str, error: ServerError) -> service_pb2.ModelStre
 class _StreamSession:
     """The requests of one stream, and the queue their responses are written from."""
 
-    def __init__(self, core: ServerCore, grpc_errors: bool, forwarded: list[tuple[str, str | bytes]],
+    def __init__(self, core: FrontendCore, grpc_errors: bool, forwarded: list[tuple[str, str | bytes]],
                  header_pattern: HeaderPattern | None, tracer: Tracer | None = None) -> None:
         self.core = core
         self._tracer = tracer
@@ -283,7 +283,7 @@ class _StreamSession:
             task.cancel()
 
 
-async def stream_infer(core: ServerCore, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext,
+async def stream_infer(core: FrontendCore, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext,
                        header_pattern: HeaderPattern | None = None, tracer: Tracer | None = None) -> None:
     """Serve one `ModelStreamInfer` call, writing its responses with `context.write`."""
     metadata = list(context.invocation_metadata() or ())

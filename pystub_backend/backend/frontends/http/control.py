@@ -23,7 +23,7 @@ from pystub_backend.backend.frontends.http.json_body import parse_json_body, par
 from pystub_backend.backend.frontends.http.request import HttpRequest
 from pystub_backend.backend.frontends.http.response import Response
 from pystub_backend.backend.frontends.http.router import Route, get, post
-from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.inference import FrontendCore
 from pystub_backend.backend.models.overrides import FILE_PREFIX, check_override_count
 
 __all__ = ["control_routes"]
@@ -98,7 +98,7 @@ def _b64decode(value: str) -> bytes:
                     for start in range(0, len(value), _B64_CHUNK))
 
 
-def control_routes(core: ServerCore) -> list[Route]:
+def control_routes(core: FrontendCore) -> list[Route]:
     """The routes, bound to `core`."""
 
     async def load(request: HttpRequest) -> Response:

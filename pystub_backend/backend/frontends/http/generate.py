@@ -28,7 +28,7 @@ from pystub_backend.backend.frontends.http.json_tensors import tensor_to_json
 from pystub_backend.backend.frontends.http.request import HttpRequest
 from pystub_backend.backend.frontends.http.request_link import http_request_link
 from pystub_backend.backend.frontends.http.response import JSON_TYPE, Response, StreamResponse
-from pystub_backend.backend.inference import InferResponse, ServerCore
+from pystub_backend.backend.inference import FrontendCore, InferResponse
 from pystub_backend.backend.response_stream import ResponseStream
 
 __all__ = ["EVENT_STREAM", "response_object", "generate", "generate_stream"]
@@ -77,7 +77,7 @@ def _outcome(response: InferResponse) -> tuple[dict[str, Any], bool]:
         return {"error": error.message}, True
 
 
-async def _start(core: ServerCore, request: HttpRequest) -> ResponseStream:
+async def _start(core: FrontendCore, request: HttpRequest) -> ResponseStream:
     if request.headers.get("Content-Encoding", "identity").lower() not in ("", "identity"):
         raise ServerError("compressed bodies are not supported by the generate extension", Status.UNSUPPORTED)
     name = request.match_info["model"]
@@ -86,7 +86,7 @@ async def _start(core: ServerCore, request: HttpRequest) -> ResponseStream:
     return await core.infer_stream(infer_request)
 
 
-async def generate(core: ServerCore, request: HttpRequest) -> Response:
+async def generate(core: FrontendCore, request: HttpRequest) -> Response:
     stream = await _start(core, request)
     responses: list[InferResponse] = []
     try:
@@ -105,7 +105,7 @@ async def generate(core: ServerCore, request: HttpRequest) -> Response:
         stream.cancel()
 
 
-async def generate_stream(core: ServerCore, request: HttpRequest) -> StreamResponse:
+async def generate_stream(core: FrontendCore, request: HttpRequest) -> StreamResponse:
     stream = await _start(core, request)
     reply = StreamResponse(headers={"Content-Type": EVENT_STREAM, "Cache-Control": "no-cache"})
     try:

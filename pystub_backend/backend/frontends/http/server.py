@@ -1,7 +1,7 @@
 """The KServe v2 HTTP routes (docs/reference/protocol.md#listeners-limits-and-errors, #http-routes,
 #http-inference-and-binary-tensors, #statistics-extension, #logging-extension, #model-repository-extension).
 
-Routes translate HTTP into `ServerCore` calls; the inference body format lives in `codec.py`
+Routes translate HTTP into `FrontendCore` calls; the inference body format lives in `codec.py`
 (decode), `raw.py` (raw requests), `encode.py` (responses) and `compression.py`. Every error leaves
 as `{"error": msg}` JSON through the application (app.py).
 """
@@ -43,7 +43,7 @@ from pystub_backend.backend.frontends.http.router import Handler, get, post, rou
 from pystub_backend.backend.frontends.http.shm import shm_routes
 from pystub_backend.backend.frontends.http.trace_routes import trace_routes
 from pystub_backend.backend.header_patterns import HeaderPattern
-from pystub_backend.backend.inference import InferRequest, ServerCore, no_release
+from pystub_backend.backend.inference import FrontendCore, InferRequest, no_release
 from pystub_backend.backend.options import Restrictions
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
 from pystub_backend.ipc.messages.multiplex import MODEL_ID_HEADER, MODEL_ID_PARAMETER
@@ -66,7 +66,7 @@ _MODEL = "/v2/models/{model}"
 _MODEL_VERSION = "/v2/models/{model}/versions/{version:[0-9]+}"
 
 
-def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
+def create_http_app(core: FrontendCore, *, max_input_size: int = 64 * 2**20,
                     restrictions: Restrictions | None = None,
                     header_forward_pattern: HeaderPattern | None = None,
                     remote_control: frozenset[str] = frozenset(),
@@ -100,7 +100,7 @@ def create_http_app(core: ServerCore, *, max_input_size: int = 64 * 2**20,
                    trust_internal_peer=trust_internal_peer)
 
 
-def create_inference_app(core: ServerCore, fallback: Handler, front: Front, *,
+def create_inference_app(core: FrontendCore, fallback: Handler, front: Front, *,
                          max_input_size: int = 64 * 2**20, restrictions: Restrictions | None = None,
                          header_forward_pattern: HeaderPattern | None = None,
                          remote_control: frozenset[str] = frozenset()) -> HttpApp:
@@ -130,7 +130,7 @@ def _model_ref(request: HttpRequest) -> tuple[str, str]:
 class _Routes:
     """The route handlers, bound to one core."""
 
-    def __init__(self, core: ServerCore, max_input_size: int, header_pattern: HeaderPattern | None,
+    def __init__(self, core: FrontendCore, max_input_size: int, header_pattern: HeaderPattern | None,
                  tracer: Tracer) -> None:
         self._core = core
         self._tracer = tracer

@@ -16,7 +16,7 @@ from pystub_backend.backend.frontends.http.request import HttpRequest
 from pystub_backend.backend.frontends.http.response import Response
 from pystub_backend.backend.frontends.http.router import Route
 from pystub_backend.backend.frontends.trace_settings import UpdateGuard, trace_settings
-from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.inference import FrontendCore
 from pystub_backend.backend.telemetry.tracing import Tracer
 
 __all__ = ["trace_routes"]
@@ -34,7 +34,7 @@ def _body(raw: bytes) -> dict[str, object]:
     return document
 
 
-def trace_routes(tracer: Tracer, core: ServerCore, guard: UpdateGuard | None = None) -> list[Route]:
+def trace_routes(tracer: Tracer, core: FrontendCore, guard: UpdateGuard | None = None) -> list[Route]:
     """The routes, bound to `tracer` and `core`; `guard` may refuse an update (ServerError)."""
 
     async def get(request: HttpRequest) -> Response:

@@ -45,7 +45,7 @@ import numpy as np
 from pystub_backend.backend.config.model_config import config_parameters
 from pystub_backend.backend.frontends.openai.errors import OpenAIError
 from pystub_backend.backend.frontends.openai.request_body import GenerationRequest
-from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore, Tensor, tensor_to_numpy
+from pystub_backend.backend.inference import FrontendCore, InferRequest, InferResponse, Tensor, tensor_to_numpy
 from pystub_backend.ipc.bytes_codec import serialize_bytes
 
 __all__ = ["LlmContract", "EmbeddingContract", "llm_contract", "embedding_contract", "response_text",
@@ -141,7 +141,7 @@ def _length(model: str, parameters: dict[str, str]) -> int | None:
     return int(text)
 
 
-def llm_contract(core: ServerCore, model: str) -> LlmContract:
+def llm_contract(core: FrontendCore, model: str) -> LlmContract:
     """Raises ServerError(NOT_FOUND) for an unknown model, OpenAIError(400) for one off contract."""
     metadata = core.model_metadata(model)
     inputs, outputs = _specs(metadata["inputs"]), _specs(metadata["outputs"])
@@ -167,7 +167,7 @@ class EmbeddingContract:
                             [])
 
 
-def embedding_contract(core: ServerCore, model: str) -> EmbeddingContract:
+def embedding_contract(core: FrontendCore, model: str) -> EmbeddingContract:
     """Raises ServerError(NOT_FOUND) for an unknown model, OpenAIError(400) for one off contract."""
     metadata = core.model_metadata(model)
     inputs, outputs = _specs(metadata["inputs"]), _specs(metadata["outputs"])

@@ -23,7 +23,7 @@ from pystub_backend.backend.frontends.openai.contract import EmbeddingContract, 
 from pystub_backend.backend.frontends.openai.errors import invalid
 from pystub_backend.backend.frontends.openai.plan import count_tokens
 from pystub_backend.backend.frontends.openai.tokens import TokenCounter
-from pystub_backend.backend.inference import InferResponse, ServerCore
+from pystub_backend.backend.inference import FrontendCore, InferResponse
 from pystub_backend.backend.telemetry.token_latency import TokenMetrics
 
 __all__ = ["embeddings", "embedding_inputs"]
@@ -101,7 +101,7 @@ def _data(responses: list[InferResponse | BaseException], encoding: str, dimensi
                 response.release()
 
 
-async def embeddings(core: ServerCore, metrics: TokenMetrics, counter: TokenCounter, request: web.Request,
+async def embeddings(core: FrontendCore, metrics: TokenMetrics, counter: TokenCounter, request: web.Request,
                      document: dict[str, Any]) -> web.Response:
     """Raises OpenAIError / ServerError (the first failed input's)."""
     model = document.get("model")

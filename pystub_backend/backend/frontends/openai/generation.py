@@ -33,7 +33,7 @@ from pystub_backend.backend.frontends.openai.plan import Plan, plan
 from pystub_backend.backend.frontends.openai.request_body import GenerationRequest
 from pystub_backend.backend.frontends.openai.responses import ChoiceResponses
 from pystub_backend.backend.frontends.openai.serving import OpenAIServing
-from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.inference import FrontendCore
 from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.telemetry.token_latency import TokenMetrics
 from pystub_backend.backend.telemetry.tracing import RequestTrace, Tracer
@@ -99,7 +99,7 @@ class _Timing:
 class Generation:
     """Serves one endpoint's generation requests against the core."""
 
-    def __init__(self, core: ServerCore, tracer: Tracer, metrics: TokenMetrics, serving: OpenAIServing) -> None:
+    def __init__(self, core: FrontendCore, tracer: Tracer, metrics: TokenMetrics, serving: OpenAIServing) -> None:
         self._core = core
         self._tracer = tracer
         self._metrics = metrics

@@ -31,7 +31,7 @@ from pystub_backend.backend.frontends.openai.errors import OpenAIError, error_mi
 from pystub_backend.backend.frontends.openai.generation import CHAT, COMPLETIONS, Generation
 from pystub_backend.backend.frontends.openai.request_body import chat_request, completion_request, parse_body
 from pystub_backend.backend.frontends.openai.serving import OpenAIServing
-from pystub_backend.backend.inference import ServerCore
+from pystub_backend.backend.inference import FrontendCore
 from pystub_backend.backend.options import Restrictions
 from pystub_backend.backend.telemetry.token_latency import token_metrics_for
 from pystub_backend.backend.telemetry.tracing import Tracer
@@ -42,7 +42,7 @@ GROUP = "openai"
 _ROUTES = re.compile(r"/v1/(?:models(?:/[^/]+)?|completions|chat/completions|embeddings)/?")
 
 
-def create_openai_app(core: ServerCore, serving: OpenAIServing, *, max_input_size: int = 64 * 2**20,
+def create_openai_app(core: FrontendCore, serving: OpenAIServing, *, max_input_size: int = 64 * 2**20,
                       restrictions: Restrictions | None = None, tracer: Tracer | None = None) -> web.Application:
     """The application of the OpenAI port, set up as `serving` says."""
     policy = AccessPolicy.of(restrictions)
@@ -78,7 +78,7 @@ def _restriction(policy: AccessPolicy) -> Middleware:
 
 
 class _Routes:
-    def __init__(self, core: ServerCore, serving: OpenAIServing, tracer: Tracer) -> None:
+    def __init__(self, core: FrontendCore, serving: OpenAIServing, tracer: Tracer) -> None:
         self._core = core
         self._serving = serving
         self._metrics = token_metrics_for(core)

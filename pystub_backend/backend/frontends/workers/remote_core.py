@@ -1,4 +1,4 @@
-"""`RemoteCore`: the `ServerCore` members the infer handlers use (`target`, `infer`), answered by
+"""`RemoteCore`: the `FrontendCore` members the infer handlers use (`target`, `infer`), answered by
 the core process over the core link (link.py).
 
 The in-process handlers run unchanged in the worker with a `RemoteCore` in place of the core: they
@@ -25,7 +25,7 @@ from typing import cast
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.request import HttpRequest
 from pystub_backend.backend.frontends.workers.link import FrameProtocol, request_record, response_from_record
-from pystub_backend.backend.inference import InferRequest, InferResponse, ServerCore, ServingTarget
+from pystub_backend.backend.inference import FrontendCore, InferRequest, InferResponse, ServingTarget
 from pystub_backend.ipc.messages.workers import (
     LinkTrace,
     WorkerAnswer,
@@ -85,10 +85,10 @@ class RemoteCore(FrameProtocol):
             self.transport.close()
         self._fail_pending()
 
-    def as_server_core(self) -> ServerCore:
-        """This object where the shared handlers want a `ServerCore`: the infer handlers use only
+    def as_server_core(self) -> FrontendCore:
+        """This object where the shared handlers want a `FrontendCore`: the infer handlers use only
         `target` and `infer` (raw bodies, which need the metadata, take the proxy way)."""
-        return cast(ServerCore, self)
+        return cast(FrontendCore, self)
 
     def target(self, name: str, version: str = "") -> ServingTarget | None:
         return None  # the core looks the model up (once) and checks for decoupled models

@@ -44,7 +44,7 @@ _CONFIG = {
 
 
 class EchoCore:
-    """A `ServerCore` with models `identity` (version 1), `boom` (raises) and `busy` (503)."""
+    """A `FrontendCore` with models `identity` (version 1), `boom` (raises) and `busy` (503)."""
 
     def __init__(self) -> None:
         self.server_name = "pystub-test"

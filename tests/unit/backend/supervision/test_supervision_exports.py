@@ -10,7 +10,7 @@ import pytest
 FACES = {
     "pystub_backend.backend.supervision": {
         "BackendConfigError", "Handler", "BackendHandlers", "InstanceSpec", "InstanceState", "ModelInstance",
-        "RestartPolicy", "ServerCore", "StubProcess", "StubServices", "StubSettings",
+        "RestartPolicy", "StubFacingCore", "StubProcess", "StubServices", "StubSettings",
         "StubStartError", "parse_backend_config", "watch_health",
     },
     "pystub_backend.backend.features": {
