@@ -2,13 +2,15 @@
 
 Every call of either hook appends a line to `calls.log` in the model's directory, so a test
 counts how often each ran and in which process. `execute` reads every page of the weights (their
-sum) and answers the instance's name, its pid and the sum. Config parameters: WEIGHTS_MIB (the
+sum), sleeps INPUT0 milliseconds (so that concurrent requests reach every instance) and answers
+the instance's name, its pid and the sum. Config parameters: WEIGHTS_MIB (the
 size), LEAVE_THREAD ("yes": initialize leaves a thread running, which no fork survives).
 """
 
 import json
 import os
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -38,7 +40,8 @@ class TritonPythonModel:
     def execute(self, requests):
         total = float(self.weights.sum())
         responses = []
-        for _ in requests:
+        for request in requests:
+            time.sleep(int(pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()[0]) / 1000)
             responses.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("INSTANCE", np.array([self.name.encode()], dtype=np.object_)),
                 pb_utils.Tensor("PID", np.array([os.getpid()], dtype=np.int64)),
