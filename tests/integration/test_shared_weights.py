@@ -30,9 +30,10 @@ def configure(repository: Path, count: int = 3, weights_mib: int = WEIGHTS_MIB, 
               groups: str | None = None) -> Path:
     config = repository / MODEL / "config.pbtxt"
     text = config.read_text().replace("count: 3", f"count: {count}")
-    text = text.replace('"WEIGHTS_MIB", value: { string_value: "64" }', f'"WEIGHTS_MIB", value: {{ string_value: "{weights_mib}" }}')
+    text = text.replace('string_value: "64"', f'string_value: "{weights_mib}"')
     if leave_thread:
-        text = text.replace('"LEAVE_THREAD", value: { string_value: "no" }', '"LEAVE_THREAD", value: { string_value: "yes" }')
+        text = text.replace('"LEAVE_THREAD", value: { string_value: "no" }',
+                            '"LEAVE_THREAD", value: { string_value: "yes" }')
     if groups is not None:
         text = text.replace(f"instance_group [ {{ count: {count}, kind: KIND_CPU }} ]", groups)
     config.write_text(text)
@@ -186,7 +187,8 @@ def test_a_thread_left_running_by_initialize_loads_the_ordinary_way(tmp_path: Pa
         assert len(warnings) == 1, warnings
         assert "initialize left 1 thread(s) running: left-running" in warnings[0]
         # The template's initialize, then each instance's own.
-        assert sorted(name for _, name in calls(log, "initialize")) == [f"{MODEL}_0_0", f"{MODEL}_0_0", f"{MODEL}_0_1"]
+        initialized = sorted(name for _, name in calls(log, "initialize"))
+        assert initialized == [f"{MODEL}_0_0", f"{MODEL}_0_0", f"{MODEL}_0_1"]
         assert calls(log, "initialize_instance") == []
 
 
