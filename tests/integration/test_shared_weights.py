@@ -195,7 +195,8 @@ def test_a_thread_left_running_by_initialize_loads_the_ordinary_way(tmp_path: Pa
 def test_unload_leaves_no_process_and_nothing_in_dev_shm(tmp_path: Path):
     repository = make_repository(tmp_path, MODEL, "add_sub")
     configure(repository, count=2)
-    with Backend(repository, "--model-control-mode=explicit", f"--load-model={MODEL}", "--load-model=add_sub") as backend:
+    explicit = ["--model-control-mode=explicit", f"--load-model={MODEL}", "--load-model=add_sub"]
+    with Backend(repository, *explicit) as backend:
         client = httpclient.InferenceServerClient(backend.http_url)
         try:
             answered = serve_everywhere(backend, 2)

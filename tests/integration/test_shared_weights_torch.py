@@ -60,7 +60,8 @@ def test_a_model_that_used_intra_op_threads_serves_from_every_forked_instance(ba
     batches = [rng.standard_normal((64, 512), dtype=np.float32) for _ in range(8)]
     answered = set()
     with ThreadPoolExecutor(2) as pool:
-        for inputs, (name, outputs, threads) in zip(batches, pool.map(lambda x: infer(backend, x), batches), strict=True):
+        answers = pool.map(lambda x: infer(backend, x), batches)
+        for inputs, (name, outputs, threads) in zip(batches, answers, strict=True):
             np.testing.assert_allclose(outputs, reference(inputs), rtol=1e-4, atol=1e-5)
             assert threads[0] == 2  # initialize ran on two intra-op threads
             answered.add(name)
