@@ -11,7 +11,11 @@ which calls each feature module's `register(handlers)`. A feature registers:
     handlers.on_phase(phase, hook)       `hook(stub)` runs on the main thread when the stub enters a
                                          phase: "initializing" (before the model's `initialize`),
                                          "ready" (after it succeeded), "finalizing" (before
-                                         `finalize`); features install and remove pb_utils hooks there
+                                         `finalize`); features install and remove pb_utils hooks there.
+                                         A shared-weights template adds "forking" (stop the threads
+                                         a feature started: it forks only with one thread) and its
+                                         children "forked" (forget what was bound to the template's
+                                         stub, before the child's own "initializing")
     handlers.awaits_reply(Kind)          a frame of `Kind` the stub sends is answered by a frame
                                          that some thread waits for (BLS, metric queries...): when
                                          it goes out, a thread must read the channel (stub/reader.py)
@@ -33,7 +37,7 @@ __all__ = ["StubHandlers", "Handler", "PhaseHook", "PHASES"]
 # installs them and a feature naming its type would make the two import each other.
 Handler = Callable[[Any, Any], None]
 PhaseHook = Callable[[Any], None]
-PHASES = ("initializing", "ready", "finalizing")
+PHASES = ("initializing", "ready", "finalizing", "forking", "forked")
 
 
 class StubHandlers:

@@ -47,7 +47,7 @@ from pystub_backend.stub.reader import HANDBACK, PARK_CHECK, POLL, ReadOwnership
 from pystub_backend.stub.rescheduled import RescheduledRequests
 from pystub_backend.stub.senders import RequestRegistry
 
-__all__ = ["StubOptions", "Stub"]
+__all__ = ["StubOptions", "Stub", "prepare_process"]
 
 _FINAL = msg.RESPONSE_FINAL
 _LOG_ERROR = 2
@@ -65,6 +65,7 @@ class StubOptions:
     heartbeat_interval: float
     send_timeout: float
     rlimits: dict[str, int]
+    fork_fd: int = -1  # a shared-weights template's fork socket (stub/fork_server.py); -1: an ordinary stub
 
 
 class Stub:
@@ -372,12 +373,17 @@ def apply_rlimits(limits: dict[str, int]) -> None:
         resource.setrlimit(which, (value, value))
 
 
-def main(options: StubOptions) -> int:
+def prepare_process(options: StubOptions) -> None:
+    """What every stub process does before it attaches to the backend (templates too)."""
     ignore_termination_signals()
     set_parent_death_signal(options.parent_pid)
     forbid_inspection()  # other stubs (same uid) cannot read this one's memory through /proc
     apply_rlimits(options.rlimits)
     raise_malloc_thresholds()  # tensor-sized buffers are reused, not faulted in per request
+
+
+def main(options: StubOptions) -> int:
+    prepare_process(options)
     try:
         stub = Stub(options)
     except (OSError, ValueError) as exc:  # its shared objects or channel are not there

@@ -39,6 +39,8 @@ def parse_args(argv: list[str]) -> StubOptions:
     parser.add_argument("--heartbeat-interval", type=float, default=0.25)
     parser.add_argument("--send-timeout", type=float, default=30.0)
     parser.add_argument("--rlimit", action="append", default=[], metavar="as|cpu|nofile=N")
+    parser.add_argument("--fork-fd", type=int, default=-1,
+                        help="a shared-weights template's fork socket: run the template's loop")
     args = parser.parse_args(argv)
     rlimits = {}
     for entry in args.rlimit:
@@ -50,7 +52,7 @@ def parse_args(argv: list[str]) -> StubOptions:
                        parent_pid=args.parent_pid,
                        shm_default=args.shm_default, shm_growth=args.shm_growth,
                        heartbeat_interval=args.heartbeat_interval, send_timeout=args.send_timeout,
-                       rlimits=rlimits)
+                       rlimits=rlimits, fork_fd=args.fork_fd)
 
 
 def isolate_model_imports(working_dir: str) -> None:
@@ -75,13 +77,14 @@ def isolate_model_imports(working_dir: str) -> None:
 def run(argv: list[str] | None = None) -> None:
     working_dir = os.path.abspath(os.getcwd())
     from pystub_backend.ipc.exit_codes import StubExitCode
+    from pystub_backend.stub.fork_server import run_template
     from pystub_backend.stub.stub import main
     try:
         options = parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # argparse said why on stderr
         os._exit(StubExitCode.OK if exc.code == 0 else StubExitCode.BAD_ARGUMENTS)
     isolate_model_imports(working_dir)
-    code = main(options)
+    code = run_template(options) if options.fork_fd >= 0 else main(options)
     # os._exit: threads a model started must not keep a finished stub alive.
     os._exit(code)
 

@@ -12,7 +12,7 @@ FACES = {
         "ArenaFullError", "ArenaReader", "ArenaWriter", "AsyncChannel", "BlockingChannel", "ChannelClosedError",
         "ChannelTimeoutError", "ControlBlock", "EMPTY_HANDLE", "Handle", "Status", "StubState", "make_pair"},
     "pystub_backend.ipc.messages": {
-        "CATALOGUE", "Direction", "Entry", "entry_of", "bls", "client_shm", "core", "metrics", "multiplex",
+        "CATALOGUE", "Direction", "Entry", "entry_of", "bls", "client_shm", "core", "forks", "metrics", "multiplex",
         "sequences", "to_backend", "workers"},
     "pystub_backend.ipc.records": {"WireTensor", "WireRequest", "WireResponse", "WireError", "RECORDS",
                                    "error_to_wire", "DEVICE_HANDLE_TAG"},

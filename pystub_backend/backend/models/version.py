@@ -20,6 +20,7 @@ from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.install import feature_services
 from pystub_backend.backend.features.response_cache import cache_refusal, cached_infer, cached_stream, version_cache
 from pystub_backend.backend.inference import InferRequest, InferResponse
+from pystub_backend.backend.models.shared_weights import plan_instances
 from pystub_backend.backend.models.snapshot import snapshot_sources
 from pystub_backend.backend.models.state import ModelState
 from pystub_backend.backend.models.validation import RequestChecks
@@ -38,6 +39,7 @@ from pystub_backend.backend.supervision.execution_env import (
 from pystub_backend.backend.supervision.instance import InstanceSpec, InstanceState, ModelInstance, watch_health
 from pystub_backend.backend.supervision.services import StubFacingCore
 from pystub_backend.backend.supervision.settings import StubSettings, positive_number
+from pystub_backend.backend.supervision.template import WeightsTemplate
 from pystub_backend.backend.telemetry.statistics import ModelStatistics
 from pystub_backend.ipc.channel import MAX_FRAME
 from pystub_backend.ipc.status import Status
@@ -137,6 +139,7 @@ class ModelVersion:
         self.response_cache = version_cache(config, core)  # None: no cache, or not enabled for the model
         self._rate_limiter = getattr(core, "rate_limiter", None)  # None: --rate-limit=off
         self.instances: list[ModelInstance] = []
+        self._template: WeightsTemplate | None = None  # PYSTUB_SHARE_WEIGHTS (models.shared_weights)
         self.scheduler: Scheduler | None = None  # see pystub_backend.backend.scheduling.choice
         self.state = ModelState.UNAVAILABLE
         self.reason = ""
@@ -212,8 +215,8 @@ class ModelVersion:
             # The files restarts import: the ones this version loads now (models.snapshot).
             budget = _SNAPSHOT_FRAME_SHARE - len(config_json)
             sources = await asyncio.to_thread(snapshot_sources, self.model_path, budget)
-            self.instances = [ModelInstance(placement.name, self._spec(placement, config_json, sources))
-                              for placement in placements(self.config)]
+            self.instances, self._template = plan_instances(
+                self.config, placements(self.config), lambda placement: self._spec(placement, config_json, sources))
             state = ImplicitState.from_config(self.config, self.model_dir)  # implicit state hook (load checks)
             # rate limiter hook: with --rate-limit=execution_count, executes wait for their group's resources
             scheduled = self._scheduled = rate_limited(self.instances, self.config, self._rate_limiter)
@@ -297,6 +300,8 @@ class ModelVersion:
         unregister(self._scheduled)  # rate limiter hook: gone instances no longer size resources
         self._scheduled = []
         await asyncio.gather(*(instance.stop(timeout) for instance in self.instances))
+        if self._template is not None:  # shared weights: the template goes after its instances
+            await self._template.stop(timeout)
         self.instances = [i for i in self.instances if i.state is not InstanceState.STOPPED]
 
     def describe(self) -> dict[str, Any]:

@@ -9,6 +9,8 @@
     frames.FrameLink           its frames: `send(message, timeout)`, `send_soon`, dispatch
     services.StubServices      what feature frame handlers may use (handlers, core, registries)
     handlers.BackendHandlers     the frame table features register into (features.install)
+    template.WeightsTemplate   shared weights: the stub that runs initialize once and forks instances
+    forked.ForkedStub          an instance's stub forked from that template (the StubProcess face)
 
 The names below load on first use: the feature modules this package dispatches to import its
 handler and service types, so importing everything here eagerly would be an import cycle.
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pystub_backend.backend.supervision.errors import StubStartError
+    from pystub_backend.backend.supervision.forked import ForkedStub
     from pystub_backend.backend.supervision.handlers import BackendHandlers, Handler
     from pystub_backend.backend.supervision.instance import (
         InstanceSpec,
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from pystub_backend.backend.supervision.services import StubFacingCore, StubServices
     from pystub_backend.backend.supervision.settings import BackendConfigError, StubSettings, parse_backend_config
     from pystub_backend.backend.supervision.stub_process import StubProcess
+    from pystub_backend.backend.supervision.template import WeightsTemplate
 
 _HOMES = {
     "StubStartError": "errors", "Handler": "handlers", "BackendHandlers": "handlers",
@@ -39,12 +43,13 @@ _HOMES = {
     "RestartPolicy": "restart_policy", "watch_health": "instance",
     "StubFacingCore": "services", "StubServices": "services", "BackendConfigError": "settings",
     "StubSettings": "settings", "parse_backend_config": "settings", "StubProcess": "stub_process",
+    "ForkedStub": "forked", "WeightsTemplate": "template",
 }
 
 __all__ = [
-    "BackendConfigError", "Handler", "BackendHandlers", "InstanceSpec", "InstanceState", "ModelInstance",
+    "BackendConfigError", "ForkedStub", "Handler", "BackendHandlers", "InstanceSpec", "InstanceState", "ModelInstance",
     "RestartPolicy", "StubFacingCore", "StubProcess", "StubServices", "StubSettings",
-    "StubStartError", "parse_backend_config", "watch_health",
+    "StubStartError", "WeightsTemplate", "parse_backend_config", "watch_health",
 ]
 
 

@@ -13,17 +13,32 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 from collections.abc import Callable
+from typing import Any, Protocol
 
-__all__ = ["ExitWatch"]
+__all__ = ["ExitWatch", "WatchedProcess"]
+
+
+class WatchedProcess(Protocol):
+    """What the watch asks of a process: `subprocess.Popen`, or a forked instance whose template
+    reaps it (supervision.forked)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> Any: ...
+
+    def poll(self) -> int | None: ...
 
 
 class ExitWatch:
     """The exit of one child process; `close()` when the process is no longer watched.
     `on_exit()` runs in the loop turn that sees the exit (never when there is no pidfd)."""
 
-    def __init__(self, process: subprocess.Popen[bytes], on_exit: Callable[[], None] | None = None) -> None:
+    def __init__(self, process: WatchedProcess, on_exit: Callable[[], None] | None = None, pidfd: int = -1) -> None:
+        """`pidfd`: one the caller opened already (a forked instance's, from its template, the
+        only race-free one for a process that is not our child); the watch owns it."""
         self._process = process
         self._on_exit_callback = on_exit
         self._exited = False
@@ -31,12 +46,16 @@ class ExitWatch:
         self._loop: asyncio.AbstractEventLoop | None = None
         if process.returncode is not None:  # reaped: its pid may be another process's by now
             self._exited = True
+            if pidfd >= 0:
+                os.close(pidfd)
             return
         try:
             self._loop = asyncio.get_running_loop()
-            self._fd = os.pidfd_open(process.pid)
+            self._fd = pidfd if pidfd >= 0 else os.pidfd_open(process.pid)
         except (AttributeError, RuntimeError, OSError):  # no pidfd_open, no loop, or already gone
             self._loop = None
+            if pidfd >= 0:
+                os.close(pidfd)
             return
         self._loop.add_reader(self._fd, self._on_exit)
 

@@ -40,7 +40,7 @@ from pystub_backend.backend.inference import InferRequest, Tensor
 from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.exchange import RequestExchange
-from pystub_backend.backend.supervision.exit_watch import ExitWatch
+from pystub_backend.backend.supervision.exit_watch import ExitWatch, WatchedProcess
 from pystub_backend.backend.supervision.frames import FrameLink
 from pystub_backend.backend.supervision.hang_judge import ProcessProgress, read_progress
 from pystub_backend.backend.supervision.init_failure import died_during_initialize
@@ -78,7 +78,8 @@ class StubProcess:
         self.settings = settings
         self.services = services
         self.base = names.stub_base_name(settings.shm_prefix)
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: WatchedProcess | None = None  # Popen here; a forked instance's own (supervision.forked)
+        self.extra_fds: tuple[int, ...] = ()  # more descriptors the process inherits (a template's fork socket)
         self._exit: ExitWatch | None = None
         self.control: ControlBlock | None = None
         self.p2s: ArenaWriter | None = None
@@ -189,14 +190,10 @@ class StubProcess:
         parent_end, child_end = make_pair()
         control_fd = -1
         try:
-            self.control = ControlBlock.create(self.base + "_ctl")
-            control_fd = self.control.take_fd()  # the stub's; the backend keeps only its mapping
-            self.p2s = ArenaWriter(self.base, "p2s", self.settings.shm_default_byte_size,
-                                   self.settings.shm_growth_byte_size)
-            self.s2p = ArenaReader(self.base, "s2p")
+            control_fd = self.create_shared_objects()
             fds = (child_end.fileno(), control_fd)
-            self.process = subprocess.Popen(
-                self._command(python, fds, rlimits or {}), pass_fds=fds,
+            self.process = process = subprocess.Popen(
+                self._command(python, fds, rlimits or {}), pass_fds=fds + self.extra_fds,
                 close_fds=True, start_new_session=True, umask=0o077, env=self._environment(),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except Exception as exc:
@@ -207,17 +204,33 @@ class StubProcess:
             child_end.close()
             if control_fd >= 0:
                 os.close(control_fd)
-        self.watch(self.process)
-        self._output = OutputForwarder(self.instance_name, self.process.stdout, self.process.stderr)
+        self.watch(process)
+        self._output = OutputForwarder(self.instance_name, process.stdout, process.stderr)
         self.open_link(parent_end)
 
-    def watch(self, process: subprocess.Popen[bytes]) -> None:
-        """Follow `process` as this stub's (spawn's; tests that play the stub pass a process of
-        their own): its start time, and its exit from a pidfd."""
+    def watch(self, process: WatchedProcess, pidfd: int = -1) -> ExitWatch:
+        """Follow `process` as this stub's (spawn's, a forked instance's with the `pidfd` its
+        template sent; tests that play the stub pass a process of their own): its start time,
+        and its exit from a pidfd."""
         self.process = process
         self.started_at = time.monotonic()
-        self._exit = ExitWatch(process, self._update_alive)
+        watch = self._exit = ExitWatch(process, self._update_alive, pidfd)
         self._update_alive()
+        return watch
+
+    def create_shared_objects(self) -> int:
+        """The control block and the arenas; returns the control block's descriptor, which is the
+        stub's (the caller closes its copy once handed over). Raises SegmentCreateError."""
+        self.control = ControlBlock.create(self.base + "_ctl")
+        control_fd = self.control.take_fd()  # the backend keeps only its mapping
+        try:
+            self.p2s = ArenaWriter(self.base, "p2s", self.settings.shm_default_byte_size,
+                                   self.settings.shm_growth_byte_size)
+            self.s2p = ArenaReader(self.base, "s2p")
+        except BaseException:
+            os.close(control_fd)
+            raise
+        return control_fd
 
     def open_link(self, sock: socket.socket) -> None:
         """The link and the exchange over the channel's backend end (spawn's last step; tests

@@ -6,8 +6,18 @@ kind; `catalogue.CATALOGUE` lists them all (number, name, direction, feature), a
 `to_backend.ToBackend` is the union of the kinds a stub sends.
 """
 
-from pystub_backend.ipc.messages import bls, client_shm, core, metrics, multiplex, sequences, to_backend, workers
+from pystub_backend.ipc.messages import (
+    bls,
+    client_shm,
+    core,
+    forks,
+    metrics,
+    multiplex,
+    sequences,
+    to_backend,
+    workers,
+)
 from pystub_backend.ipc.messages.catalogue import CATALOGUE, Direction, Entry, entry_of
 
-__all__ = ["CATALOGUE", "Direction", "Entry", "entry_of", "bls", "client_shm", "core", "metrics", "multiplex",
+__all__ = ["CATALOGUE", "Direction", "Entry", "entry_of", "bls", "client_shm", "core", "forks", "metrics", "multiplex",
            "sequences", "to_backend", "workers"]

@@ -1,6 +1,6 @@
 """Every message kind between the backend and a stub, and between a frontend worker and the core,
 in one table: number, name, direction, feature. The classes live in the feature modules next to
-this one (core, bls, metrics, sequences, multiplex, client_shm, workers); a unit test checks that
+this one (core, bls, metrics, sequences, multiplex, client_shm, workers, forks); a unit test checks that
 this table and the registry of `pystub_backend.ipc.wire` agree, kind for kind, and that no number
 is used twice.
 
@@ -9,6 +9,7 @@ Kinds are allocated by range, one range per feature:
     1-19   core            20-29  bls (and model control)     30-39  metrics
     40-49  sequences       50-59  multiplex                   60-69  client_shm
     70-79  workers (the frontend workers' core link, not a stub channel)
+    80-89  forks (the shared-weights template: its channel and its fork socket)
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry(72, "WorkerCancel", _C, "workers"),
     Entry(73, "WorkerAnswer", _W, "workers"),
     Entry(74, "WorkerError", _W, "workers"),
+    Entry(80, "ForkCheck", _S, "forks"),  # to a template: can it fork now?
+    Entry(81, "ForkCheckDone", _B, "forks"),
+    Entry(82, "Fork", _S, "forks"),  # on the fork socket, with the child's descriptors
+    Entry(83, "ForkDone", _B, "forks"),  # ... with the child's pidfd
+    Entry(84, "ForkedExit", _B, "forks"),  # a forked instance reaped by its template
 )
 
 _BY_KIND = {entry.kind: entry for entry in CATALOGUE}

@@ -33,6 +33,7 @@ from pystub_backend.ipc.messages.core import (
     Response,
     Spilled,
 )
+from pystub_backend.ipc.messages.forks import ForkCheckDone, ForkDone, ForkedExit
 from pystub_backend.ipc.messages.metrics import MetricFamilyCreate, MetricOps, MetricValueQuery
 from pystub_backend.ipc.messages.multiplex import (
     MultiplexLoaded,
@@ -53,6 +54,7 @@ ToBackend = Union[
     SequenceRescheduled,
     MultiplexLoaded, MultiplexLoadFailed, MultiplexUnloaded, MultiplexUsage,
     ClientShmForgotten,
+    ForkCheckDone, ForkDone, ForkedExit,
 ]
 
 TO_BACKEND: tuple[type[ToBackend], ...] = get_args(ToBackend)

@@ -338,6 +338,13 @@ def _enable(stub: Any) -> None:
     _runtime.set_bls_handler(_client)
 
 
+def _forget(stub: Any) -> None:
+    """A forked instance: the client of its template's stub is not this process's; its own
+    phases make a new one."""
+    global _client
+    _client = None
+
+
 def _disable(stub: Any) -> None:
     _runtime.set_bls_handler(None)
 
@@ -388,5 +395,6 @@ def register(handlers: StubHandlers) -> None:
     handlers.awaits_reply(BlsInspect)
     handlers.on_phase("ready", _enable)
     handlers.on_phase("finalizing", _disable)
+    handlers.on_phase("forked", _forget)
     handlers.on_receiver(BlsResponse, _on_response)
     handlers.on_receiver(BlsInspectDone, _on_inspected)

@@ -58,6 +58,8 @@ _RECORD_OF: dict[int, type[MetricCreate] | type[MetricUpdate] | type[MetricDelet
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 _reporter: MetricsReporter | None = None  # one stub per process: this process's reporter
+_flusher: threading.Thread | None = None  # its flusher thread
+_FLUSHER_STOP_SECONDS = 5.0  # the flusher notices `close` within a second
 
 
 class MetricsError(Exception):
@@ -231,11 +233,22 @@ class MetricsReporter:
 def _install(stub: Any) -> None:
     """Connect pb_utils metrics to the backend before the model is imported (module-level
     metric families are common)."""
-    global _reporter
+    global _reporter, _flusher
     reporter = MetricsReporter(stub.send, stub.options.send_timeout)
-    threading.Thread(target=reporter.run_flusher, name="pystub-metrics-flusher", daemon=True).start()
+    _flusher = threading.Thread(target=reporter.run_flusher, name="pystub-metrics-flusher", daemon=True)
+    _flusher.start()
     _reporter = reporter
     _runtime.set_metric_reporter(reporter)
+
+
+def _stop_flusher(stub: Any) -> None:
+    """A shared-weights template is about to fork: send what is buffered and end the flusher
+    thread (a fork keeps only the forking thread). Each forked instance installs its own."""
+    if _reporter is not None:
+        _reporter.flush()
+        _reporter.close()
+    if _flusher is not None:
+        _flusher.join(_FLUSHER_STOP_SECONDS)
 
 
 def _flush_before(stub: Any, message: Any) -> None:
@@ -254,5 +267,6 @@ def register(handlers: StubHandlers) -> None:
     handlers.awaits_reply(MetricFamilyCreate)
     handlers.awaits_reply(MetricValueQuery)
     handlers.on_phase("initializing", _install)
+    handlers.on_phase("forking", _stop_flusher)
     handlers.before_send(_flush_before)
     handlers.on_receiver(MetricReply, _on_reply)

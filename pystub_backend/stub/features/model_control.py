@@ -102,6 +102,13 @@ def _enable(stub: Any) -> None:
     _runtime.set_model_control(_client)
 
 
+def _forget(stub: Any) -> None:
+    """A forked instance: the client of its template's stub is not this process's; its own
+    phases make a new one."""
+    global _client
+    _client = None
+
+
 def _disable(stub: Any) -> None:
     _runtime.set_model_control(None)
 
@@ -116,4 +123,5 @@ def register(handlers: StubHandlers) -> None:
     handlers.awaits_reply(ModelControl)
     handlers.on_phase("initializing", _enable)
     handlers.on_phase("finalizing", _disable)
+    handlers.on_phase("forked", _forget)
     handlers.on_receiver(ModelControlDone, _on_done)

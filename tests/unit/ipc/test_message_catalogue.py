@@ -14,6 +14,7 @@ from pystub_backend.backend.supervision.handlers import BackendHandlers
 from pystub_backend.ipc import messages
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.catalogue import CATALOGUE, Direction
+from pystub_backend.ipc.messages.forks import Fork, ForkCheck
 from pystub_backend.ipc.messages.multiplex import MultiplexLoaded
 from pystub_backend.ipc.messages.sequences import SequenceDropRescheduled
 from pystub_backend.ipc.messages.to_backend import TO_BACKEND, ToBackend, is_to_backend
@@ -24,7 +25,7 @@ from pystub_backend.stub.handlers import StubHandlers
 
 _FEATURE_RANGES = {"core": range(1, 20), "bls": range(20, 30), "model_control": range(20, 30),
                    "metrics": range(30, 40), "sequences": range(40, 50), "multiplex": range(50, 60),
-                   "client_shm": range(60, 70), "workers": range(70, 80)}
+                   "client_shm": range(60, 70), "workers": range(70, 80), "forks": range(80, 90)}
 
 
 def test_every_registered_kind_is_in_the_catalogue_exactly_once() -> None:
@@ -34,7 +35,7 @@ def test_every_registered_kind_is_in_the_catalogue_exactly_once() -> None:
     assert [k for k, n in numbers.items() if n > 1] == [], "a kind number is reused"
     assert [k for k, n in names.items() if n > 1] == [], "a message name is listed twice"
     assert {entry.kind: entry.name for entry in CATALOGUE} == {k: cls.__name__ for k, cls in registered.items()}
-    assert len(CATALOGUE) == 44
+    assert len(CATALOGUE) == 49
 
 
 def test_each_kind_lies_in_its_features_range_and_module() -> None:
@@ -51,6 +52,7 @@ def test_what_the_stub_handles_is_sent_to_the_stub() -> None:
     install_features(handlers)
     core_to_stub = {msg.AutoComplete, msg.Init, msg.Execute, msg.Finalize, msg.IsReady, msg.Release, msg.Cancel,
                     msg.Spilled}
+    core_to_stub |= {ForkCheck, Fork}  # what a shared-weights template's own loop reads (stub/fork_server.py)
     for cls in handlers.handled_kinds() | core_to_stub:
         assert messages.entry_of(kind_of(cls)).direction in (Direction.TO_STUB, Direction.BOTH), cls
     to_stub = {e.name for e in CATALOGUE if e.direction in (Direction.TO_STUB, Direction.BOTH)}

@@ -9,9 +9,9 @@ import pytest
 
 FACES = {
     "pystub_backend.backend.supervision": {
-        "BackendConfigError", "Handler", "BackendHandlers", "InstanceSpec", "InstanceState", "ModelInstance",
-        "RestartPolicy", "StubFacingCore", "StubProcess", "StubServices", "StubSettings",
-        "StubStartError", "parse_backend_config", "watch_health",
+        "BackendConfigError", "ForkedStub", "Handler", "BackendHandlers", "InstanceSpec", "InstanceState",
+        "ModelInstance", "RestartPolicy", "StubFacingCore", "StubProcess", "StubServices", "StubSettings",
+        "StubStartError", "WeightsTemplate", "parse_backend_config", "watch_health",
     },
     "pystub_backend.backend.features": {
         "ClientShmRegistry", "CustomMetrics", "feature_services", "install_features", "registry_for",
