@@ -67,6 +67,7 @@ class DefaultScheduler(Scheduler):
         self._busy: dict[Instance, int] = dict.fromkeys(self._instances, 0)  # executes running, per instance
         self._queue: collections.deque[_Pending] = collections.deque()
         self._pumping = False
+        self._draining: dict[Instance, list[asyncio.Future[None]]] = {}  # removed, executes still running
         for instance in self._instances:
             instance.on_change(self._pump)
 
@@ -213,6 +214,8 @@ class DefaultScheduler(Scheduler):
             if gate is not None:
                 gate.leave()
             self._pump()
+            if self._draining:
+                self._slot_freed(instance)
 
     async def _through_gate(self, instance: Instance, pending: _Pending) -> None:
         gate = instance.gate
@@ -231,6 +234,8 @@ class DefaultScheduler(Scheduler):
             if not pending.future.done():
                 self._queue.appendleft(pending)
             self._pump()
+            if self._draining:
+                self._slot_freed(instance)
             return
         self._deliver(pending, self._send(instance, pending.request, pending.batch_size, pending.enqueued_ns,
                                           wait=True, taken=True))
@@ -252,6 +257,30 @@ class DefaultScheduler(Scheduler):
         else:
             pending.stream = outcome
             outcome.answer(pending.future)
+
+    # -- instances added and removed by a model update ----------------------------------------------
+    def add_instances(self, instances: Sequence[Instance]) -> None:
+        self._instances = [*self._instances, *instances]
+        for instance in instances:
+            self._busy[instance] = 0
+            instance.on_change(self._pump)
+        self._pump()  # queued requests may go to them at once
+
+    async def remove_instance(self, instance: Instance) -> None:
+        """No request is sent to `instance` from now on (the queue is everyone's: the others take
+        it); returns once the executes running on it (or waiting at its gate) have returned."""
+        self._instances = [other for other in self._instances if other is not instance]
+        while self._busy.get(instance, 0):
+            freed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._draining.setdefault(instance, []).append(freed)
+            await freed
+        self._busy.pop(instance, None)
+
+    def _slot_freed(self, instance: Instance) -> None:
+        """A slot of a removed instance was freed: its `remove_instance` looks again."""
+        for freed in self._draining.pop(instance, ()):
+            if not freed.done():
+                freed.set_result(None)
 
     # -- stopping ----------------------------------------------------------------------------------
     def fail_queued(self, error: ServerError) -> int:
