@@ -44,11 +44,12 @@ class ModelCopy:
         self.pair, self.name, self.sequence = pair, name, sequence
         self.repositories = {"triton": Path(pair.triton_server.repository),
                              "pystub": Path(pair.pystub_backend.repository)}
-        for repository in self.repositories.values():
-            directory = repository / name
-            shutil.copytree(TEMPLATE, directory)
-            (directory / "1" / "__pycache__").write_text("")
-            self._write_config(directory, [group()])
+        for repository in self.repositories.values():  # made aside, then moved in: a poll sees it whole
+            staging = repository.parent / f".{name}"
+            shutil.copytree(TEMPLATE, staging)
+            (staging / "1" / "__pycache__").write_text("")
+            self._write_config(staging, [group()])
+            staging.rename(repository / name)
         self.events = {server: Events(repository / f"{name}.events")
                        for server, repository in self.repositories.items()}
 
@@ -67,7 +68,9 @@ class ModelCopy:
         return config
 
     def _write_config(self, directory: Path, groups: list[dict[str, Any]], **fields: Any) -> None:
-        (directory / "config.pbtxt").write_text(json_to_pbtxt(self.config(groups, **fields)))
+        written = directory.parent / f".{directory.name}.config.pbtxt"  # then renamed: never seen half-written
+        written.write_text(json_to_pbtxt(self.config(groups, **fields)))
+        written.rename(directory / "config.pbtxt")
 
     def write_config(self, groups: list[dict[str, Any]], **fields: Any) -> None:
         """Rewrite config.pbtxt in both repositories (what a load without an override, or a poll, reads)."""
@@ -122,13 +125,14 @@ class ModelCopy:
         return [ready, rows, counts]
 
     # -- what the instances did -----------------------------------------------------------------------
-    def agree_on_events(self, what: str = "") -> list[tuple[str, ...]]:
+    def agree_on_events(self, what: str = "", at_least: int = 0) -> list[tuple[str, ...]]:
         """Wait until both servers show the same lifecycle events since the copy was made (each
-        sorted: the order of one update's initializations is Triton's chance); returns them."""
+        sorted: the order of one update's initializations is Triton's chance), `at_least` of them
+        (what a poll still to come will cause); returns them."""
         deadline = time.monotonic() + EVENT_DEADLINE
         while True:
             seen = {server: events.lifecycle() for server, events in self.events.items()}
-            if seen["triton"] == seen["pystub"] or time.monotonic() > deadline:
+            if (seen["triton"] == seen["pystub"] and len(seen["triton"]) >= at_least) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         try:

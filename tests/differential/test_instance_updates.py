@@ -242,3 +242,23 @@ def test_a_removed_sequence_instance_ends_its_sequences_first(copies: Any) -> No
         assert seq(copy, endpoint, 13, end=True)[0] == 200
     copy.agree_on_events("after the sequences ended")
     agree(*both(copy.pair, copy.groups_shown))
+
+
+def test_the_oldest_sequence_instance_is_removed_though_another_is_idle(copies: Any) -> None:
+    """Triton 2.51 chooses the instances an update removes by their place in its list alone: with
+    a live sequence on the oldest instance and none on the other, the oldest is removed (it ends
+    the sequence first) and the idle one kept."""
+    copy = copies(sequence=True)
+    name = copy.name
+    step(copy, [group(1)], "the first load")
+    step(copy, [group(2)], "count 2")
+    for server, endpoint in copy.endpoints().items():
+        events = copy.events[server]
+        answers = [seq(copy, endpoint, 21, start=True)]
+        assert copy.load(endpoint, [group(1)]) == [200, None]
+        answers += [seq(copy, endpoint, 21, end=True), seq(copy, endpoint, 22, start=True, end=True)]
+        events.wait_for(lambda lines: ["fini", f"{name}_0_0#1"] in lines, "the removed instance to stop")
+        assert [(status, events.label(answer)) for status, answer in answers] == \
+            [(200, f"{name}_0_0#1"), (200, f"{name}_0_0#1"), (200, f"{name}_0_1#1")], server
+    copy.agree_on_events("after the sequence ended")
+    agree(*both(copy.pair, copy.state))
