@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tritonclient.grpc import model_config_pb2
 
@@ -37,16 +37,17 @@ class PreparedUpdate:
 
     config: ModelConfig
     plan: Plan[ModelInstance]
-    stale: list[ModelInstance]  # FAILED for good: replaced, never kept
+    stale: list[ModelInstance]  # FAILED for good: replaced in their place, removed
     taken: set[str]  # the names pystub's views already show
+    own_names: list[str | None]  # per new instance: the name of the FAILED one it replaces
     created: list[ModelInstance] = field(default_factory=list)
     scheduled: list[StubInstance] = field(default_factory=list)  # `created` as the scheduler sees them
 
     def names(self) -> list[tuple[str, Wanted]]:
         """Each new instance's unique name and what it is (its Triton name is its placement's)."""
         named = []
-        for wanted in self.plan.created:
-            name = unique_name(wanted.placement.name, self.taken)
+        for wanted, own in zip(self.plan.created, self.own_names, strict=True):
+            name = own or unique_name(wanted.placement.name, self.taken)
             self.taken.add(name)
             named.append((name, wanted))
         return named
@@ -85,12 +86,25 @@ class InstanceKeeper:
 
     def prepare(self, instances: Sequence[ModelInstance], config: ModelConfig) -> PreparedUpdate:
         """The plan that turns `instances` into those `config` asks for. An instance FAILED for good
-        is never kept: an update replaces it."""
-        live = [instance for instance in instances if instance.state is not InstanceState.FAILED]
-        update = PreparedUpdate(config, plan([(i, self._signatures[i]) for i in live], wanted_instances(config)),
-                                [i for i in instances if i.state is InstanceState.FAILED],
-                                {i.name for i in [*instances, *self._draining]})
-        return update
+        that the plan keeps is replaced: a new instance in its place, of its names (Triton's, as its
+        model was told it, and pystub's, as its views show it)."""
+        the_plan = plan([(instance, self._signatures[instance]) for instance in instances], wanted_instances(config))
+        order: list[ModelInstance | Wanted] = []
+        own_names: list[str | None] = []  # per new instance: the name of the one it replaces
+        failed: list[ModelInstance] = []
+        for entry in the_plan.order:
+            if isinstance(entry, Wanted):
+                own_names.append(None)
+            elif entry.state is InstanceState.FAILED:
+                failed.append(entry)
+                wanted = the_plan.matched.pop(entry)
+                entry = Wanted(replace(wanted.placement, name=entry.spec.args["model_instance_name"]),
+                               wanted.signature)
+                own_names.append(failed[-1].name)
+            order.append(entry)
+        the_plan.order = order
+        taken = {i.name for i in [*instances, *self._draining]} - {i.name for i in failed}
+        return PreparedUpdate(config, the_plan, failed, taken, own_names)
 
     def adopt(self, update: PreparedUpdate) -> None:
         """The update serves: remember the new instances' signatures."""

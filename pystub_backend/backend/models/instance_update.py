@@ -73,6 +73,7 @@ class Plan(Generic[_Key]):
 
     order: list[_Key | Wanted]
     removed: list[_Key]
+    matched: dict[_Key, Wanted]  # what each kept key stands for in the new config
 
     @property
     def created(self) -> list[Wanted]:
@@ -91,14 +92,17 @@ def plan(current: Sequence[tuple[_Key, Signature]], wanted: Sequence[Wanted]) ->
         pools.setdefault(signature, []).append(key)
     kept: list[_Key | Wanted] = []
     created: list[_Key | Wanted] = []
+    matched: dict[_Key, Wanted] = {}
     for instance in wanted:
         pool = pools.get(instance.signature)
         if pool:
-            kept.append(pool.pop())
+            key = pool.pop()
+            kept.append(key)
+            matched[key] = instance
         else:
             created.append(instance)
     left = {key for pool in pools.values() for key in pool}
-    return Plan(kept + created, [key for key, _ in current if key in left])
+    return Plan(kept + created, [key for key, _ in current if key in left], matched)
 
 
 def unique_name(name: str, taken: set[str]) -> str:

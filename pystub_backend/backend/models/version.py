@@ -54,6 +54,7 @@ RLIMIT_PARAMETERS = {"STUB_MEMORY_LIMIT_BYTES": "as", "STUB_CPU_LIMIT_SECONDS": 
 EXECUTE_TIMEOUT_PARAMETER = "EXECUTE_TIMEOUT_SECONDS"
 _SNAPSHOT_FRAME_SHARE = MAX_FRAME // 2  # of the INIT frame, for the config and the snapshot of the model's files
 _Number = TypeVar("_Number", int, float)
+_FINALIZE_AFTER_DRAIN_S = 1.0  # a removed instance still executing after the exit timeout: its FINALIZE's wait
 
 
 class Scheduler(Protocol):
@@ -349,14 +350,16 @@ class ModelVersion:
         drained = self.scheduler.remove_instance(scheduled)
         if not self.config.HasField("sequence_batching"):  # sequences end by END or idle eviction
             drained = asyncio.wait_for(drained, self.settings.exit_timeout_seconds)
+        finalize_timeout = self.settings.stub_timeout_seconds
         try:
             await drained
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError:  # its executes are failed by the stop, as an unload fails them
             log.warning("instance '%s' of model '%s' still executes %g s after it was removed; stopping it",
                         instance.name, self.name, self.settings.exit_timeout_seconds)
+            finalize_timeout = _FINALIZE_AFTER_DRAIN_S
         finally:  # also when the version unloads meanwhile (it stops the instance itself)
             unregister([scheduled])
-        await instance.stop(self.settings.stub_timeout_seconds)
+        await instance.stop(finalize_timeout)
         self._updates.forget(instance)
 
     def instance(self, name: str) -> ModelInstance | None:
