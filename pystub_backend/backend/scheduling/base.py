@@ -8,6 +8,10 @@ worker loop of those that pull work (`WorkerScheduler`: the batchers, multiplex 
                  _run(unit, work) in a task of its own (or inline, if the policy says so)
              _instance_gone(unit)                 the policy: what happens to work nobody can run
 
+    a model update adds instances (`add_instances`: workers for the policy's new units) and removes
+    them (`remove_instance`: the policy drains the instance, then its workers end, at once when they
+    wait for work, after the work they hold otherwise)
+
 Statistics are counted here and only here (`telemetry.statistics` says what each counter means):
 an execution when a batch reached the model; per request, when its stream ends, an inference
 unless the stream was failed (batch failure, stub death: the model did not answer it), then a

@@ -17,7 +17,8 @@ A slot is free again when the model's `execute` returns, not when the request's 
 arrives: a decoupled model (or an `async def execute`) keeps answering while the next request
 runs. An instance with an admission gate (the rate limiter's resources) is sent to from a task
 that passes the gate first. The caller gets the request's ResponseStream; `schedule` waits for
-its single answer.
+its single answer. A model update adds instances (`add_instances`: they pump the queue at once)
+and removes them (`remove_instance`: no new request goes to it; it returns once its slots are free).
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@
              ──▶ after the batch: a rescheduled request (iterative_sequence) goes back to the head
                  of its sequence; an executed END frees the slot; an empty sequence starts idling
 
+    a model update: an added instance's lane takes the backlog's oldest sequences; a removed one's
+    lane starts no sequence and ends the ones it holds (`_drain`), then its worker ends
+
     eviction (a sequence ends without END): idle longer than max_sequence_idle_microseconds,
     its client went away (client_link), one of its requests was cancelled, the model unloads.
     The slot is freed at once (the backlog's head takes it), queued requests fail, and the stub
