@@ -25,7 +25,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,15 +232,16 @@ def without_variant(name: str) -> str:
 
 @contextlib.contextmanager
 def running_pair(models: Sequence[str], *pystub_flags: str, both_flags: Sequence[str] = (),
-                 environment: Mapping[str, str] | None = None) -> Iterator[Pair]:
+                 environment: Mapping[str, str] | None = None,
+                 repository: Callable[[Path], Path] = copy_models) -> Iterator[Pair]:
     """Start Triton and pystub (with `pystub_flags` besides the common ones, and `both_flags` and
-    the variables of `environment` given to both) on copies of the repository, with `models`
-    loaded; stop both at the end."""
+    the variables of `environment` given to both) on copies of the repository (`repository(dir)`
+    makes each server's), with `models` loaded; stop both at the end."""
     workdir = Path(tempfile.mkdtemp(prefix="differential-"))
     try:
         flags = (*control_flags(models), *both_flags)
-        triton = TritonServer(copy_models(workdir / "triton"), workdir, flags, environment)
-        backend = Backend(copy_models(workdir / "pystub"), *flags, "--allow-client-shm=true", *pystub_flags,
+        triton = TritonServer(repository(workdir / "triton"), workdir, flags, environment)
+        backend = Backend(repository(workdir / "pystub"), *flags, "--allow-client-shm=true", *pystub_flags,
                           env=dict(environment or {}))
         try:
             triton.launch()   # both load their models at once: the pair is up in the slower one's time

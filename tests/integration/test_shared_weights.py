@@ -229,3 +229,27 @@ def test_kind_gpu_instances_keep_the_ordinary_mode(tmp_path: Path):
         assert template != backend.pid and parent(template) == backend.pid
         assert sorted(calls(log, "initialize")) == sorted([(gpu["pid"], f"{MODEL}_0_0"), (template, f"{MODEL}_1_0")])
         assert sorted(pid for pid, _ in calls(log, "initialize_instance")) == sorted(row["pid"] for row in cpu)
+
+
+def test_a_change_of_instances_reloads_the_model_whole(tmp_path: Path):
+    """Other models update their instances in place; these fork from the template of their load,
+    so a new count brings a new template (one more `initialize`) and only forked instances."""
+    repository = make_repository(tmp_path / "repository", MODEL)
+    configure(repository, count=2)
+    log = tmp_path / "calls.log"  # outside the model's directory, whose files did not change
+    config = repository / MODEL / "config.pbtxt"
+    config.write_text(config.read_text() + f'parameters {{ key: "CALLS_LOG", value: {{ string_value: "{log}" }} }}\n')
+    with Backend(repository, "--model-control-mode=explicit", f"--load-model={MODEL}") as backend:
+        client = httpclient.InferenceServerClient(backend.http_url)
+        try:
+            before = serve_everywhere(backend, 2)
+            old_template = parent(next(iter(before.values())))
+            config.write_text(config.read_text().replace("count: 2", "count: 3"))
+            client.load_model(MODEL)
+            after = serve_everywhere(backend, 3)
+            templates = {parent(pid) for pid in after.values()}
+            assert len(templates) == 1 and old_template not in templates, (old_template, templates)
+            assert not set(before.values()) & set(after.values())  # not one instance was kept
+            assert [name for _, name in calls(log, "initialize")] == [f"{MODEL}_0_0", f"{MODEL}_0_0"]
+        finally:
+            client.close()

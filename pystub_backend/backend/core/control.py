@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from pystub_backend.backend.config.model_config import ConfigError, ModelConfig, config_from_json
@@ -33,7 +34,17 @@ from pystub_backend.backend.models.ensemble_config import (
     ensemble_graph_models,
     load_waves,
 )
-from pystub_backend.backend.models.lifecycle import InFlight, ModelEntry, retire, start_versions, stop_versions
+from pystub_backend.backend.models.instance_keeper import PreparedUpdate
+from pystub_backend.backend.models.lifecycle import (
+    InFlight,
+    ModelEntry,
+    apply_updates,
+    prepare_updates,
+    retire,
+    start_versions,
+    stop_versions,
+    updatable_versions,
+)
 from pystub_backend.backend.models.overrides import LoadRequest, OverrideDir, parse_load_parameters
 from pystub_backend.backend.models.repository import (
     POLL_FAILED,
@@ -48,6 +59,7 @@ from pystub_backend.backend.models.repository import (
 )
 from pystub_backend.backend.models.state import UNLOADED_REASON, ModelState
 from pystub_backend.backend.models.version import ModelVersion, failure_with_status
+from pystub_backend.backend.models.version_files import VersionFiles, version_files
 from pystub_backend.backend.supervision.services import StubFacingCore
 from pystub_backend.ipc.status import Status
 
@@ -73,10 +85,13 @@ def _load_error(name: str, text: str) -> ServerError:
     return ServerError(f"load failed for model '{name}': {text}", Status.INVALID_ARG)
 
 
-def _version_failures(failed: dict[int, str]) -> str:
-    # Triton ends every version's line with ";\n", the last one included.
-    return "".join(f"version {v} is at UNAVAILABLE state: {failure_with_status(reason)};\n"
-                   for v, reason in sorted(failed.items()))
+def _version_failures(failed: dict[int, str], refused: dict[int, str] | None = None) -> str:
+    """`failed`: versions that did not load; `refused`: versions whose instance update failed, which
+    serve on (READY). Triton ends every version's line with ";\n", the last one included."""
+    states = {**{v: (ModelState.UNAVAILABLE, r) for v, r in failed.items()},
+              **{v: (ModelState.READY, r) for v, r in (refused or {}).items()}}
+    return "".join(f"version {v} is at {state.value} state: {failure_with_status(reason)};\n"
+                   for v, (state, reason) in sorted(states.items()))
 
 
 def _raise_unexpected(results: list[object]) -> None:
@@ -289,7 +304,11 @@ class ModelControl:
         if fingerprint is not None:
             entry.fingerprint = fingerprint
         source, override = await self._prepare(entry, model_dir, request)
-        loaded, failed = await self._start_versions(source)
+        files = await asyncio.to_thread(version_files, source.model_dir, source.versions,
+                                        self.options.model_config_name)
+        kept = updatable_versions(entry, source, files, override is not None)  # updated in place
+        loaded, failed = await self._start_versions(replace(source, versions=[v for v in source.versions
+                                                                              if v not in kept]))
         for version in loaded.values():
             version.stats.loaded()  # nv_model_load_duration_secs
         if failed and (entry.versions or not loaded):
@@ -300,9 +319,15 @@ class ModelControl:
                 entry.state, entry.reason = ModelState.UNAVAILABLE, "; ".join(failed.values())
                 entry.failed, entry.unloaded = failed, []
             raise _load_error(name, _version_failures(failed))
-        await self._install(entry, loaded, failed, override)
-        if failed:
-            raise _load_error(name, _version_failures(failed))
+        try:
+            async with self._load_slots:
+                updates, refused = await prepare_updates(kept, source.config)
+        except asyncio.CancelledError:  # superseded or shut down: the updates stopped what they started
+            await stop_versions(loaded, self.options.settings.stub_timeout_seconds)
+            raise
+        await self._install(entry, {**kept, **loaded}, failed, override, (updates, files))
+        if failed or refused:
+            raise _load_error(name, _version_failures(failed, refused))
 
     async def _prepare(self, entry: ModelEntry, model_dir: str | None, request: LoadRequest | None
                        ) -> tuple[ModelSource, OverrideDir | None]:
@@ -339,6 +364,8 @@ class ModelControl:
 
     async def _start_versions(self, source: ModelSource) -> tuple[dict[int, ModelVersion], dict[int, str]]:
         """`start_versions` in one of the load slots; a failure is retried `load_retry_count` times."""
+        if not source.versions:  # every version is updated in place
+            return {}, {}
         for attempt in range(self.options.load_retry_count + 1):
             async with self._load_slots:
                 loaded, failed = await start_versions(source, self.options.settings, self._context)
@@ -349,16 +376,23 @@ class ModelControl:
                         attempt + 1, self.options.load_retry_count)
         return loaded, failed
 
-    async def _install(self, entry: ModelEntry, loaded: dict[int, ModelVersion], failed: dict[int, str],
-                       override: OverrideDir | None) -> None:
-        """Swap the new versions in, then retire the old ones and their override directory."""
+    async def _install(self, entry: ModelEntry, serving: dict[int, ModelVersion], failed: dict[int, str],
+                       override: OverrideDir | None,
+                       updated: tuple[dict[int, PreparedUpdate], dict[int, VersionFiles]]) -> None:
+        """Swap the new versions in and apply the prepared instance updates of the kept ones, then
+        retire the versions no longer served and the old override directory."""
         self._committing.add(entry.name)  # from here on the swap must finish: retiring is not undone
+        updates, files = updated
         try:
             old, old_override = entry.versions, entry.override
-            entry.versions, entry.failed, entry.unloaded, entry.override = loaded, failed, [], override
+            # A version kept (updated in place) never runs from an override directory: a load with
+            # files of its own reloads every version (lifecycle.updatable_versions).
+            entry.versions, entry.failed, entry.unloaded, entry.override = serving, failed, [], override
+            entry.files = {number: files[number] for number in serving if number in files}
             entry.state, entry.reason = (ModelState.READY, "") if not failed else \
                 (ModelState.UNAVAILABLE, "; ".join(failed.values()))
-            await self._retire(entry, old)
+            await apply_updates(serving, updates)
+            await self._retire(entry, {n: v for n, v in old.items() if serving.get(n) is not v})
             if old_override is not None:
                 old_override.remove()
         finally:
@@ -385,7 +419,7 @@ class ModelControl:
         if entry.override is not None:
             entry.override.remove()
             entry.override = None
-        entry.unloaded, entry.fingerprint = had, None
+        entry.unloaded, entry.fingerprint, entry.files = had, None, {}
         entry.state, entry.reason = ModelState.UNAVAILABLE, UNLOADED_REASON
 
     # -- repository polling ------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 unloading) a version that is being replaced or unloaded (docs/reference/protocol.md#model-repository-extension).
 
     load:    prepare_model → start_versions (new stubs) → swap them into the entry → retire the old
+    update:  a loaded version whose files are unchanged and whose config differs only in its
+             instances (models.instance_update) is not replaced: prepare_updates starts the instances
+             it adds, apply_updates makes them serve and drains and stops the ones it removes
     unload:  take the versions out of the entry → retire each
     retire:  (already unreachable by lookups) fail its queued requests → wait for the ones in
              flight, up to the exit timeout → fail whatever is left → ModelVersion.unload
@@ -17,19 +20,23 @@ import logging
 import time
 from typing import Any
 
+from pystub_backend.backend.config.model_config import ModelConfig
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.models.config_support import log_unused_fields
 from pystub_backend.backend.models.ensemble import EnsembleVersion
 from pystub_backend.backend.models.ensemble_config import is_ensemble
+from pystub_backend.backend.models.instance_keeper import PreparedUpdate
 from pystub_backend.backend.models.overrides import OverrideDir
 from pystub_backend.backend.models.repository import ModelSource
 from pystub_backend.backend.models.state import UNLOADED_REASON, ModelState
 from pystub_backend.backend.models.version import ModelLoadError, ModelVersion, failure_with_status
+from pystub_backend.backend.models.version_files import VersionFiles
 from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.supervision.services import StubFacingCore
 from pystub_backend.backend.supervision.settings import StubSettings
 
-__all__ = ["ModelEntry", "InFlight", "start_versions", "stop_versions", "retire"]
+__all__ = ["ModelEntry", "InFlight", "start_versions", "stop_versions", "retire", "updatable_versions",
+           "prepare_updates", "apply_updates"]
 
 log = logging.getLogger("pystub.core")
 
@@ -49,6 +56,7 @@ class ModelEntry:
         self.reason = ""
         self.override: OverrideDir | None = None  # the file-override directory the versions run from
         self.fingerprint: frozenset[Any] | None = None  # of the directory it was loaded from (polling)
+        self.files: dict[int, VersionFiles] = {}  # each serving version's files when it loaded
 
     @property
     def is_unloaded(self) -> bool:
@@ -171,6 +179,52 @@ def _make_version(source: ModelSource, version: int, settings: StubSettings, con
     if is_ensemble(source.config):  # no model.py and no instances: the steps run on other models
         return EnsembleVersion(source.config, version, source.model_dir, context)
     return ModelVersion(source.config, version, source.model_dir, source.model_path(version), settings, context)
+
+
+def updatable_versions(entry: ModelEntry, source: ModelSource, files: dict[int, VersionFiles],
+                       from_files: bool) -> dict[int, ModelVersion]:
+    """The serving versions a load of `source` updates in place instead of reloading (Triton 2.51's
+    rule): still selected, loaded from the same directory (`from_files`: the load brings files of
+    its own), their files unchanged since they loaded, their config different in the instances
+    alone (or not at all)."""
+    if from_files:
+        return {}
+    return {number: version for number, version in entry.versions.items()
+            if number in files and isinstance(version, ModelVersion) and version.model_dir == source.model_dir
+            and entry.files.get(number) == files[number] and version.updatable_to(source.config)}
+
+
+async def prepare_updates(versions: dict[int, ModelVersion], config: ModelConfig
+                          ) -> tuple[dict[int, PreparedUpdate], dict[int, str]]:
+    """Start the instances each version's update adds, concurrently. Returns the prepared updates
+    and the reasons of those that failed (logged; those versions serve on unchanged)."""
+
+    async def prepare(version: ModelVersion) -> PreparedUpdate | str:
+        fields = {"model": version.name, "version": version.version}
+        log.info("loading '%s' version %d: updating its instances in place", version.name, version.version,
+                 extra=fields)
+        try:
+            return await version.prepare_instances(config)
+        except ModelLoadError as exc:
+            log.error("failed to update the instances of '%s' version %d: %s", version.name, version.version,
+                      failure_with_status(str(exc)), extra=fields)
+            return str(exc)
+
+    results = await asyncio.gather(*(prepare(version) for version in versions.values()))
+    prepared = {n: r for n, r in zip(versions, results, strict=True) if not isinstance(r, str)}
+    return prepared, {n: r for n, r in zip(versions, results, strict=True) if isinstance(r, str)}
+
+
+async def apply_updates(versions: dict[int, ModelVersion], updates: dict[int, PreparedUpdate]) -> None:
+    """Make each prepared update serve (models.version.ModelVersion.apply_instances)."""
+
+    async def apply(version: ModelVersion, update: PreparedUpdate) -> None:
+        await version.apply_instances(update)
+        log.info("successfully loaded '%s' version %d (%d instance(s) added, %d removed)", version.name,
+                 version.version, len(update.created), len(update.removed),
+                 extra={"model": version.name, "version": version.version})
+
+    await asyncio.gather(*(apply(versions[number], update) for number, update in updates.items()))
 
 
 async def stop_versions(versions: dict[int, ModelVersion], timeout: float) -> None:

@@ -35,7 +35,7 @@ from pystub_backend.backend.supervision.stub_process import StubProcess, StubSta
 
 __all__ = ["ModelSource", "RepositoryError", "PollError", "POLL_FAILED", "check_config_name", "find_models",
            "prepare_model",
-           "select_versions", "model_file", "check_stub_name", "check_model_paths", "model_fingerprint",
+           "select_versions", "model_file", "check_stub_name", "check_model_paths", "model_fingerprint", "config_file",
            "INVALID_STUB_NAME"]
 
 log = logging.getLogger("pystub.repository")
@@ -144,7 +144,7 @@ async def _auto_complete(config: ModelConfig, model_path: str, settings: StubSet
     return config_from_json(completed)
 
 
-def _config_file(model_dir: str, config_name: str) -> str:
+def config_file(model_dir: str, config_name: str) -> str:
     """`configs/<config_name>.pbtxt` when --model-config-name names one that exists, else config.pbtxt."""
     if config_name:
         custom = os.path.join(model_dir, "configs", f"{config_name}.pbtxt")
@@ -218,9 +218,9 @@ async def prepare_model(name: str, model_dir: str, settings: StubSettings, auto_
 
 
 def _read_config(name: str, model_dir: str, config_name: str = "") -> ModelConfig:
-    """The model directory's config (`_config_file`; empty when there is none). Raises PollError
+    """The model directory's config (`config_file`; empty when there is none). Raises PollError
     when it cannot be read or names another model."""
-    path = _config_file(model_dir, config_name)
+    path = config_file(model_dir, config_name)
     try:
         config = load_config_file(path) if os.path.isfile(path) else ModelConfig()
     except (ConfigError, OSError) as exc:

@@ -20,6 +20,8 @@ from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.install import feature_services
 from pystub_backend.backend.features.response_cache import cache_refusal, cached_infer, cached_stream, version_cache
 from pystub_backend.backend.inference import InferRequest, InferResponse
+from pystub_backend.backend.models.instance_keeper import InstanceKeeper, PreparedUpdate
+from pystub_backend.backend.models.instance_update import only_instances_differ
 from pystub_backend.backend.models.shared_weights import plan_instances
 from pystub_backend.backend.models.snapshot import snapshot_sources
 from pystub_backend.backend.models.state import ModelState
@@ -29,7 +31,8 @@ from pystub_backend.backend.response_stream import ResponseStream
 from pystub_backend.backend.scheduling.base import StubInstance
 from pystub_backend.backend.scheduling.choice import make_scheduler
 from pystub_backend.backend.scheduling.implicit_state import ImplicitState, StateConfigError
-from pystub_backend.backend.scheduling.rate_limiter import RateLimitError, rate_limited, unregister
+from pystub_backend.backend.scheduling.multiplex import multiplex_settings
+from pystub_backend.backend.scheduling.rate_limiter import RateLimitError, limit_instances, rate_limited, unregister
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.backend.supervision.execution_env import (
     ExecutionEnvError,
@@ -53,6 +56,7 @@ RLIMIT_PARAMETERS = {"STUB_MEMORY_LIMIT_BYTES": "as", "STUB_CPU_LIMIT_SECONDS": 
 EXECUTE_TIMEOUT_PARAMETER = "EXECUTE_TIMEOUT_SECONDS"
 _SNAPSHOT_FRAME_SHARE = MAX_FRAME // 2  # of the INIT frame, for the config and the snapshot of the model's files
 _Number = TypeVar("_Number", int, float)
+_FINALIZE_AFTER_DRAIN_S = 1.0  # a removed instance still executing after the exit timeout: its FINALIZE's wait
 
 
 class Scheduler(Protocol):
@@ -71,6 +75,10 @@ class Scheduler(Protocol):
     def fail_queued(self, error: ServerError) -> int: ...
 
     async def stop(self, reason: str) -> None: ...
+
+    def add_instances(self, instances: Sequence[StubInstance]) -> None: ...
+
+    async def remove_instance(self, instance: StubInstance) -> None: ...
 
 
 class ModelLoadError(Exception):
@@ -147,6 +155,7 @@ class ModelVersion:
         self._scheduled: Sequence[StubInstance] = []  # the instances as the scheduler sees them (rate limiter)
         self._usable = False  # some instance is READY or expected back (kept by _instances_changed)
         self.in_flight: set[Any] = set()  # its requests' tasks and streams (lifecycle.InFlight)
+        self._updates = InstanceKeeper()  # what updating the instances in place needs (models.instance_update)
 
     # -- readiness -------------------------------------------------------------------------------
     @property
@@ -217,6 +226,7 @@ class ModelVersion:
             sources = await asyncio.to_thread(snapshot_sources, self.model_path, budget)
             self.instances, self._template = plan_instances(
                 self.config, placements(self.config), lambda placement: self._spec(placement, config_json, sources))
+            self._updates.loaded(self.instances, self.config, config_json, sources)
             state = ImplicitState.from_config(self.config, self.model_dir)  # implicit state hook (load checks)
             # rate limiter hook: with --rate-limit=execution_count, executes wait for their group's resources
             scheduled = self._scheduled = rate_limited(self.instances, self.config, self._rate_limiter)
@@ -241,7 +251,8 @@ class ModelVersion:
         scheduler.start()
         # Hangs (frozen heartbeat, execute deadline) are the supervisor's to find; deaths it sees at once.
         interval = min(0.5, self.settings.heartbeat_timeout_seconds / 4)
-        self._monitor = asyncio.ensure_future(watch_health(lambda: self.instances, interval))
+        self._monitor = asyncio.ensure_future(watch_health(lambda: [*self.instances, *self._updates.draining],
+                                                           interval))
         self.state, self.reason = ModelState.READY, ""
 
     # -- serving -------------------------------------------------------------------------------------
@@ -282,6 +293,80 @@ class ModelVersion:
                                                      Status.UNAVAILABLE)
         return self.scheduler
 
+    # -- updates that change only the instances (models.instance_update) -------------------------------
+    def updatable_to(self, config: ModelConfig) -> bool:
+        """Whether `config` (normalized) can replace this version's by adding and removing instances
+        alone. A multiplexing model and one whose instances share their weights (pystub extensions)
+        are always reloaded."""
+        return (self.loaded and self.scheduler is not None and multiplex_settings(self.config) is None
+                and self._template is None and only_instances_differ(self.config, config))
+
+    async def prepare_instances(self, config: ModelConfig) -> PreparedUpdate:
+        """Start (and warm up) the instances `config` adds, named as Triton names them; nothing that
+        serves changes. Raises ModelLoadError (what started is stopped; the version serves on, its
+        index row saying why the update failed)."""
+        update = self._updates.prepare(self.instances, config)
+        created = [ModelInstance(name, self._spec(wanted.placement, self._updates.config_json, self._updates.sources))
+                   for name, wanted in update.names()]
+        try:
+            update.started(created, limit_instances(created, update.groups(), self._rate_limiter))
+            await asyncio.gather(*(instance.start() for instance in created))
+            await run_warmup(self.config, self.model_dir, created, self.settings.stub_init_timeout_seconds)
+        except (StubStartError, ModelLoadError, RateLimitError, WarmupError, OSError) as exc:
+            await self._discard(update)
+            self.reason = failure_with_status(str(exc))  # the index row says it, READY (as Triton 2.51)
+            raise ModelLoadError(str(exc)) from exc
+        except asyncio.CancelledError:
+            await self._discard(update)
+            raise
+        return update
+
+    async def _discard(self, update: PreparedUpdate) -> None:
+        """An update failed: its new instances are finalized and stopped (as Triton 2.51 does)."""
+        unregister(update.scheduled)
+        await asyncio.gather(*(instance.stop(self.settings.stub_timeout_seconds) for instance in update.created))
+
+    async def apply_instances(self, update: PreparedUpdate) -> None:
+        """Serve on the new instances and the new config; the removed instances get no new work and
+        stop once the work they hold ended: their executes (the update waits for them, at most the
+        exit timeout), or with the sequence batcher the sequences they hold (in the background, as
+        Triton 2.51: the update returns at once)."""
+        assert self.scheduler is not None
+        scheduler = self.scheduler
+        for instance in update.created:
+            instance.on_change(self._instances_changed)
+        self._updates.adopt(update)
+        scheduler.add_instances(update.scheduled)
+        scheduled = {**dict(zip(self.instances, self._scheduled, strict=True)),
+                     **dict(zip(update.created, update.scheduled, strict=True))}
+        self.instances = update.order()
+        self._scheduled = [scheduled[instance] for instance in self.instances]
+        self.config, self.config_json, self.reason = update.config, config_to_json(update.config), ""
+        self._instances_changed()
+        removals = [self._remove(instance, scheduled[instance]) for instance in update.removed]
+        if self.config.HasField("sequence_batching"):
+            for instance, removal in zip(update.removed, removals, strict=True):
+                self._updates.drain_in_background(instance, removal)
+        else:
+            await asyncio.gather(*removals)
+
+    async def _remove(self, instance: ModelInstance, scheduled: StubInstance) -> None:
+        assert self.scheduler is not None
+        drained = self.scheduler.remove_instance(scheduled)
+        if not self.config.HasField("sequence_batching"):  # sequences end by END or idle eviction
+            drained = asyncio.wait_for(drained, self.settings.exit_timeout_seconds)
+        finalize_timeout = self.settings.stub_timeout_seconds
+        try:
+            await drained
+        except asyncio.TimeoutError:  # its executes are failed by the stop, as an unload fails them
+            log.warning("instance '%s' of model '%s' still executes %g s after it was removed; stopping it",
+                        instance.name, self.name, self.settings.exit_timeout_seconds)
+            finalize_timeout = _FINALIZE_AFTER_DRAIN_S
+        finally:  # also when the version unloads meanwhile (it stops the instance itself)
+            unregister([scheduled])
+        await instance.stop(finalize_timeout)
+        self._updates.forget(instance)
+
     def instance(self, name: str) -> ModelInstance | None:
         return next((i for i in self.instances if i.name == name), None)
 
@@ -291,15 +376,16 @@ class ModelVersion:
         if self._monitor is not None:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)
+        draining = await self._updates.stop_draining()  # removed by an update, still ending sequences
         if self.scheduler is not None:
             await self.scheduler.stop(f"Model '{self.name}' version {self.version} is unloading.")
-        await self._stop_instances(timeout)
+        await self._stop_instances(timeout, draining)
         self.state, self.reason = ModelState.UNAVAILABLE, "unloaded"
 
-    async def _stop_instances(self, timeout: float) -> None:
+    async def _stop_instances(self, timeout: float, draining: Sequence[ModelInstance] = ()) -> None:
         unregister(self._scheduled)  # rate limiter hook: gone instances no longer size resources
         self._scheduled = []
-        await asyncio.gather(*(instance.stop(timeout) for instance in self.instances))
+        await asyncio.gather(*(instance.stop(timeout) for instance in [*self.instances, *draining]))
         if self._template is not None:  # shared weights: the template goes after its instances
             await self._template.stop(timeout)
         self.instances = [i for i in self.instances if i.state is not InstanceState.STOPPED]

@@ -8,6 +8,10 @@ worker loop of those that pull work (`WorkerScheduler`: the batchers, multiplex 
                  _run(unit, work) in a task of its own (or inline, if the policy says so)
              _instance_gone(unit)                 the policy: what happens to work nobody can run
 
+    a model update adds instances (`add_instances`: workers for the policy's new units) and removes
+    them (`remove_instance`: the policy drains the instance, then its workers end, at once when they
+    wait for work, after the work they hold otherwise)
+
 Statistics are counted here and only here (`telemetry.statistics` says what each counter means):
 an execution when a batch reached the model; per request, when its stream ends, an inference
 unless the stream was failed (batch failure, stub death: the model did not answer it), then a
@@ -136,6 +140,16 @@ class Scheduler(abc.ABC):
     def fail_queued(self, error: ServerError) -> int:
         """Answer every queued request with `error` (running ones go on); returns how many."""
 
+    # -- a model update that changes only the instances (models.instance_update) --------------------
+    def add_instances(self, instances: Sequence[Instance]) -> None:
+        """Serve on these (started) instances too."""
+        raise NotImplementedError(f"{type(self).__name__} cannot add instances")
+
+    async def remove_instance(self, instance: Instance) -> None:
+        """Give `instance` no new work, and return once the work it holds has ended: the executes it
+        runs (and, for the sequence batcher, the sequences it holds). It is not stopped here."""
+        raise NotImplementedError(f"{type(self).__name__} cannot remove instances")
+
     async def stop(self, reason: str) -> None:
         """Fail what is still queued with `reason` (UNAVAILABLE) and stop what waits."""
         self._stopped = ServerError(reason, Status.UNAVAILABLE)
@@ -257,10 +271,48 @@ class WorkerScheduler(Scheduler, Generic[_Unit, _Work]):
     def __init__(self, stats: ModelStatistics) -> None:
         super().__init__(stats)
         self._workers: list[asyncio.Task[None]] = []
+        self._workers_of: dict[Instance, list[asyncio.Task[None]]] = {}
+        self._working: set[asyncio.Task[None]] = set()  # workers running the work they took
+        self._retired: set[asyncio.Task[None]] = set()  # workers that end once that work is done
 
     def start(self) -> None:
         for unit in self._units():
-            self._workers.append(asyncio.ensure_future(self._work(unit)))
+            self._start_worker(unit)
+
+    def _start_worker(self, unit: _Unit) -> None:
+        worker = asyncio.ensure_future(self._work(unit))
+        self._workers.append(worker)
+        self._workers_of.setdefault(self._instance_of(unit), []).append(worker)
+
+    # -- instances added and removed by a model update -------------------------------------------------
+    def add_instances(self, instances: Sequence[Instance]) -> None:
+        for unit in self._add_units(instances):
+            self._start_worker(unit)
+
+    async def remove_instance(self, instance: Instance) -> None:
+        """The policy drains the instance (`_drain`), then its workers end: at once when they wait
+        for work, after the work they run otherwise (never cut in half)."""
+        await self._drain(instance)
+        workers = self._workers_of.pop(instance, [])
+        for worker in workers:
+            self._retired.add(worker)
+            if worker not in self._working:
+                worker.cancel()  # it waits for work (or for its instance): nothing of it is lost
+        await asyncio.gather(*workers, return_exceptions=True)
+        for worker in workers:
+            self._retired.discard(worker)
+            self._workers.remove(worker)
+        self._forget(instance)
+
+    def _add_units(self, instances: Sequence[Instance]) -> Sequence[_Unit]:
+        """The policy's units for instances added by an update (it keeps them from now on)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot add instances")
+
+    async def _drain(self, instance: Instance) -> None:  # noqa: B027 - a hook: most policies need nothing
+        """Before a removed instance's workers end: what it holds that must finish on it."""
+
+    def _forget(self, instance: Instance) -> None:  # noqa: B027 - a hook: most policies keep nothing
+        """A removed instance's workers have ended: drop what the policy keeps of it."""
 
     async def stop(self, reason: str) -> None:
         await super().stop(reason)
@@ -299,18 +351,24 @@ class WorkerScheduler(Scheduler, Generic[_Unit, _Work]):
         # A worker serves while its instance is READY, waits while it restarts, and ends when it
         # is FAILED or stopped.
         instance = self._instance_of(unit)
+        worker = asyncio.current_task()
+        assert worker is not None  # this coroutine is the unit's worker task (_start_worker)
         while await instance.wait_ready():
+            if worker in self._retired:  # its instance was removed by a model update
+                return
             work = await self._take(unit)
             if work is None:
                 continue
             if not self._can_run(instance):
                 self._give_back(unit, work)
                 continue
+            self._working.add(worker)
             if not self._runs_in_own_task:
                 await self._run(unit, work)
-                continue
-            task = asyncio.ensure_future(self._run(unit, work))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-            await asyncio.shield(task)
+            else:
+                task = asyncio.ensure_future(self._run(unit, work))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+                await asyncio.shield(task)
+            self._working.discard(worker)
         self._instance_gone(unit)

@@ -17,7 +17,8 @@ A slot is free again when the model's `execute` returns, not when the request's 
 arrives: a decoupled model (or an `async def execute`) keeps answering while the next request
 runs. An instance with an admission gate (the rate limiter's resources) is sent to from a task
 that passes the gate first. The caller gets the request's ResponseStream; `schedule` waits for
-its single answer.
+its single answer. A model update adds instances (`add_instances`: they pump the queue at once)
+and removes them (`remove_instance`: no new request goes to it; it returns once its slots are free).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class DefaultScheduler(Scheduler):
         self._busy: dict[Instance, int] = dict.fromkeys(self._instances, 0)  # executes running, per instance
         self._queue: collections.deque[_Pending] = collections.deque()
         self._pumping = False
+        self._draining: dict[Instance, list[asyncio.Future[None]]] = {}  # removed, executes still running
         for instance in self._instances:
             instance.on_change(self._pump)
 
@@ -228,6 +230,8 @@ class DefaultScheduler(Scheduler):
             if gate is not None:
                 gate.leave()
             self._pump()
+            if self._draining:
+                self._slot_freed(instance)
 
     async def _through_gate(self, instance: Instance, pending: _Pending) -> None:
         gate = instance.gate
@@ -246,6 +250,8 @@ class DefaultScheduler(Scheduler):
             if not pending.future.done():
                 self._queue.appendleft(pending)
             self._pump()
+            if self._draining:
+                self._slot_freed(instance)
             return
         self._deliver(pending, self._send(instance, pending, wait=True, taken=True))
 
@@ -266,6 +272,30 @@ class DefaultScheduler(Scheduler):
         else:
             pending.stream = outcome
             outcome.answer(pending.future)
+
+    # -- instances added and removed by a model update ----------------------------------------------
+    def add_instances(self, instances: Sequence[Instance]) -> None:
+        self._instances = [*self._instances, *instances]
+        for instance in instances:
+            self._busy[instance] = 0
+            instance.on_change(self._pump)
+        self._pump()  # queued requests may go to them at once
+
+    async def remove_instance(self, instance: Instance) -> None:
+        """No request is sent to `instance` from now on (the queue is everyone's: the others take
+        it); returns once the executes running on it (or waiting at its gate) have returned."""
+        self._instances = [other for other in self._instances if other is not instance]
+        while self._busy.get(instance, 0):
+            freed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._draining.setdefault(instance, []).append(freed)
+            await freed
+        self._busy.pop(instance, None)
+
+    def _slot_freed(self, instance: Instance) -> None:
+        """A slot of a removed instance was freed: its `remove_instance` looks again."""
+        for freed in self._draining.pop(instance, ()):
+            if not freed.done():
+                freed.set_result(None)
 
     # -- stopping ----------------------------------------------------------------------------------
     def fail_queued(self, error: ServerError) -> int:

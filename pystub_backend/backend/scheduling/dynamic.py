@@ -264,6 +264,13 @@ class DynamicBatcher(WorkerScheduler[Instance, list[_Item]]):
         if not any(other.usable for other in self._instances):
             self._fail_all_queued(unit.unhealthy_error(), BACKEND)
 
+    def _add_units(self, instances: Sequence[Instance]) -> Sequence[Instance]:
+        self._instances = [*self._instances, *instances]
+        return instances
+
+    def _forget(self, instance: Instance) -> None:
+        self._instances = [other for other in self._instances if other is not instance]
+
     # -- stopping --------------------------------------------------------------------------------
     def fail_queued(self, error: ServerError) -> int:
         """Answer every queued request with `error` (batches already sent run on); returns how

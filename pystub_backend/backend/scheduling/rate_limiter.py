@@ -35,7 +35,7 @@ from tritonclient.grpc import model_config_pb2
 from pystub_backend.backend.scheduling.base import Gate, StubInstance
 
 __all__ = ["RATE_LIMIT_MODES", "ResourceLimit", "RateLimiter", "RateLimitedInstance", "parse_resource_limit",
-           "rate_limited", "unregister", "RateLimitError"]
+           "rate_limited", "limit_instances", "unregister", "RateLimitError"]
 
 RATE_LIMIT_MODES = ("off", "execution_count")
 _GLOBAL = -1  # the device key of `global: true` resources
@@ -209,6 +209,15 @@ def rate_limited(instances: Sequence[StubInstance], config: model_config_pb2.Mod
     groups = [group for group in config.instance_group for _ in range(max(1, int(group.count)) * _devices(group))]
     if len(groups) != len(instances):
         return instances  # not one instance per group slot (cannot happen for instance_names)
+    return limit_instances(instances, groups, limiter)
+
+
+def limit_instances(instances: Sequence[StubInstance], groups: Sequence[model_config_pb2.ModelInstanceGroup],
+                    limiter: RateLimiter | None) -> list[StubInstance]:
+    """`rate_limited` for instances whose groups are named one by one (`groups[i]` is the group
+    of `instances[i]`): those a model update adds. Raises RateLimitError."""
+    if limiter is None:
+        return list(instances)
     needs = [instance_needs(group) for group in groups]
     limiter.register([n for n in needs if n])
     return [RateLimitedInstance(instance, limiter, n, int(group.rate_limiter.priority) or 1) if n else instance

@@ -8,6 +8,9 @@
              ──▶ after the batch: a rescheduled request (iterative_sequence) goes back to the head
                  of its sequence; an executed END frees the slot; an empty sequence starts idling
 
+    a model update: an added instance's lane takes the backlog's oldest sequences; a removed one's
+    lane starts no sequence and ends the ones it holds (`_drain`), then its worker ends
+
     eviction (a sequence ends without END): idle longer than max_sequence_idle_microseconds,
     its client went away (client_link), one of its requests was cancelled, the model unloads.
     The slot is freed at once (the backlog's head takes it), queued requests fail, and the stub
@@ -80,8 +83,10 @@ class SequenceBatcher(WorkerScheduler[Lane, list[SeqItem]]):
             slots = batching
             self._delay_ns = int(sequence.direct.max_queue_delay_microseconds) * 1000
             self._min_ready = max(1, math.ceil(float(sequence.direct.minimum_slot_utilization) * slots))
+        self._slots = slots  # per lane
         self._table = SlotTable([Lane(i, instance, slots) for i, instance in enumerate(instances)])
         self._wakeups: dict[Lane, asyncio.Event] = {}
+        self._drained: dict[Lane, asyncio.Event] = {}  # lanes of removed instances, set once empty
         self._anonymous = itertools.count(1)  # ids of requests without a correlation id (iterative)
         self._idle_timer: asyncio.TimerHandle | None = None
         self._idle_timer_ns = 0
@@ -298,9 +303,12 @@ class SequenceBatcher(WorkerScheduler[Lane, list[SeqItem]]):
         if sequence.link is not None:
             sequence.link.unwatch(sequence)
             sequence.link = None
+        lane = sequence.lane
         promoted = self._table.release(sequence)
         if promoted is not None:
             self._wake(promoted.lane)
+        if lane is not None and lane.draining and not lane.sequences():
+            self._drained[lane].set()
 
     def _instance_gone(self, unit: Lane) -> None:
         self._lane_failed(unit)
@@ -311,9 +319,44 @@ class SequenceBatcher(WorkerScheduler[Lane, list[SeqItem]]):
         error = lane.instance.unhealthy_error()
         for sequence in lane.sequences():
             self._drop(sequence, error, BACKEND)
-        if all(other.dead for other in self._table.lanes):
+        if all(other.dead or other.draining for other in self._table.lanes):
             for sequence in list(self._table.backlog):
                 self._drop(sequence, error, BACKEND)
+
+    # -- instances added and removed by a model update ----------------------------------------------
+    def _add_units(self, instances: Listing[Instance]) -> Listing[Lane]:
+        """A lane per added instance; the backlog's oldest sequences take its slots at once."""
+        first = max((lane.index for lane in self._table.lanes), default=-1) + 1
+        lanes = [Lane(first + number, instance, self._slots)  # type: ignore[arg-type]  # StubInstances
+                 for number, instance in enumerate(instances)]
+        for lane in lanes:
+            self._wakeups[lane] = asyncio.Event()
+            for sequence in self._table.add_lane(lane):
+                self._wake(sequence.lane)
+        return lanes
+
+    async def _drain(self, instance: Instance) -> None:
+        """The instance's lane takes no new sequence; the ones it holds run on there until they end
+        (END, idle eviction, their client gone), as on Triton 2.51."""
+        lane = self._lane_of(instance)
+        if lane is None:
+            return
+        lane.draining = True
+        drained = self._drained[lane] = asyncio.Event()
+        if lane.sequences():
+            log.info("model '%s': instance '%s' was removed; it ends its %d sequence(s) first", self._model,
+                     lane.instance.name, len(lane.sequences()))
+            await drained.wait()
+
+    def _forget(self, instance: Instance) -> None:
+        lane = self._lane_of(instance)
+        if lane is not None:
+            self._table.remove_lane(lane)
+            self._wakeups.pop(lane, None)
+            self._drained.pop(lane, None)
+
+    def _lane_of(self, instance: Instance) -> Lane | None:
+        return next((lane for lane in self._table.lanes if lane.instance is instance), None)
 
     # -- idle sequences ----------------------------------------------------------------------------
     def _start_idling(self, sequence: Sequence) -> None:

@@ -85,10 +85,11 @@ class Lane:
         self.instance = instance
         self.slots: list[Sequence | None] = [None] * max(1, slots)
         self.dead = False  # the instance is FAILED: it takes no sequence any more
+        self.draining = False  # removed by a model update: its sequences end here, no new one starts
 
     @property
     def free(self) -> int:
-        return 0 if self.dead else sum(1 for s in self.slots if s is None)
+        return 0 if self.dead or self.draining else sum(1 for s in self.slots if s is None)
 
     def ready(self) -> list[Sequence]:
         return [s for s in self.slots if s is not None and s.ready]
@@ -144,11 +145,24 @@ class SlotTable:
             return None
         lane.slots[sequence.slot] = None
         sequence.lane, sequence.slot = None, -1
-        if lane.dead or not self.backlog:
+        if not lane.free or not self.backlog:
             return None
         promoted = self.backlog.popleft()
         self._assign(promoted, lane)
         return promoted
+
+    def add_lane(self, lane: Lane) -> list[Sequence]:
+        """A lane of an instance an update added: the backlog's heads take its slots (returned)."""
+        self.lanes.append(lane)
+        promoted = []
+        while self.backlog and lane.free:
+            promoted.append(self.backlog.popleft())
+            self._assign(promoted[-1], lane)
+        return promoted
+
+    def remove_lane(self, lane: Lane) -> None:
+        """A drained lane (no sequence left in it) goes."""
+        self.lanes.remove(lane)
 
     def all_sequences(self) -> list[Sequence]:
         return [s for lane in self.lanes for s in lane.sequences()] + list(self.backlog)

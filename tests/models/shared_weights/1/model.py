@@ -1,6 +1,7 @@
 """Weights made once in `initialize`, an identity per instance from `initialize_instance`.
 
-Every call of either hook appends a line to `calls.log` in the model's directory, so a test
+Every call of either hook appends a line to `calls.log` in the model's directory (or the file the
+CALLS_LOG parameter names: a log in the directory is a change of the model's files), so a test
 counts how often each ran and in which process. `execute` reads every page of the weights (their
 sum), sleeps INPUT0 milliseconds (so that concurrent requests reach every instance) and answers
 the instance's name, its pid and the sum. Config parameters: WEIGHTS_MIB (the
@@ -17,7 +18,8 @@ import triton_python_backend_utils as pb_utils
 
 
 def _record(args, *words):
-    with open(os.path.join(args["model_repository"], "calls.log"), "a") as log:
+    chosen = json.loads(args["model_config"]).get("parameters", {}).get("CALLS_LOG", {}).get("string_value")
+    with open(chosen or os.path.join(args["model_repository"], "calls.log"), "a") as log:
         log.write(" ".join(str(word) for word in words) + "\n")
 
 
