@@ -48,7 +48,10 @@ class Peer:
             pass  # it exited already
         rest = self.process.stdout.read().strip()
         self.process.wait(timeout=60)
-        self.process.stdin.close()
+        try:
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass  # the "\n" above is still buffered when the child had exited: close flushes it
         self.process.stdout.close()
         return rest
 

@@ -128,8 +128,7 @@ async def _serve_listener(port: int) -> None:
     from pystub_backend.backend.frontends.access import AccessPolicy
     from pystub_backend.backend.frontends.http.app import HttpApp
     from pystub_backend.backend.frontends.http.listener import HttpListener
-    from pystub_backend.backend.frontends.http.request import HttpRequest
-    from pystub_backend.backend.frontends.http.response import Response
+    from pystub_backend.backend.frontends.http.messages import HttpRequest, Response
     from pystub_backend.backend.frontends.http.router import post
 
     async def infer(request: HttpRequest) -> Response:

@@ -45,8 +45,8 @@ _BACKEND = "pystub_backend.backend."
 # anything the request path does not touch.
 HOT_MODULES = (
     # backend: HTTP request parsing and response encoding
-    *(f"{_BACKEND}frontends.http.{m}" for m in ("server", "codec", "encode", "raw", "json_body",
-                                               "json_document", "json_tensors")),
+    *(f"{_BACKEND}frontends.http.{m}" for m in ("server", "codec", "raw", "json_body",
+                                               "json_tensors")),
     # backend: gRPC servicer and codec (the transport, frontends/grpc/listener.py, stays Python)
     *(f"{_BACKEND}frontends.grpc.{m}" for m in ("servicer", "codec", "protobuf_wire", "stream")),
     # backend: the request's vocabulary, dispatch, validation and scheduling

@@ -6,13 +6,13 @@ generator of tools/compare, or perf_analyzer from .bench when present) at concur
 seconds, while `py-spy record --subprocesses --format raw` samples the backend and the stub. Each
 sample is charged to the hot-path step of its innermost pystub frame:
 
-    grpc decode, http decode   frontends/*_codec: wire message -> InferRequest
+    grpc decode, http codec    frontends/*/codec: wire message -> InferRequest (HTTP: and back)
     validate                   backend/validation
     core + schedule            core, model_version, scheduler, model_instance, statistics, ...
     arena write                ipc/tensors, ipc/arena, ipc/allocator (inputs into p2s, views of s2p)
     queue (frames)             ipc/channel, ipc/wire, msgpack: EXECUTE / RESPONSE / RELEASE frames
     response                   stub_process, response_stream, stub_output (frames -> InferResponse)
-    grpc encode, http encode   InferResponse -> wire message
+    grpc encode                InferResponse -> wire message
     grpc runtime / aiohttp     grpc.aio and aiohttp internals (no pystub frame on the stack)
     asyncio loop               the event loop itself (select, callbacks, tasks)
     stub: ...                  the stub process: receive, translate, model execute, send
@@ -49,8 +49,7 @@ _BACKEND_STEPS = [
     ("grpc encode", r"^(encode_infer_response|serialize_infer_response|_response_head|_output_view) "
                     r"\(pystub_backend/backend/frontends/grpc/codec\.py|^append_length_delimited "),
     ("grpc decode", r"pystub_backend/backend/frontends/grpc/(codec|protobuf_wire)\.py"),
-    ("http decode", r"frontends/http/(codec|json_tensors|json_document|raw)\.py"),
-    ("http encode", r"frontends/http/encode\.py"),
+    ("http codec", r"frontends/http/(codec|json_tensors|raw)\.py"),
     ("validate", r"backend/models/validation\.py"),
     ("client shm", r"backend/features/client_shm\.py"),
     ("arena write", r"ipc/(tensors|arena|allocator|segment)\.py"),

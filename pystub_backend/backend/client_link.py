@@ -28,7 +28,7 @@ log = logging.getLogger("pystub.scheduler")
 
 class Link(Protocol):
     """What a scheduler may do with a client's link: be told when the client goes. `ClientLink`
-    is one; the HTTP port's requests are their own (frontends/http/request.py)."""
+    is one; the HTTP port's requests are their own (frontends/http/messages.py)."""
 
     closed: bool
 

@@ -177,11 +177,13 @@ class Serving:
         counts = class_counts(request) if _has_parameters(request.outputs) else None  # the classification extension
         if not _names_a_region(request):
             batch_size = self._validate(model_version, request)
-            response = await self._tracked(model_version, model_version.infer(request, batch_size))
+            request.model_version = model_version.version_text  # responses name the version that serves
+            response = await self._tracked(model_version, model_version.serve(request, batch_size))
         else:
             with self.client_shm.resolve(request):  # before validation: shm inputs get their data
                 batch_size = self._validate(model_version, request)
-                response = await self._tracked(model_version, model_version.infer(request, batch_size))
+                request.model_version = model_version.version_text
+                response = await self._tracked(model_version, model_version.serve(request, batch_size))
         if counts:  # the outputs' top classes instead of their values (features.classification)
             try:
                 response = classify(response, counts, model_version.config, model_version.model_dir)

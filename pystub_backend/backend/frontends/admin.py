@@ -21,8 +21,7 @@ from pystub_backend._native_loader import STATE as NATIVE_STATE
 from pystub_backend.backend.core import Core
 from pystub_backend.backend.core.table import check_model_name
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.frontends.http.request import HttpRequest
-from pystub_backend.backend.frontends.http.response import Response, json_response
+from pystub_backend.backend.frontends.http.messages import HttpRequest, Response, json_response
 from pystub_backend.backend.frontends.http.router import Route, get, post
 from pystub_backend.backend.models.version import ModelVersion
 from pystub_backend.backend.scheduling.multiplex import held_ids

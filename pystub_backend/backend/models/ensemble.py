@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from pystub_backend.backend.config.model_config import ConfigError, ModelConfig, config_to_json, is_decoupled
@@ -134,6 +135,7 @@ class EnsembleVersion:
         self.core = core
         self.name = config.name
         self.version = version
+        self.version_text = str(version)  # what core.serving stamps each request with
         self.model_dir = model_dir
         self.config_json = config_to_json(config)
         self.checks = RequestChecks(config)  # what validating a request needs, derived once
@@ -207,6 +209,10 @@ class EnsembleVersion:
                                      f"'{step.model_name}' does not have")
 
     # -- serving ---------------------------------------------------------------------------------------
+    def serve(self, request: InferRequest, batch_size: int) -> Awaitable[InferResponse]:
+        """What core.serving calls (ModelVersion's face): `infer`."""
+        return self.infer(request, batch_size)
+
     async def infer(self, request: InferRequest, batch_size: int) -> InferResponse:
         stream = await self.infer_stream(request, batch_size)
         try:

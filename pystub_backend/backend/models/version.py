@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from pystub_backend.backend.config.model_config import (
@@ -136,7 +136,7 @@ class ModelVersion:
         self.services = feature_services(core)  # what this version's stubs' feature handlers may use
         self.name = config.name
         self.version = version
-        self._version_text = str(version)  # what each request's responses are stamped with
+        self.version_text = str(version)  # what each request's responses are stamped with
         self.model_dir = model_dir
         self.model_path = model_path
         self.settings = settings
@@ -149,15 +149,33 @@ class ModelVersion:
         self.instances: list[ModelInstance] = []
         self._template: WeightsTemplate | None = None  # PYSTUB_SHARE_WEIGHTS (models.shared_weights)
         self.scheduler: Scheduler | None = None  # see pystub_backend.backend.scheduling.choice
-        self.state = ModelState.UNAVAILABLE
+        self.state = ModelState.UNAVAILABLE  # changed by _enter only
         self.reason = ""
         self._monitor: asyncio.Task | None = None
         self._scheduled: Sequence[StubInstance] = []  # the instances as the scheduler sees them (rate limiter)
         self._usable = False  # some instance is READY or expected back (kept by _instances_changed)
         self.in_flight: set[Any] = set()  # its requests' tasks and streams (lifecycle.InFlight)
+        # What serves a validated request stamped with `version_text` (core.serving): the scheduler
+        # itself while the version serves with nothing in between (kept by `_route`), else `infer`.
+        self.serve: Callable[[InferRequest, int], Awaitable[InferResponse]] = self.infer
         self._updates = InstanceKeeper()  # what updating the instances in place needs (models.instance_update)
 
     # -- readiness -------------------------------------------------------------------------------
+    def _enter(self, state: ModelState, reason: str | None = None) -> None:
+        """The version's state (and, when given, the reason the index shows) changes: and `serve`."""
+        self.state = state
+        if reason is not None:
+            self.reason = reason
+        self._route()
+
+    def _route(self) -> None:
+        """`serve`: the scheduler when the version is READY, an instance is usable and no
+        response cache sits in front; `infer` (its checks, the cache) otherwise."""
+        scheduler = self.scheduler
+        plain = (scheduler is not None and self.state is ModelState.READY and self._usable
+                 and self.response_cache is None)
+        self.serve = scheduler.schedule if plain and scheduler is not None else self.infer
+
     @property
     def loaded(self) -> bool:
         return self.state == ModelState.READY
@@ -207,7 +225,7 @@ class ModelVersion:
 
     async def load(self) -> None:
         """Start and initialize every instance. Raises ModelLoadError (and stops what started)."""
-        self.state = ModelState.LOADING
+        self._enter(ModelState.LOADING)
         config_json = json.dumps(self.config_json)
         try:
             refusal = cache_refusal(self.config, self.decoupled)  # response cache hook: Triton's refusals
@@ -235,11 +253,11 @@ class ModelVersion:
             await run_warmup(self.config, self.model_dir, self.instances, self.settings.stub_init_timeout_seconds)
         except (StubStartError, ModelLoadError, RateLimitError, StateConfigError, WarmupError, OSError) as exc:
             await self._stop_instances(self.settings.stub_timeout_seconds)
-            self.state, self.reason = ModelState.UNAVAILABLE, str(exc)
+            self._enter(ModelState.UNAVAILABLE, str(exc))
             raise ModelLoadError(str(exc)) from exc
         except asyncio.CancelledError:  # the load was given up: stop what started, then end as asked
             await self._stop_instances(self.settings.stub_timeout_seconds)
-            self.state, self.reason = ModelState.UNAVAILABLE, "loading was cancelled"
+            self._enter(ModelState.UNAVAILABLE, "loading was cancelled")
             raise
         for instance in self.instances:
             instance.on_change(self._instances_changed)
@@ -253,11 +271,12 @@ class ModelVersion:
         interval = min(0.5, self.settings.heartbeat_timeout_seconds / 4)
         self._monitor = asyncio.ensure_future(watch_health(lambda: [*self.instances, *self._updates.draining],
                                                            interval))
-        self.state, self.reason = ModelState.READY, ""
+        self._enter(ModelState.READY, "")
 
     # -- serving -------------------------------------------------------------------------------------
     def _instances_changed(self) -> None:
         self._usable = any(instance.usable for instance in self.instances)
+        self._route()
 
     def infer(self, request: InferRequest, batch_size: int) -> Awaitable[InferResponse]:
         """Schedule the (validated) request: what the caller awaits for its response (the
@@ -267,7 +286,7 @@ class ModelVersion:
         An instance that is restarting is expected back: its requests wait in the queue for it.
         """
         scheduler = self._serving_scheduler()
-        request.model_version = self._version_text
+        request.model_version = self.version_text
         if self.response_cache is not None:  # response cache hook: a hit never reaches the scheduler
             return cached_infer(self.response_cache, self.stats, request,
                                 lambda: scheduler.schedule(request, batch_size))
@@ -276,7 +295,7 @@ class ModelVersion:
     async def infer_stream(self, request: InferRequest, batch_size: int) -> ResponseStream:
         """Schedule the (validated) request; its responses arrive on the stream. Raises ServerError."""
         scheduler = self._serving_scheduler()
-        request.model_version = self._version_text  # responses name the version that served them
+        request.model_version = self.version_text  # responses name the version that served them
         if self.response_cache is not None:  # response cache hook (default-mode models only: one response)
             request.device_outputs = None  # the cache keeps host bytes: a BLS caller gets a host copy on its GPU
             return await cached_stream(self.response_cache, self.stats, request,
@@ -372,7 +391,7 @@ class ModelVersion:
 
     async def unload(self, timeout: float) -> None:
         """Fail queued requests, finalize and stop every instance."""
-        self.state = ModelState.UNLOADING
+        self._enter(ModelState.UNLOADING)
         if self._monitor is not None:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)
@@ -380,7 +399,7 @@ class ModelVersion:
         if self.scheduler is not None:
             await self.scheduler.stop(f"Model '{self.name}' version {self.version} is unloading.")
         await self._stop_instances(timeout, draining)
-        self.state, self.reason = ModelState.UNAVAILABLE, "unloaded"
+        self._enter(ModelState.UNAVAILABLE, "unloaded")
 
     async def _stop_instances(self, timeout: float, draining: Sequence[ModelInstance] = ()) -> None:
         unregister(self._scheduled)  # rate limiter hook: gone instances no longer size resources

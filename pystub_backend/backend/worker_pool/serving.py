@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pystub_backend.backend.frontends.grpc.listener import GrpcListener, create_grpc_listener
 from pystub_backend.backend.frontends.http.app import HttpApp
-from pystub_backend.backend.frontends.http.deadlines import ReadTimeouts
+from pystub_backend.backend.frontends.http.connection import ReadTimeouts
 from pystub_backend.backend.frontends.http.listener import HttpListener
 from pystub_backend.backend.frontends.workers.paths import CORE_SOCKET, DIRECTORY_PREFIX, GRPC_SOCKET, HTTP_SOCKET
 from pystub_backend.backend.inference import FrontendCore

@@ -1,13 +1,18 @@
-"""The KServe v2 HTTP frontend: `create_http_app` builds the aiohttp application.
+"""The KServe v2 HTTP frontend: the inference port's own HTTP/1.1 server (`create_http_app` builds its
+application), and what the aiohttp ports (metrics, OpenAI) share with it.
 
-    server.py       routes, error middleware, body reading (--http-max-input-size: the JSON part)
-    codec.py        JSON + binary request bodies;  raw.py  raw binary requests
-    encode.py       responses;  compression.py  gzip/deflate both ways
+    listener.py     the asyncio server;  connection.py  one connection: httptools parsing, requests
+                    in order, read deadlines, keep-alive
+    messages.py     the request a handler reads and the response it answers
+    app.py          the application: routing (router.py), restrictions (restrict.py), errors
+    server.py       the routes: inference, metadata, config, statistics, health
+    codec.py        JSON + binary inference bodies, both ways (json_tensors.py: JSON documents
+                    and tensor data);  raw.py  raw binary requests;  compression.py  gzip/deflate
     generate.py     /generate and /generate_stream (generate_request.py: Triton's document rules)
-    control.py      model control and logging
-    shm.py          shared memory extension;  restrict.py  --http-restricted-api groups
+    control.py      model control and logging;  shm.py  the shared memory extensions
+    trace_routes.py the trace extension;  request_link.py  a request's client link for the others
     json_body.py    the one JSON body parser (depth-bounded, 400 on failure)
-    timeouts.py     header and body read timeouts (--http-header/body-timeout-secs)
+    timeouts.py     the aiohttp ports' read deadlines;  client_errors.py, access_log.py  their logs
 """
 
 from pystub_backend.backend.frontends.http.restrict import path_group

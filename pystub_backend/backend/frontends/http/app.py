@@ -22,8 +22,15 @@ from collections.abc import Awaitable, Callable, Iterable
 from pystub_backend.backend.errors import ServerError, forget_traceback, http_status
 from pystub_backend.backend.frontends.access import INTERNAL_PEER, AccessPolicy
 from pystub_backend.backend.frontends.access_log import access_line
-from pystub_backend.backend.frontends.http.request import BodyTooLarge, HttpRequest
-from pystub_backend.backend.frontends.http.response import CONTINUE, Answer, Response, json_response, text_response
+from pystub_backend.backend.frontends.http.messages import (
+    CONTINUE,
+    Answer,
+    BodyTooLarge,
+    HttpRequest,
+    Response,
+    json_response,
+    text_response,
+)
 from pystub_backend.backend.frontends.http.restrict import READ_METHODS, refusal_response
 from pystub_backend.backend.frontends.http.router import Handler, Route, RouteMiss, Router
 from pystub_backend.backend.log import verbose

@@ -20,8 +20,7 @@ from pystub_backend.backend import log as backend_log
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.app import compact_json
 from pystub_backend.backend.frontends.http.json_body import parse_json_body, parse_json_body_off_loop
-from pystub_backend.backend.frontends.http.request import HttpRequest
-from pystub_backend.backend.frontends.http.response import Response
+from pystub_backend.backend.frontends.http.messages import HttpRequest, Response
 from pystub_backend.backend.frontends.http.router import Route, get, post
 from pystub_backend.backend.inference import FrontendCore
 from pystub_backend.backend.models.overrides import FILE_PREFIX, check_override_count

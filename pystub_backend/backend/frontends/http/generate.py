@@ -25,9 +25,8 @@ from typing import Any
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.generate_request import generate_request
 from pystub_backend.backend.frontends.http.json_tensors import tensor_to_json
-from pystub_backend.backend.frontends.http.request import HttpRequest
+from pystub_backend.backend.frontends.http.messages import JSON_TYPE, HttpRequest, Response, StreamResponse
 from pystub_backend.backend.frontends.http.request_link import http_request_link
-from pystub_backend.backend.frontends.http.response import JSON_TYPE, Response, StreamResponse
 from pystub_backend.backend.inference import FrontendCore, InferResponse
 from pystub_backend.backend.response_stream import ResponseStream
 

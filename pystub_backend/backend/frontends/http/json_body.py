@@ -60,7 +60,7 @@ def parse_json_body(text: bytes | bytearray,
                     loads: Callable[[bytes | bytearray], object] = json.loads) -> object:
     """The JSON value `text` holds (UTF-8). Raises ServerError(INVALID_ARG) for malformed JSON,
     invalid UTF-8, or nesting deeper than MAX_JSON_DEPTH. `loads` is the decoder behind the depth
-    check (the inference codec passes json_document.load_document: typed arrays for tensor data);
+    check (the inference codec passes json_tensors.load_document: typed arrays for tensor data);
     it raises ValueError for text that is not JSON."""
     return _parse(text, loads)
 

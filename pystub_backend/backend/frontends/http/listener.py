@@ -14,8 +14,7 @@ import socket
 
 from pystub_backend.backend.frontends.heap_trim import HeapTrimmer
 from pystub_backend.backend.frontends.http.app import HttpApp
-from pystub_backend.backend.frontends.http.connection import ConnectionSettings, HttpConnection
-from pystub_backend.backend.frontends.http.deadlines import ReadTimeouts
+from pystub_backend.backend.frontends.http.connection import ConnectionSettings, HttpConnection, ReadTimeouts
 
 __all__ = ["HttpListener"]
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import re
 
 from pystub_backend.backend.frontends.access import STATE_GROUPS, AccessPolicy
-from pystub_backend.backend.frontends.http.request import HttpRequest
-from pystub_backend.backend.frontends.http.response import Response, json_response
+from pystub_backend.backend.frontends.http.messages import HttpRequest, Response, json_response
 
 __all__ = ["path_group", "changes_state", "refusal_response", "READ_METHODS"]
 

@@ -27,8 +27,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pystub_backend.backend.frontends.http.request import HttpRequest
-    from pystub_backend.backend.frontends.http.response import Answer
+    from pystub_backend.backend.frontends.http.messages import Answer, HttpRequest
 
 __all__ = ["Handler", "Route", "Router", "RouteMiss", "get", "post", "route"]
 

@@ -2,7 +2,7 @@
 #http-inference-and-binary-tensors, #statistics-extension, #logging-extension, #model-repository-extension).
 
 Routes translate HTTP into `FrontendCore` calls; the inference body format lives in `codec.py`
-(decode), `raw.py` (raw requests), `encode.py` (responses) and `compression.py`. Every error leaves
+(decode and encode), `raw.py` (raw requests) and `compression.py`. Every error leaves
 as `{"error": msg}` JSON through the application (app.py).
 """
 
@@ -24,7 +24,9 @@ from pystub_backend.backend.frontends.http.codec import (
     INFERENCE_HEADER,
     Body,
     DecodedRequest,
+    EncodedResponse,
     decode_http_body,
+    encode_infer_response,
 )
 from pystub_backend.backend.frontends.http.compression import (
     compress_body,
@@ -33,12 +35,10 @@ from pystub_backend.backend.frontends.http.compression import (
     response_encoding,
 )
 from pystub_backend.backend.frontends.http.control import control_routes
-from pystub_backend.backend.frontends.http.encode import EncodedResponse, encode_infer_response
 from pystub_backend.backend.frontends.http.generate import generate, generate_stream
 from pystub_backend.backend.frontends.http.json_body import parse_json_body
+from pystub_backend.backend.frontends.http.messages import BodyTooLarge, HttpRequest, Response, StreamResponse
 from pystub_backend.backend.frontends.http.raw import decode_raw_request, raw_input_spec
-from pystub_backend.backend.frontends.http.request import BodyTooLarge, HttpRequest
-from pystub_backend.backend.frontends.http.response import Response, StreamResponse
 from pystub_backend.backend.frontends.http.router import Handler, get, post, route
 from pystub_backend.backend.frontends.http.shm import shm_routes
 from pystub_backend.backend.frontends.http.trace_routes import trace_routes

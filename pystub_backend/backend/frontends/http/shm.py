@@ -22,8 +22,7 @@ from typing import Any
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.app import compact_json
 from pystub_backend.backend.frontends.http.json_body import parse_json_body
-from pystub_backend.backend.frontends.http.request import HttpRequest
-from pystub_backend.backend.frontends.http.response import Response
+from pystub_backend.backend.frontends.http.messages import HttpRequest, Response
 from pystub_backend.backend.frontends.http.router import Route, get, post
 
 __all__ = ["shm_routes"]

@@ -1,7 +1,7 @@
 """Read timeouts of the aiohttp listeners (the metrics and OpenAI ports): `TimedAppRunner` serves
 an app with `TimedRequestHandler`, aiohttp's connection protocol plus the read deadlines of
-deadlines.py (aiohttp has no header or body read timeout; its keep-alive timer is an hour by
-default and does not watch a request in progress). The inference port's own protocol
+connection.py's ReadDeadlines (aiohttp has no header or body read timeout; its keep-alive timer is
+an hour by default and does not watch a request in progress). The inference port's own protocol
 (connection.py) keeps the same deadlines.
 
 The fast path pays three integer updates per read. The protocol also counts what its connection
@@ -23,7 +23,7 @@ from aiohttp.web_server import Server
 
 from pystub_backend.backend.frontends.heap_trim import TRIM_AFTER_BYTES, HeapTrimmer
 from pystub_backend.backend.frontends.http.client_errors import QuietClientErrors
-from pystub_backend.backend.frontends.http.deadlines import (
+from pystub_backend.backend.frontends.http.connection import (
     DEFAULT_BODY_SECONDS,
     DEFAULT_HEADER_SECONDS,
     MIN_BODY_RATE,

@@ -12,8 +12,7 @@ import json
 
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.http.app import compact_json
-from pystub_backend.backend.frontends.http.request import HttpRequest
-from pystub_backend.backend.frontends.http.response import Response
+from pystub_backend.backend.frontends.http.messages import HttpRequest, Response
 from pystub_backend.backend.frontends.http.router import Route
 from pystub_backend.backend.frontends.trace_settings import UpdateGuard, trace_settings
 from pystub_backend.backend.inference import FrontendCore

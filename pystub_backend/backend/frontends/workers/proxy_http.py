@@ -17,9 +17,8 @@ from yarl import URL
 from pystub_backend.backend.client_link import cancel_when_gone
 from pystub_backend.backend.errors import ServerError, Status, http_status
 from pystub_backend.backend.frontends.access import INTERNAL_PEER
-from pystub_backend.backend.frontends.http.request import HttpRequest
+from pystub_backend.backend.frontends.http.messages import HttpRequest, Response, StreamResponse, json_response
 from pystub_backend.backend.frontends.http.request_link import http_request_link
-from pystub_backend.backend.frontends.http.response import Response, StreamResponse, json_response
 
 __all__ = ["HttpProxy"]
 

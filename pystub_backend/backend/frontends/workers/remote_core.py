@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from pystub_backend.backend.errors import ServerError, Status
-from pystub_backend.backend.frontends.http.request import HttpRequest
+from pystub_backend.backend.frontends.http.messages import HttpRequest
 from pystub_backend.backend.frontends.workers.link import FrameProtocol, request_record, response_from_record
 from pystub_backend.backend.inference import FrontendCore, InferRequest, InferResponse, ServingTarget
 from pystub_backend.ipc.messages.workers import (

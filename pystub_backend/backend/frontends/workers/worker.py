@@ -41,10 +41,9 @@ from pystub_backend.backend.frontends.grpc.restrict import RestrictionIntercepto
 from pystub_backend.backend.frontends.grpc.servicer import InferenceServicer
 from pystub_backend.backend.frontends.http.app import Front
 from pystub_backend.backend.frontends.http.codec import INFERENCE_HEADER
-from pystub_backend.backend.frontends.http.deadlines import ReadTimeouts
+from pystub_backend.backend.frontends.http.connection import ReadTimeouts
 from pystub_backend.backend.frontends.http.listener import HttpListener
-from pystub_backend.backend.frontends.http.request import HttpRequest
-from pystub_backend.backend.frontends.http.response import Answer
+from pystub_backend.backend.frontends.http.messages import Answer, HttpRequest
 from pystub_backend.backend.frontends.http.router import Handler
 from pystub_backend.backend.frontends.http.server import create_inference_app
 from pystub_backend.backend.frontends.workers.paths import CORE_SOCKET, GRPC_SOCKET, HTTP_SOCKET

@@ -21,8 +21,7 @@ from pystub_backend.backend.frontends.access import AccessPolicy
 from pystub_backend.backend.frontends.heap_trim import TRIM_AFTER_BYTES, HeapTrimmer
 from pystub_backend.backend.frontends.http.app import HttpApp
 from pystub_backend.backend.frontends.http.listener import HttpListener
-from pystub_backend.backend.frontends.http.request import HttpRequest
-from pystub_backend.backend.frontends.http.response import Response
+from pystub_backend.backend.frontends.http.messages import HttpRequest, Response
 from pystub_backend.backend.frontends.http.router import post
 from pystub_backend.backend.frontends.http.timeouts import ReadTimeouts, TimedAppRunner
 

@@ -15,6 +15,7 @@ from pystub_backend.backend.frontends.http.codec import (
     INFERENCE_HEADER,
     OutputFormat,
     decode_infer_request,
+    encode_infer_response,
     parse_header_length,
 )
 from pystub_backend.backend.frontends.http.compression import (
@@ -23,7 +24,6 @@ from pystub_backend.backend.frontends.http.compression import (
     is_identity,
     response_encoding,
 )
-from pystub_backend.backend.frontends.http.encode import encode_infer_response
 from pystub_backend.backend.frontends.http.raw import RawInputSpec, decode_raw_request, raw_input_spec
 from pystub_backend.backend.inference import InferResponse, Tensor, tensor_to_numpy
 from pystub_backend.ipc.bytes_codec import deserialize_bytes, serialize_bytes

@@ -18,12 +18,10 @@ import pytest
 from pystub_backend.backend.client_link import cancel_when_gone
 from pystub_backend.backend.frontends.access import AccessPolicy
 from pystub_backend.backend.frontends.http.app import HttpApp
-from pystub_backend.backend.frontends.http.connection import MAX_INCOMPLETE_FIELD, MAX_QUEUED
-from pystub_backend.backend.frontends.http.deadlines import ReadTimeouts
+from pystub_backend.backend.frontends.http.connection import MAX_INCOMPLETE_FIELD, MAX_QUEUED, ReadTimeouts
 from pystub_backend.backend.frontends.http.listener import HttpListener
-from pystub_backend.backend.frontends.http.request import HttpRequest
+from pystub_backend.backend.frontends.http.messages import HttpRequest, Response, StreamResponse
 from pystub_backend.backend.frontends.http.request_link import http_request_link
-from pystub_backend.backend.frontends.http.response import Response, StreamResponse
 from pystub_backend.backend.frontends.http.router import get, post
 
 WAIT = 30.0  # the most any one step may take, however loaded the machine

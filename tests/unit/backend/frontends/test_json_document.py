@@ -16,10 +16,13 @@ import numpy as np
 import pytest
 
 from pystub_backend.backend.errors import ServerError
-from pystub_backend.backend.frontends.http.codec import OutputFormat, decode_infer_request
-from pystub_backend.backend.frontends.http.encode import encode_infer_response
-from pystub_backend.backend.frontends.http.json_document import LazyArray, load_document
-from pystub_backend.backend.frontends.http.json_tensors import json_to_tensor_bytes, tensor_to_json
+from pystub_backend.backend.frontends.http.codec import OutputFormat, decode_infer_request, encode_infer_response
+from pystub_backend.backend.frontends.http.json_tensors import (
+    LazyArray,
+    json_to_tensor_bytes,
+    load_document,
+    tensor_to_json,
+)
 from pystub_backend.backend.inference import InferResponse, Tensor
 
 _CASES: list[tuple[str, list[int], str]] = [
@@ -59,7 +62,7 @@ def _slow(datatype: str, shape: list[int], data: str) -> bytes | str:
         return f"error: {exc}"
 
 
-_PAD = " " * 5000  # past json_document's small-header limit: simdjson, not orjson
+_PAD = " " * 5000  # past load_document's small-header limit: simdjson, not orjson
 
 
 def _fast(datatype: str, shape: list[int], data: str, pad: str = "") -> bytes | str:
