@@ -76,8 +76,9 @@ def test_a_model_cannot_open_other_instances_memory(sandbox: tuple[Path, list[st
             client.infer("identity_fp32", [tensor])  # the other model's arenas exist
             reports = []
             for _ in range(4):  # requests reach both prober instances
-                tensor = httpclient.InferInput("INPUT0", [4], "FP32")
-                tensor.set_data_from_numpy(np.zeros(4, dtype=np.float32))
+                # 4 KiB: past what travels inline in the frame, so the prober's arena holds it
+                tensor = httpclient.InferInput("INPUT0", [1024], "FP32")
+                tensor.set_data_from_numpy(np.zeros(1024, dtype=np.float32))
                 reports.append(json.loads(client.infer("arena_prober", [tensor]).as_numpy("REPORT")[0]))
         for report in reports:
             assert report["dev_shm"] == [] and report["opened_shm"] == [], report

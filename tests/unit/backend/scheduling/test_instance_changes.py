@@ -5,7 +5,7 @@ sequence batcher a removed instance keeps the sequences it holds until they end,
 one, and an added one takes the backlog's oldest sequences.
 
 Against scheduling_fakes.FakeInstance (batches answered on the loop when the test lets them);
-tests/integration/test_instance_updates.py runs the same through real stubs.
+tests/integration/test_instance_updates_in_place.py runs the same through real stubs.
 """
 
 from __future__ import annotations
