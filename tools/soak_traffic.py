@@ -81,6 +81,7 @@ class Ledger:
     errors: dict[str, dict[str, int]] = field(default_factory=dict)  # kind -> cause -> count
     samples: dict[str, list[str]] = field(default_factory=dict)  # cause -> a few messages
     latencies: dict[str, list[float]] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)  # the failures' times count from here
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def send(self, kind: str, count: int = 1) -> None:
@@ -99,7 +100,7 @@ class Ledger:
             by_cause[cause] = by_cause.get(cause, 0) + count
             examples = self.samples.setdefault(cause, [])
             if len(examples) < 3:
-                examples.append(f"{kind}: {message[:300]}")
+                examples.append(f"{kind} at {time.monotonic() - self.started:.1f} s: {message[:300]}")
 
     def totals(self) -> dict[str, Any]:
         with self._lock:
@@ -142,6 +143,24 @@ def _check(condition: bool, what: str) -> None:
         raise WrongAnswer(what)
 
 
+def _mismatch(got: np.ndarray | None, expected: np.ndarray) -> str:
+    """How `got` differs from `expected` (a wrong answer's report must say what came back)."""
+    if got is None:
+        return "no such output in the response"
+    if got.shape != expected.shape or got.dtype != expected.dtype:
+        return f"{got.dtype}{list(got.shape)} where {expected.dtype}{list(expected.shape)} was sent"
+    wrong = np.flatnonzero(got.ravel() != expected.ravel())
+    first = int(wrong[0])
+    return (f"{wrong.size} of {expected.size} values differ, the first at {first}: "
+            f"{got.ravel()[first]!r} for {expected.ravel()[first]!r}; got starts {got.ravel()[:4].tolist()}, "
+            f"sent {expected.ravel()[:4].tolist()}")
+
+
+def _check_equal(got: np.ndarray | None, expected: np.ndarray, what: str) -> None:
+    if got is None or not np.array_equal(got, expected):
+        raise WrongAnswer(f"{what}: {_mismatch(got, expected)}")
+
+
 def http_json(clients: Clients, rng: random.Random) -> int:
     a, b = (np.array([rng.uniform(-9, 9) for _ in range(4)], np.float32) for _ in range(2))
     inputs = [httpclient.InferInput("INPUT0", [4], "FP32"), httpclient.InferInput("INPUT1", [4], "FP32")]
@@ -158,7 +177,7 @@ def http_binary(clients: Clients, rng: random.Random) -> int:
     tensor = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
     tensor.set_data_from_numpy(data)
     result = clients.http.infer("identity_fp32", [tensor], timeout=int(TIMEOUT_S))
-    _check(np.array_equal(result.as_numpy("OUTPUT0"), data), "identity_fp32 over HTTP")
+    _check_equal(result.as_numpy("OUTPUT0"), data, "identity_fp32 over HTTP")
     return 1
 
 
@@ -178,7 +197,7 @@ def grpc_unary(clients: Clients, rng: random.Random, model: str = "identity_fp32
     tensor = grpcclient.InferInput("INPUT0", list(data.shape), "FP32")
     tensor.set_data_from_numpy(data)
     result = clients.grpc.infer(model, [tensor], client_timeout=TIMEOUT_S)
-    _check(np.array_equal(result.as_numpy("OUTPUT0"), data), f"{model} over gRPC")
+    _check_equal(result.as_numpy("OUTPUT0"), data, f"{model} over gRPC")
     return 1
 
 
@@ -248,7 +267,7 @@ def bls(clients: Clients, rng: random.Random) -> int:
     tensor = grpcclient.InferInput("IN", list(data.shape), "FP32")
     tensor.set_data_from_numpy(data)
     result = clients.grpc.infer("soak_bls", [tensor], client_timeout=TIMEOUT_S)
-    _check(np.array_equal(result.as_numpy("OUT"), data + 1), "soak_bls (BLS to soak_leaf)")
+    _check_equal(result.as_numpy("OUT"), data + 1, "soak_bls (BLS to soak_leaf)")
     return 1
 
 

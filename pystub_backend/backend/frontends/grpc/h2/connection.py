@@ -267,6 +267,7 @@ class H2Connection(asyncio.Protocol):
         if self._batching or self._transport is None:
             return
         sent = 0
+        window = self._window_left()
         while not self._paused:  # a write over the transport's high water pauses it at once
             try:
                 data = self._h2.data_to_send(_WRITE_CHUNK)
@@ -276,11 +277,22 @@ class H2Connection(asyncio.Protocol):
                 break
             self._transport.write(data)
             sent += len(data)
+        if sent and self._window_left() < window:
+            # DATA went out (only DATA spends the client's window): as grpc core, a client may
+            # ping as it reads a long answer (its BDP probes) without striking.
+            self._pings.data_sent()
         self._carried += sent
         if self._writers:
             self._wake_writers()
         if self.closing and not self.calls and (self._broken or not self._h2.want_write):
             self.close()
+
+    def _window_left(self) -> int:
+        """What the client's connection window still lets the server send (0: the session is over)."""
+        try:
+            return self._h2.remote_window_size
+        except ngh2.NGH2Error:
+            return 0
 
     def close(self) -> None:
         """Close after the last frames (a GOAWAY, say); dropped if still unread `_DRAIN_SECONDS` on."""
@@ -426,6 +438,7 @@ class H2Connection(asyncio.Protocol):
             self._h2.acknowledge_received_data(amount, stream_id)
         except ngh2.NGH2Error:  # the stream is gone: the connection's window still needs the bytes back
             self._h2.acknowledge_received_data(amount, 0)
+        self._pings.data_sent()  # window updates follow: grpc core clears the strikes for those too
         self._flush_soon()
 
     def _flush_soon(self) -> None:

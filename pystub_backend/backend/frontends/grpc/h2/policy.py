@@ -6,7 +6,9 @@
     ping abuse       a client ping sooner than grpc.http2.min_ping_interval_without_data_ms after
                      the last (2 h while no call is open, unless grpc.keepalive_permit_without_calls)
                      is a strike; more than grpc.http2.max_ping_strikes strikes: GOAWAY
-                     ENHANCE_YOUR_CALM "too_many_pings". Sending data clears the strikes.
+                     ENHANCE_YOUR_CALM "too_many_pings". Sending headers, DATA frames or
+                     window updates clears the strikes (a client reading a long answer pings
+                     as it reads: grpc's BDP probes).
     limits           grpc.max_connection_idle_ms (no call for that long: GOAWAY),
                      grpc.max_connection_age_ms (GOAWAY) then grpc.max_connection_age_grace_ms (closed),
                      grpc.server_handshake_timeout_ms (TLS and the HTTP/2 preface must be done by then),
