@@ -125,9 +125,9 @@ class ResponseStream:
         the stream. A future cancelled meanwhile (its caller is gone) gets nothing: the response
         is released."""
         self._answer = future
-        for response in self._queue:  # what arrived before the caller asked
-            self._keep_for_answer(response)
-        self._queue.clear()
+        queued = self._queue  # what arrived before the caller asked: the first is the answer
+        while len(queued) > 1:
+            queued.pop().release()
         if self.finished:
             self._resolve_answer()
 
