@@ -27,6 +27,7 @@ from __future__ import annotations
 import array
 import asyncio
 import errno
+import logging
 import os
 import select
 import socket
@@ -36,7 +37,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 __all__ = ["MAX_FRAME", "MAX_FDS", "ChannelClosedError", "ChannelTimeoutError", "FrameTooLargeError",
-           "SegmentSource", "SegmentSink", "make_pair", "BlockingChannel", "AsyncChannel"]
+           "DescriptorsLostError", "SegmentSource", "SegmentSink", "make_pair", "BlockingChannel", "AsyncChannel"]
+
+_log = logging.getLogger("pystub.ipc")
 
 MAX_FRAME = 128 * 1024
 _BUFFER_BYTES = 1 << 20  # asked for; the kernel caps it at net.core.{w,r}mem_max
@@ -61,6 +64,10 @@ class SegmentSink(Protocol):
 
 class ChannelClosedError(ConnectionError):
     """The peer closed its end: it exited or died."""
+
+
+class DescriptorsLostError(ConnectionResetError):
+    """Segment descriptors sent with a frame did not all arrive: the channel cannot go on."""
 
 
 class ChannelTimeoutError(TimeoutError):
@@ -123,12 +130,20 @@ class _Segments:
         # The buffer holds MAX_FDS descriptors, the most a sender puts on one frame, so none is
         # truncated away (MSG_CTRUNC) by a well-behaved peer; a frame naming a segment that never
         # arrived fails in the sink with an error that says so.
-        size, ancillary, _, _ = sock.recvmsg_into([self._buffer], _ANCILLARY, socket.MSG_CMSG_CLOEXEC)
+        size, ancillary, flags, _ = sock.recvmsg_into([self._buffer], _ANCILLARY, socket.MSG_CMSG_CLOEXEC)
         frame = self._buffer[:size].tobytes()
         fds = array.array("i")
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+        if flags & socket.MSG_CTRUNC:
+            # Descriptors were dropped (this process is at its descriptor limit, or the peer sent
+            # more than MAX_FDS): every later segment would take a wrong index and map the wrong
+            # memory, so the channel ends here.
+            for fd in fds:
+                os.close(fd)
+            raise DescriptorsLostError(f"a frame's descriptors were truncated (MSG_CTRUNC; {len(fds)} of them "
+                                       f"arrived): out of file descriptors? The channel is closed")
         if fds:
             if self.sink is not None:
                 self.sink.add_fds(list(fds))
@@ -196,9 +211,9 @@ class BlockingChannel:
             except BlockingIOError:
                 return None
             except ConnectionResetError as exc:
-                raise ChannelClosedError("peer reset the channel") from exc
+                raise ChannelClosedError(_reset_reason(exc)) from exc
         except ConnectionResetError as exc:
-            raise ChannelClosedError("peer reset the channel") from exc
+            raise ChannelClosedError(_reset_reason(exc)) from exc
         if not frame:
             raise ChannelClosedError("peer closed the channel")
         return frame
@@ -206,6 +221,10 @@ class BlockingChannel:
     def close(self) -> None:
         self._segments.close()
         self._sock.close()
+
+
+def _reset_reason(exc: ConnectionResetError) -> str:
+    return str(exc) if isinstance(exc, DescriptorsLostError) else "peer reset the channel"
 
 
 def _resolve(future: asyncio.Future) -> None:
@@ -238,6 +257,9 @@ class AsyncChannel:
                 frame = self._segments.receive(self._sock)
             except BlockingIOError:
                 return
+            except DescriptorsLostError as exc:
+                _log.error("%s", exc)
+                frame = b""
             except OSError:
                 frame = b""
             if not frame:

@@ -144,3 +144,34 @@ def test_closing_a_channel_closes_descriptors_that_never_went_out() -> None:
         sender.send(b"to nobody", 0.5)
     sender.close()  # the queued descriptor is closed here; the leak check would see it otherwise
     writer.close()
+
+
+_AT_THE_LIMIT = r'''
+import array, os, resource, socket, sys
+from pystub_backend.ipc.channel import BlockingChannel, ChannelClosedError, make_pair
+left, right = make_pair()
+receiver = BlockingChannel(right)
+spare = [os.open("/dev/null", os.O_RDONLY) for _ in range(2)]
+left.sendmsg([b"frame"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", spare))])
+# No descriptor slot left for what the frame carries: the kernel drops them (MSG_CTRUNC).
+highest = max(os.listdir("/proc/self/fd"), key=int)
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(highest) + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+try:
+    receiver.recv(5.0)
+except ChannelClosedError as exc:
+    print(exc)
+    sys.exit(0)
+print("a frame whose descriptors were dropped was handed on")
+sys.exit(1)
+'''
+
+
+def test_descriptors_dropped_at_the_descriptor_limit_close_the_channel() -> None:
+    """A receiver at its descriptor limit gets a frame without the segments it carried: every later
+    segment would take a wrong index (and map the wrong memory), so the channel ends, saying why."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _AT_THE_LIMIT], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "MSG_CTRUNC" in result.stdout, result.stdout
