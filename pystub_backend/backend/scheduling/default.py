@@ -103,6 +103,8 @@ class DefaultScheduler(Scheduler):
         try:
             return await answer
         except asyncio.CancelledError:
+            if answer.done() and not answer.cancelled() and answer.exception() is None:
+                answer.result().release()  # answered as the caller was cancelled: nobody will encode it
             stream = stream or (pending.stream if pending is not None else None)
             if stream is not None:
                 stream.cancel()  # the client went away: the model sees is_cancelled()

@@ -134,6 +134,26 @@ def test_a_unary_request_is_answered_by_its_stream() -> None:
     run(body)
 
 
+def test_an_answer_that_comes_as_its_caller_is_cancelled_is_released() -> None:
+    """The response is in, but the caller was cancelled before its task ran again: nobody will
+    encode the response, so the scheduler gives back what it holds (a stub's arena bytes)."""
+    async def body(scheduler: DefaultScheduler, instance: Instance, stats: ModelStatistics) -> None:
+        task = asyncio.ensure_future(scheduler.schedule(request("a"), 1))
+        await settle()
+        released: list[str] = []
+        _, streams, end, _ = instance.sent[0]
+        streams[0].put(InferResponse("m", "1", "a", release=lambda: released.append("a")), True)
+        end.end()
+        task.cancel()  # in the same turn: the task has not seen its answer
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        assert task.cancelled() and released == ["a"]
+
+    run(body)
+
+
 def test_pipeline_depth_holds_and_order_is_kept() -> None:
     async def body(scheduler: DefaultScheduler, instance: Instance, stats: ModelStatistics) -> None:
         ids = [f"r{i}" for i in range(PIPELINE_DEPTH + 2)]
