@@ -8,10 +8,13 @@ from tritonclient.grpc import service_pb2
 
 from pystub_backend.backend.errors import ServerError, Status
 from pystub_backend.backend.frontends.grpc.codec import (
+    ParsedInferRequest,
+    ReceivedInferRequest,
     decode_infer_request,
     encode_infer_response,
     parameter_value,
     parameters_to_proto,
+    receive_infer_request,
 )
 from pystub_backend.backend.inference import InferResponse, Tensor, tensor_to_numpy
 from pystub_backend.ipc.bytes_codec import serialize_bytes
@@ -334,3 +337,37 @@ def test_encode_refuses_numpy_object_arrays() -> None:
     tensor = Tensor("S", "BYTES", (1,), np.array([b"x"], dtype=np.object_))
     with pytest.raises(TypeError, match="'S'"):
         encode_infer_response(InferResponse("m", "1", outputs=[tensor]))
+
+
+def _large_request(inputs: int, nbytes: int) -> bytes:
+    message = service_pb2.ModelInferRequest(model_name="identity_fp32")
+    for index in range(inputs):
+        message.inputs.add(name=f"INPUT{index}", datatype="FP32", shape=[1, nbytes // 4 // inputs])
+        message.raw_input_contents.append(bytes(range(256)) * (nbytes // 256 // inputs))
+    return message.SerializeToString()
+
+
+def test_a_large_request_of_the_usual_shape_is_taken_apart_at_once() -> None:
+    """1 MiB in raw contents and a few fields: parsed on receipt, its contents views of the bytes
+    received (a hop to the parsing threads would cost more than the parse)."""
+    data = _large_request(2, 1 << 20)
+    received = receive_infer_request(data)
+    assert isinstance(received, ParsedInferRequest)
+    assert [tensor.name for tensor in received.message.inputs] == ["INPUT0", "INPUT1"]
+    assert [bytes(raw) for raw in received.raw_input_contents] == [bytes(range(256)) * 2048] * 2
+    assert all(isinstance(raw, memoryview) and raw.obj is data for raw in received.raw_input_contents)
+
+
+@pytest.mark.parametrize("shape", ["many fields", "large typed contents", "malformed"])
+def test_a_large_request_of_another_shape_is_left_to_the_parsing_threads(shape: str) -> None:
+    if shape == "many fields":
+        data = _large_request(2000, 1 << 20)  # 2,000 inputs: thousands of fields
+    elif shape == "large typed contents":
+        message = service_pb2.ModelInferRequest(model_name="identity_fp32")
+        message.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 1 << 16]).contents.fp32_contents.extend(
+            [1.0] * (1 << 16))
+        data = message.SerializeToString()
+    else:
+        data = _large_request(1, 1 << 20)[:-10]  # truncated
+    received = receive_infer_request(data)
+    assert isinstance(received, ReceivedInferRequest) and received.parsed is None
