@@ -36,7 +36,8 @@ def copy_model(repository: Path, source: str, name: str, instances: int | None =
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     repository = make_repository(tmp_path_factory.mktemp("bls"), "bls_driver", "bls_leaf", "bls_probe",
-                                 "bls_async_driver", "bls_decoupled_driver", "repeat", "slow", "faulty")
+                                 "bls_async_driver", "bls_decoupled_driver", "repeat", "slow", "faulty",
+                                 "bls_keeper")
     copy_model(repository, "bls_driver", "bls_pong")
     copy_model(repository, "bls_driver", "bls_twin", instances=2)
     with module_backend(Backend(repository, f"--backend-config=python,stub-timeout-seconds={STUB_TIMEOUT}")) as server:
@@ -94,6 +95,31 @@ def test_large_tensors_cross_both_arenas(backend: Backend):
     out, info = drive(backend, {"chain": "bls_leaf"}, data)
     assert "error" not in info
     np.testing.assert_array_equal(out, data + 2)
+
+
+def _keep(backend: Backend, values: np.ndarray, drop: bool = False) -> int:
+    """One request to bls_keeper (it keeps the BLS output it got); how many outputs it holds."""
+    with httpclient.InferenceServerClient(backend.http_url) as client:
+        tensor = httpclient.InferInput("IN", list(values.shape), "FP32")
+        tensor.set_data_from_numpy(values)
+        result = client.infer("bls_keeper", [tensor], parameters={"drop": True} if drop else None)
+    np.testing.assert_array_equal(result.as_numpy("OUT"), values + 1)
+    return int(result.as_numpy("KEPT")[0])
+
+
+def test_small_outputs_come_inline_and_hold_no_arena_while_kept(backend: Backend):
+    """A BLS output of at most 1 KiB rides in the response frame: the caller may keep it as long as
+    it likes and its p2s arena holds nothing for it. A 4 KiB output (the control) is held in the
+    arena while kept, and given back once the model drops it."""
+    used = lambda: stub_rows(backend)["bls_keeper_0"]["arena_used_bytes"]  # noqa: E731
+    assert _keep(backend, np.arange(4, dtype=np.float32), drop=True) == 1
+    for count in range(2, 6):
+        assert _keep(backend, np.arange(256, dtype=np.float32)) == count  # 1 KiB each
+    assert settled(backend, lambda: used() == 0), f"kept small outputs hold {used()} bytes of the arena"
+    _keep(backend, np.arange(1024, dtype=np.float32))  # 4 KiB, kept
+    assert settled(backend, lambda: used() >= 4096), "a kept 4 KiB output is not in the caller's arena"
+    _keep(backend, np.arange(4, dtype=np.float32), drop=True)  # lets the 4 KiB one go
+    assert settled(backend, lambda: used() == 0), f"dropped outputs still hold {used()} bytes"
 
 
 def test_request_options_reach_the_target(backend: Backend):

@@ -10,7 +10,8 @@ run wherever the garbage collector happens to run (the receiver thread included)
 block on the channel.
 
 BYTES outputs are decoded into object arrays (a copy, the form models expect), so their bytes are
-given back at once.
+given back at once. A small output (at most `tensors.INLINE_BYTES`) travels inline in the response
+frame: its array views the frame's bytes, and nothing is leased or given back.
 """
 
 from __future__ import annotations
@@ -148,7 +149,9 @@ def _output(cleanup: Cleanup, reader: ArenaReader, wire_tensor: WireTensor, devi
 
 def _host_output(cleanup: Cleanup, reader: ArenaReader, wire_tensor: WireTensor) -> Any:
     name, datatype, shape, handle = wire_tensor
-    if handle[0] < 0:  # empty tensor: nothing stored
+    if handle[0] == tensors.INLINE_TAG:  # a small output's bytes, in the frame: nothing to give back
+        array = tensors.to_array(reader, wire_tensor)
+    elif handle[0] < 0:  # empty tensor: nothing stored
         dtype = np.object_ if datatype == "BYTES" else ("<u2" if datatype == "BF16" else numpy_dtype(datatype))
         array = np.empty(shape, dtype=dtype)
     elif datatype == "BYTES":

@@ -2,7 +2,8 @@
 
     BlsRequest ─▶ BlsCall.start ─▶ target checks ─▶ Core.infer_stream(request) ─▶ ResponseStream
                   (registered)                                                     │
-    caller stub ◀─ BlsResponse ◀─ outputs copied into the caller's p2s (one copy) ◀┘
+    caller stub ◀─ BlsResponse ◀─ outputs copied into the caller's p2s (one copy), ◀┘
+                                  or inline in the frame when small
                                   then the target's response is released (its s2p, its credit)
 
 GPU outputs the target exported by CUDA IPC (the caller asked for them on that GPU) are not
@@ -32,6 +33,7 @@ from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.features.bls.payloads import REGISTRY, PayloadKey
 from pystub_backend.backend.inference import ExportGoneError, InferRequest, InferResponse, RequestedOutput, Tensor
 from pystub_backend.backend.response_stream import ResponseStream
+from pystub_backend.ipc import tensors
 from pystub_backend.ipc.arena import ArenaFullError, ArenaWriter
 from pystub_backend.ipc.channel import ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg
@@ -274,8 +276,9 @@ class BlsCall:
                 try:
                     if p2s is None:
                         raise ArenaFullError(f"stub '{self.caller.instance_name}' has no p2s arena")
-                    for tensor in response.outputs:  # a fresh allocation each: the stub frees each one
-                        placed.append(self._place(p2s, tensor))
+                    budget = tensors.InlineBudget()  # small outputs ride in the frame: nothing to free
+                    for tensor in response.outputs:  # else a fresh allocation each: the stub frees each one
+                        placed.append(self._place(p2s, tensor, budget))
                     wire = WireResponse(self.call_id, flags, None, placed, _parameters_json(response))
                 except (ArenaFullError, ExportGoneError) as exc:
                     self._free(placed)
@@ -291,14 +294,14 @@ class BlsCall:
         else:
             self._free(placed)
 
-    def _place(self, p2s: ArenaWriter, tensor: Tensor) -> WireTensor:
-        """The output as the caller gets it: copied into its p2s, or, for GPU memory the target
-        exported, a claim on the export (the caller maps it; no copy). Raises ArenaFullError,
-        ExportGoneError."""
+    def _place(self, p2s: ArenaWriter, tensor: Tensor, budget: tensors.InlineBudget) -> WireTensor:
+        """The output as the caller gets it: inline in the frame while `budget` lasts and it is
+        small, else copied into its p2s, or, for GPU memory the target exported, a claim on the
+        export (the caller maps it; no copy). Raises ArenaFullError, ExportGoneError."""
         shape = list(tensor.shape)
         device = tensor.device
         if device is None:
-            return WireTensor(tensor.name, tensor.datatype, shape, list(p2s.write(tensor.data)))
+            return tensors.place(p2s, tensor.name, tensor.datatype, shape, tensor.data, budget)
         return self.caller.services.device_exports.claim_tensor(
             tensor, self.caller, f"output of model '{self.request.model_name}'")
 
@@ -325,6 +328,8 @@ class BlsCall:
     def _free(self, placed: list[WireTensor]) -> None:
         p2s = self.caller.p2s
         for wire in placed:
+            if wire.handle[0] == tensors.INLINE_TAG:  # in the frame: nothing was allocated
+                continue
             if wire.handle[0] == DEVICE_HANDLE_TAG:  # a claim the caller never got
                 self.caller.services.device_exports.release_unsent(self.caller, [wire])
                 continue
