@@ -169,13 +169,18 @@ class Stream:
 
 
 def test_direct_batches_one_request_per_sequence_in_order_with_control_inputs(backend: Backend) -> None:
+    ids = [11, 12, 13, 2**64 - 5]
+
     def run(cid: int) -> list[dict[str, Any]]:
-        answers = [infer(backend, "seq_direct", 1, cid, start=True)]
+        # The first sequence's start keeps the one instance busy for 3 s: the other sequences'
+        # starts wait in their slots meanwhile and go as one batch (on a loaded machine the
+        # 200 ms queue delay alone may see them arrive one by one).
+        hold = {"parameters": {"sleep_ms": 3000}} if cid == ids[0] else {}
+        answers = [infer(backend, "seq_direct", 1, cid, start=True, **hold)]
         answers += [infer(backend, "seq_direct", value, cid) for value in (2, 3)]
         answers.append(infer(backend, "seq_direct", 4, cid, end=True))
         return answers
 
-    ids = [11, 12, 13, 2**64 - 5]
     with ThreadPoolExecutor(4) as pool:
         runs = dict(zip(ids, pool.map(run, ids), strict=True))
     for cid, answers in runs.items():
@@ -189,7 +194,7 @@ def test_direct_batches_one_request_per_sequence_in_order_with_control_inputs(ba
                          "CORRID": ["uint64", cid]}
         assert middle["START"] == ["float32", 0.0] and middle["END"] == ["bool", False]
         assert last["START"] == ["float32", 0.0] and last["END"] == ["bool", True]
-    assert max(a["BATCH"] for answers in runs.values() for a in answers) > 1  # the queue delay gathered slots
+    assert max(a["BATCH"] for answers in runs.values() for a in answers) > 1  # the waiting slots went together
     assert max(a["BATCH"] for answers in runs.values() for a in answers) <= 4
 
 
