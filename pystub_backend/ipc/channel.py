@@ -66,7 +66,7 @@ class ChannelClosedError(ConnectionError):
     """The peer closed its end: it exited or died."""
 
 
-class DescriptorsLostError(ConnectionResetError):
+class DescriptorsLostError(ChannelClosedError):
     """Segment descriptors sent with a frame did not all arrive: the channel cannot go on."""
 
 
@@ -211,9 +211,9 @@ class BlockingChannel:
             except BlockingIOError:
                 return None
             except ConnectionResetError as exc:
-                raise ChannelClosedError(_reset_reason(exc)) from exc
+                raise ChannelClosedError("peer reset the channel") from exc
         except ConnectionResetError as exc:
-            raise ChannelClosedError(_reset_reason(exc)) from exc
+            raise ChannelClosedError("peer reset the channel") from exc
         if not frame:
             raise ChannelClosedError("peer closed the channel")
         return frame
@@ -221,10 +221,6 @@ class BlockingChannel:
     def close(self) -> None:
         self._segments.close()
         self._sock.close()
-
-
-def _reset_reason(exc: ConnectionResetError) -> str:
-    return str(exc) if isinstance(exc, DescriptorsLostError) else "peer reset the channel"
 
 
 def _resolve(future: asyncio.Future) -> None:
