@@ -162,6 +162,12 @@ class Serving:
         """Every loaded model version, by name then version (for stubctl and metrics)."""
         return self._table.versions()
 
+    def versions_of(self, name: str) -> list[ModelVersion]:
+        """The loaded versions of one model, by version (what a BLS call's checks read: one
+        lookup, not a scan of every model)."""
+        entry = self._table.entries.get(name)
+        return [v for _, v in sorted(entry.versions.items())] if entry is not None else []
+
     # -- inference -------------------------------------------------------------------------------
     def _serving(self, request: InferRequest, target: ServingTarget | None) -> ModelVersion:
         if self._shutting_down:

@@ -96,7 +96,8 @@ class BlsCall:
         self.stream: ResponseStream | None = None
         self.finished = False  # the final response was sent (or the caller is gone)
         self._task: asyncio.Task[None] | None = None
-        self._scheduling: asyncio.Future[ResponseStream] | None = None
+        self._scheduling = False  # _run waits in the target's queue (Core.infer_stream)
+        self._unqueued = False  # cancel() took it out of that queue (a cancel of _run's own task)
         self._held: ModelInstance | None = None  # the caller's ModelInstance while this call holds it
         self._cancel_requested = False
         self._caller_dead = False
@@ -108,7 +109,8 @@ class BlsCall:
     @property
     def holding(self) -> bool:
         """The call holds its caller's instance and its target request has not completed."""
-        return self.holds and not self.finished and not (self.stream is not None and self.stream.finished)
+        return self.holds and not self.finished and not self._cancel_requested \
+            and not (self.stream is not None and self.stream.finished)
 
     def start(self, checks: Checks) -> None:
         """Register and run. `checks()` returns a ServerError to answer with instead, or None.
@@ -137,10 +139,15 @@ class BlsCall:
         if self._cancel_requested or self.finished:
             return
         self._cancel_requested = True
+        # The caller's execute no longer waits for this call (a timeout moved it on; a cancelled
+        # iterator gets at most the target's wind-down, bounded by the stub timeout): its instance
+        # takes work again, and deadlock checks no longer count it as held by this call.
+        self._release_hold()
         if self.stream is not None:
             self.stream.cancel(keep_responses=True)  # the target sees is_cancelled(), winds down with its final
-        elif self._scheduling is not None:
-            self._scheduling.cancel()  # still waiting for an instance: leave the queue
+        elif self._scheduling and self._task is not None:
+            self._unqueued = True
+            self._task.cancel()  # still waiting for an instance: leave the queue (_schedule answers)
         self._credit.set()
 
     def credit(self, count: int = 1) -> None:
@@ -156,9 +163,8 @@ class BlsCall:
         self.finished = True
         if self.stream is not None:
             self.stream.cancel()
-        for task in (self._scheduling, self._task):
-            if task is not None and task is not asyncio.current_task():
-                task.cancel()
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
         self._release_hold()
         self.drop_device_inputs()
         REGISTRY.remove(self.key, self)
@@ -191,18 +197,20 @@ class BlsCall:
         """The target's response stream, or None after answering with an error."""
         error = checks() if not self._cancel_requested else ServerError(CANCELLED_TEXT, Status.CANCELLED)
         if error is None and self.core is not None:  # checks refuse every call without a core
-            # A task of its own, so that a cancel takes the request out of the target's queue
-            # without cancelling this call, which still owes the caller its final response.
-            self._scheduling = asyncio.ensure_future(self.core.infer_stream(self.request))
+            # A cancel meanwhile cancels this task where it waits in the target's queue, which
+            # takes the request out of it; the call still owes the caller its final response.
+            self._scheduling = True
             try:
-                self.stream = await self._scheduling
+                self.stream = await self.core.infer_stream(self.request)
             except asyncio.CancelledError:
-                if self._caller_dead or not self._scheduling.cancelled():
-                    raise
+                if not self._unqueued or self._caller_dead or _uncancel(self._task) > 0:
+                    raise  # the caller died, or the server stops: nothing to answer
                 error = ServerError(CANCELLED_TEXT, Status.CANCELLED)
             except ServerError as exc:
                 error = ServerError(f"Model {self.request.model_name} - Error when running inference: "
                                     f"{exc.message}", exc.status)
+            finally:
+                self._scheduling = False
         if error is not None:
             await self._send_final_error(error)
             return None
@@ -340,9 +348,16 @@ class BlsCall:
                 pass
 
 
+def _uncancel(task: asyncio.Task[None] | None) -> int:
+    """Withdraw the cancel that cancel() made; the cancels still pending (another's: shutdown).
+    Python 3.10 counts no cancels: there the task just goes on."""
+    uncancel = getattr(task, "uncancel", None)
+    return int(uncancel()) if uncancel is not None else 0
+
+
 def _instance_of(core: StubFacingCore, stub: StubProcess) -> ModelInstance | None:
     """The ModelInstance whose current stub is `stub`, if any."""
-    for version in core.model_versions():
+    for version in core.versions_of(stub.model_name):
         for instance in getattr(version, "instances", ()):
             if instance.stub is stub:
                 return instance

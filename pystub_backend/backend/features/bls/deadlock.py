@@ -52,8 +52,7 @@ def _live_stubs(core: StubFacingCore) -> dict[str, list[StubProcess]]:
 def _has_unheld_instance(core: StubFacingCore, model: str) -> bool:
     # ModelInstance.held: an execute of its current stub waits for a BLS call (features.bls.call).
     return any(instance.healthy and not getattr(instance, "held", True)
-               for version in core.model_versions() if version.name == model
-               for instance in getattr(version, "instances", ()))
+               for version in core.versions_of(model) for instance in getattr(version, "instances", ()))
 
 
 def _pending_requests(stub: StubProcess) -> Iterable[InferRequest]:

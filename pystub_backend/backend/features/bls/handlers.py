@@ -80,13 +80,13 @@ def target_error(core: StubFacingCore, call: BlsCall) -> ServerError | None:
         known = any(v.name == name for v in core.model_versions())
         detail = exc.message if known else f"Failed for execute the inference request. Model '{name}' is not ready."
         return ServerError(f"Model {name} - Error when running inference: {detail}", exc.status)
-    versions = [v for v in core.model_versions() if v.name == name and (not version or str(v.version) == version)]
-    if not any(v.ready for v in versions):
+    if not any(v.ready for v in core.versions_of(name) if not version or str(v.version) == version):
         return ServerError(f"Failed for execute the inference request. Model '{name}' is not ready.",
                            Status.UNAVAILABLE)
     if core.is_decoupled(name, version) and not call.decoupled:
         return ServerError(DECOUPLED_TEXT.format(m=name), Status.INVALID_ARG)
-    others = [payload for payload in REGISTRY.payloads() if payload is not call]
+    # the calls in flight are read only when no instance of the target is free (deadlock_reason)
+    others = (payload for payload in REGISTRY.payloads() if payload is not call)
     reason = deadlock_reason(core, others, call.caller, name, call.holds)
     return ServerError(reason, Status.UNAVAILABLE) if reason else None
 

@@ -84,6 +84,9 @@ class Core:
         return [SimpleNamespace(name=name, instances=[SimpleNamespace(healthy=True, stub=s) for s in stubs])
                 for name, stubs in self.stubs.items()] + [SimpleNamespace(name="ens", instances=[])]
 
+    def versions_of(self, name: str) -> list[Any]:
+        return [version for version in self.model_versions() if version.name == name]
+
 
 def call(core: Core, caller: Stub, target: str, runner: Stub | None = None, holding: bool = True) -> Payload:
     """A call in flight from `caller` to `target`, running on `runner` (or still queued)."""
