@@ -82,15 +82,16 @@ def response_to_wire(rid: int, response: Any, flags: int, requested: set[str],
     """
     if response is None:  # flags only: parameters nil tells it apart from a response with no outputs
         return WireResponse(rid, flags, None, [], None)
-    if response.has_error():
-        error = response.error()
+    # The response's own fields, as Triton's C++ side reads them (the checked getters are the model's API)
+    error = response._error
+    if error is not None:
         wire_error = error_to_wire(error.code(), error.message())
         return WireResponse(rid, flags, wire_error, [], _response_parameters(response))
     targets = client_shm.output_targets(rid)
     outputs: list[WireTensor] = []
     try:
-        for tensor in response.output_tensors():
-            name = tensor.name()
+        for tensor in response._outputs:
+            name = tensor._name
             if requested and name not in requested:
                 continue
             datatype, shape, buffer = tensor._wire_payload()

@@ -206,7 +206,7 @@ class Tensor(PybindRepr):
 
         BF16 buffers are uint16 arrays.
         """
-        if not self.is_cpu():
+        if self._device[0] == _dlpack.KDL_CUDA:
             count = int(np.prod(self._shape, dtype=np.int64)) if self._shape else 1
             nbytes = count * _dlpack.storage_itemsize(self._wire)
             return self._wire, list(self._shape), DeviceBuffer(self._device[1], self._pointer, nbytes, self)
