@@ -14,6 +14,10 @@ Ownership (one reader at a time; `owner` changes only under the lock):
               but reads nothing; the receiver takes over once the same handler is still running
               at two of its polls (POLL apart), or at once when some thread is about to wait for
               a reply frame (`need_reader`: a BLS request, a metric query, a send credit...).
+    HANDLER   the main thread reads inside a handler while it waits for one reply (a BLS call
+              from `execute`): frames for others are acted on as the receiver would, main-thread
+              frames are queued for later, in order; once the reply is in, reading is MAIN's again
+              (and the receiver's at once when another thread asked for a reader meanwhile).
     RECEIVER  the receiver reads, queues main-thread frames on the work queue in arrival order, and
               hands reading back when it sees the main thread waiting idle on that queue: it sets
               `owner` to MAIN *after* its last queued frame, then queues a wake-up (HANDBACK). The
@@ -39,6 +43,7 @@ PARK_CHECK = 1.0  # s: the longest any wait here lasts before the state is check
 
 _MAIN = "main"
 _RECEIVER = "receiver"
+_HANDLER = "handler"  # the main thread reads inside its handler, for the reply it waits for
 
 
 class _Handback:
@@ -68,6 +73,7 @@ class ReadOwnership:
         self._waiting = False  # the main thread waits on the work queue for the receiver's frames
         self._wanted = False  # some thread is about to wait for a reply frame
         self._parked = False  # the receiver waits for the next handler (no polling)
+        self._handler_thread = 0  # the thread id reading as _HANDLER
 
     # -- the main thread ---------------------------------------------------------------------------
     def main_may_read(self) -> bool:
@@ -91,12 +97,37 @@ class ReadOwnership:
         with self._lock:
             self._busy = False
 
+    def read_in_handler(self) -> bool:
+        """The main thread, inside a handler, is about to wait for one reply (a BLS call): True
+        when it may read the channel itself until it is in (then `stop_reading_in_handler`), which
+        spares the two thread hand-overs of the receiver reading it. False when the receiver
+        reads already or another thread waits for a frame."""
+        with self._lock:
+            if self._owner != _MAIN or not self._busy or self._wanted:
+                return False
+            self._owner, self._handler_thread = _HANDLER, threading.get_ident()
+            return True
+
+    def stop_reading_in_handler(self) -> None:
+        """The reply is in (or its wait ended): reading is main's again; a frame another thread
+        started waiting for meanwhile is the receiver's to read at once."""
+        with self._lock:
+            self._owner, self._handler_thread = _MAIN, 0
+            wake = self._wanted and self._busy
+        if wake:
+            self._bell.put(None)
+
     # -- any thread ----------------------------------------------------------------------------------
     def need_reader(self) -> None:
         """A thread is about to wait for a frame: if nobody reads now, the receiver takes over at
         once; if the main thread reads now, the receiver takes over as soon as it starts a handler
-        (the reply may come after that, while the handler runs)."""
+        (the reply may come after that, while the handler runs), or, while the handler reads for
+        its own reply, as soon as that is in."""
         with self._lock:
+            if self._owner == _HANDLER:
+                if threading.get_ident() != self._handler_thread:
+                    self._wanted = True  # stop_reading_in_handler rings
+                return
             if self._owner != _MAIN:
                 return  # the receiver reads
             self._wanted = True

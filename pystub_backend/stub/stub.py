@@ -20,6 +20,7 @@ import resource
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -140,6 +141,24 @@ class Stub:
             self.log_error(f"stub '{self.instance}' dropped a corrupt frame: {exc}")
             return None
         return message
+
+    def read_for_reply(self, arrived: queue.SimpleQueue[Any], deadline: float) -> bool:
+        """The main thread, reading inside its handler (ReadOwnership.read_in_handler): read and
+        act on frames until `arrived` holds one or `deadline` (time.monotonic) passes; frames
+        that are main-thread work are queued for after the handler, in arrival order. False when
+        the channel closed (the main loop then ends after the handler)."""
+        while arrived.empty():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            try:
+                message = self._read(min(left, PARK_CHECK))
+            except ChannelClosedError:
+                self.work.put(None)
+                return False
+            if message is not None and self._on_frame(message):
+                self.work.put(message)
+        return True
 
     def _receive(self) -> None:
         """The receiver thread: reads while the main thread is busy (pystub_backend.stub.reader)."""

@@ -80,10 +80,19 @@ class BlsClient:
 
     # -- the BlsHandler protocol -------------------------------------------------------------------
     def exec(self, request: Any, decoupled: bool) -> Any:
-        call = self._start(request, decoupled)
         if decoupled:
-            return self._iterator(call)
-        return self._single(call)
+            return self._iterator(self._start(request, decoupled))
+        # execute's own thread reads its answer itself when it can (stub.reader, HANDLER): a call
+        # of host tensors only (GPU memory crosses by exports whose releases the receiver orders)
+        if threading.current_thread() is not threading.main_thread() or not _host_only(request) \
+                or not self._stub.reading.read_in_handler():
+            return self._single(self._start(request, decoupled))
+        reading = self._stub.reading
+        try:
+            call = self._start(request, decoupled)
+            return self._single(call, read=True)
+        finally:
+            reading.stop_reading_in_handler()
 
     def async_exec(self, request: Any, decoupled: bool) -> Any:
         return self._async_exec(request, decoupled)
@@ -201,11 +210,15 @@ class BlsClient:
         return on_loop and not self._stub.decoupled and self._stub.control.execute_start != 0.0
 
     # -- waiting for responses -----------------------------------------------------------------------
-    def _single(self, call: _Call, wait: bool = True) -> Any:
-        """The one response of a default-mode call (extra data responses are dropped)."""
+    def _single(self, call: _Call, wait: bool = True, read: bool = False) -> Any:
+        """The one response of a default-mode call (extra data responses are dropped). `read`:
+        this thread reads the channel itself until each response is in (Stub.read_for_reply)."""
         deadline = time.monotonic() + call.timeout
         first = None
         while True:
+            if read and not self._stub.read_for_reply(call.responses, deadline):
+                return error_response(Status.UNAVAILABLE, f"cannot reach the server: the BLS request to model "
+                                      f"'{call.model_name}' got no response: the channel closed")
             try:
                 wire = call.responses.get(timeout=max(0.0, deadline - time.monotonic()) if wait else 0)
             except queue.Empty:
@@ -306,6 +319,11 @@ class BlsClient:
     def in_flight(self) -> int:
         with self._lock:
             return len(self._calls)
+
+
+def _host_only(request: Any) -> bool:  # noqa: ANN401 - pb_utils.InferenceRequest
+    """Whether a call's inputs are all in host memory and it wants its outputs there."""
+    return _preferred_device(request) is None and all(tensor.is_cpu() for tensor in request.inputs())
 
 
 def _preferred_device(request: Any) -> int | None:  # noqa: ANN401 - pb_utils.InferenceRequest

@@ -25,6 +25,7 @@ from pystub_backend.ipc.messages.core import RESPONSE_FINAL
 from pystub_backend.stub import pb_utils
 from pystub_backend.stub.features import bls
 from pystub_backend.stub.pb_utils import _runtime
+from pystub_backend.stub.reader import ReadOwnership
 
 FINAL = RESPONSE_FINAL
 
@@ -69,7 +70,7 @@ def fake_stub() -> Iterator[tuple[Any, FakeBackend]]:
         s2p=ArenaWriter(base, "s2p", 1 << 16, 1 << 16), p2s=ArenaReader(base, "p2s"),
         options=SimpleNamespace(send_timeout=5.0), decoupled=False,
         control=SimpleNamespace(execute_start=0.0), loop=SimpleNamespace(_thread=None),
-        log_error=lambda text: None)
+        log_error=lambda text: None, reading=ReadOwnership())
     stub.send = lambda message: backend.receive(stub, message)
     backend.stub_p2s = stub.p2s
     # The p2s arena's first segment exists from the start, as after a first request.

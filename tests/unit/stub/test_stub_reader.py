@@ -101,6 +101,41 @@ def test_a_parked_receiver_is_woken_by_the_next_handler() -> None:
     assert receiver.took_over_within(10.0), "the first handler after a quiet spell did not wake the receiver"
 
 
+def test_a_handler_reading_for_its_reply_keeps_the_receiver_out() -> None:
+    reading = ReadOwnership(poll=0.01)
+    receiver = Receiver(reading)
+    assert not reading.read_in_handler()  # no handler runs: main reads anyway
+    reading.handler_started()
+    assert reading.read_in_handler()  # a BLS call from execute: main reads its reply itself
+    reading.need_reader()  # the same thread's request goes out: it needs no other reader
+    assert not receiver.took_over_within(0.3)  # many polls: no takeover while the handler reads
+    reading.stop_reading_in_handler()
+    assert receiver.took_over_within(10.0)  # the handler runs on: taken over after two polls again
+
+
+def test_a_reply_another_thread_awaits_while_the_handler_reads_gets_the_receiver_when_it_stops() -> None:
+    reading = ReadOwnership(poll=_LONG)
+    receiver = Receiver(reading)
+    reading.handler_started()
+    assert reading.read_in_handler()
+    other = threading.Thread(target=reading.need_reader)  # e.g. a model's own thread sent a BLS request
+    other.start()
+    other.join(10.0)
+    assert not receiver.took_over_within(0.2)  # the handler reads every frame meanwhile
+    reading.stop_reading_in_handler()
+    assert receiver.took_over_within(10.0)  # at once, not after a _LONG poll
+    assert not reading.read_in_handler()  # the receiver reads now
+
+
+def test_a_handler_does_not_read_for_itself_while_another_thread_awaits_a_frame() -> None:
+    reading = ReadOwnership(poll=_LONG)
+    receiver = Receiver(reading)
+    reading.need_reader()
+    reading.handler_started()  # rings: the receiver takes over for the waiting thread
+    assert receiver.took_over_within(10.0)
+    assert not reading.read_in_handler()
+
+
 # -- a real stub through many hand-overs ------------------------------------------------------------
 _MODEL = '''
 import time
