@@ -165,8 +165,7 @@ class Serving:
     def versions_of(self, name: str) -> list[ModelVersion]:
         """The loaded versions of one model, by version (what a BLS call's checks read: one
         lookup, not a scan of every model)."""
-        entry = self._table.entries.get(name)
-        return [v for _, v in sorted(entry.versions.items())] if entry is not None else []
+        return self._table.versions_of(name)
 
     # -- inference -------------------------------------------------------------------------------
     def _serving(self, request: InferRequest, target: ServingTarget | None) -> ModelVersion:

@@ -60,7 +60,12 @@ class ModelTable:
 
     def versions(self) -> list[ModelVersion]:
         """Every loaded model version, by name then version."""
-        return [v for _, entry in sorted(self.entries.items()) for _, v in sorted(entry.versions.items())]
+        return [v for name in sorted(self.entries) for v in self.versions_of(name)]
+
+    def versions_of(self, name: str) -> list[ModelVersion]:
+        """The loaded versions of one model, by version (none for a name it does not hold)."""
+        entry = self.entries.get(name)
+        return [v for _, v in sorted(entry.versions.items())] if entry is not None else []
 
     def loaded(self, name: str) -> bool:
         """Whether some version of the model serves."""

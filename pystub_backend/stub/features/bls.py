@@ -84,10 +84,9 @@ class BlsClient:
             return self._iterator(self._start(request, decoupled))
         # execute's own thread reads its answer itself when it can (stub.reader, HANDLER): a call
         # of host tensors only (GPU memory crosses by exports whose releases the receiver orders)
-        if threading.current_thread() is not threading.main_thread() or not _host_only(request) \
-                or not self._stub.reading.read_in_handler():
+        reading = self._stub.reading if threading.current_thread() is threading.main_thread() else None
+        if reading is None or not _host_only(request) or not reading.read_in_handler():
             return self._single(self._start(request, decoupled))
-        reading = self._stub.reading
         try:
             call = self._start(request, decoupled)
             return self._single(call, read=True)

@@ -77,7 +77,7 @@ def target_error(core: StubFacingCore, call: BlsCall) -> ServerError | None:
     try:
         core.model_config(name, version)
     except ServerError as exc:  # an unknown or unloaded model: Triton's text says "not ready"
-        known = any(v.name == name for v in core.model_versions())
+        known = bool(core.versions_of(name))
         detail = exc.message if known else f"Failed for execute the inference request. Model '{name}' is not ready."
         return ServerError(f"Model {name} - Error when running inference: {detail}", exc.status)
     if not any(v.ready for v in core.versions_of(name) if not version or str(v.version) == version):
