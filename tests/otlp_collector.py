@@ -97,7 +97,7 @@ class Collector:
             if predicate(spans):
                 return spans
             if time.monotonic() > deadline:
-                names = [(s.name, s.trace_id[:8]) for s in spans]
+                names = [(s.name, s.trace_id) for s in spans]
                 raise TimeoutError(f"collector: no {what} after {timeout} s; spans so far: {names}")
             time.sleep(0.05)
 

@@ -68,12 +68,17 @@ def test_spans_of_http_bls_and_grpc_requests(tmp_path: Path) -> None:
         endpoint = triton.start()
         try:
             _send(endpoint.http_url, endpoint.grpc_url, *parents)
-            triton_spans = triton_collector.wait_for("Triton's 8 spans of both traces", complete, timeout=60)
+            try:
+                triton_spans = triton_collector.wait_for(f"Triton's 8 spans of the traces {trace_ids}", complete,
+                                                         timeout=60)
+            except TimeoutError as error:  # what Triton's exporter said about it is in its log
+                raise TimeoutError(f"{error}\ntritonserver's log ends:\n{triton.log_tail()}") from None
         finally:
             triton.stop()
         with Backend(repository, *_flags(pystub_collector.url)) as backend:
             _send(backend.http_url, backend.grpc_url, *parents)
-            pystub_spans = pystub_collector.wait_for("pystub's 8 spans of both traces", complete, timeout=60)
+            pystub_spans = pystub_collector.wait_for(f"pystub's 8 spans of the traces {trace_ids}", complete,
+                                                     timeout=60)
         for server, spans in (("Triton", triton_spans), ("pystub", pystub_spans)):
             seen = [(span.name, span.trace_id) for span in spans]
             assert {span.trace_id for span in spans} == set(trace_ids), \
