@@ -45,6 +45,8 @@ MAX_FRAME = 128 * 1024
 _BUFFER_BYTES = 1 << 20  # asked for; the kernel caps it at net.core.{w,r}mem_max
 MAX_FDS = 253  # SCM_MAX_FD: the most descriptors one frame can carry
 _ANCILLARY = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+# As plain ints: the socket module's are IntFlag members, whose `&` runs enum code on every frame.
+_CLOEXEC, _CTRUNC = int(socket.MSG_CMSG_CLOEXEC), int(socket.MSG_CTRUNC)
 
 
 class SegmentSource(Protocol):
@@ -130,13 +132,13 @@ class _Segments:
         # The buffer holds MAX_FDS descriptors, the most a sender puts on one frame, so none is
         # truncated away (MSG_CTRUNC) by a well-behaved peer; a frame naming a segment that never
         # arrived fails in the sink with an error that says so.
-        size, ancillary, flags, _ = sock.recvmsg_into([self._buffer], _ANCILLARY, socket.MSG_CMSG_CLOEXEC)
+        size, ancillary, flags, _ = sock.recvmsg_into([self._buffer], _ANCILLARY, _CLOEXEC)
         frame = self._buffer[:size].tobytes()
         fds = array.array("i")
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-        if flags & socket.MSG_CTRUNC:
+        if flags & _CTRUNC:
             # Descriptors were dropped (this process is at its descriptor limit, or the peer sent
             # more than MAX_FDS): every later segment would take a wrong index and map the wrong
             # memory, so the channel ends here.

@@ -13,6 +13,7 @@ with its direction and feature, in `pystub_backend.ipc.messages.catalogue`.
 
 from __future__ import annotations
 
+import threading
 import types
 import typing
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from typing import Any, NamedTuple, TypeVar, Union
 
 import msgpack
 
-__all__ = ["message", "encode", "encode_record", "decode", "to_array", "from_array", "MessageDecodeError",
+__all__ = ["message", "encode", "encode_record", "pack", "decode", "to_array", "from_array", "MessageDecodeError",
            "registered_kinds", "kind_of"]
 
 _T = TypeVar("_T")
@@ -63,9 +64,22 @@ def kind_of(cls: type) -> int:
     return _KIND_OF[cls]
 
 
+_PACKERS = threading.local()  # a Packer is not safe to share between threads; the stub sends from several
+
+
+def pack(value: Any) -> bytes:
+    """msgpack bytes of `value`, as `msgpack.packb(value, use_bin_type=True)` gives them, from this
+    thread's Packer: packb builds (and sets up) a new Packer for every frame."""
+    try:
+        packer = _PACKERS.packer
+    except AttributeError:
+        packer = _PACKERS.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(value)
+
+
 def encode(value: NamedTuple) -> bytes:
     """The frame for a registered message (records inside it encode as arrays of their fields)."""
-    return msgpack.packb(to_array(value), use_bin_type=True)
+    return pack((_KIND_OF[type(value)], *value))
 
 
 def to_array(value: NamedTuple) -> tuple[Any, ...]:

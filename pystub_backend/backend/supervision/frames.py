@@ -31,15 +31,13 @@ import socket
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar, cast
 
-import msgpack
-
 from pystub_backend.backend.supervision.errors import StubStartError
 from pystub_backend.ipc import spill
 from pystub_backend.ipc.arena import ArenaFullError, ArenaReader, ArenaWriter
 from pystub_backend.ipc.channel import MAX_FRAME, AsyncChannel, ChannelClosedError, ChannelTimeoutError
 from pystub_backend.ipc.messages import core as msg
 from pystub_backend.ipc.messages.to_backend import is_to_backend
-from pystub_backend.ipc.wire import kind_of
+from pystub_backend.ipc.wire import kind_of, pack
 
 __all__ = ["FrameLink", "FeatureLookup"]
 
@@ -99,7 +97,7 @@ class FrameLink:
         kind = _KINDS.get(type(message))
         if kind is None:
             kind = _KINDS[type(message)] = kind_of(type(message))
-        frame = msgpack.packb((kind, *message), use_bin_type=True)
+        frame = pack((kind, *message))
         if len(frame) <= MAX_FRAME:
             return frame, None
         return spill.spill(frame, self._p2s)
