@@ -99,7 +99,7 @@ def OBJECT(value: object) -> bool:  # noqa: N802
 def list_of(item: Callable[[object], bool]) -> Callable[[object], bool]:
     """A sequence (not str or bytes, not a dict or set) whose items `item` accepts."""
     def accepts(value: object) -> bool:
-        return isinstance(value, (list, tuple, range, np.ndarray)) and all(item(v) for v in value)
+        return isinstance(value, (list, tuple, range, np.ndarray)) and all(map(item, value))
     return accepts
 
 
@@ -117,10 +117,11 @@ class _Parameters:
     """A binding's parameters, with what each call would otherwise recompute: their names, which
     are positional only, and those that may be given by keyword."""
 
-    __slots__ = ("args", "names", "positional_only", "named", "any_positional_only", "least")
+    __slots__ = ("args", "checks", "names", "positional_only", "named", "any_positional_only", "least")
 
     def __init__(self, args: tuple[Arg, ...]) -> None:
         self.args = args
+        self.checks = tuple(a.accepts for a in args)
         self.names = tuple(a.name for a in args)
         self.positional_only = tuple(a.positional_only for a in args)
         self.named = {a.name: a for a in args if not a.positional_only}
@@ -134,8 +135,8 @@ class _Parameters:
         if len(given) > len(args):
             return False
         if not keywords:  # the common call: positional arguments only (a loop: no generator per call)
-            for arg, value in zip(args, given, strict=False):
-                if not arg.accepts(value):
+            for accepts, value in zip(self.checks, given, strict=False):
+                if not accepts(value):
                     return False
             return len(given) >= self.least
         values = dict(zip(self.names, given, strict=False))
@@ -196,7 +197,9 @@ def binding(signature: str | Callable[[], str], *args: Arg, method: bool = True)
         constructor = function.__name__ == "__init__"
         skip = 1 if method else 0
         parameters = _Parameters(args)
-        direct = _same_order(function, skip, parameters.names)
+        # Positional-only parameters alone never bind a keyword (accepts refuses one), and split()
+        # would pass them on positionally, in the order given: the call can go on as it came.
+        direct = all(parameters.positional_only) or _same_order(function, skip, parameters.names)
 
         @functools.wraps(function)
         def checked(*given: Any, **keywords: Any) -> Any:
