@@ -139,7 +139,12 @@ class Serving:
         return model_metadata(found.config, [str(v) for v in sorted(self._entry(name).versions)])
 
     def model_config(self, name: str, version: str = "") -> ModelConfig:
-        return self._lookup(name, version, require_ready=False).config
+        return self.version_for(name, version).config
+
+    def version_for(self, name: str, version: str = "") -> ModelVersion:
+        """The version that `name` and `version` name, ready or not (the highest when `version` is
+        empty). Raises ServerError."""
+        return self._lookup(name, version, require_ready=False)
 
     def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
         return self._lookup(name, version, require_ready=False).config_json

@@ -43,7 +43,7 @@ from pystub_backend.ipc.status import Status
 
 if TYPE_CHECKING:
     from pystub_backend.backend.supervision.instance import ModelInstance
-    from pystub_backend.backend.supervision.services import StubFacingCore
+    from pystub_backend.backend.supervision.services import ServedVersion, StubFacingCore
     from pystub_backend.backend.supervision.stub_process import StubProcess
 
 Checks = Callable[[], "ServerError | None"]
@@ -94,6 +94,7 @@ class BlsCall:
         self.trace_context = message.request.trace_context  # the caller's, when it passed request.trace()
         self.holds = bool(message.holds)
         self.stream: ResponseStream | None = None
+        self.target: ServedVersion | None = None  # the version its checks found: it serves the call (one lookup)
         self.finished = False  # the final response was sent (or the caller is gone)
         self._task: asyncio.Task[None] | None = None
         self._scheduling = False  # _run waits in the target's queue (Core.infer_stream)
@@ -201,7 +202,7 @@ class BlsCall:
             # takes the request out of it; the call still owes the caller its final response.
             self._scheduling = True
             try:
-                self.stream = await self.core.infer_stream(self.request)
+                self.stream = await self.core.infer_stream(self.request, self.target)
             except asyncio.CancelledError:
                 if not self._unqueued or self._caller_dead or _uncancel(self._task) > 0:
                     raise  # the caller died, or the server stops: nothing to answer

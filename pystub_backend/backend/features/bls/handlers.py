@@ -72,10 +72,11 @@ DEVICE_EXPORTS = DeviceExports(_tell_exporter)
 
 
 def target_error(core: StubFacingCore, call: BlsCall) -> ServerError | None:
-    """Why `call` cannot run (docs/reference/model-api.md#bls target checks, then deadlock), or None."""
+    """Why `call` cannot run (docs/reference/model-api.md#bls target checks, then deadlock), or None;
+    the version it looked up is noted as `call.target`, which serves the call while it is ready."""
     name, version = call.request.model_name, call.request.model_version
     try:
-        core.model_config(name, version)
+        found = call.target = core.version_for(name, version)
     except ServerError as exc:  # an unknown or unloaded model: Triton's text says "not ready"
         known = bool(core.versions_of(name))
         detail = exc.message if known else f"Failed for execute the inference request. Model '{name}' is not ready."
@@ -83,7 +84,7 @@ def target_error(core: StubFacingCore, call: BlsCall) -> ServerError | None:
     if not any(v.ready for v in core.versions_of(name) if not version or str(v.version) == version):
         return ServerError(f"Failed for execute the inference request. Model '{name}' is not ready.",
                            Status.UNAVAILABLE)
-    if core.is_decoupled(name, version) and not call.decoupled:
+    if found.decoupled and not call.decoupled:
         return ServerError(DECOUPLED_TEXT.format(m=name), Status.INVALID_ARG)
     # the calls in flight are read only when no instance of the target is free (deadlock_reason)
     others = (payload for payload in REGISTRY.payloads() if payload is not call)
