@@ -47,7 +47,7 @@ class OutputBuffers:
     def claim(self, array: Any) -> Handle | None:
         """The allocation `array` is, if it is an unsent whole array from `allocate`; ownership
         passes to the response carrying it."""
-        if not isinstance(array, np.ndarray):
+        if not self._unclaimed or not isinstance(array, np.ndarray):  # the common model: it allocates none
             return None
         with self._lock:
             handle = self._unclaimed.get(id(array))
