@@ -5,10 +5,10 @@ The server is imported only once the flags are parsed, so `--help` and a usage e
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 
+from pystub_backend.backend import event_loop
 from pystub_backend.backend.arguments import parse_args
 from pystub_backend.backend.flags import flag_named
 from pystub_backend.backend.log import configure_logging
@@ -47,4 +47,4 @@ def main(argv: list[str] | None = None) -> None:
     raise_malloc_thresholds()  # tensor-sized buffers are reused, not faulted in per request
     from pystub_backend.backend.server import serve  # imported late: keeps `--help` fast
 
-    sys.exit(asyncio.run(serve(options)))
+    sys.exit(event_loop.run(serve(options)))

@@ -31,7 +31,7 @@ LAYER_ORDER = ("(start-up)", "worker_pool", "frontends", "(settings)", "core", "
 MODULE_GROUPS = {
     "(start-up)": ("__main__", "cli", "server", "port_check", "stubctl"),
     "(settings)": ("arguments", "options", "flags", "flag_values", "header_patterns", "completion"),
-    "(vocabulary)": ("inference", "errors", "log", "response_stream", "client_link", "delay_hooks"),
+    "(vocabulary)": ("inference", "errors", "log", "event_loop", "response_stream", "client_link", "delay_hooks"),
 }
 Graph = dict[str, dict[str, list[str]]]
 

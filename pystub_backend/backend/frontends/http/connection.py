@@ -35,7 +35,7 @@ import enum
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -247,8 +247,7 @@ class HttpConnection(asyncio.Protocol):
     # -- the transport's side ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
         peer = transport.get_extra_info("peername")
         self.peer = str(peer[0]) if isinstance(peer, (list, tuple)) else str(peer or "")
         self._deadlines.head()  # an idle new connection is a head that never comes

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import grpc
 
+from pystub_backend.backend import event_loop
 from pystub_backend.backend.arguments import parse_args
 from pystub_backend.backend.frontends.access import AccessPolicy
 from pystub_backend.backend.frontends.grpc.access_log import GrpcAccessInterceptor
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     options = parse_args(server_argv)
     configure_logging(options.log)
     raise_malloc_thresholds()  # as in the backend: request buffers are reused, not faulted in
-    sys.exit(asyncio.run(_run(options, args.directory, args.index)))
+    sys.exit(event_loop.run(_run(options, args.directory, args.index)))
 
 
 if __name__ == "__main__":
