@@ -103,7 +103,10 @@ class Serving:
                                   Status.UNAVAILABLE)
             return found
         # "loaded", not "healthy": a version whose stub is restarting answers with the stub's error
-        for _, candidate in sorted(entry.versions.items(), reverse=True):
+        versions = entry.versions  # one, for nearly every model: no sort
+        newest_first = versions.values() if len(versions) == 1 else \
+            [v for _, v in sorted(versions.items(), reverse=True)]
+        for candidate in newest_first:
             if not require_ready or candidate.state is ModelState.READY:
                 return candidate
         raise ServerError(f"Request for unknown model: '{name}' has no available versions", Status.NOT_FOUND)

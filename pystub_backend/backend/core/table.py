@@ -65,7 +65,10 @@ class ModelTable:
     def versions_of(self, name: str) -> list[ModelVersion]:
         """The loaded versions of one model, by version (none for a name it does not hold)."""
         entry = self.entries.get(name)
-        return [v for _, v in sorted(entry.versions.items())] if entry is not None else []
+        if entry is None:
+            return []
+        versions = entry.versions
+        return list(versions.values()) if len(versions) == 1 else [v for _, v in sorted(versions.items())]
 
     def loaded(self, name: str) -> bool:
         """Whether some version of the model serves."""
