@@ -163,14 +163,21 @@ def ask_triton(pair: Pair, call: Callable[..., T], *args: object, **kwargs: obje
     """`call(pair.triton, ...)`. Should Triton abort on ORACLE_LOAD_FAULT meanwhile, it is started
     again and asked once more (pystub is never asked twice); should that fail the same way, or
     Triton not start again, OracleUnavailable makes the case the oracle's (oracle_faults.py).
-    Any other failure is the request's, as it always was."""
+    The same holds for a call that returned while Triton aborted (an answer it collected as an
+    error). Any other failure is the request's, as it always was."""
     for attempt in ("first", "second"):
         try:
-            return call(pair.triton, *args, **kwargs)
+            answer = call(pair.triton, *args, **kwargs)
         except Exception:
             death = _load_fault_death(pair)
             if death is None:
                 raise
+        else:
+            # A call that collects errors as answers ("Stream removed (Socket closed)") returns
+            # when the abort closes the socket under it: that answer is the dying oracle's too.
+            death = _load_fault_death(pair)
+            if death is None:
+                return answer
         print(f"the oracle aborted on its own lock timeout at the {attempt} try (restarted):\n{death}")
         restart_oracle(pair, death)  # the second time: so that the next case finds an oracle
     raise OracleUnavailable(f"it aborted on its own lock timeout ({ORACLE_LOAD_FAULT}) twice in a row, "

@@ -4,7 +4,8 @@ Two halves, neither needing Triton itself:
 
 - `ask_triton` against a stand-in oracle: a real process that serves HTTP and, for its first
   `aborts` starts, answers its first request by logging Triton 2.51's fault line and aborting
-  (SIGABRT), as Triton does under load. One abort: restarted and asked again, the answer counts;
+  (SIGABRT), as Triton does under load. One abort: restarted and asked again, the answer counts
+  (also when the call had returned the dying oracle's error as its answer);
   two in a row: OracleUnavailable; a death without the fault, or an answer that is an error: the
   case's, exactly as before.
 - the plugin in pytest runs of its own (pytester, in a subprocess, serially and under xdist):
@@ -114,6 +115,18 @@ def _ask(pair: Pair, path: str = "/ok") -> Reply:
 def test_one_abort_is_retried_and_the_answer_counts(tmp_path: Path) -> None:
     with _pair(tmp_path, aborts=1) as (pair, oracle):
         assert _ask(pair).status == 200
+        assert oracle.start_count == 2
+
+
+def test_an_error_collected_while_the_oracle_aborted_is_not_its_answer(tmp_path: Path) -> None:
+    def status_or_error(endpoint: Endpoint, method: str, path: str) -> object:
+        try:  # as the stream helpers do: a failed call is an answer to compare
+            return raw(endpoint, method, path).status
+        except Exception as error:  # noqa: BLE001
+            return f"error: {error!r}"
+
+    with _pair(tmp_path, aborts=1) as (pair, oracle):
+        assert ask_triton(pair, status_or_error, "GET", "/ok") == 200
         assert oracle.start_count == 2
 
 
