@@ -111,9 +111,12 @@ def _triton_loads(repository: Path, backends: Path, log: Path, names: list[str])
     2.51 (this CPU-only build) sometimes crashes with SIGSEGV while it warms several models up at
     once (less often with verbose logging), and now and then on a loaded machine with one at a
     time, so it loads them one at a time and a crashed attempt is followed by one that loads only
-    the models whose load had not ended yet (three attempts at most)."""
+    the models whose load had not ended yet: while attempts end some model's load, and at most
+    three that end none."""
     results: dict[str, str] = {}
-    for attempt in range(1, 4):
+    barren, attempt = 0, 0
+    while barren < 3:
+        attempt += 1
         remaining = [name for name in names if name not in results]
         command, prefix = _triton_command(repository, backends, remaining)
         with open(log, "wb") as out:
@@ -127,12 +130,15 @@ def _triton_loads(repository: Path, backends: Path, log: Path, names: list[str])
                 time.sleep(0.2)
         finally:
             _stop(process, prefix)
-        results.update((name, text) for name, text in _load_results(log).items() if name in remaining)
+        ended = {name: text for name, text in _load_results(log).items() if name in remaining}
+        results.update(ended)
         if set(names) <= set(results):
             return results
+        barren = 0 if ended else barren + 1
         print(f"Triton exited with {process.returncode} before loading every model (attempt {attempt}); "
               f"left: {[name for name in names if name not in results]}")
-    raise AssertionError(f"Triton crashed three times:\n{log.read_text(errors='replace')[-3000:]}")
+    raise AssertionError(f"Triton crashed three times in a row without ending a model's load:\n"
+                         f"{log.read_text(errors='replace')[-3000:]}")
 
 
 def _triton_command(repository: Path, backends: Path, only: list[str] | None = None) -> tuple[list[str], str]:
