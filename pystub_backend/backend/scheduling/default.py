@@ -8,6 +8,14 @@ pumps the queue from the event loop's callback. Each instance has `PIPELINE_DEPT
 its stub executes one request the next one's inputs are already in its arena and its EXECUTE frame
 in its queue: the IPC round trip overlaps the model's compute instead of adding to it.
 
+An instance whose executes are quick (a running mean under `QUICK_EXECUTE_NS`, as the backend sees
+them: from when the stub could start one to its EXECUTE_DONE) gets `DEEP_PIPELINE_DEPTH` slots.
+Each send to a stub that has drained its queue wakes a sleeping process, and on a small machine
+the wake-up costs more than such a request's work; with more of them queued the stub runs them
+back to back and the backend reads their answers in one go. A request sent behind others waits
+at most `DEEP_PIPELINE_DEPTH - 1` quick executes that another instance might have run sooner;
+an instance that turns slow (or is gated by the rate limiter) is back to `PIPELINE_DEPTH`.
+
     schedule ──no queue, free slot?──yes──▶ _send (instance.submit, wait=False) ──▶ the stream
                       │ no (or the channel is full)           │
                       ▼                                       ▼ EXECUTE_DONE: _executed (count, free slot)
@@ -40,9 +48,32 @@ from pystub_backend.backend.supervision.exchange import Submission
 from pystub_backend.backend.telemetry.statistics import BACKEND, CANCELED, OTHER, BatchTiming, ModelStatistics
 from pystub_backend.ipc.status import Status
 
-__all__ = ["DefaultScheduler", "PIPELINE_DEPTH"]
+__all__ = ["DefaultScheduler", "PIPELINE_DEPTH", "DEEP_PIPELINE_DEPTH", "QUICK_EXECUTE_NS"]
 
 log = logging.getLogger("pystub.scheduler")
+
+DEEP_PIPELINE_DEPTH = 8  # slots of an instance whose executes are quick
+QUICK_EXECUTE_NS = 250_000  # a running mean of execute times below this is quick
+
+
+class _Pace:
+    """How long an instance's executes take, as the backend sees them, and its slots for it."""
+
+    __slots__ = ("depth", "run_ns", "last_end")
+
+    def __init__(self) -> None:
+        self.depth = PIPELINE_DEPTH  # until its executes are seen to be quick: about a dozen of them
+        self.run_ns = 4 * QUICK_EXECUTE_NS
+        self.last_end = 0
+
+    def executed(self, begun: int, gated: bool) -> None:
+        """An execute sent at `begun` returned now. It could start no earlier than the previous
+        one's end (the stub runs them in turn): its time is measured from the later of the two."""
+        now = time.monotonic_ns()
+        start = begun if begun > self.last_end else self.last_end
+        self.last_end = now
+        self.run_ns = (self.run_ns * 7 + (now - start)) >> 3  # a mean over the last ~8
+        self.depth = DEEP_PIPELINE_DEPTH if self.run_ns < QUICK_EXECUTE_NS and not gated else PIPELINE_DEPTH
 
 
 class _Work:
@@ -75,6 +106,7 @@ class DefaultScheduler(Scheduler):
         super().__init__(stats)
         self._instances = list(instances)
         self._busy: dict[Instance, int] = dict.fromkeys(self._instances, 0)  # executes running, per instance
+        self._pace: dict[Instance, _Pace] = {instance: _Pace() for instance in self._instances}
         self._queue: collections.deque[_Pending] = collections.deque()
         self._pumping = False
         self._draining: dict[Instance, list[asyncio.Future[None]]] = {}  # removed, executes still running
@@ -156,11 +188,12 @@ class DefaultScheduler(Scheduler):
     # -- slots -------------------------------------------------------------------------------------
     def _free_instance(self) -> Instance | None:
         """The least busy instance with a free slot that can run work now, if any."""
-        best, best_busy = None, PIPELINE_DEPTH
+        best, best_busy = None, DEEP_PIPELINE_DEPTH
+        pace = self._pace
         for instance in self._instances:
             busy = self._busy[instance]
             # `_can_run`, inline: this runs for every request
-            if busy < best_busy and instance.healthy and not instance.held:
+            if busy < best_busy and busy < pace[instance].depth and instance.healthy and not instance.held:
                 best, best_busy = instance, busy
         return best
 
@@ -231,6 +264,9 @@ class DefaultScheduler(Scheduler):
             gate = instance.gate
             if gate is not None:
                 gate.leave()
+            pace = self._pace.get(instance)
+            if pace is not None:  # None: removed by a model update meanwhile
+                pace.executed(begun, gate is not None)
             self._pump()
             if self._draining:
                 self._slot_freed(instance)
@@ -280,6 +316,7 @@ class DefaultScheduler(Scheduler):
         self._instances = [*self._instances, *instances]
         for instance in instances:
             self._busy[instance] = 0
+            self._pace[instance] = _Pace()
             instance.on_change(self._pump)
         self._pump()  # queued requests may go to them at once
 
@@ -292,6 +329,7 @@ class DefaultScheduler(Scheduler):
             self._draining.setdefault(instance, []).append(freed)
             await freed
         self._busy.pop(instance, None)
+        self._pace.pop(instance, None)
 
     def _slot_freed(self, instance: Instance) -> None:
         """A slot of a removed instance was freed: its `remove_instance` looks again."""

@@ -14,10 +14,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+import pytest
+
 from pystub_backend.backend.errors import ServerError
 from pystub_backend.backend.inference import InferRequest, InferResponse
 from pystub_backend.backend.response_stream import ResponseStream
-from pystub_backend.backend.scheduling.default import PIPELINE_DEPTH, DefaultScheduler
+from pystub_backend.backend.scheduling import default
+from pystub_backend.backend.scheduling.default import DEEP_PIPELINE_DEPTH, PIPELINE_DEPTH, DefaultScheduler
 from pystub_backend.backend.supervision.exchange import ExecuteEnd, Submission
 from pystub_backend.backend.telemetry.statistics import BatchTiming, ModelStatistics
 from pystub_backend.ipc.status import Status
@@ -175,6 +178,40 @@ def test_pipeline_depth_holds_and_order_is_kept() -> None:
         await settle()
         assert stats.success.count == len(ids) + 1 and stats.execution_count == len(ids) + 1
 
+    run(body)
+
+
+def test_an_instance_with_quick_executes_gets_deeper_slots_and_loses_them_when_they_slow(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quick and slow are set by the threshold, not by how fast this machine runs the test: every
+    execute is quick under a threshold of an hour, and slow under one of a nanosecond."""
+    async def body(scheduler: DefaultScheduler, instance: Instance, stats: ModelStatistics) -> None:
+        finished = 0
+
+        async def sent_at_once(count: int) -> int:
+            """Schedule `count` requests at once: how many went to the instance before any
+            execute returned; then every execute returns, in order."""
+            nonlocal finished
+            tasks = [asyncio.ensure_future(scheduler.schedule(request(f"r{n}"), 1)) for n in range(count)]
+            await settle()
+            sent = len(instance.sent) - finished
+            while finished < len(instance.sent):
+                instance.finish(finished)
+                finished += 1
+                await settle()
+            await asyncio.gather(*tasks)
+            return sent
+
+        monkeypatch.setattr(default, "QUICK_EXECUTE_NS", 3600 * 10**9)
+        assert await sent_at_once(DEEP_PIPELINE_DEPTH + 1) == PIPELINE_DEPTH, "an instance not yet seen to be quick"
+        for _ in range(12):
+            await sent_at_once(1)
+        assert await sent_at_once(DEEP_PIPELINE_DEPTH + 1) == DEEP_PIPELINE_DEPTH, "an instance seen to be quick"
+        monkeypatch.setattr(default, "QUICK_EXECUTE_NS", 1)
+        await sent_at_once(1)
+        assert await sent_at_once(DEEP_PIPELINE_DEPTH + 1) == PIPELINE_DEPTH, "an instance whose last execute was slow"
+
+    monkeypatch.setattr(default, "QUICK_EXECUTE_NS", 3600 * 10**9)  # the scheduler's first estimate
     run(body)
 
 
