@@ -8,12 +8,25 @@ import os
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from harness import LONG_LIVED_PIDS, LeakSnapshot, check_no_leaks
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 PARENT_OF_SLEEPER = [sys.executable, "-c",
                      f"import subprocess, time; subprocess.Popen({SLEEPER!r}); time.sleep(60)"]
+
+
+def _wait_until_exec(process: subprocess.Popen, deadline_s: float = 30.0) -> None:
+    """Until `process` runs its own program: between fork and exec its command line is still this
+    interpreter's (a loaded machine stretches that gap)."""
+    deadline = time.monotonic() + deadline_s
+    cmdline = Path(f"/proc/{process.pid}/cmdline")
+    while b"time.sleep" not in cmdline.read_bytes():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {deadline_s:.0f} s waiting for child {process.pid} to exec")
+        time.sleep(0.01)
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -25,6 +38,7 @@ def test_a_child_left_running_is_found_with_its_command_line() -> None:
     before = LeakSnapshot.take()
     child = subprocess.Popen(SLEEPER)
     try:
+        _wait_until_exec(child)
         problems = check_no_leaks(before, settle=0.2)
         found = [p for p in problems if "child processes left" in p and str(child.pid) in p and "time.sleep" in p]
         assert found, problems

@@ -57,7 +57,12 @@ async def _closed_after(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
     started = time.monotonic()
     sender = asyncio.ensure_future(trickle())
     try:
-        assert await asyncio.wait_for(reader.read(), DEADLINE + SLACK + _WAIT) == b""
+        # A piece that reaches the server as it closes is unread data: its kernel then answers
+        # with a reset instead of an end of stream. Either is the close.
+        try:
+            assert await asyncio.wait_for(reader.read(), DEADLINE + SLACK + _WAIT) == b""
+        except ConnectionResetError:
+            pass
     finally:
         sender.cancel()
     return time.monotonic() - started
