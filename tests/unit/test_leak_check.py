@@ -8,25 +8,21 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from harness import LONG_LIVED_PIDS, LeakSnapshot, check_no_leaks
+from stream_clients import wait_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 PARENT_OF_SLEEPER = [sys.executable, "-c",
                      f"import subprocess, time; subprocess.Popen({SLEEPER!r}); time.sleep(60)"]
 
 
-def _wait_until_exec(process: subprocess.Popen, deadline_s: float = 30.0) -> None:
+def _wait_until_exec(process: subprocess.Popen) -> None:
     """Until `process` runs its own program: between fork and exec its command line is still this
     interpreter's (a loaded machine stretches that gap)."""
-    deadline = time.monotonic() + deadline_s
     cmdline = Path(f"/proc/{process.pid}/cmdline")
-    while b"time.sleep" not in cmdline.read_bytes():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {deadline_s:.0f} s waiting for child {process.pid} to exec")
-        time.sleep(0.01)
+    wait_until(lambda: b"time.sleep" in cmdline.read_bytes(), 30, f"child {process.pid} to exec")
 
 
 def _stop(process: subprocess.Popen) -> None:
