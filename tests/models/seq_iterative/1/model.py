@@ -19,14 +19,18 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.mode = config.get("parameters", {}).get("MODE", {}).get("string_value", "")
+        # Runs so far per request, keyed by id(request) and holding the request itself: a request the
+        # server drops while it is rescheduled (its sequence evicted) never comes back to delete its
+        # entry, and were only its id kept, the next request could reuse that address and inherit
+        # the count.
         self.runs = {}
 
     def execute(self, requests):
         responses = []
         for request in requests:
             key = id(request)
-            self.runs[key] = self.runs.get(key, 0) + 1
-            runs = self.runs[key]
+            runs = self.runs.get(key, (request, 0))[1] + 1
+            self.runs[key] = (request, runs)
             value = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().reshape(-1)[0])
             if self.decoupled:
                 left = value - runs
