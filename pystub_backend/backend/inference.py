@@ -160,8 +160,9 @@ class Trace(Protocol):
     def computing(self, version: str, queued_ns: int, start_ns: int) -> None:
         """The request left the queue at `start_ns` for an execution of `version`."""
 
-    def computed(self, input_end_ns: int, end_ns: int) -> None:
-        """The model had the inputs at `input_end_ns` and returned from execute at `end_ns`."""
+    def computed(self, input_end_ns: int, end_ns: int, waited_ns: int = 0) -> None:
+        """The model had the inputs at `input_end_ns` and returned from execute at `end_ns`; the
+        batch waited `waited_ns` in the stub's queue in between (queue time)."""
 
     def request_end(self, at_ns: int | None = None) -> None:
         """The request's last response was sent (now, or at `at_ns`)."""

@@ -9,6 +9,7 @@ requested-output set is built once, on its state.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pystub_backend.ipc.arena import ArenaFullError
@@ -45,6 +46,7 @@ class ExecutingStub(Protocol):
     loop: InstanceLoop
     requests: RequestRegistry
     rescheduled: RescheduledRequests
+    busy_until_ns: int  # when the previous batch's EXECUTE_DONE went (msg.ExecuteDone.busy_until_ns)
     p2s: ArenaReader
     s2p: ArenaWriter
 
@@ -91,6 +93,7 @@ def run_batch(stub: ExecutingStub, message: msg.Execute) -> None:
     finally:
         stub.control.execute_finished()
         _send_done(stub, message.batch_id, error, responses)
+        stub.busy_until_ns = time.monotonic_ns()
 
 
 def _arm_senders(requests: list[Any], states: list[RequestState]) -> None:
@@ -106,11 +109,11 @@ def _send_done(stub: ExecutingStub, batch_id: int, error: WireError | None, resp
     batch fails with the arena's text instead (that frame always fits): the backend must hear
     of every batch, or its requests would wait for their deadline."""
     try:
-        stub.send(msg.ExecuteDone(batch_id, error, responses))
+        stub.send(msg.ExecuteDone(batch_id, error, responses, stub.busy_until_ns))
     except ArenaFullError as exc:
         for response in responses:
             stub.free(arena_handles(response.outputs))
-        stub.send(msg.ExecuteDone(batch_id, error_to_wire(Status.INTERNAL, str(exc)), []))
+        stub.send(msg.ExecuteDone(batch_id, error_to_wire(Status.INTERNAL, str(exc)), [], stub.busy_until_ns))
 
 
 def _build_requests(stub: ExecutingStub, wires: list[WireRequest], requests: list[Any], states: list[RequestState],

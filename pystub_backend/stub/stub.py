@@ -92,6 +92,7 @@ class Stub:
         self.decoupled = False
         self.batched: BatchedExecute | None = None  # pystub extension: the model's execute_batch
         self.rescheduled = RescheduledRequests()  # iterative sequences (rescheduled.py)
+        self.busy_until_ns = 0  # when the last EXECUTE_DONE went (execute_batch.py)
         self.handlers = StubHandlers()
         install_features(self.handlers)
         self._send_hooks = self.handlers.send_hooks()

@@ -240,7 +240,8 @@ class Scheduler(abc.ABC):
         trace = work.request.trace
         assert trace is not None
         staged = started_ns + timing.compute_input_ns
-        trace.computed(staged, staged + timing.compute_infer_ns)
+        waited = timing.queued_in_stub_ns
+        trace.computed(staged, staged + waited + timing.compute_infer_ns, waited)
         if isinstance(result, ResponseStream):
             result.when_final(lambda _stream: trace.request_end())
 

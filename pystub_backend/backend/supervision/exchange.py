@@ -492,7 +492,11 @@ class RequestExchange:
         batch = self._batches.pop(message.batch_id, None)
         if batch is None:
             return
-        batch.timing.compute_infer_ns = time.monotonic_ns() - batch.staged
+        now = time.monotonic_ns()
+        # the wait behind the stub's previous batch, within this batch's own span
+        queued = min(max(message.busy_until_ns - batch.staged, 0), now - batch.staged)
+        batch.timing.queued_in_stub_ns = queued
+        batch.timing.compute_infer_ns = now - batch.staged - queued
         for rid in batch.rids:
             record = self._records.get(rid)
             if record is None or record.executed:

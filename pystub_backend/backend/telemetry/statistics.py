@@ -9,7 +9,8 @@ What is counted where, as Triton does:
   counts; a request whose `execute` raised (the whole batch fails) or whose stub died does not (a
   model that raises for 3 of 10 requests: inference_count 7, execution_count 10);
 - a request that succeeds (`record_success`): `success` (request duration), `queue` (enqueue to
-  execution start) and the batch's compute_input/compute_infer/compute_output durations;
+  execution start: the send to the stub, plus what it then waited in the stub's queue) and the
+  batch's compute_input/compute_infer/compute_output durations;
 - a request that fails (`record_failure`): `fail` (its duration so far) and one failure of its
   `reason`: REJECTED (validation, full queue, queue timeout), CANCELED (cancelled by the client),
   BACKEND (the model or its stub failed it), OTHER (anything else, e.g. unloading with queued work).
@@ -59,6 +60,10 @@ class BatchTiming:
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
+    # Of the span from the send to the stub to EXECUTE_DONE, the part the batch waited in the
+    # stub's queue behind earlier batches (an instance with several slots): queue time, as in
+    # Triton, whose instance takes one batch at a time and keeps the rest in its queue.
+    queued_in_stub_ns: int = 0
 
 
 @dataclass
@@ -132,6 +137,7 @@ class ModelStatistics:
         self.inference_count += batch_size
         self.last_inference_ms = int(time.time() * 1000)
         self.success.add(total_ns)
+        queue_ns += timing.queued_in_stub_ns
         self.queue.add(queue_ns)
         _add3(self.compute_input, self.compute_infer, self.compute_output, timing)
         if self.latency is not None:

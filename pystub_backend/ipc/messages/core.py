@@ -77,6 +77,10 @@ class ExecuteDone(NamedTuple):
     batch_id: int
     error: WireError | None
     responses: list[WireResponse]
+    # When the stub was done with the batch before this one (time.monotonic_ns(), the clock both
+    # processes share; 0 before its first): a batch sent while that one still ran waited in the
+    # stub's queue until then, and the backend counts that wait as queue time, not compute.
+    busy_until_ns: int = 0
 
 
 @message(7)

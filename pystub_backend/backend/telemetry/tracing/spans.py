@@ -126,9 +126,14 @@ class RequestTrace:
         self._compute_events.append(("COMPUTE_START", start_ns))
         self._computing += 1
 
-    def computed(self, input_end_ns: int, end_ns: int) -> None:
-        """Inputs were staged by `input_end_ns`; the stub's execute returned at `end_ns`."""
-        self._compute_events += [("COMPUTE_INPUT_END", input_end_ns), ("COMPUTE_OUTPUT_START", end_ns),
+    def computed(self, input_end_ns: int, end_ns: int, waited_ns: int = 0) -> None:
+        """Inputs were staged by `input_end_ns`; the stub's execute returned at `end_ns`. The batch
+        then waited `waited_ns` in the stub's queue behind an earlier one: its compute starts that
+        much later (the wait is queue time, as in the statistics)."""
+        if waited_ns:
+            at = max(index for index, (name, _) in enumerate(self._compute_events) if name == "COMPUTE_START")
+            self._compute_events[at] = ("COMPUTE_START", self._compute_events[at][1] + waited_ns)
+        self._compute_events += [("COMPUTE_INPUT_END", input_end_ns + waited_ns), ("COMPUTE_OUTPUT_START", end_ns),
                                  ("COMPUTE_END", end_ns)]
         self._computing -= 1
         if self._finished and not self._computing:

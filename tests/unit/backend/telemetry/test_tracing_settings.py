@@ -126,6 +126,24 @@ def test_spans_wait_for_the_execute_and_carry_the_context() -> None:
     assert context_of(trace.context()) == (trace.trace_id, trace.model_span_id)
 
 
+def test_a_wait_in_the_stubs_queue_starts_the_compute_later() -> None:
+    """A batch sent while the stub ran the one before: the wait is queue time (as the statistics)."""
+    sink = _Sink()
+    tracer = Tracer(parse_trace_config(["mode=opentelemetry", "level=TIMESTAMPS", "rate=1"]),
+                    sink)  # type: ignore[arg-type]
+    trace = tracer.start("m", "HTTP")
+    assert trace is not None
+    trace.request_start(1)
+    trace.computing("1", 2, 3)
+    trace.computed(4, 20, waited_ns=10)  # staged at 4, waited until 14, returned at 20
+    trace.finish()
+    (exported,) = sink.traces
+    compute = exported.records()[-1]
+    origin = compute.events[0][1] - 13  # exported on the wall clock: the monotonic times plus an offset
+    assert [(name, at - origin) for name, at in compute.events] == [
+        ("COMPUTE_START", 13), ("COMPUTE_INPUT_END", 14), ("COMPUTE_OUTPUT_START", 20), ("COMPUTE_END", 20)]
+
+
 @pytest.mark.parametrize("value", [None, "", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
                                    "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
                                    "00-00000000000000000000000000000000-b7ad6b7169203331-01",

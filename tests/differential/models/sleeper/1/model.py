@@ -1,0 +1,1 @@
+../../../../models/slow/1/model.py
