@@ -160,6 +160,9 @@ class _Segments:
         self._outgoing.clear()
 
 
+_AT_ONCE = 20e-6  # s: a select that returned within this found its frame waiting
+
+
 class BlockingChannel:
     """The stub's end: blocking calls with deadlines, usable from several threads."""
 
@@ -168,6 +171,7 @@ class BlockingChannel:
         self._sock.setblocking(False)
         self._send_lock = threading.Lock()
         self._segments = _Segments()
+        self._waited = False  # the last recv found no frame waiting
 
     def carry_segments(self, source: SegmentSource, sink: SegmentSink) -> None:
         """Send `source`'s new segments with the frames, map arriving ones into `sink`."""
@@ -202,23 +206,34 @@ class BlockingChannel:
 
     def recv(self, timeout: float) -> bytes | None:
         """One frame, or None when none arrived within `timeout` s. Raises ChannelClosedError."""
-        try:  # a frame that is waiting already needs no select (under load, most do)
-            frame = self._segments.receive(self._sock)
+        try:
+            frame = self._receive(timeout)
         except BlockingIOError:
-            readable, _, _ = select.select([self._sock], [], [], timeout)
-            if not readable:
-                return None
-            try:
-                frame = self._segments.receive(self._sock)
-            except BlockingIOError:
-                return None
-            except ConnectionResetError as exc:
-                raise ChannelClosedError("peer reset the channel") from exc
+            return None
         except ConnectionResetError as exc:
             raise ChannelClosedError("peer reset the channel") from exc
-        if not frame:
+        if frame is not None and not frame:
             raise ChannelClosedError("peer closed the channel")
         return frame
+
+    def _receive(self, timeout: float) -> bytes | None:
+        # Under load a frame is usually waiting already and a read needs no select. When the last
+        # call had to wait, this one likely will too, and a read first would only fail (a system
+        # call and an exception per frame at concurrency 1): it selects first, and a select that
+        # returns at once found a frame waiting, so the next call reads first again.
+        if self._waited:
+            started = time.monotonic()
+            if not select.select([self._sock], [], [], timeout)[0]:
+                return None
+            self._waited = time.monotonic() - started > _AT_ONCE
+            return self._segments.receive(self._sock)
+        try:
+            return self._segments.receive(self._sock)
+        except BlockingIOError:
+            self._waited = True
+        if not select.select([self._sock], [], [], timeout)[0]:
+            return None
+        return self._segments.receive(self._sock)
 
     def close(self) -> None:
         self._segments.close()
