@@ -56,12 +56,14 @@ DEEP_PIPELINE_DEPTH = 8  # slots of an instance whose executes are quick
 QUICK_EXECUTE_NS = 250_000  # a running mean of execute times below this is quick
 
 
-class _Pace:
-    """How long an instance's executes take, as the backend sees them, and its slots for it."""
+class _Slots:
+    """An instance's pipeline slots: how many of its executes run, and how many may (from how long
+    they take, as the backend sees them)."""
 
-    __slots__ = ("depth", "run_ns", "last_end")
+    __slots__ = ("busy", "depth", "run_ns", "last_end")
 
     def __init__(self) -> None:
+        self.busy = 0  # executes sent and not yet returned (or waiting at the instance's gate)
         self.depth = PIPELINE_DEPTH  # until its executes are seen to be quick: about a dozen of them
         self.run_ns = 4 * QUICK_EXECUTE_NS
         self.last_end = 0
@@ -105,8 +107,7 @@ class DefaultScheduler(Scheduler):
     def __init__(self, instances: Sequence[Instance], stats: ModelStatistics) -> None:
         super().__init__(stats)
         self._instances = list(instances)
-        self._busy: dict[Instance, int] = dict.fromkeys(self._instances, 0)  # executes running, per instance
-        self._pace: dict[Instance, _Pace] = {instance: _Pace() for instance in self._instances}
+        self._slots: dict[Instance, _Slots] = {instance: _Slots() for instance in self._instances}
         self._queue: collections.deque[_Pending] = collections.deque()
         self._pumping = False
         self._draining: dict[Instance, list[asyncio.Future[None]]] = {}  # removed, executes still running
@@ -189,11 +190,12 @@ class DefaultScheduler(Scheduler):
     def _free_instance(self) -> Instance | None:
         """The least busy instance with a free slot that can run work now, if any."""
         best, best_busy = None, DEEP_PIPELINE_DEPTH
-        pace = self._pace
+        all_slots = self._slots
         for instance in self._instances:
-            busy = self._busy[instance]
+            slots = all_slots[instance]
+            busy = slots.busy
             # `_can_run`, inline: this runs for every request
-            if busy < best_busy and busy < pace[instance].depth and instance.healthy and not instance.held:
+            if busy < best_busy and busy < slots.depth and instance.healthy and not instance.held:
                 best, best_busy = instance, busy
         return best
 
@@ -208,7 +210,8 @@ class DefaultScheduler(Scheduler):
             while queue:
                 instance = self._free_instance()
                 if instance is None:
-                    if not any(self._busy.values()) and not any(other.usable for other in self._instances):
+                    if not any(slots.busy for slots in self._slots.values()) \
+                            and not any(other.usable for other in self._instances):
                         self._fail_all_queued(self._instances[0].unhealthy_error() if self._instances else
                                               ServerError("no instances", Status.UNAVAILABLE), BACKEND)
                     return
@@ -216,7 +219,7 @@ class DefaultScheduler(Scheduler):
                 if pending.future.done():  # cancelled while it waited
                     continue
                 if instance.gate is not None:
-                    self._busy[instance] += 1
+                    self._slots[instance].busy += 1
                     task = asyncio.ensure_future(self._through_gate(instance, pending))
                     self._running.add(task)
                     task.add_done_callback(self._running.discard)
@@ -230,7 +233,7 @@ class DefaultScheduler(Scheduler):
         """Submit the request to `instance` now: its outcome; None (nothing kept) when `wait` is
         False and it cannot go now. `taken`: its slot was taken already (the gated way)."""
         if not taken:
-            self._busy[instance] += 1
+            self._slots[instance].busy += 1
         begun = time.monotonic_ns()
         try:
             submission = instance.submit([work.request], wait=wait)
@@ -239,7 +242,7 @@ class DefaultScheduler(Scheduler):
             submission = Submission([ServerError(f"failed to execute the request: {exc}", Status.INTERNAL)],
                                     BatchTiming(), None)
         if submission is None:
-            self._busy[instance] -= 1
+            self._slots[instance].busy -= 1
             return None
         if work.request.trace is not None:
             self._begin([work], begun)
@@ -260,13 +263,12 @@ class DefaultScheduler(Scheduler):
             else:
                 self._finish([work], submission.outcomes, begun, submission.timing)
         finally:
-            self._busy[instance] -= 1
+            slots = self._slots[instance]  # (a removed instance's stay until its executes returned)
+            slots.busy -= 1
             gate = instance.gate
             if gate is not None:
                 gate.leave()
-            pace = self._pace.get(instance)
-            if pace is not None:  # None: removed by a model update meanwhile
-                pace.executed(begun, gate is not None)
+            slots.executed(begun, gate is not None)
             self._pump()
             if self._draining:
                 self._slot_freed(instance)
@@ -277,13 +279,13 @@ class DefaultScheduler(Scheduler):
         try:
             await gate.enter()
         except asyncio.CancelledError:  # the scheduler stops: the request is failed like queued work
-            self._busy[instance] -= 1
+            self._slots[instance].busy -= 1
             if not pending.future.done():
                 self._record_failure(pending.enqueued_ns, OTHER)
                 self._deliver(pending, self._stopped or ServerError("the scheduler stopped", Status.UNAVAILABLE))
             raise
         if pending.future.done() or not self._can_run(instance):  # cancelled, or the instance died meanwhile
-            self._busy[instance] -= 1
+            self._slots[instance].busy -= 1
             gate.leave()
             if not pending.future.done():
                 self._queue.appendleft(pending)
@@ -315,8 +317,7 @@ class DefaultScheduler(Scheduler):
     def add_instances(self, instances: Sequence[Instance]) -> None:
         self._instances = [*self._instances, *instances]
         for instance in instances:
-            self._busy[instance] = 0
-            self._pace[instance] = _Pace()
+            self._slots[instance] = _Slots()
             instance.on_change(self._pump)
         self._pump()  # queued requests may go to them at once
 
@@ -324,12 +325,12 @@ class DefaultScheduler(Scheduler):
         """No request is sent to `instance` from now on (the queue is everyone's: the others take
         it); returns once the executes running on it (or waiting at its gate) have returned."""
         self._instances = [other for other in self._instances if other is not instance]
-        while self._busy.get(instance, 0):
+        slots = self._slots.get(instance)
+        while slots is not None and slots.busy:
             freed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._draining.setdefault(instance, []).append(freed)
             await freed
-        self._busy.pop(instance, None)
-        self._pace.pop(instance, None)
+        self._slots.pop(instance, None)
 
     def _slot_freed(self, instance: Instance) -> None:
         """A slot of a removed instance was freed: its `remove_instance` looks again."""
