@@ -281,8 +281,16 @@ def test_default_model_calls_a_decoupled_target(backend: Backend):
 
 # -- memory --------------------------------------------------------------------------------------------
 def test_ten_thousand_mixed_calls_leave_nothing_behind(backend: Backend):
-    _, before = drive(backend, {"mode": "inspect"})
-    _, before_async = drive(backend, {"mode": "inspect"}, model="bls_async_driver")
+    def quiet(model: str) -> dict | None:
+        """The caller's facts once no BLS call is left, of this test or of one before it sharing the
+        backend (a cancelled or timed-out call winds down after its test returned)."""
+        facts = drive(backend, {"mode": "inspect"}, model=model)[1]
+        idle = facts["registry_size"] == 0 and facts["caller_calls"] == 0 and not facts.get("calls_in_flight")
+        return facts if idle else None
+
+    before = settled(backend, lambda: quiet("bls_driver"))
+    before_async = settled(backend, lambda: quiet("bls_async_driver"))
+    assert before is not None and before_async is not None, "the calls of earlier tests never ended"
     started = time.monotonic()
     for _ in range(2):  # sync, decoupled, cancelled, dropped iterators, errors, bigger tensors
         _, info = drive(backend, {"mode": "many", "count": 2000})
