@@ -121,7 +121,7 @@ class BlsCall:
             self._held = _instance_of(self.core, self.caller)
             if self._held is not None:
                 self._held.hold(self.caller)
-        self._task = asyncio.ensure_future(self._run(checks))
+        self._task = asyncio.get_running_loop().create_task(self._run(checks))
 
     def _release_hold(self) -> None:
         held, self._held = self._held, None

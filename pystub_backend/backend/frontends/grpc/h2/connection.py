@@ -397,9 +397,11 @@ class H2Connection(asyncio.Protocol):
             call.feed(b"", True)
         elif policy.request_read_timeout is not None:
             self._opened.append(call)  # its read timeout, at the end of the turn if still waiting
-        call.task = asyncio.ensure_future(serve_call(call, self._state.lookup))
+        loop = asyncio.get_running_loop()
+        # the loop's own create_task: ensure_future looks the loop up again in Python, per call
+        call.task = loop.create_task(serve_call(call, self._state.lookup))
         if timeout is not None:
-            call.deadline_timer = asyncio.get_running_loop().call_later(timeout, call.expire)
+            call.deadline_timer = loop.call_later(timeout, call.expire)
 
     def _refuse(self, stream_id: int, status: bytes, code: grpc.StatusCode, details: str) -> None:
         """A trailers-only answer to a call that does not start."""
