@@ -118,12 +118,12 @@ def _thread_layout() -> _ThreadLayout | None:
     if create(ctypes.byref(handle), None, routine, argument) != 0:
         return None
     try:
-        words = ctypes.string_at(handle.value, _readable_bytes(handle.value, _DESCRIPTOR_BYTES))
+        words = _memory(handle.value, _readable_bytes(handle.value, _DESCRIPTOR_BYTES))
     finally:
         join(handle.value, None)
     starts = [offset for offset in range(0, len(words) - 15, 8)
               if _WORD.unpack_from(words, offset)[0] == routine and _WORD.unpack_from(words, offset + 8)[0] == argument]
-    own = ctypes.string_at(self_(), _readable_bytes(self_(), _DESCRIPTOR_BYTES))
+    own = _memory(self_(), _readable_bytes(self_(), _DESCRIPTOR_BYTES))
     tids = [offset for offset in range(24, len(own) - 3, 4)
             if _TID.unpack_from(own, offset)[0] == threading.get_native_id()]
     return _ThreadLayout(starts[0], tids[0]) if len(starts) == 1 and tids else None
@@ -139,12 +139,16 @@ def thread_owner(tid: int) -> str | None:
     descriptor = _descriptor(tid, stack, layout)
     if descriptor is None:
         return None
-    routine, argument = struct.unpack("<QQ", ctypes.string_at(descriptor + layout.start_routine, 16))
+    start = _memory(descriptor + layout.start_routine, 16)
+    if len(start) < 16:
+        return None
+    routine, argument = struct.unpack("<QQ", start)
     owner = _library_at(routine)
-    if owner is not None and owner.startswith(_STD_THREAD_LIBRARY) and _readable_bytes(argument, 8) == 8:
+    state = _memory(argument, 8) if owner is not None and owner.startswith(_STD_THREAD_LIBRARY) else b""
+    if len(state) == 8:
         # std::thread starts every thread on one trampoline; its argument is the thread's state,
         # whose first word is the vtable of the state's class, made where the thread was created.
-        owner = _library_at(_WORD.unpack(ctypes.string_at(argument, 8))[0], executable=False) or owner
+        owner = _library_at(_WORD.unpack(state)[0], executable=False) or owner
     return owner
 
 
@@ -167,7 +171,10 @@ def _descriptor(tid: int, stack: int, layout: _ThreadLayout) -> int | None:
     address = stack & ~7
     while True:
         size = min(_SCAN_CHUNK, span[1] - address)
-        words = memoryview(ctypes.string_at(address, size)).cast("Q")
+        data = _memory(address, size)
+        if len(data) < size:
+            return None  # unmapped meanwhile: the thread ended
+        words = memoryview(data).cast("Q")
         for index in range(len(words) - 2):
             here = address + 8 * index
             if words[index] == here and words[index + 2] == here and _is_descriptor_of(tid, here, layout):
@@ -179,8 +186,10 @@ def _descriptor(tid: int, stack: int, layout: _ThreadLayout) -> int | None:
 
 def _is_descriptor_of(tid: int, address: int, layout: _ThreadLayout) -> bool:
     needed = max(layout.start_routine + 16, layout.tid + 4)
-    return (_readable_bytes(address, needed) == needed
-            and _TID.unpack(ctypes.string_at(address + layout.tid, 4))[0] == tid)
+    if _readable_bytes(address, needed) < needed:
+        return False
+    field = _memory(address + layout.tid, 4)
+    return len(field) == 4 and _TID.unpack(field)[0] == tid
 
 
 def _mapping_span(address: int) -> tuple[int, int] | None:
@@ -192,6 +201,24 @@ def _mapping_span(address: int) -> tuple[int, int] | None:
             if start <= address < end:
                 return (start, end) if permissions.startswith("r") else None
     return None
+
+
+def _memory(address: int, size: int) -> bytes:
+    """`size` bytes of this process's memory at `address`, read through /proc/self/mem: a stack
+    unmapped meanwhile (its thread ended) reads short or fails, where a direct read would crash
+    the process. Short (b"" at worst) when not all of it is mapped."""
+    if size <= 0:
+        return b""
+    try:
+        fd = os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.pread(fd, size, address)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 def _readable_bytes(address: int, wanted: int) -> int:
