@@ -221,18 +221,16 @@ class BlockingChannel:
         # call had to wait, this one likely will too, and a read first would only fail (a system
         # call and an exception per frame at concurrency 1): it selects first, and a select that
         # returns at once found a frame waiting, so the next call reads first again.
-        if self._waited:
-            started = time.monotonic()
-            if not select.select([self._sock], [], [], timeout)[0]:
-                return None
-            self._waited = time.monotonic() - started > _AT_ONCE
-            return self._segments.receive(self._sock)
-        try:
-            return self._segments.receive(self._sock)
-        except BlockingIOError:
-            self._waited = True
+        if not self._waited:
+            try:
+                return self._segments.receive(self._sock)
+            except BlockingIOError:
+                pass
+        started = time.monotonic()
         if not select.select([self._sock], [], [], timeout)[0]:
+            self._waited = True
             return None
+        self._waited = time.monotonic() - started > _AT_ONCE
         return self._segments.receive(self._sock)
 
     def close(self) -> None:
