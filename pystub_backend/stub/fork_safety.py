@@ -186,10 +186,8 @@ def _descriptor(tid: int, stack: int, layout: _ThreadLayout) -> int | None:
 
 def _is_descriptor_of(tid: int, address: int, layout: _ThreadLayout) -> bool:
     needed = max(layout.start_routine + 16, layout.tid + 4)
-    if _readable_bytes(address, needed) < needed:
-        return False
-    field = _memory(address + layout.tid, 4)
-    return len(field) == 4 and _TID.unpack(field)[0] == tid
+    fields = _memory(address, needed)  # reads short where the descriptor would leave the mapping
+    return len(fields) == needed and _TID.unpack_from(fields, layout.tid)[0] == tid
 
 
 def _mapping_span(address: int) -> tuple[int, int] | None:
