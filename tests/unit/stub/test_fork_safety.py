@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 
 import numpy as np
+from stream_clients import wait_until
 
 from pystub_backend.stub import fork_safety
 
@@ -68,13 +68,12 @@ def test_numpys_blas_pool_is_told_as_openblas() -> None:
     """The BLAS pool numpy started on import: native threads the process had before this test.
     Just after a product its workers spin (running, so nothing can be told) before they park."""
     python_threads = {thread.native_id for thread in threading.enumerate()}
-    deadline = time.monotonic() + 30
-    while True:
-        owners = [fork_safety.thread_owner(tid) for tid in fork_safety.task_ids() - python_threads]
-        if any("openblas" in (owner or "") for owner in owners) or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    assert any("openblas" in (owner or "") for owner in owners), owners
+
+    def owners() -> list[str | None]:
+        return [fork_safety.thread_owner(tid) for tid in fork_safety.task_ids() - python_threads]
+
+    wait_until(lambda: any("openblas" in (owner or "") for owner in owners()), 30,
+               "a native thread told as OpenBLAS's")
 
 
 def test_an_open_socket_that_is_not_the_templates_own_refuses() -> None:
